@@ -746,6 +746,8 @@ class BatchBuilder:
         size = RECORD_BATCH_OVERHEAD + len(records)
         out = bytearray(size)
         base_ts = NO_TIMESTAMP if self._base_ts is None else self._base_ts
+        if self._delete_horizon_ms >= 0:   # an empty batch must still carry its horizon
+            base_ts = self._delete_horizon_ms
         HEADER.pack_into(out, 0, self.base_offset, size - LOG_OVERHEAD,
                          self.partition_leader_epoch, MAGIC, 0, self.attributes(),
                          max(self._last_delta, 0), base_ts, self._max_ts, self.producer_id,

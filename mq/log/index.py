@@ -1,0 +1,394 @@
+"""Sparse offset and time indexes (``.index``, ``.timeindex``), memory-mapped as Kafka does.
+
+On disk (big-endian, no header, no checksum — both files are rebuilt from the ``.log``)::
+
+    .index      entry = relativeOffset int32 | position int32          (8 bytes)
+    .timeindex  entry = timestamp int64      | relativeOffset int32    (12 bytes)
+
+``relativeOffset`` = offset - segment base offset. ``position`` is the byte offset of a batch
+start in the ``.log``; an offset-index entry's offset is the *last* offset of the batch at that
+position. A time-index entry says "the largest timestamp seen up to here is T, first carried by
+the batch ending at offset O".
+
+A new file is preallocated to ``floor(max_index_size / entry) * entry`` zero bytes (sparse on
+disk) and mapped read-write; an existing file is assumed full of entries (entries =
+length / entry), which is why indexes are trimmed to their entries when a segment rolls or
+closes. The time index keeps its last slot for the final entry written at roll/close, so it is
+"full" one entry early.
+
+Invariants: offsets strictly increase in ``.index``; offsets and timestamps never decrease in
+``.timeindex``. Lookups return the largest entry whose key is <= the target (``floor``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from typing import Final
+
+from mq.errors import CorruptIndexError, IndexFullError, InvalidOffsetError
+
+__all__ = ["OffsetIndex", "TimeIndex", "floor_slot", "DEFAULT_MAX_INDEX_SIZE"]
+
+DEFAULT_MAX_INDEX_SIZE: Final = 10 * 1024 * 1024
+_OFFSET_ENTRY: Final = struct.Struct(">ii")
+_TIME_ENTRY: Final = struct.Struct(">qi")
+_INT32_MAX: Final = (1 << 31) - 1
+
+
+def floor_slot(key_at, entries: int, target: int) -> int:
+    """Largest slot whose key is <= ``target`` among ``entries`` sorted keys, or -1.
+
+    ``key_at(slot)`` reads the key of one slot. Pure binary search: lookups over a 1.3 M-entry
+    index take 21 probes.
+    """
+    if entries == 0 or key_at(0) > target:
+        return -1
+    lo, hi = 0, entries - 1
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if key_at(mid) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _smallest_upper_slot(key_at, entries: int, target: int) -> int:
+    """Smallest slot whose key is >= ``target``, or -1."""
+    if entries == 0 or key_at(entries - 1) < target:
+        return -1
+    lo, hi = 0, entries - 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if key_at(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class _Index:
+    """A memory-mapped array of fixed-size entries; the shared part of both index kinds."""
+
+    ENTRY: struct.Struct
+
+    def __init__(self, path: str, base_offset: int, max_index_size: int = DEFAULT_MAX_INDEX_SIZE,
+                 writable: bool = True) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.max_index_size = max_index_size
+        self.writable = writable
+        self._entry_size = self.ENTRY.size
+        self._fd = -1
+        self._mmap: mmap.mmap | None = None
+        self._length = 0
+        self.entries = 0
+        self._open()
+
+    # --- file and map management --------------------------------------------------------------
+    def _open(self) -> None:
+        exists = os.path.exists(self.path)
+        flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
+        self._fd = os.open(self.path, flags, 0o644)
+        length = os.fstat(self._fd).st_size
+        new = not exists or (length == 0 and self.writable)
+        if new and self.writable:
+            length = self._round(self.max_index_size)
+            os.ftruncate(self._fd, length)
+            self.entries = 0
+        else:
+            self.entries = length // self._entry_size
+        self._map(length)
+
+    def _round(self, size: int) -> int:
+        return size - size % self._entry_size
+
+    def _map(self, length: int) -> None:
+        self._length = length
+        if length == 0:
+            self._mmap = None
+            return
+        access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+        self._mmap = mmap.mmap(self._fd, length, access=access)
+
+    def _unmap(self) -> None:
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    @property
+    def max_entries(self) -> int:
+        return self._length // self._entry_size
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes actually used by entries (what the file is trimmed to)."""
+        return self.entries * self._entry_size
+
+    @property
+    def file_length(self) -> int:
+        return self._length
+
+    def resize(self, new_size: int) -> bool:
+        """Set the file length (rounded down to whole entries); False when it is unchanged."""
+        new_length = self._round(new_size)
+        if new_length == self._length:
+            return False
+        self._unmap()
+        os.ftruncate(self._fd, new_length)
+        self._map(new_length)
+        self.entries = min(self.entries, self.max_entries)
+        return True
+
+    def trim_to_valid_size(self) -> None:
+        if self.writable:
+            self.resize(self.size_in_bytes)
+
+    def flush(self) -> None:
+        if self._mmap is not None and self.writable:
+            self._mmap.flush()
+
+    def close(self) -> None:
+        """Trim to the entries, unmap and close. Idempotent."""
+        if self._fd < 0:
+            return
+        try:
+            self.trim_to_valid_size()
+        finally:
+            self._unmap()
+            os.close(self._fd)
+            self._fd = -1
+
+    def close_without_trim(self) -> None:
+        if self._fd >= 0:
+            self._unmap()
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        self.close_without_trim()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def rename(self, new_path: str) -> None:
+        if os.path.exists(self.path):
+            os.rename(self.path, new_path)
+        self.path = new_path
+
+    def reset(self) -> None:
+        """Drop every entry and grow back to the maximum size (used before a rebuild)."""
+        self.entries = 0
+        if self._mmap is not None:
+            self._mmap[:] = bytes(self._length)
+        self.resize(self.max_index_size)
+
+    def _truncate_to_entries(self, n: int) -> None:
+        self.entries = n
+
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise InvalidOffsetError(f"{self.path}: index is read-only")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r}, entries={self.entries})"
+
+
+class OffsetIndex(_Index):
+    """``.index``: relative offset -> position of the batch that ends at that offset."""
+
+    ENTRY = _OFFSET_ENTRY
+
+    def entry(self, slot: int) -> tuple[int, int]:
+        """(absolute offset, position) of ``slot``."""
+        rel, pos = _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
+        return self.base_offset + rel, pos
+
+    def _rel_at(self, slot: int) -> int:
+        return _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[0]
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    @property
+    def last_offset(self) -> int:
+        return self.entry(self.entries - 1)[0] if self.entries else self.base_offset
+
+    def lookup(self, target_offset: int) -> tuple[int, int]:
+        """Largest entry with offset <= target, or ``(base_offset, 0)`` (Kafka's lookup)."""
+        slot = floor_slot(self._rel_at, self.entries, target_offset - self.base_offset)
+        if slot < 0:
+            return self.base_offset, 0
+        return self.entry(slot)
+
+    def fetch_upper_bound_offset(self, start_position: int, fetch_size: int
+                                 ) -> tuple[int, int] | None:
+        """First entry whose position is >= start_position + fetch_size, or None."""
+        target = start_position + fetch_size
+
+        def pos_at(slot: int) -> int:
+            return _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[1]
+        slot = _smallest_upper_slot(pos_at, self.entries, target)
+        return None if slot < 0 else self.entry(slot)
+
+    def append(self, offset: int, position: int) -> None:
+        """Add an entry. Raises ``IndexFullError`` or ``InvalidOffsetError``."""
+        self._check_writable()
+        if self.is_full:
+            raise IndexFullError(f"{self.path}: offset index is full at {self.entries} entries")
+        if self.entries and offset <= self.last_offset:
+            raise InvalidOffsetError(f"{self.path}: offset {offset} is not larger than the "
+                                     f"last indexed offset {self.last_offset}")
+        rel = offset - self.base_offset
+        if not 0 <= rel <= _INT32_MAX:
+            raise InvalidOffsetError(f"{self.path}: offset {offset} does not fit relative to "
+                                     f"base {self.base_offset}")
+        _OFFSET_ENTRY.pack_into(self._mmap, self.entries * 8, rel, position)
+        self.entries += 1
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries with offset >= ``offset``."""
+        slot = floor_slot(self._rel_at, self.entries, offset - self.base_offset)
+        if slot < 0:
+            self._truncate_to_entries(0)
+        elif self._rel_at(slot) == offset - self.base_offset:
+            self._truncate_to_entries(slot)
+        else:
+            self._truncate_to_entries(slot + 1)
+
+    def sanity_check(self) -> None:
+        """Raise ``CorruptIndexError`` if the file cannot be this segment's offset index."""
+        if self._length % 8:
+            raise CorruptIndexError(self.path, f"length {self._length} is not a multiple of 8")
+        if self.entries:
+            last_rel, last_pos = _OFFSET_ENTRY.unpack_from(self._mmap, (self.entries - 1) * 8)
+            if last_rel < 0:
+                raise CorruptIndexError(self.path, f"last offset {self.base_offset + last_rel} "
+                                        f"is below the base offset {self.base_offset}")
+            if self.entries > 1:
+                prev_rel, prev_pos = _OFFSET_ENTRY.unpack_from(self._mmap,
+                                                               (self.entries - 2) * 8)
+                if prev_rel >= last_rel or prev_pos >= last_pos:
+                    raise CorruptIndexError(self.path, "last entries are not increasing")
+
+    def validate_entries(self, log_size: int) -> None:
+        """Full check (``mq log check``): offsets and positions strictly increase and every
+        position lies inside the log."""
+        self.sanity_check()
+        prev_rel = prev_pos = -1
+        for slot in range(self.entries):
+            rel, pos = _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
+            if rel <= prev_rel or pos <= prev_pos or pos >= log_size:
+                raise CorruptIndexError(self.path, f"entry {slot} (offset "
+                                        f"{self.base_offset + rel}, position {pos}) is out of "
+                                        "order or beyond the log")
+            prev_rel, prev_pos = rel, pos
+
+
+class TimeIndex(_Index):
+    """``.timeindex``: max timestamp so far -> offset of the batch that carried it."""
+
+    ENTRY = _TIME_ENTRY
+
+    def entry(self, slot: int) -> tuple[int, int]:
+        """(timestamp, absolute offset) of ``slot``."""
+        ts, rel = _TIME_ENTRY.unpack_from(self._mmap, slot * 12)
+        return ts, self.base_offset + rel
+
+    def _ts_at(self, slot: int) -> int:
+        return _TIME_ENTRY.unpack_from(self._mmap, slot * 12)[0]
+
+    def _rel_at(self, slot: int) -> int:
+        return _TIME_ENTRY.unpack_from(self._mmap, slot * 12)[1]
+
+    @property
+    def is_full(self) -> bool:
+        # The last slot is reserved for the entry written at roll/close (skip_full_check).
+        return self.entries >= self.max_entries - 1
+
+    @property
+    def last_entry(self) -> tuple[int, int]:
+        """(timestamp, offset) of the last entry, or ``(-1, base_offset)`` when empty."""
+        return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+
+    def lookup(self, target_timestamp: int) -> tuple[int, int]:
+        """Largest entry with timestamp <= target, or ``(-1, base_offset)``."""
+        slot = floor_slot(self._ts_at, self.entries, target_timestamp)
+        if slot < 0:
+            return -1, self.base_offset
+        return self.entry(slot)
+
+    def maybe_append(self, timestamp: int, offset: int, skip_full_check: bool = False) -> None:
+        """Append unless the timestamp does not exceed the last entry's (then skip silently).
+
+        Raises ``IndexFullError``, or ``InvalidOffsetError`` for an offset or timestamp that
+        goes backwards.
+        """
+        self._check_writable()
+        if not skip_full_check and self.is_full:
+            raise IndexFullError(f"{self.path}: time index is full at {self.entries} entries")
+        last_ts, last_offset = self.last_entry
+        if self.entries and offset < last_offset:
+            raise InvalidOffsetError(f"{self.path}: offset {offset} is below the last indexed "
+                                     f"offset {last_offset}")
+        if self.entries and timestamp < last_ts:
+            raise InvalidOffsetError(f"{self.path}: timestamp {timestamp} is below the last "
+                                     f"indexed timestamp {last_ts}")
+        if self.entries and timestamp == last_ts:
+            return
+        if self.entries >= self.max_entries:
+            raise IndexFullError(f"{self.path}: time index has no slot left")
+        rel = offset - self.base_offset
+        if not 0 <= rel <= _INT32_MAX:
+            raise InvalidOffsetError(f"{self.path}: offset {offset} does not fit relative to "
+                                     f"base {self.base_offset}")
+        _TIME_ENTRY.pack_into(self._mmap, self.entries * 12, timestamp, rel)
+        self.entries += 1
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries with offset >= ``offset``."""
+        slot = floor_slot(self._rel_at, self.entries, offset - self.base_offset)
+        if slot < 0:
+            self._truncate_to_entries(0)
+        elif self._rel_at(slot) == offset - self.base_offset:
+            # Offsets may repeat in a time index; drop every entry at this offset.
+            while slot > 0 and self._rel_at(slot - 1) == offset - self.base_offset:
+                slot -= 1
+            self._truncate_to_entries(slot)
+        else:
+            self._truncate_to_entries(slot + 1)
+
+    def sanity_check(self) -> None:
+        """Raise ``CorruptIndexError`` if the file cannot be this segment's time index."""
+        if self._length % 12:
+            raise CorruptIndexError(self.path, f"length {self._length} is not a multiple of 12")
+        if self.entries:
+            first_ts = self._ts_at(0)
+            last_ts, last_offset = self.entry(self.entries - 1)
+            if last_ts < first_ts:
+                raise CorruptIndexError(self.path, f"last timestamp {last_ts} is below the "
+                                        f"first timestamp {first_ts}")
+            if last_offset < self.base_offset:
+                raise CorruptIndexError(self.path, f"last offset {last_offset} is below the "
+                                        f"base offset {self.base_offset}")
+
+    def validate_entries(self, next_offset: int) -> None:
+        """Full check: timestamps and offsets never decrease and offsets stay in the segment."""
+        self.sanity_check()
+        prev_ts = prev_off = -1
+        for slot in range(self.entries):
+            ts, off = self.entry(slot)
+            if ts < prev_ts or off < prev_off or off >= max(next_offset, self.base_offset + 1):
+                raise CorruptIndexError(self.path, f"entry {slot} (timestamp {ts}, offset "
+                                        f"{off}) is out of order or beyond the log")
+            prev_ts, prev_off = ts, off

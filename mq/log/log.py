@@ -1,0 +1,531 @@
+"""One partition's log: an ordered set of segments in ``<topic>-<partition>/``.
+
+Invariants:
+- segments are sorted by base offset; each segment's offsets are >= its base and below the
+  next segment's base; only the last (active) segment is appended to;
+- ``log_start_offset`` <= ``high_watermark`` <= ``log_end_offset``; nothing below the log start
+  offset is readable;
+- retention deletes whole segments only, never the active one, never data at or above the high
+  watermark; files pass through ``.deleted`` so a crash mid-delete is finished at open;
+- open recovers: leftovers are finished or removed, every batch after the recovery point is
+  validated (after an unclean shutdown), the log is truncated at the first torn or invalid
+  batch and every later segment is dropped; broken or missing indexes are rebuilt.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+from mq.errors import ClosedError, CorruptIndexError, CorruptRecordError, OffsetOutOfRangeError
+from mq.log import files
+from mq.log.config import LogConfig
+from mq.log.policy import retention_deletable, roll_reason
+from mq.log.records import (LOG_APPEND_TIME, RecordBatch, iter_batches, set_log_append_time,
+                            stamp_batch)
+from mq.log.segment import FetchSlice, LogSegment
+
+__all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
+           "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
+
+log = logging.getLogger(__name__)
+
+# Special timestamps of Kafka's ListOffsets request.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time: int          # -1 unless the topic uses LogAppendTime
+    records_count: int
+    size: int
+
+
+@dataclasses.dataclass(slots=True)
+class RecoveryReport:
+    """What open (or ``mq log check --repair``) changed."""
+
+    segments_recovered: int = 0
+    bytes_truncated: int = 0
+    segments_dropped: int = 0
+    indexes_rebuilt: int = 0
+    leftovers_removed: list[str] = dataclasses.field(default_factory=list)
+    swaps_completed: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.bytes_truncated or self.segments_dropped or self.indexes_rebuilt
+                    or self.leftovers_removed or self.swaps_completed)
+
+
+class PartitionLog:
+    """Append, read and manage one partition directory. Use ``PartitionLog.open``."""
+
+    def __init__(self, directory: str, config: LogConfig, segments: list[LogSegment],
+                 log_start_offset: int, recovery_point: int, report: RecoveryReport) -> None:
+        self.dir = directory
+        self.config = config
+        self.segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self.high_watermark = self.log_end_offset
+        self.recovery_report = report
+        self._pending_deletes: list[tuple[int, LogSegment]] = []
+        self.closed = False
+        name = os.path.basename(os.path.normpath(directory))
+        parsed = files.parse_partition_dir(name)
+        self.topic, self.partition = parsed if parsed else (name, 0)
+
+    # --- opening ------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, directory: str, config: LogConfig | None = None, *, recovery_point: int = 0,
+             log_start_offset: int = 0, clean_shutdown: bool = False,
+             now_ms: int | None = None) -> PartitionLog:
+        """Open (creating if needed) and recover a partition directory.
+
+        ``recovery_point`` and ``log_start_offset`` come from the data dir's checkpoints;
+        ``clean_shutdown`` from its marker. Without a clean shutdown every segment from the one
+        holding the recovery point to the end is validated batch by batch.
+        """
+        config = config or LogConfig()
+        os.makedirs(directory, exist_ok=True)
+        report = RecoveryReport()
+        _finish_leftovers(directory, report)
+        segments: list[LogSegment] = []
+        for name in sorted(os.listdir(directory)):
+            parsed = files.parse_segment_name(name)
+            if parsed is None or parsed[2]:
+                continue
+            base, kind, _ = parsed
+            if kind == files.LOG_SUFFIX:
+                segments.append(LogSegment(directory, base, config, now_ms=now_ms))
+            elif kind in (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX):
+                if not os.path.exists(os.path.join(directory,
+                                                   files.segment_name(base, files.LOG_SUFFIX))):
+                    os.unlink(os.path.join(directory, name))
+                    report.leftovers_removed.append(name)
+        recover_from = 0 if clean_shutdown else recovery_point
+        for i, seg in enumerate(segments):
+            needs_recovery = not clean_shutdown and (
+                i == len(segments) - 1 or segments[i + 1].base_offset > recover_from)
+            if not needs_recovery:
+                try:
+                    if seg.index_file_exists(files.INDEX_SUFFIX):
+                        seg.load_index_state()
+                        continue
+                except CorruptIndexError as err:
+                    log.warning("rebuilding index: %s", err)
+                report.indexes_rebuilt += 1
+            if cls._recover_segment(seg, config, report):
+                # Everything after a truncated segment is unreachable: drop it.
+                for later in segments[i + 1:]:
+                    later.delete()
+                    report.segments_dropped += 1
+                del segments[i + 1:]
+                break
+        if segments and segments[-1].next_offset < log_start_offset:
+            for seg in segments:
+                seg.delete()
+                report.segments_dropped += 1
+            segments = []
+        if not segments:
+            segments = [LogSegment(directory, log_start_offset, config, now_ms=now_ms)]
+        log_start_offset = max(log_start_offset, segments[0].base_offset)
+        segments[-1].resize_indexes(config.segment_index_bytes)
+        leo = segments[-1].next_offset
+        recovery_point = leo if clean_shutdown else min(recovery_point, leo)
+        files.fsync_dir(directory)
+        return cls(directory, config, segments, log_start_offset, recovery_point, report)
+
+    @staticmethod
+    def _recover_segment(seg: LogSegment, config: LogConfig, report: RecoveryReport) -> bool:
+        truncated = seg.recover(config.max_message_bytes)
+        report.segments_recovered += 1
+        if truncated:
+            log.warning("%s: truncated %d bytes of torn or invalid data at byte %d",
+                        seg.log_path, truncated, seg.size)
+            report.bytes_truncated += truncated
+        return bool(truncated)
+
+    # --- facts --------------------------------------------------------------------------------
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError(f"{self.dir}: log is closed")
+
+    def _segment_for(self, offset: int) -> int:
+        """Index of the segment whose base is the floor of ``offset`` (or 0)."""
+        return max(bisect.bisect_right(self._bases, offset) - 1, 0)
+
+    # --- append -------------------------------------------------------------------------------
+    def append(self, batch, *, leader_epoch: int = 0, assign_offsets: bool = True,
+               now_ms: int | None = None) -> AppendInfo:
+        """Validate and append one RecordBatch v2; the broker's leader append.
+
+        With ``assign_offsets`` the batch's baseOffset becomes the log end offset (stamped in
+        place — neither it nor the leader epoch is covered by the CRC). Without it (recovery
+        tools, tests of replicated appends) the batch keeps its offsets, which must be >= the
+        log end offset. Raises ``CorruptRecordError`` for an invalid batch and ``ValueError``
+        for one that breaks the topic's limits.
+        """
+        self._check_open()
+        buf = batch if isinstance(batch, bytearray) else bytearray(batch)
+        parsed = RecordBatch(buf)
+        parsed.validate()
+        if len(buf) != parsed.size:
+            raise ValueError(f"append takes exactly one batch: {len(buf)} bytes given, "
+                             f"the batch is {parsed.size} bytes")
+        if parsed.size > self.config.max_message_bytes:
+            raise ValueError(f"batch of {parsed.size} bytes exceeds max.message.bytes "
+                             f"{self.config.max_message_bytes}")
+        if assign_offsets:
+            if parsed.records_count <= 0 or parsed.last_offset_delta + 1 != parsed.records_count:
+                raise CorruptRecordError(None, 0, f"record count {parsed.records_count} does "
+                                         f"not match last offset delta "
+                                         f"{parsed.last_offset_delta}")
+            base_offset = self.log_end_offset
+            stamp_batch(buf, base_offset, leader_epoch)
+        else:
+            base_offset = parsed.base_offset
+            if base_offset < self.log_end_offset:
+                raise ValueError(f"batch base offset {base_offset} is below the log end "
+                                 f"offset {self.log_end_offset}")
+        last_offset = base_offset + parsed.last_offset_delta
+        now_ms = _now_ms() if now_ms is None else now_ms
+        max_ts = parsed.max_timestamp
+        log_append_time = -1
+        if self.config.message_timestamp_type == "LogAppendTime" and assign_offsets:
+            set_log_append_time(buf, now_ms)
+            max_ts = log_append_time = now_ms
+        self._maybe_roll(len(buf), max_ts, base_offset, last_offset, now_ms)
+        self.active_segment.append(buf, last_offset=last_offset, max_timestamp=max_ts,
+                                   offset_of_max_timestamp=last_offset)
+        if self.high_watermark_follows_log_end:
+            self.high_watermark = last_offset + 1
+        return AppendInfo(base_offset, last_offset, max_ts, log_append_time,
+                          parsed.records_count, len(buf))
+
+    # The broker decides what the high watermark follows (written or durable offset); the
+    # storage layer alone has no replicas, so by default the high watermark is the log end.
+    high_watermark_follows_log_end = True
+
+    def _maybe_roll(self, size: int, max_ts: int, first_offset: int, last_offset: int,
+                    now_ms: int) -> None:
+        seg = self.active_segment
+        reason = roll_reason(seg.meta(), batch_size=size, batch_max_timestamp=max_ts,
+                             batch_last_offset=last_offset, now_ms=now_ms, config=self.config)
+        if reason is not None and (seg.size > 0 or reason == "offset overflow"):
+            self.roll(max(first_offset, self.log_end_offset), reason=reason, now_ms=now_ms)
+
+    def roll(self, new_base_offset: int | None = None, *, reason: str = "requested",
+             now_ms: int | None = None) -> LogSegment:
+        """Close the active segment for appends and start a new one (never a second empty
+        segment: rolling an empty active segment at the same base returns it)."""
+        self._check_open()
+        base = self.log_end_offset if new_base_offset is None else new_base_offset
+        active = self.active_segment
+        if active.size == 0 and active.base_offset == base:
+            return active
+        active.on_become_inactive()
+        seg = LogSegment(self.dir, base, self.config, now_ms=now_ms)
+        if active.size == 0:
+            # An empty segment at a lower base would only shadow the new one.
+            active.delete()
+            self.segments.pop()
+            self._bases.pop()
+        self.segments.append(seg)
+        self._bases.append(base)
+        files.fsync_dir(self.dir)
+        log.debug("%s: rolled to segment %d (%s)", self.dir, base, reason)
+        return seg
+
+    # --- read ---------------------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int = 1 << 20, *, max_offset: int | None = None,
+             min_one_batch: bool = True) -> FetchSlice:
+        """Whole batches starting with the batch holding ``offset`` (records below ``offset``
+        in that batch included; the reader skips them), not past ``max_offset`` (default: the
+        high watermark). Raises ``OffsetOutOfRangeError`` outside
+        ``[log_start_offset, log_end_offset]``; at the upper bound the slice is empty."""
+        self._check_open()
+        upper = self.high_watermark if max_offset is None else max_offset
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset,
+                                        f"{self.topic}-{self.partition}")
+        if offset >= upper:
+            return FetchSlice(offset, self.active_segment.base_offset,
+                              self.active_segment.size, b"")
+        for i in range(self._segment_for(offset), len(self.segments)):
+            seg = self.segments[i]
+            max_position = None
+            if upper < seg.next_offset:
+                bound = seg.translate_offset(upper)
+                max_position = bound.position if bound is not None else None
+            got = seg.read(offset, max_bytes, max_position, min_one_batch)
+            if got is not None:
+                return got
+        return FetchSlice(offset, self.active_segment.base_offset, self.active_segment.size,
+                          b"")
+
+    def batches(self, start_offset: int | None = None) -> Iterator[RecordBatch]:
+        """Every batch from the one holding ``start_offset`` (default: the log start)."""
+        start = self.log_start_offset if start_offset is None else start_offset
+        for i in range(self._segment_for(start), len(self.segments)):
+            seg = self.segments[i]
+            found = seg.translate_offset(start)
+            if found is None:
+                continue
+            yield from seg.batches(found.position)
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """Kafka's ListOffsets: the earliest ``(offset, timestamp)`` whose timestamp is >=
+        ``timestamp``; special values -1 (latest), -2 (earliest), -3 (max timestamp). None when
+        no record qualifies or the hit is at/after the high watermark."""
+        self._check_open()
+        if timestamp == EARLIEST_TIMESTAMP:
+            return self.log_start_offset, -1
+        if timestamp == LATEST_TIMESTAMP:
+            return self.high_watermark, -1
+        if timestamp == MAX_TIMESTAMP:
+            return self._max_timestamp_offset()
+        if timestamp < 0:
+            raise ValueError(f"invalid timestamp {timestamp}")
+        for seg in self.segments:
+            if seg.next_offset <= self.log_start_offset or seg.size == 0:
+                continue
+            if seg.largest_timestamp < timestamp and seg.max_timestamp_so_far >= 0:
+                continue
+            found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
+            if found is not None:
+                return found if found[0] < self.high_watermark else None
+        return None
+
+    def _max_timestamp_offset(self) -> tuple[int, int] | None:
+        best: tuple[int, int] | None = None
+        for seg in self.segments:
+            if seg.max_timestamp_so_far < 0 or (best and seg.max_timestamp_so_far <= best[1]):
+                continue
+            for batch in seg.batches():
+                if batch.last_offset < self.log_start_offset:
+                    continue
+                if best is None or batch.max_timestamp > best[1]:
+                    for rec in batch.records():
+                        if rec.timestamp == batch.max_timestamp and \
+                                rec.offset >= self.log_start_offset:
+                            best = (rec.offset, rec.timestamp)
+                            break
+        return best
+
+    # --- truncation and log start -------------------------------------------------------------
+    def truncate_to(self, offset: int) -> None:
+        """Remove ``offset`` and everything after it (whole batches)."""
+        self._check_open()
+        if offset >= self.log_end_offset:
+            return
+        if offset < self.active_segment.base_offset and offset <= self.segments[0].base_offset:
+            self.truncate_fully_and_start_at(offset)
+            return
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+            self.segments.pop().delete()
+            self._bases.pop()
+        self.active_segment.truncate_to(offset)
+        self.active_segment.resize_indexes(self.config.segment_index_bytes)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+        files.fsync_dir(self.dir)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start empty at ``offset``."""
+        self._check_open()
+        for seg in self.segments:
+            seg.delete()
+        seg = LogSegment(self.dir, offset, self.config)
+        self.segments = [seg]
+        self._bases = [offset]
+        self.log_start_offset = self.recovery_point = self.high_watermark = offset
+        files.fsync_dir(self.dir)
+
+    def delete_records_before(self, offset: int) -> int:
+        """Kafka's DeleteRecords: move the log start offset up to ``offset`` (<= the high
+        watermark). Whole segments below it go at the next retention pass. Returns the new
+        log start offset."""
+        self._check_open()
+        if offset > self.high_watermark:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.high_watermark,
+                                        f"{self.topic}-{self.partition}")
+        if offset > self.log_start_offset:
+            self.log_start_offset = offset
+        return self.log_start_offset
+
+    # --- retention ----------------------------------------------------------------------------
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Delete the segments Kafka's rules allow (see ``policy.retention_deletable``);
+        returns how many. Files are renamed ``.deleted`` now and removed after
+        ``file.delete.delay.ms`` (``delete_expired_files``)."""
+        self._check_open()
+        now_ms = _now_ms() if now_ms is None else now_ms
+        metas = [s.meta() for s in self.segments]
+        count, reason = retention_deletable(metas, log_start_offset=self.log_start_offset,
+                                            high_watermark=self.high_watermark, now_ms=now_ms,
+                                            config=self.config)
+        if count == 0:
+            return 0
+        if count == len(self.segments):
+            self.roll(now_ms=now_ms)   # never delete the active segment: roll past it first
+        doomed, self.segments = self.segments[:count], self.segments[count:]
+        self._bases = self._bases[count:]
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        for seg in doomed:
+            seg.rename_suffix(files.DELETED_SUFFIX)
+            self._pending_deletes.append((now_ms + self.config.file_delete_delay_ms, seg))
+        files.fsync_dir(self.dir)
+        log.info("%s: retention (%s) deleted %d segment(s); log start offset %d",
+                 self.dir, reason, count, self.log_start_offset)
+        self.delete_expired_files(now_ms)
+        return count
+
+    def delete_expired_files(self, now_ms: int | None = None) -> None:
+        now_ms = _now_ms() if now_ms is None else now_ms
+        keep = []
+        for deadline, seg in self._pending_deletes:
+            if deadline <= now_ms:
+                seg.delete()
+            else:
+                keep.append((deadline, seg))
+        self._pending_deletes = keep
+
+    # --- durability and lifecycle -------------------------------------------------------------
+    def flush(self, up_to_offset: int | None = None) -> None:
+        """fdatasync every segment holding data below ``up_to_offset`` (default: all) and
+        advance the recovery point."""
+        self._check_open()
+        target = self.log_end_offset if up_to_offset is None else up_to_offset
+        if target <= self.recovery_point:
+            return
+        for seg in self.segments:
+            if seg.next_offset > self.recovery_point and seg.base_offset < target:
+                seg.flush()
+        self.recovery_point = target
+
+    def verify(self) -> list[str]:
+        """Problems found without changing anything (``mq log check``)."""
+        problems: list[str] = []
+        for seg in self.segments:
+            problems += seg.verify()
+        return problems
+
+    def close(self) -> None:
+        """Flush, write final index entries, trim indexes, close files. Idempotent."""
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self.closed = True
+            for seg in self.segments:
+                seg.close()
+            for _, seg in self._pending_deletes:
+                seg.delete()
+            self._pending_deletes = []
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"PartitionLog({self.dir!r}, start={self.log_start_offset}, "
+                f"end={self.log_end_offset}, segments={len(self.segments)})")
+
+
+def _finish_leftovers(directory: str, report: RecoveryReport) -> None:
+    """Finish or undo interrupted multi-file changes (Kafka's rules, §3 of the reference):
+    delete ``.deleted``, ``.cleaned`` and ``.tmp`` files; drop ``.swap`` files at or above the
+    smallest ``.cleaned`` base (an unfinished split); install the remaining swaps in place of
+    the segments they replace."""
+    names = os.listdir(directory)
+    cleaned_bases = []
+    swaps: list[tuple[int, str, str]] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if name.endswith(files.TMP_SUFFIX) or name.endswith(files.DELETED_SUFFIX):
+            os.unlink(path)
+            report.leftovers_removed.append(name)
+            continue
+        parsed = files.parse_segment_name(name)
+        if parsed is None:
+            continue
+        base, kind, suffix = parsed
+        if suffix == files.CLEANED_SUFFIX:
+            cleaned_bases.append(base)
+            os.unlink(path)
+            report.leftovers_removed.append(name)
+        elif suffix == files.SWAP_SUFFIX:
+            swaps.append((base, kind, name))
+    if not swaps:
+        return
+    min_cleaned = min(cleaned_bases, default=None)
+    live: list[tuple[int, str, str]] = []
+    for base, kind, name in swaps:
+        if min_cleaned is not None and base >= min_cleaned:
+            os.unlink(os.path.join(directory, name))
+            report.leftovers_removed.append(name)
+        else:
+            live.append((base, kind, name))
+    log_swaps = sorted(b for b, kind, _ in live if kind == files.LOG_SUFFIX)
+    if log_swaps:
+        # The swapped segments cover [min swap base, max swap next offset): delete the ordinary
+        # segments with base offsets in that range, then rename the swaps into place.
+        upper = max(_next_offset_of(os.path.join(directory, files.segment_name(
+            b, files.LOG_SUFFIX) + files.SWAP_SUFFIX), b) for b in log_swaps)
+        for name in names:
+            parsed = files.parse_segment_name(name)
+            if parsed and not parsed[2] and log_swaps[0] <= parsed[0] < upper:
+                files.remove_quietly([os.path.join(directory, name)])
+    for base, kind, name in live:
+        final = files.segment_name(base, kind)
+        os.rename(os.path.join(directory, name), os.path.join(directory, final))
+        report.swaps_completed.append(final)
+    files.fsync_dir(directory)
+
+
+def _next_offset_of(path: str, base: int) -> int:
+    """Next offset after the last whole batch of a ``.log`` file (base if none)."""
+    next_offset = base
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return base
+    try:
+        for batch in iter_batches(data):
+            next_offset = batch.next_offset
+    except CorruptRecordError:
+        pass
+    return next_offset

@@ -1,0 +1,485 @@
+"""One log segment: a ``.log`` of RecordBatch v2 with its sparse ``.index`` and ``.timeindex``.
+
+::
+
+    <dir>/<base offset, 20 digits>.log        batches, appended only, never rewritten
+    <dir>/<base offset, 20 digits>.index      (relOffset, position) every index.interval.bytes
+    <dir>/<base offset, 20 digits>.timeindex  (maxTimestampSoFar, relOffset), same rhythm
+
+Invariants: batches are contiguous from byte 0 and their offsets increase; every index entry
+points at a batch start inside the file; the byte count since the last index entry decides the
+next entry (Kafka's rule: the first append of a segment never gets one). Index files are
+created lazily — a segment renamed to ``.deleted`` before its indexes were touched creates no
+index files.
+
+Reads use ``pread`` (the broker side); client processes read through ``mq.log.reader``'s maps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import time
+from collections.abc import Iterator
+from typing import Final
+
+from mq.errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
+from mq.log import files
+from mq.log.config import LogConfig
+from mq.log.index import OffsetIndex, TimeIndex
+from mq.log.policy import SegmentMeta
+from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
+                            RecordBatch, iter_batches)
+
+__all__ = ["LogSegment", "OffsetPosition", "FetchSlice"]
+
+_FRAME: Final = struct.Struct(">qiib")
+# Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp.
+_SCAN_BYTES: Final = 43
+_SCAN: Final = struct.Struct(">qi")
+_LAST_DELTA: Final = struct.Struct(">i")
+_MAX_TS: Final = struct.Struct(">q")
+_INT32_MAX: Final = (1 << 31) - 1
+_READ_CHUNK: Final = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffsetPosition:
+    """Where a batch starts: its last offset, byte position and size."""
+
+    last_offset: int
+    position: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FetchSlice:
+    """Whole batches read from one segment, starting with the batch holding ``offset``."""
+
+    offset: int
+    segment_base_offset: int
+    position: int
+    data: bytes
+
+
+class LogSegment:
+    """A segment's files and what is known about them. ``close()`` is idempotent."""
+
+    def __init__(self, directory: str, base_offset: int, config: LogConfig, *,
+                 suffix: str = "", now_ms: int | None = None, read_only: bool = False) -> None:
+        self.dir = directory
+        self.read_only = read_only
+        self.base_offset = base_offset
+        self.config = config
+        self.suffix = suffix
+        self.log_path = os.path.join(directory, files.segment_name(base_offset, ".log") + suffix)
+        flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT | os.O_APPEND
+        self._fd = os.open(self.log_path, flags, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
+        self.bytes_since_last_index_entry = 0
+        self.created_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self.first_batch_timestamp = -1
+        self.max_timestamp_so_far = -1
+        self.offset_of_max_timestamp_so_far = base_offset
+        self._next_offset: int | None = None if self.size else base_offset
+        self.rolling_jitter_ms = 0
+        self.closed = False
+
+    # --- paths and lazy indexes ---------------------------------------------------------------
+    def _path(self, kind: str) -> str:
+        return os.path.join(self.dir, files.segment_name(self.base_offset, kind) + self.suffix)
+
+    def index_file_exists(self, kind: str = files.INDEX_SUFFIX) -> bool:
+        return os.path.exists(self._path(kind))
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        if self._offset_index is None:
+            self._offset_index = OffsetIndex(self._path(files.INDEX_SUFFIX), self.base_offset,
+                                             self.config.segment_index_bytes,
+                                             writable=not self.read_only)
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            self._time_index = TimeIndex(self._path(files.TIMEINDEX_SUFFIX), self.base_offset,
+                                         self.config.segment_index_bytes,
+                                         writable=not self.read_only)
+        return self._time_index
+
+    def load_index_state(self) -> None:
+        """After opening an existing segment without recovery: restore the max timestamp from
+        the time index and the next offset by scanning past the last offset-index entry."""
+        self.offset_index.sanity_check()
+        self.time_index.sanity_check()
+        ts, off = self.time_index.last_entry
+        self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = ts, off
+        self._next_offset = None
+        self._compute_next_offset()
+
+    def _compute_next_offset(self) -> int:
+        """Scan batch headers from the last offset-index entry to the end of the file."""
+        idx = self.offset_index
+        start = idx.entry(idx.entries - 1)[1] if idx.entries else 0
+        next_offset = self.base_offset
+        first = True
+        for base, size, last_delta, max_ts in self._scan_headers(start):
+            next_offset = base + last_delta + 1
+            if first and start == 0:
+                self.first_batch_timestamp = max_ts
+            first = False
+            if max_ts > self.max_timestamp_so_far:
+                self.max_timestamp_so_far = max_ts
+                self.offset_of_max_timestamp_so_far = base + last_delta
+        if start and self.first_batch_timestamp < 0:
+            head = self._pread(0, _SCAN_BYTES)
+            if len(head) == _SCAN_BYTES:
+                self.first_batch_timestamp = _MAX_TS.unpack_from(head, 35)[0]
+        self._next_offset = next_offset
+        return next_offset
+
+    # --- facts --------------------------------------------------------------------------------
+    @property
+    def next_offset(self) -> int:
+        """One past the last offset in the segment; the base offset when empty."""
+        if self._next_offset is None:
+            return self._compute_next_offset()
+        return self._next_offset
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Max record timestamp, or the file's mtime if no batch carries one (Kafka)."""
+        if self.max_timestamp_so_far >= 0:
+            return self.max_timestamp_so_far
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    def meta(self) -> SegmentMeta:
+        return SegmentMeta(
+            base_offset=self.base_offset, size_bytes=self.size, next_offset=self.next_offset,
+            largest_timestamp=self.largest_timestamp,
+            first_batch_timestamp=self.first_batch_timestamp, created_ms=self.created_ms,
+            offset_index_full=self.offset_index.is_full, time_index_full=self.time_index.is_full,
+            rolling_jitter_ms=self.rolling_jitter_ms)
+
+    # --- append -------------------------------------------------------------------------------
+    def append(self, batch, *, last_offset: int, max_timestamp: int,
+               offset_of_max_timestamp: int) -> int:
+        """Append one or more whole batches with one write; returns their start position.
+
+        Raises ``InvalidOffsetError`` when ``last_offset`` cannot be stored relative to the
+        base offset (the caller must roll first).
+        """
+        rel = last_offset - self.base_offset
+        if not 0 <= rel <= _INT32_MAX:
+            raise InvalidOffsetError(f"{self.log_path}: offset {last_offset} does not fit "
+                                     f"relative to base {self.base_offset}")
+        position = self.size
+        if self.size == 0:
+            self.first_batch_timestamp = max_timestamp
+            self.created_ms = int(time.time() * 1000)
+        files.write_all(self._fd, batch)
+        self.size += len(batch)
+        if max_timestamp > self.max_timestamp_so_far:
+            self.max_timestamp_so_far = max_timestamp
+            self.offset_of_max_timestamp_so_far = offset_of_max_timestamp
+        if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+            self.offset_index.append(last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp_so_far,
+                                         self.offset_of_max_timestamp_so_far)
+            self.bytes_since_last_index_entry = 0
+        self.bytes_since_last_index_entry += len(batch)
+        self._next_offset = last_offset + 1
+        return position
+
+    # --- read ---------------------------------------------------------------------------------
+    def _pread(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def _scan_headers(self, start: int, end: int | None = None
+                      ) -> Iterator[tuple[int, int, int, int]]:
+        """(baseOffset, size, lastOffsetDelta, maxTimestamp) of each whole batch from
+        ``start``; stops at a torn or malformed tail (recovery deals with those)."""
+        end = self.size if end is None else end
+        pos = start
+        while end - pos >= _SCAN_BYTES:
+            head = self._pread(pos, _SCAN_BYTES)
+            if len(head) < _SCAN_BYTES:
+                return
+            base, length = _SCAN.unpack_from(head)
+            if length < MIN_BATCH_LENGTH or head[16] != MAGIC or pos + LOG_OVERHEAD + length > end:
+                return
+            size = LOG_OVERHEAD + length
+            yield base, size, _LAST_DELTA.unpack_from(head, 23)[0], _MAX_TS.unpack_from(head, 35)[0]
+            pos += size
+
+    def translate_offset(self, offset: int, starting_position: int = 0) -> OffsetPosition | None:
+        """The first batch whose last offset is >= ``offset`` (index floor, then a scan of
+        batch headers), or None when every batch ends before it."""
+        _, index_pos = self.offset_index.lookup(offset)
+        pos = max(index_pos, starting_position)
+        for base, size, last_delta, _ in self._scan_headers(pos):
+            if base + last_delta >= offset:
+                return OffsetPosition(base + last_delta, pos, size)
+            pos += size
+        return None
+
+    def read(self, start_offset: int, max_bytes: int, max_position: int | None = None,
+             min_one_batch: bool = True) -> FetchSlice | None:
+        """Whole batches from the one holding ``start_offset``, up to ``max_bytes`` (at least
+        one batch when ``min_one_batch``); None when ``start_offset`` is past the segment."""
+        if max_bytes < 0:
+            raise ValueError(f"invalid max_bytes {max_bytes}")
+        found = self.translate_offset(start_offset)
+        if found is None:
+            return None
+        limit = self.size if max_position is None else min(max_position, self.size)
+        start = found.position
+        if start >= limit:
+            return FetchSlice(start_offset, self.base_offset, start, b"")
+        if min_one_batch and found.size > max_bytes:
+            length = min(found.size, limit - start)
+        else:
+            # Extend over whole batches only, so a reader never sees a partial batch.
+            length = 0
+            for _, size, _, _ in self._scan_headers(start, limit):
+                if length + size > max_bytes:
+                    break
+                length += size
+        return FetchSlice(start_offset, self.base_offset, start, self._pread(start, length))
+
+    def batches(self, start_position: int = 0, end: int | None = None
+                ) -> Iterator[RecordBatch]:
+        """Every whole batch from ``start_position`` (no CRC check), read in chunks with
+        ``pread``. Stops quietly at a torn tail; raises ``CorruptRecordError`` for framing
+        that cannot be a batch."""
+        end = self.size if end is None else end
+        pos = start_position
+        while end - pos >= HEADER_SIZE_UP_TO_MAGIC:
+            chunk = self._pread(pos, min(_READ_CHUNK, end - pos))
+            consumed = 0
+            try:
+                for batch in iter_batches(chunk, 0, len(chunk), self.log_path):
+                    batch.position += pos
+                    consumed += batch.size
+                    yield batch
+            except CorruptRecordError as err:
+                raise CorruptRecordError(self.log_path, pos + err.position, err.reason) from None
+            if consumed == 0:
+                # The next batch is larger than a chunk (or torn): read it whole.
+                size = read_frame_length(chunk)
+                if size is None or pos + size > end:
+                    return
+                yield RecordBatch(self._pread(pos, size), pos, self.log_path)
+                consumed = size
+            pos += consumed
+
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int = 0
+                                 ) -> tuple[int, int] | None:
+        """Earliest (offset, timestamp) at or after ``starting_offset`` whose timestamp is
+        >= ``timestamp``, or None. Looking up ``timestamp - 1`` in the time index makes the
+        answer exact: every batch before that entry's batch has max timestamp < ``timestamp``.
+        """
+        _, index_offset = self.time_index.lookup(timestamp - 1)
+        found = self.translate_offset(max(index_offset, starting_offset))
+        if found is None:
+            return None
+        for batch in self.batches(found.position):
+            if batch.max_timestamp < timestamp or batch.last_offset < starting_offset:
+                continue
+            for rec in batch.records():
+                if rec.timestamp >= timestamp and rec.offset >= starting_offset:
+                    return rec.offset, rec.timestamp
+        return None
+
+    # --- recovery and truncation --------------------------------------------------------------
+    def recover(self, max_message_bytes: int | None = None) -> int:
+        """Rebuild both indexes from the ``.log``, validating every batch; truncate the file at
+        the first torn or invalid batch. Returns the number of bytes truncated."""
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.bytes_since_last_index_entry = 0
+        self.max_timestamp_so_far = -1
+        self.offset_of_max_timestamp_so_far = self.base_offset
+        self.first_batch_timestamp = -1
+        valid, next_offset = self._rebuild(max_message_bytes)
+        truncated = self.size - valid
+        if truncated:
+            os.ftruncate(self._fd, valid)
+            self.size = valid
+        self._next_offset = next_offset
+        return truncated
+
+    def _rebuild(self, max_message_bytes: int | None) -> tuple[int, int]:
+        valid = 0
+        next_offset = self.base_offset
+        try:
+            for batch in self.batches():
+                batch.validate()
+                if max_message_bytes is not None and batch.size > max_message_bytes + 12:
+                    raise CorruptRecordError(self.log_path, valid, f"batch of {batch.size} "
+                                             "bytes exceeds max.message.bytes")
+                rel = batch.last_offset - self.base_offset
+                if batch.base_offset < next_offset or not 0 <= rel <= _INT32_MAX:
+                    raise CorruptRecordError(self.log_path, valid, f"batch offsets "
+                                             f"{batch.base_offset}..{batch.last_offset} do not "
+                                             f"follow {next_offset - 1} in this segment")
+                if valid == 0:
+                    self.first_batch_timestamp = batch.max_timestamp
+                if batch.max_timestamp > self.max_timestamp_so_far:
+                    self.max_timestamp_so_far = batch.max_timestamp
+                    self.offset_of_max_timestamp_so_far = batch.last_offset
+                if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+                    self.offset_index.append(batch.last_offset, valid)
+                    self.time_index.maybe_append(self.max_timestamp_so_far,
+                                                 self.offset_of_max_timestamp_so_far)
+                    self.bytes_since_last_index_entry = 0
+                self.bytes_since_last_index_entry += batch.size
+                valid += batch.size
+                next_offset = batch.next_offset
+        except CorruptRecordError:
+            pass   # everything from `valid` on is dropped
+        return valid, next_offset
+
+    def verify(self) -> list[str]:
+        """Problems found without changing anything (``mq log check``): invalid batches,
+        index entries inconsistent with the log."""
+        problems: list[str] = []
+        valid = 0
+        try:
+            for batch in self.batches():
+                batch.validate()
+                batch.records()
+                valid += batch.size
+        except CorruptRecordError as err:
+            problems.append(str(err))
+        else:
+            if valid != self.size:
+                problems.append(f"{self.log_path} at byte {valid}: torn batch, "
+                                f"{self.size - valid} bytes past the last whole batch")
+        for index, arg in ((self.offset_index, self.size), (self.time_index, None)):
+            try:
+                if arg is None:
+                    index.validate_entries(self.next_offset)
+                else:
+                    index.validate_entries(arg)
+            except CorruptIndexError as err:
+                problems.append(str(err))
+        return problems
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove ``offset`` and everything after it (the whole batch holding it); returns the
+        bytes removed."""
+        found = self.translate_offset(offset)
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self.offset_index.resize(self.config.segment_index_bytes)
+        self.time_index.resize(self.config.segment_index_bytes)
+        if found is None:
+            return 0
+        removed = self.size - found.position
+        os.ftruncate(self._fd, found.position)
+        self.size = found.position
+        self.bytes_since_last_index_entry = 0
+        self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = \
+            self.time_index.last_entry
+        if self.size == 0:
+            self.created_ms = int(time.time() * 1000)
+            self.first_batch_timestamp = -1
+        self._next_offset = None
+        self._compute_next_offset()
+        return removed
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def on_become_inactive(self) -> None:
+        """At roll: write the final time-index entry and trim both indexes."""
+        if self.max_timestamp_so_far >= 0:
+            self.time_index.maybe_append(self.max_timestamp_so_far,
+                                         self.offset_of_max_timestamp_so_far,
+                                         skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+
+    def resize_indexes(self, size: int) -> None:
+        self.offset_index.resize(size)
+        self.time_index.resize(size)
+
+    def flush(self) -> None:
+        os.fdatasync(self._fd)
+        if self._offset_index is not None:
+            self._offset_index.flush()
+        if self._time_index is not None:
+            self._time_index.flush()
+
+    def close(self) -> None:
+        if self.read_only:
+            self.close_without_index_changes()
+            return
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.max_timestamp_so_far >= 0 and self.size:
+                self.time_index.maybe_append(self.max_timestamp_so_far,
+                                             self.offset_of_max_timestamp_so_far,
+                                             skip_full_check=True)
+        finally:
+            for index in (self._offset_index, self._time_index):
+                if index is not None:
+                    index.close()
+            os.close(self._fd)
+
+    def close_without_index_changes(self) -> None:
+        """Close leaving files exactly as they are (``mq log check`` without ``--repair``)."""
+        if self.closed:
+            return
+        self.closed = True
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close_without_trim()
+        os.close(self._fd)
+
+    def rename_suffix(self, new_suffix: str) -> None:
+        """Rename every existing file of the segment from the current suffix to ``new_suffix``
+        (e.g. ``""`` -> ``".deleted"``). Index files not yet created stay uncreated."""
+        for kind in (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX,
+                     files.TXNINDEX_SUFFIX):
+            old = self._path(kind)
+            new = os.path.join(self.dir, files.segment_name(self.base_offset, kind) + new_suffix)
+            if kind == files.INDEX_SUFFIX and self._offset_index is not None:
+                self._offset_index.rename(new)
+            elif kind == files.TIMEINDEX_SUFFIX and self._time_index is not None:
+                self._time_index.rename(new)
+            elif os.path.exists(old):
+                os.rename(old, new)
+        self.suffix = new_suffix
+        self.log_path = self._path(files.LOG_SUFFIX)
+
+    def delete(self) -> None:
+        """Close and remove the segment's files (whatever suffix they carry now)."""
+        if not self.closed:
+            self.closed = True
+            for index in (self._offset_index, self._time_index):
+                if index is not None:
+                    index.close_without_trim()
+            os.close(self._fd)
+        files.remove_quietly(self._path(k) for k in (files.LOG_SUFFIX, files.INDEX_SUFFIX,
+                                                     files.TIMEINDEX_SUFFIX,
+                                                     files.TXNINDEX_SUFFIX))
+
+    def __repr__(self) -> str:
+        return (f"LogSegment(base_offset={self.base_offset}, size={self.size}, "
+                f"next_offset={self._next_offset}, suffix={self.suffix!r})")
+
+
+def read_frame_length(head: bytes) -> int | None:
+    """Batch size from its first 17 bytes, or None if they cannot start a v2 batch."""
+    if len(head) < HEADER_SIZE_UP_TO_MAGIC:
+        return None
+    _, length, _, magic = _FRAME.unpack_from(head)
+    if length < MIN_BATCH_LENGTH or magic != MAGIC:
+        return None
+    return LOG_OVERHEAD + length

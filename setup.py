@@ -1,0 +1,13 @@
+"""Builds the optional C record codec; all project metadata lives in pyproject.toml.
+
+``optional=True``: without a C compiler the build of ``mq.log._crecords`` is skipped with a
+warning and mq falls back to the pure-Python codec in ``mq/log/records.py``.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("mq.log._crecords", ["mq/log/_crecords.c"], optional=True),
+    ],
+)
