@@ -153,7 +153,7 @@ class PartitionLog:
 
     @staticmethod
     def _recover_segment(seg: LogSegment, config: LogConfig, report: RecoveryReport) -> bool:
-        truncated = seg.recover(config.max_message_bytes)
+        truncated = seg.recover()
         report.segments_recovered += 1
         if truncated:
             log.warning("%s: truncated %d bytes of torn or invalid data at byte %d",

@@ -37,10 +37,12 @@ int16 type (0 ABORT, 1 COMMIT) and whose value is int16 version + int32 coordina
 from __future__ import annotations
 
 import gzip
+import importlib
+import os
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final
 
 import crc32c as _crc32c_mod
@@ -248,6 +250,22 @@ def _decompress(codec: int, data: memoryview) -> bytes:
     raise UnsupportedCodecError(None, 0, f"invalid compression codec {codec}")
 
 
+# --- optional C decoder (begin) --------------------------------------------------------------
+# mq/log/_crecords.c, built by setup.py when a C compiler is available, decodes the records
+# section several times faster; RecordBatch._records_py below stays the reference it mirrors.
+# Its records are ``_crecords.Record`` objects: same attributes, equal to an equal BatchRecord.
+# MQ_PURE_PYTHON=1 (any value but "" or "0") forces the pure-Python path.
+
+_decode_records_c: Callable[..., list] | None = None
+if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
+    try:
+        _decode_records_c = importlib.import_module("mq.log._crecords").decode_records
+    except ImportError:
+        pass
+
+# --- optional C decoder (end) ----------------------------------------------------------------
+
+
 # --- decoding ---------------------------------------------------------------------------------
 
 class BatchRecord:
@@ -429,6 +447,18 @@ class RecordBatch:
         end = len(buf)
         if count > end:   # each record takes at least 7 bytes; cheap guard against huge counts
             self._fail(f"record count {count} exceeds the {end} bytes of records")
+        if _decode_records_c is not None:          # optional C decoder, see above
+            try:
+                return _decode_records_c(buf, self.base_offset, self.base_timestamp,
+                                         self.attributes & _TIMESTAMP_TYPE_MASK,
+                                         self.max_timestamp, count)
+            except ValueError as err:
+                raise CorruptRecordError(self.path, self.position, str(err)) from err
+        return self._records_py(buf, count)
+
+    def _records_py(self, buf: memoryview, count: int) -> list[BatchRecord]:
+        """The pure-Python decoder of the records section: the reference ``_crecords`` mirrors."""
+        end = len(buf)
         base_offset = self.base_offset
         base_ts = self.base_timestamp
         log_append = self.attributes & _TIMESTAMP_TYPE_MASK

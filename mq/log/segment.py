@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import struct
 import time
 from collections.abc import Iterator
@@ -85,7 +86,9 @@ class LogSegment:
         self.max_timestamp_so_far = -1
         self.offset_of_max_timestamp_so_far = base_offset
         self._next_offset: int | None = None if self.size else base_offset
-        self.rolling_jitter_ms = 0
+        # Kafka draws the jitter once per segment, uniformly in [0, min(jitter, segment.ms)).
+        jitter = min(config.segment_jitter_ms, config.segment_ms)
+        self.rolling_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
         self.closed = False
 
     # --- paths and lazy indexes ---------------------------------------------------------------
@@ -296,7 +299,7 @@ class LogSegment:
         return None
 
     # --- recovery and truncation --------------------------------------------------------------
-    def recover(self, max_message_bytes: int | None = None) -> int:
+    def recover(self) -> int:
         """Rebuild both indexes from the ``.log``, validating every batch; truncate the file at
         the first torn or invalid batch. Returns the number of bytes truncated."""
         self.offset_index.reset()
@@ -305,7 +308,7 @@ class LogSegment:
         self.max_timestamp_so_far = -1
         self.offset_of_max_timestamp_so_far = self.base_offset
         self.first_batch_timestamp = -1
-        valid, next_offset = self._rebuild(max_message_bytes)
+        valid, next_offset = self._rebuild()
         truncated = self.size - valid
         if truncated:
             os.ftruncate(self._fd, valid)
@@ -313,15 +316,12 @@ class LogSegment:
         self._next_offset = next_offset
         return truncated
 
-    def _rebuild(self, max_message_bytes: int | None) -> tuple[int, int]:
+    def _rebuild(self) -> tuple[int, int]:
         valid = 0
         next_offset = self.base_offset
         try:
             for batch in self.batches():
                 batch.validate()
-                if max_message_bytes is not None and batch.size > max_message_bytes + 12:
-                    raise CorruptRecordError(self.log_path, valid, f"batch of {batch.size} "
-                                             "bytes exceeds max.message.bytes")
                 rel = batch.last_offset - self.base_offset
                 if batch.base_offset < next_offset or not 0 <= rel <= _INT32_MAX:
                     raise CorruptRecordError(self.log_path, valid, f"batch offsets "

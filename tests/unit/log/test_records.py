@@ -540,6 +540,16 @@ def test_delete_horizon_round_trip(codec):
     assert [r.timestamp for r in batch.records()] == [1_000, 9_000, -5, 5_000]
 
 
+@pytest.mark.parametrize("horizon", [0, 7_777])
+def test_delete_horizon_on_empty_batch(horizon):
+    # Kafka's MemoryRecordsBuilder sets baseTimestamp = deleteHorizonMs even with no records.
+    batch = RecordBatch(BatchBuilder(delete_horizon_ms=horizon).build())
+    batch.validate()
+    assert batch.has_delete_horizon
+    assert batch.delete_horizon_ms == batch.base_timestamp == horizon
+    assert batch.records() == []
+
+
 def test_no_delete_horizon():
     batch = RecordBatch(_build([(1_000, b"a", b"1")]))
     assert not batch.has_delete_horizon
