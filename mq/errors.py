@@ -101,3 +101,77 @@ class ClosedError(MQError):
 
 class LogDirLockedError(StorageError):
     """Another process holds the data directory's lock."""
+
+
+# --- protocol errors (sans-I/O layer) ---------------------------------------------------------
+
+class ProtocolError(MQError):
+    """The byte stream on a connection broke the protocol."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to send something the protocol does not allow (a bug on our side)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol does not allow (short or oversized frame, bad
+    msgpack, unknown api, wrong field types)."""
+
+
+class BrokerUnavailableError(MQError):
+    """No broker answers on the socket, or the broker went away mid-request."""
+
+
+# --- broker errors: Kafka's error codes where the meaning matches -----------------------------
+
+class BrokerError(MQError):
+    """An error response from the broker; ``code`` is Kafka's numeric error code."""
+
+    code = -1
+    retriable = False
+
+    def __init__(self, message: str = "") -> None:
+        self.message = message or type(self).__name__
+        super().__init__(self.message)
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+def _broker_error(name: str, code: int, retriable: bool = False, doc: str = "") -> type:
+    cls = type(name, (BrokerError,), {"code": code, "retriable": retriable, "__doc__": doc})
+    globals()[name] = cls
+    __all__.append(name)
+    return cls
+
+
+_ERROR_TABLE = [
+    ("UnknownServerError", -1, False, "The broker hit an unexpected error."),
+    ("BrokerOffsetOutOfRangeError", 1, False, "The offset is outside the partition's log."),
+    ("CorruptMessageError", 2, True, "The batch failed validation (CRC, size, structure)."),
+    ("UnknownTopicOrPartitionError", 3, False, "No such topic or partition."),
+    ("RequestTimedOutError", 7, True, "The request did not complete in time."),
+    ("MessageTooLargeError", 10, False, "The batch is larger than max.message.bytes."),
+    ("InvalidTopicError", 17, False, "The topic name is not valid."),
+    ("RecordListTooLargeError", 18, False, "The request is larger than the broker accepts."),
+    ("InvalidTimestampError", 32, False, "A timestamp is outside the accepted range."),
+    ("UnsupportedVersionError", 35, False, "The peer speaks a protocol version we do not."),
+    ("TopicAlreadyExistsError", 36, False, "The topic exists already."),
+    ("InvalidPartitionsError", 37, False, "The partition count is not valid."),
+    ("InvalidConfigurationError", 40, False, "A config key or value is not valid."),
+    ("InvalidRequestError", 42, False, "The request is malformed."),
+    ("PolicyViolationError", 44, False, "The request breaks a broker policy."),
+    ("KafkaStorageError", 56, True, "The broker could not read or write its log."),
+    ("UnsupportedCompressionTypeError", 76, False, "The batch uses a codec the broker refuses."),
+    ("InvalidRecordError", 87, False, "A record is not valid for this topic."),
+    ("BrokerShuttingDownError", 1001, True, "The broker is stopping; retry after restart."),
+]
+ERRORS_BY_CODE: dict[int, type] = {code: _broker_error(name, code, retriable, doc)
+                                   for name, code, retriable, doc in _ERROR_TABLE}
+__all__ += ["ProtocolError", "LocalProtocolError", "RemoteProtocolError",
+            "BrokerUnavailableError", "BrokerError", "ERRORS_BY_CODE", "error_for_code"]
+
+
+def error_for_code(code: int, message: str = "") -> BrokerError:
+    """The exception for a broker error code (``UnknownServerError`` for unknown codes)."""
+    return ERRORS_BY_CODE.get(code, ERRORS_BY_CODE[-1])(message)

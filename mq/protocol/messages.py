@@ -1,0 +1,156 @@
+"""Requests and responses: api numbers, field schemas and their validation.
+
+A request is ``[api, request_id, *fields]``; ``check_request`` checks it against the api's
+schema so that the broker never acts on a field of the wrong type — it answers
+``InvalidRequest`` instead. A response is ``[api, request_id, error_code, error_message,
+*fields]``.
+
+Schemas (fields after ``request_id``)::
+
+    Handshake        0  protocol_version int, client_name str, pid int
+    Produce          0  topic str, partition int, acks int (0, 1, -1 = all), batch bin
+    ListOffsets      2  topic str, partition int, timestamp int (-1 latest, -2 earliest, -3 max)
+    Metadata         3  topics [str] | nil (nil: all)
+    CreateTopics    19  topic str, partitions int, config {str: str}
+    DeleteTopics    20  topic str
+    DeleteRecords   21  topic str, partition int, offset int
+    DescribeConfigs 32  topic str
+    AlterConfigs    33  topic str, config {str: str}
+    CreatePartitions 37 topic str, total int
+    Wait          1000  semaphore str, [[topic str, partition int, offset int], ...]   (no reply)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Final
+
+from mq.errors import RemoteProtocolError
+
+__all__ = ["PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Api", "Request", "Response",
+           "check_request", "request", "response", "ACKS_ALL"]
+
+PROTOCOL_VERSION: Final = 1
+SUPPORTED_VERSIONS: Final = frozenset({1})
+ACKS_ALL: Final = -1
+
+
+class Api(enum.IntEnum):
+    PRODUCE = 0
+    LIST_OFFSETS = 2
+    METADATA = 3
+    HANDSHAKE = 18          # Kafka's ApiVersions
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
+
+
+_STR_MAP = ("str_map",)
+_WAIT_LIST = ("wait_list",)
+_OPT_STR_LIST = ("opt_str_list",)
+
+_SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
+    Api.HANDSHAKE: (("protocol_version", int), ("client_name", str), ("pid", int)),
+    Api.PRODUCE: (("topic", str), ("partition", int), ("acks", int), ("batch", bytes)),
+    Api.LIST_OFFSETS: (("topic", str), ("partition", int), ("timestamp", int)),
+    Api.METADATA: (("topics", _OPT_STR_LIST),),
+    Api.CREATE_TOPICS: (("topic", str), ("partitions", int), ("config", _STR_MAP)),
+    Api.DELETE_TOPICS: (("topic", str),),
+    Api.DELETE_RECORDS: (("topic", str), ("partition", int), ("offset", int)),
+    Api.DESCRIBE_CONFIGS: (("topic", str),),
+    Api.ALTER_CONFIGS: (("topic", str), ("config", _STR_MAP)),
+    Api.CREATE_PARTITIONS: (("topic", str), ("total", int)),
+    Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
+}
+
+ONE_WAY: Final = frozenset({Api.WAIT})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    api: Api
+    request_id: int
+    fields: dict[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.fields[name]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Response:
+    api: int
+    request_id: int
+    error_code: int
+    error_message: str | None
+    fields: list[Any]
+
+    @classmethod
+    def from_message(cls, message: list) -> Response:
+        if len(message) < 4 or not isinstance(message[1], int) or \
+                not isinstance(message[2], int):
+            raise RemoteProtocolError("a response must be [api, request_id, error_code, "
+                                      "error_message, ...]")
+        return cls(message[0], message[1], message[2], message[3], message[4:])
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(kind: Any, value: Any) -> bool:
+    if kind is int:
+        return _is_int(value)
+    if kind is str:
+        return isinstance(value, str)
+    if kind is bytes:
+        return isinstance(value, (bytes, bytearray))
+    if kind is _STR_MAP:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    if kind is _OPT_STR_LIST:
+        return value is None or (isinstance(value, list)
+                                 and all(isinstance(t, str) for t in value))
+    if kind is _WAIT_LIST:
+        return isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)
+            and _is_int(p[1]) and _is_int(p[2]) for p in value)
+    raise AssertionError(kind)
+
+
+def check_request(message: list) -> Request:
+    """Validate a decoded request against its schema.
+
+    Raises ``RemoteProtocolError`` naming the api and the field for an unknown api, a wrong
+    field count or a field of the wrong type.
+    """
+    raw_api, request_id = message[0], message[1]
+    if not _is_int(request_id):
+        raise RemoteProtocolError(f"request id must be an integer, got {request_id!r:.40}")
+    try:
+        api = Api(raw_api)
+    except (ValueError, TypeError):
+        raise RemoteProtocolError(f"unknown api {raw_api!r:.40}") from None
+    schema = _SCHEMAS[api]
+    values = message[2:]
+    if len(values) != len(schema):
+        raise RemoteProtocolError(f"{api.name} takes {len(schema)} fields, got {len(values)}")
+    for (name, kind), value in zip(schema, values):
+        if not _check(kind, value):
+            raise RemoteProtocolError(f"{api.name}: field {name!r} has the wrong type "
+                                      f"({type(value).__name__})")
+    return Request(api, request_id, dict(zip((n for n, _ in schema), values)))
+
+
+def request(api: Api, request_id: int, *fields: Any) -> list:
+    """The message for a request; field order as in the api's schema."""
+    return [int(api), request_id, *fields]
+
+
+def response(api: int, request_id: int, error_code: int = 0, error_message: str | None = None,
+             *fields: Any) -> list:
+    return [int(api), request_id, error_code, error_message, *fields]
