@@ -178,6 +178,14 @@ class PartitionLog:
         if self.closed:
             raise ClosedError(f"{self.dir}: log is closed")
 
+    def update_config(self, config: LogConfig) -> None:
+        """Apply a changed topic config (alter-config, broker start): rolls, retention and
+        index sizes follow it from now on."""
+        self.config = config
+        for seg in self.segments:
+            seg.config = config
+        self.active_segment.resize_indexes(config.segment_index_bytes)
+
     def _segment_for(self, offset: int) -> int:
         """Index of the segment whose base is the floor of ``offset`` (or 0)."""
         return max(bisect.bisect_right(self._bases, offset) - 1, 0)
@@ -311,7 +319,9 @@ class PartitionLog:
         if timestamp == LATEST_TIMESTAMP:
             return self.high_watermark, -1
         if timestamp == MAX_TIMESTAMP:
-            return self._max_timestamp_offset()
+            # Like every timestamp lookup, a hit at/after the high watermark is not returned.
+            found = self._max_timestamp_offset()
+            return found if found is not None and found[0] < self.high_watermark else None
         if timestamp < 0:
             raise ValueError(f"invalid timestamp {timestamp}")
         for seg in self.segments:

@@ -182,8 +182,10 @@ class LogSegment:
                                      f"relative to base {self.base_offset}")
         position = self.size
         if self.size == 0:
+            # Only the first batch's timestamp is recorded; created_ms stays the creation time
+            # (Kafka's LogSegment.append does not touch it, and it must stay on the caller's
+            # now_ms clock for the wall-clock roll rule).
             self.first_batch_timestamp = max_timestamp
-            self.created_ms = int(time.time() * 1000)
         files.write_all(self._fd, batch)
         self.size += len(batch)
         if max_timestamp > self.max_timestamp_so_far:
@@ -406,6 +408,11 @@ class LogSegment:
     def resize_indexes(self, size: int) -> None:
         self.offset_index.resize(size)
         self.time_index.resize(size)
+
+    def dup_fd(self) -> int:
+        """A duplicate of the ``.log`` descriptor, for an fsync in another thread that must
+        not race with this segment being closed."""
+        return os.dup(self._fd)
 
     def flush(self) -> None:
         os.fdatasync(self._fd)

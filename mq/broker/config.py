@@ -1,0 +1,130 @@
+"""Broker configuration: defaults, then a TOML file, then ``MQ_*`` environment, then flags.
+
+::
+
+    # mq.toml
+    data_dir = "/var/lib/mq"
+    socket = "/run/mq/mq.sock"
+    socket_mode = "0660"
+    log_level = "INFO"
+    retention_check_interval_ms = 300000
+    high_watermark = "written"        # or "durable": consumers only see fsync'd data
+    [topic_defaults]                  # Kafka-named topic configs
+    "retention.ms" = "604800000"
+    "segment.bytes" = "1073741824"
+
+Unknown keys are rejected with one line naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from mq.log.config import ConfigError, LogConfig
+
+__all__ = ["BrokerConfig", "default_data_dir", "default_socket_path", "ConfigError"]
+
+
+def default_data_dir() -> str:
+    """``$MQ_DATA_DIR``, else ``$XDG_STATE_HOME/mq``, else ``~/.local/state/mq`` (API.md)."""
+    if os.environ.get("MQ_DATA_DIR"):
+        return os.environ["MQ_DATA_DIR"]
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                             ".local", "state")
+    return os.path.join(state, "mq")
+
+
+def default_socket_path(data_dir: str | None = None) -> str:
+    """``$MQ_SOCKET``, else ``<data-dir>/mq.sock``."""
+    if os.environ.get("MQ_SOCKET"):
+        return os.environ["MQ_SOCKET"]
+    return os.path.join(data_dir or default_data_dir(), "mq.sock")
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    data_dir: str = dataclasses.field(default_factory=default_data_dir)
+    socket: str = ""                              # "" = <data_dir>/mq.sock or $MQ_SOCKET
+    socket_mode: int = 0o660
+    log_level: str = "INFO"
+    retention_check_interval_ms: int = 300_000    # log.retention.check.interval.ms
+    flush_interval_ms: int = 1000                 # background fsync + checkpoint period
+    high_watermark: str = "written"               # "written" or "durable"
+    max_request_bytes: int = 100 * 1024 * 1024    # socket.request.max.bytes
+    state_slots: int = 4096                       # partitions the shared region can hold
+    topic_defaults: LogConfig = dataclasses.field(default_factory=LogConfig)
+    config_file: str | None = None
+
+    @property
+    def socket_path(self) -> str:
+        if self.socket:
+            return self.socket
+        if os.environ.get("MQ_SOCKET"):
+            return os.environ["MQ_SOCKET"]
+        return os.path.join(self.data_dir, "mq.sock")
+
+    @classmethod
+    def load(cls, path: str | None = None, **overrides: Any) -> BrokerConfig:
+        """Defaults < TOML file < environment (``MQ_DATA_DIR``, ``MQ_SOCKET``,
+        ``MQ_LOG_LEVEL``) < ``overrides`` (flags; ``None`` values are ignored).
+        Raises ``ConfigError`` for unreadable files, unknown keys and bad values."""
+        values: dict[str, Any] = {}
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    values.update(tomllib.load(f))
+            except OSError as err:
+                raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+            values["config_file"] = path
+        env = {"data_dir": "MQ_DATA_DIR", "socket": "MQ_SOCKET", "log_level": "MQ_LOG_LEVEL"}
+        for key, var in env.items():
+            if os.environ.get(var):
+                values[key] = os.environ[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> BrokerConfig:
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"unknown broker config {key!r}; known: "
+                                  f"{', '.join(sorted(known))}")
+            if key == "topic_defaults":
+                if not isinstance(value, Mapping):
+                    raise ConfigError("topic_defaults must be a table of Kafka topic configs")
+                kwargs[key] = LogConfig.from_properties(value)
+            elif key == "socket_mode":
+                try:
+                    kwargs[key] = int(str(value), 8) if isinstance(value, str) else int(value)
+                except ValueError:
+                    raise ConfigError(f"socket_mode must be octal like \"0660\", got "
+                                      f"{value!r}") from None
+            elif key in ("retention_check_interval_ms", "flush_interval_ms", "max_request_bytes",
+                         "state_slots"):
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                    raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+                kwargs[key] = value
+            elif key == "high_watermark":
+                if value not in ("written", "durable"):
+                    raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "
+                                      f"got {value!r}")
+                kwargs[key] = value
+            elif key == "log_level":
+                level = str(value).upper()
+                if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+                    raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, "
+                                      f"got {value!r}")
+                kwargs[key] = level
+            else:
+                kwargs[key] = None if value is None else str(value)
+        if "data_dir" in kwargs:
+            kwargs["data_dir"] = os.path.abspath(os.path.expanduser(kwargs["data_dir"]))
+        return cls(**kwargs)

@@ -1,0 +1,170 @@
+"""The shared-memory state region: per-partition offsets the broker publishes to clients.
+
+One POSIX shared-memory object per data directory, created by the broker (read-write) and
+mapped read-only by every client. Layout (native little-endian, 64-byte aligned)::
+
+    header (64 bytes)
+      0  8  magic            b"MQSTATE1"
+      8  4  layout version   1
+     12  4  broker pid
+     16  8  broker generation (bumped at every broker start)
+     24  4  slot count
+     28  4  slot size        64
+     32  8  metadata version (bumped when topics or partitions change)
+     40 24  reserved
+    slot i (64 bytes, at 64 + 64*i)
+      0  8  sequence         odd while the broker writes the slot (seqlock)
+      8  8  high watermark
+     16  8  last stable offset
+     24  8  log start offset
+     32  8  active segment base offset
+     40  8  high-watermark position: byte offset in the active segment where it ends
+     48  8  segment-set generation: changes on every roll, deletion and swap
+     56  8  log end offset
+
+Seqlock: the writer makes the sequence odd, writes the fields, makes it even again; a reader
+copies the slot and retries until it saw the same even sequence before and after, so it never
+sees a torn (offset, position) pair. Stores are ordered on x86-64 (TSO) and each field write
+is a separate C call, so no barrier is needed there; other architectures would need one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import mmap
+import os
+import struct
+from typing import Final
+
+import posix_ipc
+
+from mq.errors import BrokerUnavailableError
+
+__all__ = ["StateWriter", "StateReader", "PartitionState", "shm_name", "semaphore_prefix"]
+
+MAGIC: Final = b"MQSTATE1"
+LAYOUT_VERSION: Final = 1
+HEADER_SIZE: Final = 64
+SLOT_SIZE: Final = 64
+_HEADER: Final = struct.Struct("<8sIIqIIq24x")
+_SLOT: Final = struct.Struct("<qqqqqqqq")
+_SEQ: Final = struct.Struct("<q")
+_FIELDS: Final = struct.Struct("<qqqqqqq")          # the slot after its sequence
+_META_VERSION: Final = struct.Struct("<q")
+DEFAULT_SLOTS: Final = 4096
+
+
+def _tag(data_dir: str) -> str:
+    return hashlib.sha1(os.path.realpath(data_dir).encode()).hexdigest()[:16]
+
+
+def shm_name(data_dir: str) -> str:
+    """The shared-memory object's name for a data directory (so tests can run side by side)."""
+    return f"/mq-{_tag(data_dir)}"
+
+
+def semaphore_prefix(data_dir: str) -> str:
+    """Prefix of the wake-up semaphores of clients of this data directory."""
+    return f"/mq-{_tag(data_dir)}-w"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionState:
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    active_segment_base: int
+    hw_position: int
+    segment_generation: int
+    log_end_offset: int
+
+
+class StateWriter:
+    """The broker's side: creates (replacing a dead broker's leftover) and writes the region."""
+
+    def __init__(self, data_dir: str, slots: int = DEFAULT_SLOTS, generation: int = 0) -> None:
+        self.name = shm_name(data_dir)
+        self.slots = slots
+        size = HEADER_SIZE + SLOT_SIZE * slots
+        try:
+            posix_ipc.unlink_shared_memory(self.name)   # a dead broker's region
+        except posix_ipc.ExistentialError:
+            pass
+        shm = posix_ipc.SharedMemory(self.name, posix_ipc.O_CREX, mode=0o640, size=size)
+        try:
+            self._map = mmap.mmap(shm.fd, size)
+        finally:
+            shm.close_fd()
+        _HEADER.pack_into(self._map, 0, MAGIC, LAYOUT_VERSION, os.getpid(), generation, slots,
+                          SLOT_SIZE, 0)
+        self._seqs = [0] * slots
+
+    def publish(self, slot: int, state: PartitionState) -> None:
+        base = HEADER_SIZE + SLOT_SIZE * slot
+        seq = self._seqs[slot] + 1
+        _SEQ.pack_into(self._map, base, seq)                  # odd: writing
+        _FIELDS.pack_into(self._map, base + 8, state.high_watermark, state.last_stable_offset,
+                          state.log_start_offset, state.active_segment_base, state.hw_position,
+                          state.segment_generation, state.log_end_offset)
+        _SEQ.pack_into(self._map, base, seq + 1)              # even: stable
+        self._seqs[slot] = seq + 1
+
+    def bump_metadata_version(self) -> int:
+        (version,) = _META_VERSION.unpack_from(self._map, 32)
+        _META_VERSION.pack_into(self._map, 32, version + 1)
+        return version + 1
+
+    def close(self) -> None:
+        """Unmap and unlink (the creator removes what it created)."""
+        if self._map is None:
+            return
+        self._map.close()
+        self._map = None
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+class StateReader:
+    """A client's read-only view of the region."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.name = shm_name(data_dir)
+        try:
+            shm = posix_ipc.SharedMemory(self.name, 0, read_only=True)
+        except posix_ipc.ExistentialError:
+            raise BrokerUnavailableError(f"no broker state for {data_dir} "
+                                         "(is the broker running?)") from None
+        try:
+            self._map = mmap.mmap(shm.fd, shm.size, access=mmap.ACCESS_READ)
+        finally:
+            shm.close_fd()
+        magic, version, self.broker_pid, self.generation, self.slots, slot_size, _ = \
+            _HEADER.unpack_from(self._map, 0)
+        if magic != MAGIC or version != LAYOUT_VERSION or slot_size != SLOT_SIZE:
+            self._map.close()
+            raise BrokerUnavailableError(f"{self.name}: unknown state layout "
+                                         f"(magic {magic!r}, version {version})")
+
+    @property
+    def metadata_version(self) -> int:
+        return _META_VERSION.unpack_from(self._map, 32)[0]
+
+    def read(self, slot: int) -> PartitionState:
+        """A consistent snapshot of one slot (seqlock read)."""
+        base = HEADER_SIZE + SLOT_SIZE * slot
+        unpack = _SLOT.unpack_from
+        m = self._map
+        while True:
+            seq, *fields = unpack(m, base)
+            if seq & 1:
+                continue
+            if _SEQ.unpack_from(m, base)[0] == seq:
+                return PartitionState(*fields)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None

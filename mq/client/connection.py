@@ -1,0 +1,157 @@
+"""A client's connection to the broker: a Unix stream socket speaking ``mq.protocol``.
+
+Requests pipeline: ``send`` returns a request id at once and ``wait`` collects the response
+with that id, keeping any other responses that arrive first. ``call`` is both in one. A
+connection belongs to the process that opened it: after ``fork()`` the child transparently
+opens its own (the parent's socket is never shared). Thread-safe: one lock per direction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from mq.broker.config import default_socket_path
+from mq.errors import BrokerUnavailableError, ClosedError, RemoteProtocolError, error_for_code
+from mq.protocol.frames import FrameReader, encode_frame
+from mq.protocol.messages import PROTOCOL_VERSION, Api, Response, request
+
+__all__ = ["Connection", "resolve_socket"]
+
+
+def resolve_socket(socket_path: str | None) -> str:
+    """``socket_path``, else ``$MQ_SOCKET``, else ``<data dir>/mq.sock`` (API.md)."""
+    return socket_path or default_socket_path()
+
+
+class Connection:
+    def __init__(self, socket_path: str | None = None, client_name: str = "mq",
+                 timeout: float = 30.0) -> None:
+        self.socket_path = resolve_socket(socket_path)
+        self.client_name = client_name
+        self.timeout = timeout
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._sock: socket.socket | None = None
+        self._pid = -1
+        self.broker_info: dict[str, Any] = {}
+        self._connect()
+
+    # --- setup --------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError) as err:
+            sock.close()
+            raise BrokerUnavailableError(
+                f"no broker at {self.socket_path} ({err.strerror}); start one with "
+                "`mq broker` or pass --socket") from None
+        except OSError as err:
+            sock.close()
+            raise BrokerUnavailableError(f"cannot connect to {self.socket_path}: "
+                                         f"{err.strerror}") from None
+        self._sock = sock
+        self._reader = FrameReader()
+        self._pending: dict[int, Response] = {}
+        self._pid = os.getpid()
+        reply = self.call(Api.HANDSHAKE, PROTOCOL_VERSION, self.client_name, os.getpid())
+        self.broker_info = reply.fields[1]
+
+    def _ensure(self) -> socket.socket:
+        if self._closed:
+            raise ClosedError("connection is closed")
+        if self._pid != os.getpid():            # we are a forked child: never share a socket
+            self._sock = None
+            self._connect()
+        assert self._sock is not None
+        return self._sock
+
+    # --- requests -----------------------------------------------------------------------------
+    def send(self, api: Api, *fields: Any) -> int:
+        """Send a request without waiting; returns its id."""
+        sock = self._ensure()
+        rid = next(self._ids)
+        frame = encode_frame(request(api, rid, *fields))
+        with self._send_lock:
+            try:
+                sock.sendall(frame)
+            except OSError as err:
+                raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+        return rid
+
+    def wait(self, rid: int, timeout: float | None = None) -> Response:
+        """The response to request ``rid``. Raises the broker's error as an exception,
+        ``BrokerUnavailableError`` if the connection dies, ``TimeoutError`` on timeout."""
+        reply = self.wait_raw(rid, timeout)
+        if reply.error_code:
+            raise error_for_code(reply.error_code, reply.error_message or "")
+        return reply
+
+    def wait_raw(self, rid: int, timeout: float | None = None) -> Response:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._recv_lock:
+            while rid not in self._pending:
+                self._receive(deadline)
+            return self._pending.pop(rid)
+
+    def poll_any(self, timeout: float) -> list[Response]:
+        """Every response available within ``timeout`` (at least one unless it expires)."""
+        deadline = time.monotonic() + timeout
+        with self._recv_lock:
+            if not self._pending:
+                try:
+                    self._receive(deadline)
+                except TimeoutError:
+                    pass
+            out = list(self._pending.values())
+            self._pending.clear()
+            return out
+
+    def call(self, api: Api, *fields: Any, timeout: float | None = None) -> Response:
+        return self.wait(self.send(api, *fields), timeout)
+
+    def _receive(self, deadline: float) -> None:
+        sock = self._ensure()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no response from the broker in time")
+        sock.settimeout(remaining)
+        try:
+            data = sock.recv(1 << 20)
+        except socket.timeout:
+            raise TimeoutError("no response from the broker in time") from None
+        except OSError as err:
+            raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+        if not data:
+            raise BrokerUnavailableError("the broker closed the connection")
+        self._reader.feed(data)
+        try:
+            for message in self._reader.messages():
+                reply = Response.from_message(message)
+                self._pending[reply.request_id] = reply
+        except RemoteProtocolError as err:
+            raise BrokerUnavailableError(f"broker sent garbage: {err}") from err
+
+    def fileno(self) -> int:
+        return self._ensure().fileno()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._sock is not None and self._pid == os.getpid():
+            self._sock.close()
+        self._sock = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
