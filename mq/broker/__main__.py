@@ -1,0 +1,53 @@
+"""``python -m mq.broker`` / ``mq broker``: run the broker in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from mq.broker.config import BrokerConfig, ConfigError
+from mq.errors import MQError
+
+__all__ = ["add_arguments", "run", "main"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="data directory (default: $MQ_DATA_DIR, else "
+                        "$XDG_STATE_HOME/mq, else ~/.local/state/mq)")
+    parser.add_argument("--socket", help="Unix socket path (default: $MQ_SOCKET, else "
+                        "<data-dir>/mq.sock)")
+    parser.add_argument("--config", metavar="FILE.toml", help="broker config file (TOML)")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging level (default INFO)")
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mq.broker.server import run_broker
+    config = BrokerConfig.load(args.config, data_dir=args.data_dir, socket=args.socket,
+                               log_level=args.log_level)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def ready(broker) -> None:
+        if args.ready_fd is not None:
+            os.write(args.ready_fd, b"ready\n")
+            os.close(args.ready_fd)
+    return run_broker(config, ready)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mq broker", description="Run the mq broker.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (MQError, ConfigError, OSError) as err:
+        print(f"mq broker: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

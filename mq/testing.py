@@ -1,0 +1,134 @@
+"""Public test helpers: a real broker subprocess on its own data dir, socket and shm names.
+
+::
+
+    with mq.testing.broker(tmp_path) as b:
+        with mq.Producer(socket=b.socket) as p: ...
+        b.kill()          # SIGKILL, like a crash
+        b.start()         # recover and serve again on the same data dir and socket
+
+Readiness comes through a pipe the broker writes once it listens, so nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+__all__ = ["broker", "BrokerProcess"]
+
+_MAX_SOCKET_PATH = 100          # sun_path is 108 bytes on Linux
+
+
+class BrokerProcess:
+    """A broker subprocess; ``data_dir`` and ``socket`` stay the same across restarts."""
+
+    def __init__(self, data_dir: str, socket_path: str | None = None,
+                 config_file: str | None = None, log_level: str = "WARNING",
+                 env: dict[str, str] | None = None) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._tmp = None
+        if socket_path is None:
+            socket_path = os.path.join(self.data_dir, "mq.sock")
+            if len(socket_path) > _MAX_SOCKET_PATH:
+                self._tmp = tempfile.mkdtemp(prefix="mq-")
+                socket_path = os.path.join(self._tmp, "mq.sock")
+        self.socket = socket_path
+        self.config_file = config_file
+        self.log_level = log_level
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.stderr_path = os.path.join(self.data_dir, "broker.stderr.log")
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        """Start and wait until the broker listens. Raises ``RuntimeError`` with the
+        broker's stderr if it exits or is not ready within ``timeout`` seconds."""
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", "mq.broker", "--data-dir", self.data_dir,
+               "--socket", self.socket, "--log-level", self.log_level, "--ready-fd", str(w)]
+        if self.config_file:
+            cmd += ["--config", self.config_file]
+        env = dict(os.environ, **(self.env or {}))
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(cmd, pass_fds=(w,), stdout=subprocess.DEVNULL,
+                                         stderr=err, env=env)
+        os.close(w)
+        try:
+            ready, _, _ = select.select([r], [], [], timeout)
+            line = os.read(r, 64) if ready else b""
+        finally:
+            os.close(r)
+        if line != b"ready\n":
+            code = self.proc.poll()
+            if code is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise RuntimeError(f"broker did not start (exit {code}):\n{self.stderr()}")
+        return self
+
+    def stderr(self) -> str:
+        try:
+            with open(self.stderr_path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: a clean shutdown. Returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: the broker dies mid-whatever, like a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> BrokerProcess:
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        try:
+            self.stop(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def broker(path, **kwargs) -> Iterator[BrokerProcess]:
+    """A started broker on data dir ``path``; stopped (SIGTERM) on exit."""
+    proc = BrokerProcess(str(path), **kwargs)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.005,
+             message: str = "condition") -> None:
+    """Wait until ``condition()`` is true; raises ``TimeoutError`` naming ``message``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
