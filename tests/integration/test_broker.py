@@ -1,0 +1,315 @@
+"""The broker as a real subprocess: bad input never crashes it, signals, locking, durability."""
+
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+
+import msgpack
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mq.testing
+from mq.client.admin import Admin
+from mq.client.connection import Connection
+from mq.errors import (BrokerUnavailableError, CorruptMessageError, InvalidRequestError,
+                       MessageTooLargeError, UnknownTopicOrPartitionError)
+from mq.log.log import PartitionLog
+from mq.log.records import BatchBuilder, iter_batches
+from mq.protocol.frames import encode_frame
+from mq.protocol.messages import PROTOCOL_VERSION, Api
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with mq.testing.broker(tmp_path / "data") as b:
+        with Admin(b.socket) as admin:
+            admin.create_topic("t", 2)
+        yield b
+
+
+def batch(*values, key=None):
+    builder = BatchBuilder()
+    for v in values:
+        builder.append(1000, key, v)
+    return bytes(builder.build())
+
+
+def raw_socket(b):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(b.socket)
+    return s
+
+
+def greet(s):
+    s.sendall(encode_frame([int(Api.HANDSHAKE), 1, PROTOCOL_VERSION, "test", os.getpid()]))
+    return read_reply(s)
+
+
+def read_reply(s):
+    head = b""
+    while len(head) < 4:
+        chunk = s.recv(4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    (n,) = struct.unpack(">I", head)
+    body = b""
+    while len(body) < n:
+        chunk = s.recv(n - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return msgpack.unpackb(body, raw=False)
+
+
+def records_in(data_dir, topic, partition):
+    with PartitionLog.open(os.path.join(data_dir, f"{topic}-{partition}")) as plog:
+        return [bytes(r.value) for b in plog.batches() for r in b.records()]
+
+
+def assert_alive(b):
+    assert b.proc.poll() is None, b.stderr()
+    with Connection(b.socket) as c:
+        c.call(Api.METADATA, None)
+
+
+def test_produce_then_list_offsets(broker):
+    with Connection(broker.socket) as c:
+        first = c.call(Api.PRODUCE, "t", 0, 1, batch(b"a", b"b")).fields[0]
+        second = c.call(Api.PRODUCE, "t", 0, -1, batch(b"c")).fields[0]
+        assert (first, second) == (0, 2)
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 3
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -2).fields[0] == 0
+
+
+def test_socket_mode_is_0660(broker):
+    assert stat.S_IMODE(os.stat(broker.socket).st_mode) == 0o660
+
+
+def test_second_broker_on_same_data_dir_exits_with_one_line(broker):
+    proc = subprocess.run([sys.executable, "-m", "mq.broker", "--data-dir", broker.data_dir,
+                           "--socket", broker.socket + "2"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "in use" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert_alive(broker)
+
+
+def test_requests_before_handshake_are_refused(broker):
+    with raw_socket(broker) as s:
+        s.sendall(encode_frame([int(Api.METADATA), 5, None]))
+        reply = read_reply(s)
+        assert reply[1] == 5 and reply[2] == InvalidRequestError.code
+
+
+def test_old_client_gets_a_clear_error(broker):
+    with raw_socket(broker) as s:
+        s.sendall(encode_frame([int(Api.HANDSHAKE), 1, 999, "future-client", os.getpid()]))
+        reply = read_reply(s)
+        assert reply[2] == 35 and "protocol version 999" in reply[3]
+        assert read_reply(s) is None          # and the connection is closed
+
+
+@pytest.mark.parametrize("frame", [
+    b"\x00\x00\x00\x00",                                      # zero-length frame
+    b"\xff\xff\xff\xff" + b"x" * 10,                          # oversized length
+    struct.pack(">I", 3) + b"\xc1\xc1\xc1",                   # not msgpack
+    encode_frame({"not": "an array"})[:4] + msgpack.packb({"not": "an array"}),
+])
+def test_broken_frames_close_only_that_connection(broker, frame):
+    with raw_socket(broker) as s:
+        greet(s)
+        s.sendall(frame)
+        assert read_reply(s) is None
+    assert_alive(broker)
+
+
+@pytest.mark.parametrize("message, code", [
+    ([9999, 7], InvalidRequestError.code),                                 # unknown api
+    ([int(Api.PRODUCE), 7, "t", "zero", 1, b"x"], InvalidRequestError.code),   # wrong type
+    ([int(Api.PRODUCE), 7, "t", 0], InvalidRequestError.code),             # missing fields
+    ([int(Api.PRODUCE), 7, "t", 0, 1, b"garbage"], CorruptMessageError.code),
+    ([int(Api.PRODUCE), 7, "nope", 0, 1, batch(b"x")], UnknownTopicOrPartitionError.code),
+    ([int(Api.PRODUCE), 7, "t", 9, 1, batch(b"x")], UnknownTopicOrPartitionError.code),
+    ([int(Api.PRODUCE), 7, "t", 0, 5, batch(b"x")], InvalidRequestError.code),
+])
+def test_bad_requests_get_error_responses(broker, message, code):
+    with raw_socket(broker) as s:
+        greet(s)
+        s.sendall(encode_frame(message))
+        reply = read_reply(s)
+        assert reply[1] == 7 and reply[2] == code, reply
+        s.sendall(encode_frame([int(Api.METADATA), 8, None]))     # the connection still works
+        assert read_reply(s)[2] == 0
+    assert records_in_broker(broker) == []
+
+
+def records_in_broker(b):
+    with Connection(b.socket) as c:
+        return [c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0] for p in (0, 1) if
+                c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0]]
+
+
+def test_bad_crc_never_reaches_the_log(broker):
+    good = bytearray(batch(b"hello"))
+    good[-1] ^= 0xFF
+    with Connection(broker.socket) as c:
+        with pytest.raises(CorruptMessageError):
+            c.call(Api.PRODUCE, "t", 0, 1, bytes(good))
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 0
+
+
+def test_oversized_batch_is_refused(broker):
+    with Admin(broker.socket) as admin:
+        admin.create_topic("small", 1, {"max.message.bytes": "200"})
+    with Connection(broker.socket) as c, pytest.raises(MessageTooLargeError):
+        c.call(Api.PRODUCE, "small", 0, 1, batch(b"x" * 500))
+
+
+def test_client_dying_mid_request_leaves_no_trace(broker):
+    frame = encode_frame([int(Api.PRODUCE), 2, "t", 0, 1, batch(b"half")])
+    with raw_socket(broker) as s:
+        greet(s)
+        s.sendall(frame[: len(frame) // 2])
+    assert_alive(broker)
+    with Connection(broker.socket) as c:
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.binary(max_size=300), handshake=st.booleans())
+def test_garbage_never_crashes_the_broker(broker, garbage, handshake):
+    with raw_socket(broker) as s:
+        if handshake:
+            greet(s)
+        try:
+            s.sendall(garbage)
+            s.shutdown(socket.SHUT_WR)
+            while read_reply(s) is not None:
+                pass
+        except OSError:
+            pass
+    assert_alive(broker)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=20),
+                                 st.binary(max_size=80),
+                                 st.lists(st.integers(-2**63, 2**63 - 1), max_size=3),
+                                 st.dictionaries(st.text(max_size=5), st.text(max_size=5),
+                                                 max_size=3)), max_size=6),
+       api=st.sampled_from([int(a) for a in Api] + [7, 10_000]))
+def test_well_framed_nonsense_gets_answers_not_crashes(broker, api, fields):
+    with raw_socket(broker) as s:
+        greet(s)
+        s.sendall(encode_frame([api, 3, *fields]))
+        if api != Api.WAIT:
+            reply = read_reply(s)
+            assert reply is None or reply[1] == 3
+    assert_alive(broker)
+
+
+def test_sigterm_is_a_clean_shutdown(tmp_path):
+    b = mq.testing.BrokerProcess(str(tmp_path / "data")).start()
+    try:
+        with Admin(b.socket) as admin:
+            admin.create_topic("t", 1)
+        with Connection(b.socket) as c:
+            c.call(Api.PRODUCE, "t", 0, 1, batch(b"a"))
+        assert b.stop() == 0
+        assert os.path.exists(os.path.join(b.data_dir, ".kafka_cleanshutdown"))
+        assert not os.path.exists(b.socket)
+        assert records_in(b.data_dir, "t", 0) == [b"a"]
+    finally:
+        b.close()
+
+
+def test_sighup_reloads_and_keeps_serving(tmp_path):
+    conf = tmp_path / "mq.toml"
+    conf.write_text('log_level = "WARNING"\n')
+    with mq.testing.broker(tmp_path / "data", config_file=str(conf)) as b:
+        conf.write_text('log_level = "INFO"\n[topic_defaults]\n"retention.ms" = "1234"\n')
+        os.kill(b.pid, signal.SIGHUP)
+        with Admin(b.socket) as admin:
+            mq.testing.wait_for(lambda: "SIGHUP: configuration reloaded" in b.stderr(),
+                                message="the reload log line")
+            admin.create_topic("after", 1)
+            assert admin.describe_topic("after")["config"]["retention.ms"] == "1234"
+
+
+def test_no_broker_gives_a_clear_error(tmp_path):
+    with pytest.raises(BrokerUnavailableError, match="no broker at"):
+        Connection(str(tmp_path / "nothing.sock"))
+
+
+def test_idle_broker_uses_almost_no_cpu(broker):
+    proc = psutil.Process(broker.pid)
+    before = proc.cpu_times()
+    # Block (not sleep-poll) for a second on a socket that never answers.
+    with raw_socket(broker) as s:
+        greet(s)
+        s.settimeout(1.0)
+        with pytest.raises(socket.timeout):
+            s.recv(1)
+    after = proc.cpu_times()
+    used = (after.user - before.user) + (after.system - before.system)
+    assert used < 0.1, f"idle broker used {used:.3f} s of CPU in 1 s"
+
+
+def test_kill_9_under_acks_all_loses_nothing_acknowledged(tmp_path):
+    """Producers in other processes send with acks=all while the broker is SIGKILLed; after
+    a restart every acknowledged record is present exactly once and in order."""
+    with mq.testing.broker(tmp_path / "data") as b:
+        with Admin(b.socket) as admin:
+            admin.create_topic("d", 1)
+        acked_path = tmp_path / "acked.txt"
+        with subprocess.Popen([sys.executable, "-c", _ACKS_ALL_PRODUCER, b.socket,
+                               str(acked_path)], stdout=subprocess.PIPE) as child:
+            assert child.stdout.readline() == b"started\n"
+            mq.testing.wait_for(lambda: acked_path.exists() and acked_path.stat().st_size > 2000,
+                                timeout=60, message="some acknowledged records")
+            b.kill()
+            child.wait(60)
+        acked = [line for line in acked_path.read_bytes().split(b"\n") if line]
+        b.start()
+        with Connection(b.socket) as c:
+            end = c.call(Api.LIST_OFFSETS, "d", 0, -1).fields[0]
+        b.stop()
+        stored = records_in(b.data_dir, "d", 0)
+        assert len(stored) == end
+        assert len(set(stored)) == len(stored), "a record is stored twice"
+        assert stored[: len(acked)] == acked, "an acknowledged record is missing or reordered"
+
+
+_ACKS_ALL_PRODUCER = r"""
+import sys
+from mq.client.connection import Connection
+from mq.errors import BrokerUnavailableError
+from mq.log.records import BatchBuilder
+from mq.protocol.messages import Api
+sock, out = sys.argv[1], sys.argv[2]
+c = Connection(sock)
+print("started", flush=True)
+with open(out, "ab", buffering=0) as f:
+    i = 0
+    while True:
+        b = BatchBuilder()
+        vals = [b"r%08d" % (i + j) for j in range(10)]
+        for v in vals:
+            b.append(None, None, v)
+        try:
+            c.call(Api.PRODUCE, "d", 0, -1, bytes(b.build()))
+        except BrokerUnavailableError:
+            break
+        f.write(b"\n".join(vals) + b"\n")
+        i += 10
+"""
