@@ -124,7 +124,10 @@ class PartitionLog:
                 i == len(segments) - 1 or segments[i + 1].base_offset > recover_from)
             if not needs_recovery:
                 try:
-                    if seg.index_file_exists(files.INDEX_SUFFIX):
+                    # A missing time index is rebuilt like a missing offset index: an empty
+                    # one would lose the segment's largest timestamp (retention, lookups).
+                    if seg.index_file_exists(files.INDEX_SUFFIX) and \
+                            seg.index_file_exists(files.TIMEINDEX_SUFFIX):
                         seg.load_index_state()
                         continue
                 except CorruptIndexError as err:
@@ -255,7 +258,10 @@ class PartitionLog:
         """Close the active segment for appends and start a new one (never a second empty
         segment: rolling an empty active segment at the same base returns it)."""
         self._check_open()
-        base = self.log_end_offset if new_base_offset is None else new_base_offset
+        # Never below the log end offset (Kafka's LocalLog.roll): the new segment must not
+        # overlap the offsets already stored in the active one.
+        base = self.log_end_offset if new_base_offset is None else max(new_base_offset,
+                                                                       self.log_end_offset)
         active = self.active_segment
         if active.size == 0 and active.base_offset == base:
             return active
@@ -343,11 +349,12 @@ class PartitionLog:
                 if batch.last_offset < self.log_start_offset:
                     continue
                 if best is None or batch.max_timestamp > best[1]:
+                    # The batch's max may sit below the log start offset (DeleteRecords moved
+                    # it mid-batch): take the first largest timestamp among what is left.
                     for rec in batch.records():
-                        if rec.timestamp == batch.max_timestamp and \
-                                rec.offset >= self.log_start_offset:
+                        if rec.offset >= self.log_start_offset and \
+                                (best is None or rec.timestamp > best[1]):
                             best = (rec.offset, rec.timestamp)
-                            break
         return best
 
     # --- truncation and log start -------------------------------------------------------------

@@ -33,6 +33,17 @@ LOCK_FILE = ".lock"
 META_FILE = "meta.properties"
 
 
+def _read_checkpoint_or_empty(path: str) -> dict[tuple[str, int], int]:
+    """A damaged checkpoint is not fatal (Kafka warns and carries on): without it every
+    segment is validated (recovery point 0) and the log start falls back to the first
+    segment — slower, never lossy."""
+    try:
+        return files.read_checkpoint(path)
+    except files.CheckpointError as err:
+        log.warning("ignoring damaged checkpoint: %s", err)
+        return {}
+
+
 class LogManager:
     """Owns ``data_dir`` while open. ``config_for(topic)`` supplies each topic's config."""
 
@@ -84,9 +95,9 @@ class LogManager:
         if self.clean_shutdown:
             os.unlink(marker)
             files.fsync_dir(self.data_dir)
-        recovery = files.read_checkpoint(
+        recovery = _read_checkpoint_or_empty(
             os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT))
-        starts = files.read_checkpoint(
+        starts = _read_checkpoint_or_empty(
             os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT))
         for name in sorted(os.listdir(self.data_dir)):
             path = os.path.join(self.data_dir, name)

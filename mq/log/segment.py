@@ -123,6 +123,13 @@ class LogSegment:
         self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = ts, off
         self._next_offset = None
         self._compute_next_offset()
+        if ts < 0 and any(max_ts >= 0 for *_, max_ts in self._scan_headers(0)):
+            # Roll, close and recovery all leave the final (largest timestamp) entry, so an
+            # empty time index over batches with timestamps was lost (emptied by a crash):
+            # trusting it would take the largest timestamp from the tail scan alone, and
+            # close() would find no slot for the final entry.
+            raise CorruptIndexError(self.time_index.path, "no entries, but the segment's "
+                                    "batches carry timestamps")
 
     def _compute_next_offset(self) -> int:
         """Scan batch headers from the last offset-index entry to the end of the file."""
@@ -316,6 +323,17 @@ class LogSegment:
             os.ftruncate(self._fd, valid)
             self.size = valid
         self._next_offset = next_offset
+        if self.max_timestamp_so_far >= 0:
+            # As a clean close (and Kafka's recover) does: the final entry for the largest
+            # timestamp, so a recovered segment's time index equals the cleanly closed one.
+            self.time_index.maybe_append(self.max_timestamp_so_far,
+                                         self.offset_of_max_timestamp_so_far,
+                                         skip_full_check=True)
+        # Trim as Kafka's recover does (the log grows the active segment's back afterwards):
+        # an inactive segment left preallocated would, after another crash, open with a tail
+        # of all-zero "entries" and fail its sanity check.
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
         return truncated
 
     def _rebuild(self) -> tuple[int, int]:
@@ -334,7 +352,10 @@ class LogSegment:
                 if batch.max_timestamp > self.max_timestamp_so_far:
                     self.max_timestamp_so_far = batch.max_timestamp
                     self.offset_of_max_timestamp_so_far = batch.last_offset
-                if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+                if self.bytes_since_last_index_entry > self.config.index_interval_bytes and \
+                        not (self.offset_index.is_full or self.time_index.is_full):
+                    # A full index (segment.index.bytes lowered since the segment was written)
+                    # just stays sparser: lookups scan further, nothing valid is dropped.
                     self.offset_index.append(batch.last_offset, valid)
                     self.time_index.maybe_append(self.max_timestamp_so_far,
                                                  self.offset_of_max_timestamp_so_far)
@@ -378,8 +399,7 @@ class LogSegment:
         found = self.translate_offset(offset)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
-        self.offset_index.resize(self.config.segment_index_bytes)
-        self.time_index.resize(self.config.segment_index_bytes)
+        self.resize_indexes(self.config.segment_index_bytes)
         if found is None:
             return 0
         removed = self.size - found.position
@@ -406,8 +426,11 @@ class LogSegment:
         self.time_index.trim_to_valid_size()
 
     def resize_indexes(self, size: int) -> None:
-        self.offset_index.resize(size)
-        self.time_index.resize(size)
+        # Never below the entries already written (segment.index.bytes may have been lowered):
+        # shrinking would drop entries and the time index's reserved last slot, and the roll
+        # that a full index triggers could then not write its final time-index entry.
+        self.offset_index.resize(max(size, self.offset_index.size_in_bytes))
+        self.time_index.resize(max(size, self.time_index.size_in_bytes + 12))
 
     def dup_fd(self) -> int:
         """A duplicate of the ``.log`` descriptor, for an fsync in another thread that must
