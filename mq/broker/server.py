@@ -659,6 +659,9 @@ class Broker:
                     offset < part.log.log_start_offset:
                 ready = True
             else:
+                # One waiter per (connection, semaphore) and partition: a WAIT re-armed after
+                # a timeout replaces the old entry instead of piling up (unbounded growth).
+                part.waiters = [w for w in part.waiters if w[0] is not conn or w[1] is not sem]
                 part.waiters.append((conn, sem, offset))
         if ready:
             sem.release()

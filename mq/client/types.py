@@ -1,0 +1,36 @@
+"""Small value types shared by the clients: ``TopicPartition`` and ``RecordMetadata``.
+
+Both are ``NamedTuple``s, so they are immutable, hashable, ordered (topic, then partition, ...)
+and cheap to create, as in kafka-python.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["TopicPartition", "RecordMetadata"]
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one topic."""
+
+    topic: str
+    partition: int
+
+
+class RecordMetadata(NamedTuple):
+    """Where the broker put a produced record.
+
+    ``offset`` is -1 when the producer used ``acks=0`` (no reply, so no offset is known).
+    ``timestamp_ms`` is the record's CreateTime, or the broker's append time when the topic
+    uses ``message.timestamp.type=LogAppendTime``.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)

@@ -1,0 +1,480 @@
+"""Read-only view of one partition directory for client processes: consumers, the CLI, Spark.
+
+The broker owns every file; a reader only opens them ``O_RDONLY`` and never writes, locks or
+renames. What may be read is decided by the caller, from the state the broker publishes in
+shared memory: the *readable end* is a segment base offset and a byte position in that segment
+(where the high watermark's batch starts). Nothing at or past it is ever returned. Without a
+broker (``mq dump-log``-style use) the readable end is the end of the last whole batch on disk.
+
+::
+
+    <topic>-<partition>/
+      00000000000000000000.log     mapped read-only (ACCESS_READ), sliced, never copied
+      00000000000000000000.index   read with pread, only to find where a scan starts
+      00000000000000001234.log     ...  (the active segment grows while it is mapped)
+
+Invariants and policies:
+
+- ``read`` returns whole batches (``RecordBatch`` views over memoryview slices), starting with
+  the batch that holds the wanted offset (or, across a gap left by compaction, the first batch
+  whose last offset is >= it), and never a byte at or past the readable end.
+- The scan of batch headers decides; the ``.index`` only gives a starting position. An entry is
+  used only if it lies before the readable end and the batch header found there ends at the
+  offset the entry names; otherwise the scan starts at byte 0. An active segment's index is
+  preallocated with zeros and is trimmed (shrunk) by the broker at roll, so it is read with
+  ``pread`` — a mapped index could raise SIGBUS once the broker shrinks the file under it —
+  and zero entries count as "past the end" in the floor search.
+- Maps: a segment is mapped at its size when first read. A segment that is no longer the one
+  holding the readable end has its final size, so it is remapped at most once more. The segment
+  holding the readable end grows: data past its map is read with ``pread`` (a copy of at most
+  ``max_bytes``) until the unmapped part reaches ``max(remap_bytes, mapped length / 8)``, then
+  the file is remapped at its current size. So a reader that keeps every record it ever read
+  pins O(log size) maps per segment, not one per poll (each map also holds a file descriptor).
+- Lifetime: maps are never closed while views of them exist. Dropping a map only drops this
+  reader's reference: the ``memoryview`` slices handed out (batches, record keys and values)
+  keep the ``mmap`` object alive, and CPython unmaps it when the last slice is released. On
+  Linux a mapping stays valid after its file is renamed or unlinked, so records of a segment
+  that retention deleted stay readable for as long as they are referenced. (A segment file
+  truncated under the map — only an unclean broker restart that cuts a torn tail does that —
+  would raise SIGBUS on pages past the new end; the broker publishes readable ends below it.)
+- Re-listing: the segment list is read with ``os.listdir`` at open, when the broker's
+  segment-set generation changes, and when the readable end names a segment not yet listed.
+  Segments that disappeared are dropped (maps as above); a file that vanished between the
+  listing and the open is looked for under its ``.deleted`` name (Kafka renames before it
+  deletes), else the read raises ``OffsetOutOfRangeError``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import mmap
+import os
+import struct
+from typing import Final
+
+from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
+from mq.log import files
+from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
+                            RECORD_BATCH_OVERHEAD, RecordBatch)
+
+__all__ = ["PartitionReader", "DEFAULT_REMAP_BYTES", "DEFAULT_MAX_MAPPED_SEGMENTS"]
+
+DEFAULT_REMAP_BYTES: Final = 1 << 20
+DEFAULT_MAX_MAPPED_SEGMENTS: Final = 16
+
+# The first 27 bytes of a batch header: baseOffset, batchLength, partitionLeaderEpoch, magic,
+# crc, attributes, lastOffsetDelta — all a scan needs.
+_SCAN: Final = struct.Struct(">qiibIhi")
+_INDEX_ENTRY: Final = struct.Struct(">ii")
+
+
+class _Segment:
+    """One ``.log`` file: its descriptor, its current map and whether its size is final."""
+
+    __slots__ = ("base", "path", "fd", "ino", "map", "view", "mapped", "final_size")
+
+    def __init__(self, base: int, path: str) -> None:
+        self.base = base
+        self.path = path
+        self.fd = -1
+        self.ino = -1
+        self.map: mmap.mmap | None = None
+        self.view: memoryview | None = None
+        self.mapped = 0               # bytes covered by ``view``
+        self.final_size = -1          # >= 0 once the segment is known to be rolled
+
+    def __del__(self) -> None:
+        if self.fd >= 0:                  # a reader dropped without close()
+            os.close(self.fd)
+
+    def open(self) -> None:
+        """Open the ``.log`` (or its ``.deleted`` name). Raises ``FileNotFoundError``."""
+        if self.fd >= 0:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = os.open(self.path + files.DELETED_SUFFIX, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = fd
+        self.ino = os.fstat(fd).st_ino
+
+    def size(self) -> int:
+        if self.final_size >= 0:
+            return self.final_size
+        self.open()
+        return os.fstat(self.fd).st_size
+
+    def remap(self) -> None:
+        """Map the file at its current size, dropping (not closing) the previous map."""
+        self.open()
+        size = os.fstat(self.fd).st_size
+        if size <= self.mapped:
+            return
+        new_map = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
+        self.unmap()
+        self.map, self.view, self.mapped = new_map, memoryview(new_map), size
+
+    def pread(self, position: int, size: int) -> bytes:
+        self.open()
+        return os.pread(self.fd, size, position)
+
+    def unmap(self) -> None:
+        """Drop this reader's map. Closed now if no slice of it is alive, else when the last
+        one is released (CPython refcounting); never ``BufferError``."""
+        view, m = self.view, self.map
+        self.view, self.map, self.mapped = None, None, 0
+        if view is not None:
+            view.release()
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:
+                pass                      # slices handed out keep it alive; GC unmaps it
+
+    def close(self) -> None:
+        self.unmap()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def index_floor(self, offset: int, limit: int) -> int:
+        """Start position for a scan towards ``offset``: the largest usable ``.index`` entry
+        at or below it, else 0. Entries at or past ``limit``, zero (preallocated) entries and
+        entries whose batch header disagrees are not usable."""
+        path = self.path[:-len(files.LOG_SUFFIX)] + files.INDEX_SUFFIX
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return 0
+        try:
+            entries = os.fstat(fd).st_size // _INDEX_ENTRY.size
+            target = offset - self.base
+            # key(slot) = relative offset while the entry is usable, +inf after: entries are a
+            # prefix of increasing (offset, position) pairs followed by zeros.
+            lo, hi, best = 0, entries - 1, None
+            while lo <= hi:
+                mid = (lo + hi) >> 1
+                raw = os.pread(fd, _INDEX_ENTRY.size, mid * _INDEX_ENTRY.size)
+                if len(raw) < _INDEX_ENTRY.size:      # shrunk under us (roll): past the end
+                    hi = mid - 1
+                    continue
+                rel, pos = _INDEX_ENTRY.unpack(raw)
+                if pos <= 0 or pos >= limit or rel > target:
+                    hi = mid - 1
+                else:
+                    best = (rel, pos)
+                    lo = mid + 1
+        finally:
+            os.close(fd)
+        if best is None:
+            return 0
+        rel, pos = best
+        head = self.header(pos, limit)
+        if head is None or head[0] + head[2] != self.base + rel:
+            return 0                      # a stale or damaged entry: the scan from 0 decides
+        return pos
+
+    def header(self, pos: int, limit: int) -> tuple[int, int, int] | None:
+        """``(base offset, size, last offset delta)`` of the whole batch at ``pos`` ending at or
+        before ``limit``, or None at the end (nothing, or a torn tail, before ``limit``).
+        Raises ``CorruptRecordError`` for bytes that cannot start a batch."""
+        if limit - pos < RECORD_BATCH_OVERHEAD:
+            if limit - pos >= HEADER_SIZE_UP_TO_MAGIC:
+                self._check_frame(pos, limit)
+            return None
+        if pos + _SCAN.size <= self.mapped:
+            fields = _SCAN.unpack_from(self.view, pos)
+        else:
+            raw = self.pread(pos, _SCAN.size)
+            if len(raw) < _SCAN.size:
+                return None
+            fields = _SCAN.unpack(raw)
+        base, length, _, magic, _, _, last_delta = fields
+        if length < MIN_BATCH_LENGTH or magic != MAGIC:
+            raise CorruptRecordError(self.path, pos, f"batch length {length} / magic {magic} "
+                                     "cannot start a RecordBatch v2")
+        size = LOG_OVERHEAD + length
+        if pos + size > limit:
+            return None
+        return base, size, last_delta
+
+    def _check_frame(self, pos: int, limit: int) -> None:
+        raw = bytes(self.view[pos:pos + HEADER_SIZE_UP_TO_MAGIC]) \
+            if pos + HEADER_SIZE_UP_TO_MAGIC <= self.mapped \
+            else self.pread(pos, HEADER_SIZE_UP_TO_MAGIC)
+        if len(raw) < HEADER_SIZE_UP_TO_MAGIC:
+            return
+        _, length, _, magic = struct.unpack(">qiib", raw)
+        if length < MIN_BATCH_LENGTH or magic != MAGIC:
+            raise CorruptRecordError(self.path, pos, f"batch length {length} / magic {magic} "
+                                     "cannot start a RecordBatch v2")
+
+
+class PartitionReader:
+    """Read-only, memory-mapped access to one ``<topic>-<partition>`` directory.
+
+    Not thread-safe (one reader per thread or per consumer). ``close()`` is idempotent; see the
+    module docstring for what happens to maps whose slices are still referenced.
+    """
+
+    def __init__(self, partition_dir: str | os.PathLike[str], *,
+                 remap_bytes: int = DEFAULT_REMAP_BYTES,
+                 max_mapped_segments: int = DEFAULT_MAX_MAPPED_SEGMENTS) -> None:
+        self.dir = os.fspath(partition_dir)
+        self.remap_bytes = remap_bytes
+        self.max_mapped_segments = max(1, max_mapped_segments)
+        self._bases: list[int] = []
+        self._segments: dict[int, _Segment] = {}
+        self._mapped: collections.OrderedDict[int, _Segment] = collections.OrderedDict()
+        self._generation: int | None = None
+        # Where the last read ended: (segment base, next offset, byte position). Sequential
+        # reads start there without an index lookup or a scan.
+        self._hint: tuple[int, int, int] | None = None
+        self.closed = False
+        self.refresh()
+
+    # --- segment list -------------------------------------------------------------------------
+    @property
+    def base_offsets(self) -> list[int]:
+        """Base offsets of the listed segments, ascending."""
+        return list(self._bases)
+
+    def refresh(self) -> None:
+        """Re-list the directory: pick up new segments, drop deleted or replaced ones."""
+        self._check_open()
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            names = []                    # the partition (or its topic) was deleted
+        bases = []
+        for name in names:
+            parsed = files.parse_segment_name(name)
+            if parsed is not None and parsed[1] == files.LOG_SUFFIX and not parsed[2]:
+                bases.append(parsed[0])
+        bases.sort()
+        keep = set(bases)
+        for base in list(self._segments):
+            seg = self._segments[base]
+            if base not in keep or (seg.fd >= 0 and _inode(seg.path) not in (seg.ino, None)):
+                self._drop(base)          # deleted, or swapped for a new file (compaction)
+        for base in bases:
+            if base not in self._segments:
+                self._segments[base] = _Segment(
+                    base, os.path.join(self.dir, files.segment_name(base, files.LOG_SUFFIX)))
+        self._bases = bases
+        if self._hint is not None and self._hint[0] not in self._segments:
+            self._hint = None
+
+    def _drop(self, base: int) -> None:
+        seg = self._segments.pop(base)
+        self._mapped.pop(base, None)
+        seg.close()
+
+    def reset(self) -> None:
+        """Forget every map, descriptor and position hint, then re-list (after a broker
+        restart, when files may have been recovered)."""
+        for base in list(self._segments):
+            self._drop(base)
+        self._hint = None
+        self._generation = None
+        self.refresh()
+
+    # --- reading ------------------------------------------------------------------------------
+    def read(self, offset: int, end_segment_base: int | None = None,
+             end_position: int | None = None, max_bytes: int = 1 << 20, *,
+             log_start_offset: int | None = None,
+             generation: int | None = None) -> list[RecordBatch]:
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` of them (but at
+        least one), never at or past the readable end ``(end_segment_base, end_position)``.
+
+        ``end_segment_base=None`` reads to the last whole batch on disk. ``generation`` is the
+        broker's segment-set generation: a change re-lists the directory. Returns ``[]`` when
+        nothing is readable at ``offset`` yet. Raises ``OffsetOutOfRangeError`` when ``offset``
+        is below ``log_start_offset`` or below every segment still on disk, and
+        ``CorruptRecordError`` for bytes before the readable end that cannot be a batch.
+        """
+        self._check_open()
+        if generation is not None and generation != self._generation:
+            self.refresh()
+            self._generation = generation
+        elif end_segment_base is not None and (not self._bases
+                                               or end_segment_base > self._bases[-1]):
+            self.refresh()
+        if log_start_offset is not None and offset < log_start_offset:
+            raise OffsetOutOfRangeError(offset, log_start_offset, -1, self._name())
+        for attempt in (0, 1):
+            try:
+                return self._read(offset, end_segment_base, end_position, max_bytes)
+            except FileNotFoundError:
+                if attempt:
+                    raise OffsetOutOfRangeError(offset, self._bases[0] if self._bases else -1,
+                                                -1, self._name()) from None
+                self.refresh()            # deleted between the listing and the open
+        raise AssertionError("unreachable")
+
+    def _read(self, offset: int, end_base: int | None, end_position: int | None,
+              max_bytes: int) -> list[RecordBatch]:
+        bases = self._bases
+        if not bases or (end_base is not None and end_base < bases[0]):
+            return []
+        i = bisect.bisect_right(bases, offset) - 1
+        if i < 0:
+            raise OffsetOutOfRangeError(offset, bases[0], -1, self._name())
+        out: list[RecordBatch] = []
+        budget = max_bytes
+        while i < len(bases):
+            base = bases[i]
+            if end_base is not None and base > end_base:
+                break
+            seg = self._segments[base]
+            at_end = end_base is None and i == len(bases) - 1
+            if end_base is not None and base == end_base:
+                limit = end_position if end_position is not None else seg.size()
+            else:
+                if not at_end and seg.final_size < 0:
+                    seg.final_size = seg.size()   # rolled: this size never changes again
+                limit = seg.size()
+            got = self._read_segment(seg, offset, limit, budget, not out)
+            for batch in got:
+                budget -= batch.size
+            out += got
+            if budget <= 0 or (end_base is not None and base >= end_base):
+                break
+            if got:
+                offset = got[-1].next_offset
+            i += 1
+        return out
+
+    def _read_segment(self, seg: _Segment, offset: int, limit: int, max_bytes: int,
+                      need_one: bool) -> list[RecordBatch]:
+        if limit <= 0:
+            return []
+        self._ensure_mapped(seg, limit)
+        hint = self._hint
+        if hint is not None and (hint[0] != seg.base or hint[1] > offset or hint[2] > limit):
+            hint = None
+        if hint is not None and hint[1] == offset:
+            pos = hint[2]                 # sequential read: no lookup, no scan
+        else:
+            pos = seg.index_floor(offset, limit) if offset > seg.base else 0
+            if hint is not None and hint[2] > pos:
+                pos = hint[2]             # closer than the index entry
+        # Scan batch headers to the first batch whose last offset reaches ``offset``.
+        while True:
+            head = seg.header(pos, limit)
+            if head is None:
+                self._hint = (seg.base, offset, pos)
+                return []
+            base, size, last_delta = head
+            if base + last_delta >= offset:
+                break
+            pos += size
+        start = pos
+        if start + size <= seg.mapped:
+            # Zero-copy: slices of the map, whole batches up to the map's end.
+            end = min(limit, seg.mapped)
+            buf, shift = seg.view, 0
+        else:
+            # The unmapped tail of a growing segment: one pread of at most max_bytes (or the
+            # one batch, if it is larger).
+            end = min(limit, start + max(max_bytes, size))
+            buf, shift = memoryview(seg.pread(start, end - start)), start
+        out: list[RecordBatch] = []
+        taken = 0
+        pos = start
+        while True:
+            if out:
+                head = seg.header(pos, end) if shift == 0 else _header_in(buf, pos - shift,
+                                                                           end - shift, seg.path,
+                                                                           pos)
+                if head is None:
+                    break
+                base, size, last_delta = head
+            if out and taken + size > max_bytes:
+                break
+            if not out and size > max_bytes and not need_one:
+                break
+            out.append(RecordBatch(buf[pos - shift:pos - shift + size], pos, seg.path))
+            taken += size
+            pos += size
+            if taken >= max_bytes:
+                break
+        if out:
+            self._hint = (seg.base, out[-1].next_offset, pos)
+        return out
+
+    def _ensure_mapped(self, seg: _Segment, limit: int) -> None:
+        """Map or remap ``seg`` when the readable part passes its map (policy: module doc)."""
+        if limit <= seg.mapped:
+            if seg.base in self._mapped:
+                self._mapped.move_to_end(seg.base)
+            return
+        if seg.map is None or seg.final_size >= 0 or \
+                limit - seg.mapped >= max(self.remap_bytes, seg.mapped >> 3):
+            seg.remap()
+            if seg.map is None:           # still empty: nothing to map
+                return
+            self._mapped[seg.base] = seg
+            self._mapped.move_to_end(seg.base)
+            while len(self._mapped) > self.max_mapped_segments:
+                _, old = self._mapped.popitem(last=False)
+                old.close()               # reopened (and remapped) if read again
+
+    # --- facts --------------------------------------------------------------------------------
+    def log_end_position(self) -> tuple[int, int] | None:
+        """``(segment base, size)`` of the last segment on disk, or None when there is none."""
+        if not self._bases:
+            return None
+        seg = self._segments[self._bases[-1]]
+        return seg.base, seg.size()
+
+    def _name(self) -> str:
+        return os.path.basename(os.path.normpath(self.dir))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError(f"{self.dir}: reader is closed")
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close descriptors and drop maps (each map is unmapped now, or when the last batch,
+        key or value slice of it is released). Idempotent."""
+        if self.closed:
+            return
+        for base in list(self._segments):
+            self._drop(base)
+        self._bases = []
+        self._hint = None
+        self.closed = True
+
+    def __enter__(self) -> PartitionReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PartitionReader({self.dir!r}, segments={len(self._bases)})"
+
+
+def _header_in(buf: memoryview, pos: int, limit: int, path: str, file_pos: int
+               ) -> tuple[int, int, int] | None:
+    """``_Segment.header`` over an in-memory buffer (the pread tail)."""
+    if limit - pos < RECORD_BATCH_OVERHEAD:
+        return None
+    base, length, _, magic, _, _, last_delta = _SCAN.unpack_from(buf, pos)
+    if length < MIN_BATCH_LENGTH or magic != MAGIC:
+        raise CorruptRecordError(path, file_pos, f"batch length {length} / magic {magic} "
+                                 "cannot start a RecordBatch v2")
+    size = LOG_OVERHEAD + length
+    if pos + size > limit:
+        return None
+    return base, size, last_delta
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
