@@ -1,11 +1,48 @@
-"""mq: a single-host, multi-process, persistent message queue with Kafka's data model."""
+"""mq: a single-host, multi-process, persistent message queue with Kafka's data model.
 
-from mq.errors import (ClosedError, CorruptIndexError, CorruptRecordError, MQError,
-                       OffsetOutOfRangeError, StorageError, UnsupportedCodecError)
+The public names live here; everything else is private to its module. See API.md.
+"""
+
+from mq import errors
+from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CorruptIndexError,
+                       CorruptRecordError, MQError, OffsetOutOfRangeError, StorageError,
+                       UnsupportedCodecError)
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Producer": "mq.client.producer",
+    "FutureRecordMetadata": "mq.client.producer",
+    "Consumer": "mq.client.consumer",
+    "Record": "mq.client.consumer",
+    "NoOffsetForPartitionError": "mq.client.consumer",
+    "Admin": "mq.client.admin",
+    "TopicPartition": "mq.client.types",
+    "RecordMetadata": "mq.client.types",
+    "testing": "mq.testing",
+}
+
 __all__ = [
-    "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
-    "UnsupportedCodecError", "OffsetOutOfRangeError", "ClosedError", "__version__",
+    "Producer", "FutureRecordMetadata", "Consumer", "Admin", "TopicPartition", "Record",
+    "RecordMetadata", "NoOffsetForPartitionError", "testing", "errors", "MQError",
+    "StorageError", "CorruptRecordError", "CorruptIndexError", "UnsupportedCodecError",
+    "OffsetOutOfRangeError", "ClosedError", "BrokerError", "BrokerUnavailableError",
+    "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # Clients are imported on first use, so `mq dump-log` and the storage layer do not pay
+    # for posix_ipc, msgpack and the client modules.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mq' has no attribute {name!r}")
+    import importlib
+    mod = importlib.import_module(module)
+    value = mod if name == "testing" else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
