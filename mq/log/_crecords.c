@@ -1,10 +1,11 @@
-/* mq.log._crecords -- optional C decoder for the records section of a Kafka RecordBatch v2.
+/* mq.log._crecords -- optional C codec for the records section of a Kafka RecordBatch v2.
  *
- * Mirrors the pure-Python reference loop of RecordBatch.records() in mq/log/records.py (which
- * stays authoritative and runs when this module is not built, or when MQ_PURE_PYTHON=1): the
- * same input is accepted, the same values come out, the same input is rejected. Keys, values
- * and header values are zero-copy memoryview slices of the payload. Malformed input raises
- * ValueError whose message is the reason; records.py turns it into CorruptRecordError.
+ * decode_records() mirrors the pure-Python reference loop of RecordBatch.records() in
+ * mq/log/records.py (which stays authoritative and runs when this module is not built, or when
+ * MQ_PURE_PYTHON=1): the same input is accepted, the same values come out, the same input is
+ * rejected. Keys, values and header values are zero-copy memoryview slices of the payload.
+ * Malformed input raises ValueError whose message is the reason; records.py turns it into
+ * CorruptRecordError. encode_record() produces the bytes of the Python BatchBuilder.append.
  *
  * Bounds invariant: a byte is only read at an index i with i < lim, where lim is len(payload)
  * for a record's length varint and the record's end (<= len(payload)) for everything inside
@@ -117,6 +118,25 @@ Record_dealloc(RecordObject *r)
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
+/* `k, v = item` as Python unpacks it (any iterable of exactly two); new references. */
+static int
+unpack2(PyObject *item, PyObject **k, PyObject **v)
+{
+    PyObject *seq = PySequence_Fast(item, "a header must be a (key, value) pair");
+    if (seq == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != 2) {
+        PyErr_Format(PyExc_ValueError, "a header must be a (key, value) pair, not %zd items",
+                     PySequence_Fast_GET_SIZE(seq));
+        Py_DECREF(seq);
+        return -1;
+    }
+    *k = Py_NewRef(PySequence_Fast_GET_ITEM(seq, 0));
+    *v = Py_NewRef(PySequence_Fast_GET_ITEM(seq, 1));
+    Py_DECREF(seq);
+    return 0;
+}
+
 /* bytes(x), or None for None: what the Python BatchRecord shows and compares. */
 static PyObject *
 as_bytes(PyObject *x)
@@ -135,13 +155,15 @@ headers_as_bytes(PyObject *headers)       /* [(k, bytes(v) | None) for k, v in h
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *k, *v, *item = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyArg_ParseTuple(item, "OO:header", &k, &v)) {
+        PyObject *k, *v;
+        if (unpack2(PySequence_Fast_GET_ITEM(seq, i), &k, &v) < 0) {
             Py_CLEAR(out);
             break;
         }
         PyObject *vb = as_bytes(v);
         PyObject *t = vb == NULL ? NULL : PyTuple_Pack(2, k, vb);
+        Py_DECREF(k);
+        Py_DECREF(v);
         Py_XDECREF(vb);
         if (t == NULL) {
             Py_CLEAR(out);
@@ -289,23 +311,21 @@ read_varint(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t lim, int64_t *ou
     return 0;
 }
 
-/* base + zigzag(hi:lo) as a Python int; exact for any 70-bit varlong and int64 overflow. */
+/* base + zigzag(hi:lo) as a Python int, for a 70-bit varlong beyond int64 (Python ints are
+ * unbounded). With half = r >> 1 of r = hi:lo, zig-zag gives half for even r, ~half for odd. */
 static PyObject *
 sum_big(int64_t base, uint64_t lo, unsigned hi)
 {
-    PyObject *res = NULL, *b = PyLong_FromLongLong(base);
-    PyObject *l = PyLong_FromUnsignedLongLong(lo), *h = PyLong_FromUnsignedLong(hi);
-    PyObject *s64 = PyLong_FromLong(64), *one = PyLong_FromLong(1);
-    PyObject *hs = NULL, *r = NULL, *half = NULL, *delta = NULL;
-    if (b && l && h && s64 && one && (hs = PyNumber_Lshift(h, s64)) && (r = PyNumber_Or(hs, l))
-        && (half = PyNumber_Rshift(r, one))) {
-        /* (r >> 1) ^ -(r & 1): half for even r, -half - 1 = ~half for odd r */
-        delta = (lo & 1) ? PyNumber_Invert(half) : Py_NewRef(half);
-        if (delta)
-            res = PyNumber_Add(b, delta);
-    }
-    Py_XDECREF(b); Py_XDECREF(l); Py_XDECREF(h); Py_XDECREF(s64); Py_XDECREF(one);
-    Py_XDECREF(hs); Py_XDECREF(r); Py_XDECREF(half); Py_XDECREF(delta);
+    char hex[40];
+    snprintf(hex, sizeof hex, "%x%016llx", hi >> 1,
+             (unsigned long long)(((uint64_t)(hi & 1) << 63) | (lo >> 1)));
+    PyObject *half = PyLong_FromString(hex, NULL, 16), *b = PyLong_FromLongLong(base);
+    PyObject *d = NULL, *res = NULL;
+    if (half != NULL && b != NULL && (d = (lo & 1) ? PyNumber_Invert(half) : Py_NewRef(half)))
+        res = PyNumber_Add(b, d);
+    Py_XDECREF(half);
+    Py_XDECREF(b);
+    Py_XDECREF(d);
     return res;
 }
 
@@ -366,6 +386,13 @@ PyDoc_STRVAR(decode_records_doc,
 "format 'B'). Records are Record objects, or record_type(offset, timestamp, key, value,\n"
 "headers) when a record_type is given. Raises ValueError(reason) on malformed input.");
 
+/* Error exits of decode_records: a corrupt-input reason (formatted into msg) or a Python error
+ * already set (MemoryError and the like). Both drop whatever the current record holds. */
+#define CORRUPT(...) \
+    do { snprintf(msg, sizeof msg, __VA_ARGS__); why = msg; goto corrupt; } while (0)
+#define VARINT(lim, out) \
+    do { if (read_varint(p, &pos, lim, out, &why) < 0) goto corrupt; } while (0)
+
 static PyObject *
 decode_records(PyObject *module, PyObject *args)
 {
@@ -385,8 +412,8 @@ decode_records(PyObject *module, PyObject *args)
     if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     const Py_buffer *mvb = PyMemoryView_GET_BUFFER(mv);
-    if (mvb->ndim != 1 || mvb->itemsize != 1) {
-        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of bytes");
+    if (mvb->ndim != 1 || mvb->itemsize != 1 || (mvb->format && strcmp(mvb->format, "B"))) {
+        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of format 'B'");
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -397,11 +424,18 @@ decode_records(PyObject *module, PyObject *args)
     char msg[160];
     KeyCache cache = {.n = 0};
     PyObject *out = NULL, *max_ts_obj = NULL;
+    /* the record being built: owned here until handed to its record object */
+    PyObject *key = NULL, *value = NULL, *headers = NULL, *hkey = NULL, *hval = NULL;
+    /* A batch allocates thousands of GC-tracked objects (records, memoryviews, lists), which
+     * would trigger a young collection every 700 of them and half the time goes there. With
+     * no Python code running in the loop (no record_type callback), the collector is paused
+     * and catches up once, at the next allocation after it is resumed. */
+    int gc_paused = record_type == Py_None && PyGC_Disable();
 
     if (count < 0 || count > end) {        /* every record takes at least 7 bytes */
         PyErr_Format(PyExc_ValueError, "record count %zd exceeds the %zd bytes of records",
                      count, end);
-        goto done;
+        goto fail;
     }
     out = PyList_New(count);               /* NULL slots until filled; safe to DECREF */
     max_ts_obj = PyLong_FromLongLong(max_ts);
@@ -413,17 +447,12 @@ decode_records(PyObject *module, PyObject *args)
         uint64_t tlo;
         unsigned thi;
         rec_start = pos;
-        if (read_varint(p, &pos, end, &length, &why) < 0)
-            goto corrupt;
-        if (length < 6 || length > end - pos) {
-            snprintf(msg, sizeof msg, "record length %lld does not fit the batch",
-                     (long long)length);
-            why = msg;
-            goto corrupt;
-        }
-        const Py_ssize_t rec_end = pos + (Py_ssize_t)length;
+        VARINT(end, &length);
+        if (length < 6 || length > end - pos)
+            CORRUPT("record length %lld does not fit the batch", (long long)length);
+        const Py_ssize_t rec_end = pos + (Py_ssize_t)length;   /* <= end; bounds all below */
         pos += 1;                                        /* attributes (unused) */
-        if (pos < rec_end && p[pos] < 0x80) {            /* timestamp delta: varlong */
+        if (pos < rec_end && p[pos] < 0x80) {            /* timestamp delta: a varlong */
             tlo = p[pos++];
             thi = 0;
         } else if (read_raw(p, &pos, rec_end, 10, &tlo, &thi, &why) < 0) {
@@ -431,110 +460,73 @@ decode_records(PyObject *module, PyObject *args)
         }
         if (thi == 0)
             tsd = unzigzag(tlo);
-        if (read_varint(p, &pos, rec_end, &od, &why) < 0 ||
-            read_varint(p, &pos, rec_end, &klen, &why) < 0)
-            goto corrupt;
+        VARINT(rec_end, &od);
 
-        PyObject *key, *value, *headers, *offset, *ts, *rec;
-        if (klen < -1 || klen > rec_end - pos) {
-            snprintf(msg, sizeof msg, "invalid key length %lld", (long long)klen);
-            why = msg;
-            goto corrupt;
-        }
-        if (klen == -1) {
+        VARINT(rec_end, &klen);
+        if (klen < -1 || klen > rec_end - pos)
+            CORRUPT("invalid key length %lld", (long long)klen);
+        if (klen == -1)
             key = Py_NewRef(Py_None);
-        } else if ((key = slice(mv, pos, pos + (Py_ssize_t)klen)) == NULL) {
+        else if ((key = slice(mv, pos, pos + (Py_ssize_t)klen)) == NULL)
             goto fail;
-        } else {
-            pos += (Py_ssize_t)klen;
-        }
-        /* From here `key` (and then `value`, `headers`) are owned: errors go through `drop`. */
-        value = headers = NULL;
-        if (read_varint(p, &pos, rec_end, &vlen, &why) < 0)
-            goto corrupt_drop;
-        if (vlen < -1 || vlen > rec_end - pos) {
-            snprintf(msg, sizeof msg, "invalid value length %lld", (long long)vlen);
-            why = msg;
-            goto corrupt_drop;
-        }
-        if (vlen == -1) {
+        pos += klen < 0 ? 0 : (Py_ssize_t)klen;
+
+        VARINT(rec_end, &vlen);
+        if (vlen < -1 || vlen > rec_end - pos)
+            CORRUPT("invalid value length %lld", (long long)vlen);
+        if (vlen == -1)
             value = Py_NewRef(Py_None);
-        } else if ((value = slice(mv, pos, pos + (Py_ssize_t)vlen)) == NULL) {
-            goto fail_drop;
-        } else {
-            pos += (Py_ssize_t)vlen;
-        }
-        if (read_varint(p, &pos, rec_end, &hcount, &why) < 0)
-            goto corrupt_drop;
-        if (hcount < 0 || hcount > rec_end - pos) {
-            snprintf(msg, sizeof msg, "invalid header count %lld", (long long)hcount);
-            why = msg;
-            goto corrupt_drop;
-        }
+        else if ((value = slice(mv, pos, pos + (Py_ssize_t)vlen)) == NULL)
+            goto fail;
+        pos += vlen < 0 ? 0 : (Py_ssize_t)vlen;
+
+        VARINT(rec_end, &hcount);
+        if (hcount < 0 || hcount > rec_end - pos)
+            CORRUPT("invalid header count %lld", (long long)hcount);
         if (hcount > 0 && (headers = PyList_New((Py_ssize_t)hcount)) == NULL)
-            goto fail_drop;
+            goto fail;                           /* no headers: list created lazily, if asked */
         for (Py_ssize_t h = 0; h < (Py_ssize_t)hcount; h++) {
             int64_t hklen, hvlen;
-            PyObject *hkey, *hval, *pair;
-            if (read_varint(p, &pos, rec_end, &hklen, &why) < 0)
-                goto corrupt_drop;
-            if (hklen < 0 || hklen > rec_end - pos) {
-                snprintf(msg, sizeof msg, "invalid header key length %lld", (long long)hklen);
-                why = msg;
-                goto corrupt_drop;
-            }
+            VARINT(rec_end, &hklen);
+            if (hklen < 0 || hklen > rec_end - pos)
+                CORRUPT("invalid header key length %lld", (long long)hklen);
             if ((hkey = header_key(&cache, p + pos, (Py_ssize_t)hklen)) == NULL) {
-                /* UnicodeDecodeError: a ValueError, re-raised below with the record's place */
+                /* UnicodeDecodeError: reported like the other reasons, with the place */
                 PyObject *type, *exc, *tb;
                 PyErr_Fetch(&type, &exc, &tb);
                 PyErr_NormalizeException(&type, &exc, &tb);
-                PyObject *s = exc ? PyObject_Str(exc) : NULL;
-                const char *txt = s ? PyUnicode_AsUTF8(s) : NULL;
-                Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb);
-                if (txt == NULL) {
-                    Py_XDECREF(s);
-                    goto fail_drop;
-                }
-                snprintf(msg, sizeof msg, "%s", txt);
-                Py_DECREF(s);
+                PyObject *s = exc != NULL ? PyObject_Str(exc) : NULL;
+                const char *txt = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
+                if (txt != NULL)
+                    snprintf(msg, sizeof msg, "%s", txt);
+                Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb); Py_XDECREF(s);
+                if (txt == NULL)
+                    goto fail;
                 why = msg;
-                goto corrupt_drop;
+                goto corrupt;
             }
             pos += (Py_ssize_t)hklen;
-            if (read_varint(p, &pos, rec_end, &hvlen, &why) < 0) {
-                Py_DECREF(hkey);
-                goto corrupt_drop;
-            }
-            if (hvlen < -1 || hvlen > rec_end - pos) {
-                snprintf(msg, sizeof msg, "invalid header value length %lld", (long long)hvlen);
-                why = msg;
-                Py_DECREF(hkey);
-                goto corrupt_drop;
-            }
-            if (hvlen == -1) {
+            VARINT(rec_end, &hvlen);
+            if (hvlen < -1 || hvlen > rec_end - pos)
+                CORRUPT("invalid header value length %lld", (long long)hvlen);
+            if (hvlen == -1)
                 hval = Py_NewRef(Py_None);
-            } else if ((hval = slice(mv, pos, pos + (Py_ssize_t)hvlen)) == NULL) {
-                Py_DECREF(hkey);
-                goto fail_drop;
-            } else {
-                pos += (Py_ssize_t)hvlen;
-            }
-            if ((pair = PyTuple_New(2)) == NULL) {
-                Py_DECREF(hkey);
-                Py_DECREF(hval);
-                goto fail_drop;
-            }
-            PyTuple_SET_ITEM(pair, 0, hkey);
+            else if ((hval = slice(mv, pos, pos + (Py_ssize_t)hvlen)) == NULL)
+                goto fail;
+            pos += hvlen < 0 ? 0 : (Py_ssize_t)hvlen;
+            PyObject *pair = PyTuple_New(2);
+            if (pair == NULL)
+                goto fail;
+            PyTuple_SET_ITEM(pair, 0, hkey);                 /* steals both */
             PyTuple_SET_ITEM(pair, 1, hval);
+            hkey = hval = NULL;
             PyList_SET_ITEM(headers, h, pair);
         }
-        if (pos != rec_end) {
-            snprintf(msg, sizeof msg, "record consumed %lld bytes but declared %lld",
-                     (long long)(length - (rec_end - pos)), (long long)length);
-            why = msg;
-            goto corrupt_drop;
-        }
-        offset = sum_int(base_offset, od);
+        if (pos != rec_end)                              /* pos < rec_end: reads are bounded */
+            CORRUPT("record consumed %lld bytes but declared %lld",
+                    (long long)(length - (rec_end - pos)), (long long)length);
+
+        PyObject *offset = sum_int(base_offset, od), *ts, *rec;
         if (log_append)
             ts = Py_NewRef(max_ts_obj);
         else
@@ -542,32 +534,23 @@ decode_records(PyObject *module, PyObject *args)
         if (offset == NULL || ts == NULL) {
             Py_XDECREF(offset);
             Py_XDECREF(ts);
-            goto fail_drop;
+            goto fail;
         }
         if (record_type == Py_None) {
-            rec = record_make(offset, ts, key, value, headers);     /* steals all five */
+            rec = record_make(offset, ts, key, value, headers);    /* steals all five */
+        } else if (headers == NULL && (headers = PyList_New(0)) == NULL) {
+            rec = NULL;
+            Py_DECREF(offset); Py_DECREF(ts); Py_DECREF(key); Py_DECREF(value);
         } else {
-            if (headers == NULL && (headers = PyList_New(0)) == NULL) {
-                Py_DECREF(offset);
-                Py_DECREF(ts);
-                goto fail_drop;
-            }
             PyObject *fields[5] = {offset, ts, key, value, headers};
             rec = PyObject_Vectorcall(record_type, fields, 5, NULL);
             for (int f = 0; f < 5; f++)
                 Py_DECREF(fields[f]);
         }
+        key = value = headers = NULL;                            /* handed over or dropped */
         if (rec == NULL)
             goto fail;
         PyList_SET_ITEM(out, i, rec);
-        continue;
-
-    corrupt_drop:
-        Py_DECREF(key); Py_XDECREF(value); Py_XDECREF(headers);
-        goto corrupt;
-    fail_drop:
-        Py_DECREF(key); Py_XDECREF(value); Py_XDECREF(headers);
-        goto fail;
     }
     if (pos != end) {
         PyErr_Format(PyExc_ValueError, "%zd bytes left after %zd records (incorrect declared "
@@ -582,6 +565,10 @@ corrupt:
 fail:
     Py_CLEAR(out);
 done:
+    if (gc_paused)
+        PyGC_Enable();
+    Py_XDECREF(key); Py_XDECREF(value); Py_XDECREF(headers); Py_XDECREF(hkey);
+    Py_XDECREF(hval);
     for (int k = 0; k < cache.n; k++)
         Py_DECREF(cache.str[k]);
     Py_XDECREF(max_ts_obj);
@@ -589,14 +576,158 @@ done:
     return out;
 }
 
+/* ---- encode_record: one record, for BatchBuilder.append ---- */
+
+static uint64_t
+zigzag(int64_t v)
+{
+    return ((uint64_t)v << 1) ^ (v < 0 ? UINT64_MAX : 0);
+}
+
+/* zigzag of a Python int as records._encode_varint_slow computes it,
+ * ((v << 1) ^ (v >> 63)) & (2**64 - 1), so that ints beyond int64 wrap the same way. */
+static int
+zigzag_obj(PyObject *v, uint64_t *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (!overflow) {
+        *out = zigzag(x);
+        return 0;
+    }
+    PyObject *s63 = PyLong_FromLong(63), *top = s63 ? PyNumber_Rshift(v, s63) : NULL;
+    *out = PyLong_AsUnsignedLongLongMask(v) << 1;
+    if (top != NULL)
+        *out ^= PyLong_AsUnsignedLongLongMask(top);
+    Py_XDECREF(s63);
+    Py_XDECREF(top);
+    return top == NULL || PyErr_Occurred() ? -1 : 0;
+}
+
+/* Output of encode_record. A size pass (q == NULL) only counts bytes into n; the write pass
+ * writes below `end`. Both walk the same objects; should a buffer grow in between (acquiring
+ * a buffer can run Python code), the write pass fails instead of overflowing. */
+typedef struct {
+    unsigned char *q, *end;
+    Py_ssize_t n;
+} Out;
+
+static int
+put(Out *o, uint64_t zz, const void *data, Py_ssize_t len)   /* a varint, then len bytes */
+{
+    unsigned char tmp[10], *t = tmp;
+    while (zz >= 0x80) {
+        *t++ = (unsigned char)(zz | 0x80);
+        zz >>= 7;
+    }
+    *t++ = (unsigned char)zz;
+    Py_ssize_t need = (t - tmp) + len;
+    o->n += need;
+    if (o->q == NULL)
+        return 0;
+    if (need > o->end - o->q) {
+        PyErr_SetString(PyExc_RuntimeError, "record changed while being encoded");
+        return -1;
+    }
+    memcpy(o->q, tmp, (size_t)(t - tmp));
+    if (len > 0)
+        memcpy(o->q + (t - tmp), data, (size_t)len);
+    o->q += need;
+    return 0;
+}
+
+/* A key, value or header value (bytes-like; None -> length -1), or a header key (str -> its
+ * UTF-8 bytes, else bytes-like), with its length varint. */
+static int
+put_field(Out *o, PyObject *f, int is_header_key)
+{
+    if (f == Py_None && !is_header_key)
+        return put(o, 1, NULL, 0);
+    if (is_header_key && PyUnicode_Check(f)) {
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(f, &n);    /* strict: surrogates raise */
+        return s == NULL ? -1 : put(o, zigzag(n), s, n);
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(f, &b, PyBUF_SIMPLE) < 0)
+        return -1;
+    int rc = put(o, zigzag(b.len), b.buf, b.len);
+    PyBuffer_Release(&b);
+    return rc;
+}
+
+/* Everything after the length varint; `headers` is a list. */
+static int
+put_body(Out *o, uint64_t ts, uint64_t od, PyObject *key, PyObject *value, PyObject *headers)
+{
+    if (put(o, 0, NULL, 0) < 0 || put(o, ts, NULL, 0) < 0 || put(o, od, NULL, 0) < 0 ||
+        put_field(o, key, 0) < 0 || put_field(o, value, 0) < 0 ||
+        put(o, zigzag(PyList_GET_SIZE(headers)), NULL, 0) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *hk, *hv;
+        if (unpack2(PyList_GET_ITEM(headers, i), &hk, &hv) < 0)
+            return -1;
+        int rc = put_field(o, hk, 1) < 0 || put_field(o, hv, 0) < 0 ? -1 : 0;
+        Py_DECREF(hk);
+        Py_DECREF(hv);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(encode_record_doc,
+"encode_record(timestamp_delta, offset_delta, key, value, headers) -> bytes\n\n"
+"One record, length varint first, byte for byte as the pure-Python BatchBuilder.append\n"
+"encodes it. key and value are bytes-like or None; headers an iterable of\n"
+"(str | bytes-like, bytes-like | None) pairs, or None.");
+
+static PyObject *
+encode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    uint64_t ts, od;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "encode_record expected 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (zigzag_obj(args[0], &ts) < 0 || zigzag_obj(args[1], &od) < 0)
+        return NULL;
+    /* a list snapshot of the headers, for both passes */
+    PyObject *headers = args[4] == Py_None ? PyList_New(0) : PySequence_List(args[4]);
+    if (headers == NULL)
+        return NULL;
+    Out size = {NULL, NULL, 0}, w = {NULL, NULL, 0};
+    PyObject *out = NULL;
+    if (put_body(&size, ts, od, args[2], args[3], headers) == 0 &&
+        put(&w, zigzag(size.n), NULL, 0) == 0 &&                 /* w.n: the length varint */
+        (out = PyBytes_FromStringAndSize(NULL, w.n + size.n)) != NULL) {
+        w.q = (unsigned char *)PyBytes_AS_STRING(out);
+        w.end = w.q + PyBytes_GET_SIZE(out);
+        if (put(&w, zigzag(size.n), NULL, 0) < 0 ||
+            put_body(&w, ts, od, args[2], args[3], headers) < 0 || w.q != w.end) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "record changed while being encoded");
+            Py_CLEAR(out);
+        }
+    }
+    Py_DECREF(headers);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
+     encode_record_doc},
     {NULL, NULL, 0, NULL}
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mq.log._crecords",
-    "C accelerator for mq.log.records (optional; records.py has the reference decoder).",
+    "Optional C codec for mq.log.records (records.py holds the reference implementation).",
     -1, methods,
 };
 

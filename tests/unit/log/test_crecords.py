@@ -1,0 +1,456 @@
+"""The optional C codec (mq/log/_crecords.c) against the pure-Python reference in records.py.
+
+Decoding goes through ``RecordBatch.records()`` both ways: with ``records._decode_records_c``
+set to the extension's ``decode_records``, and set to ``None`` (what ``MQ_PURE_PYTHON=1`` or a
+missing extension give). Both must return equal records or both raise ``CorruptRecordError`` —
+the C path never anything else, and never crashes. Encoding (``BatchBuilder.append`` through
+``records._encode_record_c``) must give the same bytes as the Python path.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import os
+import random
+import struct
+import subprocess
+import sys
+import tracemalloc
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mq.errors import CorruptRecordError
+from mq.log import records as R
+from mq.log.records import (
+    CREATE_TIME,
+    GZIP,
+    HEADER,
+    LOG_APPEND_TIME,
+    NONE,
+    BatchBuilder,
+    BatchRecord,
+    RecordBatch,
+    crc32c,
+)
+
+_crecords = pytest.importorskip("mq.log._crecords")
+C_DECODE = _crecords.decode_records
+Record = _crecords.Record
+
+
+def examples(n: int) -> settings:
+    return settings(max_examples=n, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@contextmanager
+def decoder(fn):
+    """Run ``RecordBatch.records()`` through ``fn`` (the C decoder, or None for Python)."""
+    saved = R._decode_records_c
+    R._decode_records_c = fn
+    try:
+        yield
+    finally:
+        R._decode_records_c = saved
+
+
+def _b(x):
+    return None if x is None else bytes(x)
+
+
+def _row(rec) -> tuple:
+    return (rec.offset, rec.timestamp, _b(rec.key), _b(rec.value),
+            [(k, _b(v)) for k, v in rec.headers])
+
+
+def decode(buf, fn):
+    """``("ok", records)`` or ``("corrupt", error)`` for one decoder."""
+    batch = RecordBatch(buf)
+    with decoder(fn):
+        try:
+            return "ok", batch.records()
+        except CorruptRecordError as err:
+            return "corrupt", err
+
+
+def check_same(buf) -> list | None:
+    """Decode ``buf`` both ways and assert identical outcomes; returns the C records."""
+    c_kind, c_out = decode(buf, C_DECODE)
+    py_kind, py_out = decode(buf, None)
+    assert c_kind == py_kind, (c_out, py_out)
+    if c_kind == "corrupt":
+        # raised by records() itself, or converted by it from the extension's ValueError
+        assert c_out.__cause__ is None or type(c_out.__cause__) in (ValueError,
+                                                                    UnicodeDecodeError)
+        return None
+    assert [_row(r) for r in c_out] == [_row(r) for r in py_out]
+    for c_rec, py_rec in zip(c_out, py_out):
+        assert type(c_rec) is Record and type(py_rec) is BatchRecord
+        assert c_rec == py_rec and py_rec == c_rec
+        assert not (c_rec != py_rec)  # noqa: SIM202 -- __ne__ is its own C slot
+        assert repr(c_rec) == repr(py_rec)
+        assert type(c_rec.offset) is int and type(c_rec.timestamp) is int
+        assert type(c_rec.headers) is list
+        for value in (c_rec.key, c_rec.value, *(v for _, v in c_rec.headers)):
+            assert value is None or type(value) is memoryview
+    return c_out
+
+
+# --- (a) batches built by BatchBuilder --------------------------------------------------------
+
+def _big_blob(args) -> bytes:
+    size, seed = args
+    return random.Random(seed).randbytes(size)
+
+
+blobs = st.one_of(st.none(), st.just(b""), st.binary(min_size=1, max_size=40),
+                  st.tuples(st.integers(16 * 1024 + 1, 40 * 1024), st.integers(0, 2**32))
+                  .map(_big_blob))
+header_keys = st.one_of(st.text(max_size=12), st.sampled_from(["trace-id", "ключ", "ü", "😀"]))
+header_lists = st.one_of(
+    st.lists(st.tuples(header_keys, st.one_of(st.none(), st.binary(max_size=16))), max_size=4),
+    st.integers(50, 300).map(lambda n: [(f"h{i % 7}", None if i % 5 == 0 else b"v" * (i % 9))
+                                        for i in range(n)]),
+)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+TS = st.one_of(st.integers(0, 2_000_000_000_000), st.integers(-(1 << 62), 1 << 62), st.just(-1))
+
+
+@st.composite
+def batches(draw, max_records: int = 8):
+    n = draw(st.integers(0, max_records))
+    base = draw(TS)
+    builder = BatchBuilder(
+        compression=draw(st.sampled_from([NONE, NONE, NONE, GZIP])),
+        timestamp_type=draw(st.sampled_from([CREATE_TIME, LOG_APPEND_TIME])),
+        base_offset=draw(st.one_of(st.integers(0, 1 << 62),
+                                   st.integers((1 << 63) - 2**20, (1 << 63) - 1))))
+    delta = -1
+    for _ in range(n):
+        ts = draw(st.one_of(st.just(base), st.integers(base - 100_000, base + 100_000), TS))
+        delta += draw(st.one_of(st.just(1), st.integers(1, 1 << 20)))
+        builder.append(ts, draw(blobs), draw(blobs), draw(header_lists), offset_delta=delta)
+    return builder.build()
+
+
+@examples(150)
+@given(batches())
+def test_built_batches_decode_identically(buf):
+    records = check_same(buf)
+    assert records is not None
+    if R.RecordBatch(buf).compression == NONE:            # zero copy: views into `buf` itself
+        for rec in records:
+            for view in (rec.key, rec.value, *(v for _, v in rec.headers)):
+                assert view is None or view.obj is buf
+
+
+# --- (b) random and mutated bytes -------------------------------------------------------------
+
+def framed(section: bytes, count: int, *, base_offset: int = 0, base_ts: int = 0,
+           max_ts: int = 0, attributes: int = 0) -> bytes:
+    """A batch header (CRC not computed; records() does not check it) around ``section``."""
+    return HEADER.pack(base_offset, 49 + len(section), -1, 2, 0, attributes, 0, base_ts, max_ts,
+                       -1, -1, -1, count) + section
+
+
+@examples(400)
+@given(st.binary(max_size=300), st.integers(-1, 40), INT64, INT64, INT64, st.booleans())
+def test_random_sections(section, count, base_offset, base_ts, max_ts, log_append):
+    check_same(framed(section, count, base_offset=base_offset, base_ts=base_ts, max_ts=max_ts,
+                      attributes=0x08 if log_append else 0))
+
+
+mutation = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10**6), st.integers(1, 255)),
+    st.tuples(st.just("set"), st.integers(0, 10**6), st.sampled_from([0, 1, 0x7F, 0x80, 0xFF])),
+    st.tuples(st.just("insert"), st.integers(0, 10**6), st.binary(min_size=1, max_size=8)),
+    st.tuples(st.just("delete"), st.integers(0, 10**6), st.integers(1, 8)),
+    st.tuples(st.just("truncate"), st.integers(0, 10**6), st.none()),
+)
+
+
+def mutate(section: bytes, ops) -> bytes:
+    buf = bytearray(section)
+    for op, where, arg in ops:
+        if not buf:
+            break
+        pos = where % len(buf)
+        if op == "flip":
+            buf[pos] ^= arg
+        elif op == "set":
+            buf[pos] = arg
+        elif op == "insert":
+            buf[pos:pos] = arg
+        elif op == "delete":
+            del buf[pos:pos + arg]
+        else:
+            del buf[pos:]
+    return bytes(buf)
+
+
+@examples(500)
+@given(batches(max_records=5).filter(lambda b: R.RecordBatch(b).compression == NONE),
+       st.lists(mutation, min_size=1, max_size=4), st.integers(-1, 2), st.booleans())
+def test_mutated_sections(buf, ops, count_change, in_gzip):
+    """Damage only the records section, re-frame (maybe gzip it) so records() parses it."""
+    batch = R.RecordBatch(buf)
+    section = mutate(bytes(buf[61:]), ops)
+    attributes = batch.attributes
+    if in_gzip:
+        section = gzip.compress(section, mtime=0)
+        attributes |= GZIP
+    out = framed(section, max(-1, batch.records_count + count_change),
+                 base_offset=batch.base_offset, base_ts=batch.base_timestamp,
+                 max_ts=batch.max_timestamp, attributes=attributes)
+    check_same(out)
+
+
+def record(body: bytes) -> bytes:
+    return R.encode_varint(len(body)) + body
+
+
+VARLONG_MAX_BITS = b"\xff" * 9 + b"\x7f"          # 70 bits: beyond int64 after zig-zag
+
+
+@pytest.mark.parametrize("section, count, kwargs", [
+    # timestamp deltas that do not fit int64 (Python ints are unbounded; so must C's be)
+    (record(b"\x00" + VARLONG_MAX_BITS + b"\x00\x01\x01\x00"), 1, {"base_ts": 5}),
+    (record(b"\x00" + b"\xfe" + b"\xff" * 8 + b"\x7f" + b"\x00\x01\x01\x00"), 1, {}),
+    (record(b"\x00" + b"\xff" * 9 + b"\x01" + b"\x00\x01\x01\x00"), 1, {"base_ts": -(1 << 63)}),
+    (record(b"\x00" + VARLONG_MAX_BITS + b"\x00\x01\x01\x00"), 1, {"attributes": 0x08}),
+    # offsets past int64
+    (record(b"\x00\x00\xfe\xff\xff\xff\x0f\x01\x01\x00"), 1, {"base_offset": (1 << 63) - 1}),
+    (record(b"\x00\x00\x01\x01\x01\x00"), 1, {"base_offset": -(1 << 63)}),
+    # 5-byte varints beyond int32 (accepted by the Python reference, so by C too)
+    (record(b"\x00\x00\xfe\xff\xff\xff\x7f\x01\x01\x00"), 1, {}),
+    # overlong varints, bad lengths, header troubles
+    (record(b"\x00" + b"\x80" * 10 + b"\x00\x00\x01\x01\x00"), 1, {}),
+    (record(b"\x00\x00" + b"\x80" * 5 + b"\x00\x01\x01\x00"), 1, {}),
+    (record(b"\x00\x00\x00\x03\x01\x00"), 1, {}),                 # key length -2
+    (record(b"\x00\x00\x00\x01\x03\x00"), 1, {}),                 # value length -2
+    (record(b"\x00\x00\x00\x01\x01\x01"), 1, {}),                 # header count -1
+    (record(b"\x00\x00\x00\x01\x01\x02\x04\xff\xfe\x01"), 1, {}),  # non-UTF-8 header key
+    (record(b"\x00\x00\x00\x01\x01\x02\x02h\x03"), 1, {}),        # header value length -2
+    (record(b"\x00\x00\x00\x01\x01\x02\x02h\x01"), 1, {}),        # ok: header value None
+    (record(b"\x00\x00\x00\x01\x01\x00") * 2, 1, {}),             # bytes left over
+    (record(b"\x00\x00\x00\x01\x01\x00\x00"), 1, {}),             # record not consumed
+    (b"\x0a\x00\x00\x00\x01\x01\x00", 1, {}),                     # length 5
+    (b"\x80", 1, {}),
+    (b"", 0, {}),
+])
+def test_edge_cases(section, count, kwargs):
+    check_same(framed(section, count, **kwargs))
+
+
+def test_error_reasons_are_specific():
+    with decoder(C_DECODE), pytest.raises(CorruptRecordError) as info:
+        RecordBatch(framed(record(b"\x00\x00\x00\x03\x01\x00"), 1)).records()
+    assert "malformed record 0 of 1" in info.value.reason
+    assert "invalid key length -2" in info.value.reason
+    with decoder(C_DECODE), pytest.raises(CorruptRecordError, match="bytes left after 1"):
+        RecordBatch(framed(record(b"\x00\x00\x00\x01\x01\x00") * 2, 1)).records()
+    with decoder(C_DECODE), pytest.raises(CorruptRecordError, match="can't decode"):
+        RecordBatch(framed(record(b"\x00\x00\x00\x01\x01\x02\x04\xff\xfe\x01"), 1)).records()
+
+
+# --- (c) encoding: BatchBuilder.append through encode_record ----------------------------------
+
+@contextmanager
+def encoder(fn):
+    saved = R._encode_record_c
+    R._encode_record_c = fn
+    try:
+        yield
+    finally:
+        R._encode_record_c = saved
+
+
+any_int = st.one_of(INT64, st.integers(-(1 << 80), 1 << 80))
+buffers = st.one_of(blobs, st.binary(max_size=20).map(bytearray),
+                    st.binary(max_size=20).map(memoryview))
+
+
+@examples(200)
+@given(st.lists(st.tuples(any_int, buffers, buffers,
+                          st.one_of(st.none(), st.just(()), header_lists,
+                                    header_lists.map(lambda hs: [list(h) for h in hs]),
+                                    header_lists.map(lambda hs: [(k.encode(), v)
+                                                                 for k, v in hs]))),
+                max_size=6),
+       st.integers(0, 1 << 62))
+def test_encode_record_matches_python(rows, first_ts):
+    """Same record bytes, sizes and counts as the pure-Python append, for any timestamp delta
+    (ints beyond int64 wrap the same way), bytes-like keys/values and header forms."""
+    def encode(fn):
+        with encoder(fn):
+            builder = BatchBuilder()
+            builder.append(first_ts, None, None)
+            for ts, key, value, headers in rows:
+                builder.append(first_ts + ts, key, value, headers)
+            return b"".join(builder._parts), builder.size_in_bytes, len(builder)
+    assert encode(_crecords.encode_record) == encode(None)
+
+
+def test_encode_record_errors():
+    enc = _crecords.encode_record
+    empty = b"\x0c\x00\x00\x00\x01\x01\x00"    # length 6, attrs, ts, offset, null key/value, 0
+    assert enc(0, 0, None, None, None) == enc(0, 0, None, None, ()) == empty
+    for args, error in [((0, 0, "key", None, ()), TypeError),            # str is not bytes
+                        ((0, 0, None, None, [("k",)]), ValueError),       # not a pair
+                        ((0, 0, None, None, [(None, b"")]), TypeError),   # header key None
+                        ((0, 0, None, None, [("\ud800", b"")]), UnicodeEncodeError),
+                        ((0, 0, None, None, 5), TypeError),
+                        ((0.5, 0, None, None, ()), TypeError),
+                        ((0, 0, None, None), TypeError)]:
+        with pytest.raises(error):
+            enc(*args)
+
+
+# --- the extension's own interface ------------------------------------------------------------
+
+def test_decode_records_arguments():
+    payload = memoryview(record(b"\x00\x00\x02\x01\x01\x00"))
+    (rec,) = C_DECODE(payload, 10, 100, 0, 999, 1)
+    assert (rec.offset, rec.timestamp, rec.key, rec.value, rec.headers) == (11, 100, None,
+                                                                             None, [])
+    (rec,) = C_DECODE(payload, 10, 100, 1, 999, 1)                 # LogAppendTime: max ts
+    assert rec.timestamp == 999
+    (rec,) = C_DECODE(payload, 10, 100, 0, 999, 1, BatchRecord)    # custom record type
+    assert type(rec) is BatchRecord and rec.offset == 11
+    (rec,) = C_DECODE(payload, 10, 100, 0, 999, 1, Record)
+    assert type(rec) is Record
+    with pytest.raises(TypeError):
+        C_DECODE(bytes(payload), 10, 100, 0, 999, 1)               # not a memoryview
+    with pytest.raises(TypeError):
+        C_DECODE(payload.cast("b"), 10, 100, 0, 999, 1)            # not format 'B'
+    with pytest.raises(ValueError, match="record count 9 exceeds"):
+        C_DECODE(payload, 0, 0, 0, 0, 9)
+    with pytest.raises(ValueError, match="record count -1 exceeds"):
+        C_DECODE(payload, 0, 0, 0, 0, -1)
+
+
+def test_gc_state_is_restored():
+    """decode_records pauses the cyclic GC while it allocates; it must leave it as it was."""
+    good = memoryview(record(b"\x00\x00\x00\x01\x01\x00"))
+    bad = memoryview(record(b"\x00\x00\x00\x03\x01\x00"))
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            C_DECODE(good, 0, 0, 0, 0, 1)
+            assert gc.isenabled() is enabled
+            with pytest.raises(ValueError):
+                C_DECODE(bad, 0, 0, 0, 0, 1)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
+def test_record_type_behaves_like_batch_record():
+    rec = Record(offset=1, timestamp=2, key=memoryview(b"k"), value=None,
+                 headers=[("a", memoryview(b"x"))])
+    twin = BatchRecord(1, 2, b"k", None, [("a", b"x")])
+    assert rec == twin and twin == rec
+    assert rec != BatchRecord(1, 2, b"k", b"", [("a", b"x")])
+    assert rec != Record(1, 2, b"k", None, [("a", None)])
+    assert rec != object() and rec != 5
+    assert repr(rec) == repr(twin) == \
+        "BatchRecord(offset=1, timestamp=2, key=b'k', value=None, headers=[('a', b'x')])"
+    with pytest.raises(TypeError):
+        hash(rec)
+    rec.offset = 7                                         # attributes are writable, as slots
+    assert rec.offset == 7
+    (decoded,) = C_DECODE(memoryview(record(b"\x00\x00\x00\x01\x01\x00")), 0, 0, 0, 0, 1)
+    headers = decoded.headers                              # created on first access, then kept
+    assert headers == [] and decoded.headers is headers
+    headers.append(("k", None))
+    assert decoded.headers == [("k", None)]
+    with pytest.raises(AttributeError):
+        del decoded.headers
+
+
+def test_env_var_forces_pure_python():
+    code = "import mq.log.records as r; print(r._decode_records_c is None)"
+    for env, expected in (({"MQ_PURE_PYTHON": "1"}, "True"), ({"MQ_PURE_PYTHON": "0"}, "False")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, **env}, check=True)
+        assert out.stdout.strip() == expected
+
+
+# --- references and memory --------------------------------------------------------------------
+
+def _sample_batch() -> bytearray:
+    builder = BatchBuilder()
+    for i in range(20):
+        builder.append(1_700_000_000_000 + i, b"key-%d" % i if i % 3 else None, b"v" * 100,
+                       [("trace", b"t%d" % i), ("ключ", None)] if i % 2 else ())
+    return builder.build()
+
+
+def test_refcounts_are_stable():
+    raw = _sample_batch()
+    payload = RecordBatch(raw).records_payload()
+    bad = payload[:-3]                                      # error path: truncated last record
+
+    def counts():
+        return sys.getrefcount(raw), sys.getrefcount(payload), sys.getrefcount(None)
+
+    gc.collect()
+    gc.disable()                  # no collection of other tests' garbage moves None's count
+    try:
+        before = counts()
+        for _ in range(2000):
+            C_DECODE(payload, 0, 0, 0, 0, 20)
+            try:
+                C_DECODE(bad, 0, 0, 0, 0, 20)
+            except ValueError:
+                pass
+        after = counts()
+    finally:
+        gc.enable()
+    assert after == before
+
+
+def test_no_memory_growth():
+    raw = _sample_batch()
+    payload = RecordBatch(raw).records_payload()
+    bad = payload[:-3]
+
+    def work(n):
+        for _ in range(n):
+            _crecords.encode_record(5, 1, b"k", b"v" * 100, [("trace", b"t"), ("ключ", None)])
+            try:
+                _crecords.encode_record(5, 1, b"k", b"v", [("trace", "not bytes")])
+            except TypeError:
+                pass
+            for rec in C_DECODE(payload, 0, 0, 0, 0, 20):
+                assert rec.headers is not None              # materialise the lazy lists too
+            try:
+                C_DECODE(bad, 0, 0, 0, 0, 20)
+            except ValueError:
+                pass
+
+    work(1000)                                              # warm caches and freelists
+    gc.collect()
+    tracemalloc.start()
+    try:
+        work(1000)
+        gc.collect()
+        start, _ = tracemalloc.get_traced_memory()
+        work(100_000 // 20)                                 # 1e5 records each way
+        gc.collect()
+        end, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert end - start < 64 * 1024, end - start
+
+
+def test_crc_is_not_part_of_decoding():
+    """records() never checks the CRC (validate() does): both paths agree on a bad one."""
+    raw = _sample_batch()
+    struct.pack_into(">I", raw, 17, crc32c(memoryview(raw)[21:]) ^ 1)
+    assert check_same(bytes(raw)) is not None
