@@ -383,10 +383,18 @@ class LogSegment:
             if valid != self.size:
                 problems.append(f"{self.log_path} at byte {valid}: torn batch, "
                                 f"{self.size - valid} bytes past the last whole batch")
-        for index, arg in ((self.offset_index, self.size), (self.time_index, None)):
+        for kind, arg in ((files.INDEX_SUFFIX, self.size), (files.TIMEINDEX_SUFFIX, None)):
+            if self.read_only and not self.index_file_exists(kind):
+                continue   # indexes are created lazily (a one-batch segment may have none)
+            index = self.offset_index if kind == files.INDEX_SUFFIX else self.time_index
             try:
                 if arg is None:
-                    index.validate_entries(self.next_offset)
+                    # From the batch headers, not self.next_offset: that reads the offset
+                    # index, which may be missing (read-only) or the very thing that is wrong.
+                    next_offset = self.base_offset
+                    for base, _, last_delta, _ in self._scan_headers(0):
+                        next_offset = base + last_delta + 1
+                    index.validate_entries(next_offset)
                 else:
                     index.validate_entries(arg)
             except CorruptIndexError as err:

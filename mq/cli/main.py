@@ -1,0 +1,127 @@
+"""Entry point of the ``mq`` command (``mq = "mq.cli.main:main"``; also ``python -m mq``).
+
+Subcommands are modules listed in ``COMMAND_MODULES``; each exposes ``add_parser(subparsers)``,
+which adds its parser with a ``run(args) -> int`` default. Adding ``broker``, ``topics``,
+``produce``, ``consume``, ``offsets`` or ``groups`` means writing ``mq/cli/<name>.py`` and
+listing it here.
+
+Exit status: what ``run`` returns; 2 for usage errors (bad flags, bad values: ``ValueError``);
+1 for expected errors (``MQError``, ``OSError``: missing file, permission denied, ...), each
+printed as one ``mq: error: ...`` line on stderr; 130 on Ctrl-C; 141 (128 + SIGPIPE), silently,
+when stdout is a pipe whose reader went away (``mq dump-log ... | head``). Anything else is a bug
+in mq and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from mq import __version__
+from mq.cli import PROG, print_error
+from mq.errors import MQError
+
+__all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
+
+# In the order ``mq --help`` lists them (the API's order: broker and demo, topics, produce,
+# consume, offsets, groups, then the offline storage tools).
+COMMAND_MODULES: tuple[str, ...] = (
+    "mq.cli.demo",
+    "mq.cli.dump_log",
+    "mq.cli.log_check",
+)
+
+DESCRIPTION = """\
+mq: a single-host persistent message queue with Apache Kafka's data model and on-disk log
+format. The storage tools below work on a data directory without a broker."""
+
+EPILOG = """\
+examples:
+  mq demo                                       write, dump and check a small demo log
+  mq dump-log --print-data DIR/orders-0/00000000000000000000.log
+  mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline
+
+Run 'mq COMMAND --help' for the options and output of each command."""
+
+
+class UsageError(Exception):
+    """Bad command-line usage; printed as one line, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``mq: error:`` line instead of usage + message."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
+    return parser
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so that the interpreter's final flush of the
+    buffered rest cannot raise again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``mq`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
+    # The storage layer logs what recovery does (warnings); the commands report it themselves,
+    # so keep Python's last-resort handler from adding stray stderr lines.
+    mq_logger = logging.getLogger("mq")
+    if not mq_logger.handlers:
+        mq_logger.addHandler(logging.NullHandler())
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:            # --help, --version
+            return exc.code if isinstance(exc.code, int) else 0
+        run = getattr(args, "run", None)
+        if run is None:
+            raise UsageError(f"no command given (see '{PROG} --help')")
+        code = run(args)
+        sys.stdout.flush()
+        return code
+    except UsageError as err:
+        print_error(str(err))
+        return 2
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        return 130
+    except MQError as err:
+        print_error(err)
+        return 1
+    except ValueError as err:
+        print_error(err)
+        return 2
+    except OSError as err:
+        print_error(err)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
