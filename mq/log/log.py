@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from mq.errors import ClosedError, CorruptIndexError, CorruptRecordError, OffsetOutOfRangeError
 from mq.log import files
@@ -44,8 +45,9 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class AppendInfo:
+class AppendInfo(NamedTuple):
+    """What an append did (a NamedTuple: built once per produce request, so kept cheap)."""
+
     first_offset: int
     last_offset: int
     max_timestamp: int
@@ -227,10 +229,10 @@ class PartitionLog:
                 raise ValueError(f"batch base offset {base_offset} is below the log end "
                                  f"offset {self.log_end_offset}")
         last_offset = base_offset + parsed.last_offset_delta
-        now_ms = _now_ms() if now_ms is None else now_ms
         max_ts = parsed.max_timestamp
         log_append_time = -1
         if self.config.message_timestamp_type == "LogAppendTime" and assign_offsets:
+            now_ms = _now_ms() if now_ms is None else now_ms
             set_log_append_time(buf, now_ms)
             max_ts = log_append_time = now_ms
         self._maybe_roll(len(buf), max_ts, base_offset, last_offset, now_ms)
@@ -246,10 +248,14 @@ class PartitionLog:
     high_watermark_follows_log_end = True
 
     def _maybe_roll(self, size: int, max_ts: int, first_offset: int, last_offset: int,
-                    now_ms: int) -> None:
+                    now_ms: int | None) -> None:
         seg = self.active_segment
-        reason = roll_reason(seg.meta(), batch_size=size, batch_max_timestamp=max_ts,
-                             batch_last_offset=last_offset, now_ms=now_ms, config=self.config)
+        if now_ms is None and seg.size and seg.first_batch_timestamp < 0:
+            now_ms = _now_ms()    # the wall clock matters only to a segment without timestamps
+        # The live segment satisfies SegmentMeta's fields, so the hot path builds no snapshot.
+        reason = roll_reason(seg, batch_size=size, batch_max_timestamp=max_ts,
+                             batch_last_offset=last_offset, now_ms=now_ms or 0,
+                             config=self.config)
         if reason is not None and (seg.size > 0 or reason == "offset overflow"):
             self.roll(max(first_offset, self.log_end_offset), reason=reason, now_ms=now_ms)
 

@@ -41,6 +41,8 @@ def roll_reason(seg: SegmentMeta, *, batch_size: int, batch_max_timestamp: int,
        first batch's timestamp (wall clock from creation if it had none);
     3. either index is full;
     4. the batch's last offset is not expressible relative to the base offset (int32).
+
+    ``seg`` is a ``SegmentMeta`` or anything with its fields (the live ``LogSegment``).
     """
     if seg.size_bytes > config.segment_bytes - batch_size:
         return "size"

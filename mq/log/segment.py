@@ -167,12 +167,25 @@ class LogSegment:
             return self.max_timestamp_so_far
         return int(os.fstat(self._fd).st_mtime * 1000)
 
+    # SegmentMeta's fields, read live by the roll rule on every append.
+    @property
+    def size_bytes(self) -> int:
+        return self.size
+
+    @property
+    def offset_index_full(self) -> bool:
+        return self.offset_index.is_full
+
+    @property
+    def time_index_full(self) -> bool:
+        return self.time_index.is_full
+
     def meta(self) -> SegmentMeta:
         return SegmentMeta(
             base_offset=self.base_offset, size_bytes=self.size, next_offset=self.next_offset,
             largest_timestamp=self.largest_timestamp,
             first_batch_timestamp=self.first_batch_timestamp, created_ms=self.created_ms,
-            offset_index_full=self.offset_index.is_full, time_index_full=self.time_index.is_full,
+            offset_index_full=self.offset_index_full, time_index_full=self.time_index_full,
             rolling_jitter_ms=self.rolling_jitter_ms)
 
     # --- append -------------------------------------------------------------------------------
