@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import socket
 import threading
 import time
@@ -122,11 +123,16 @@ class Connection:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("no response from the broker in time")
-        sock.settimeout(remaining)
+        # Wait with select, not sock.settimeout: a socket timeout would also govern a
+        # concurrent sendall() from another thread and could cut a frame in half.
+        try:
+            readable, _, _ = select.select([sock], [], [], remaining)
+        except (OSError, ValueError) as err:
+            raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+        if not readable:
+            raise TimeoutError("no response from the broker in time")
         try:
             data = sock.recv(1 << 20)
-        except socket.timeout:
-            raise TimeoutError("no response from the broker in time") from None
         except OSError as err:
             raise BrokerUnavailableError(f"broker connection lost: {err}") from None
         if not data:

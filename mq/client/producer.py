@@ -1,0 +1,1069 @@
+"""``mq.Producer``: records in, RecordBatch v2 requests out, futures back.
+
+Where the work happens
+----------------------
+Encoding runs in the thread that calls ``send()``: the record is appended to its partition's
+open ``BatchBuilder`` (varints and all). A batch is ready when it holds ``batch_size`` bytes
+(uncompressed) or ``linger_ms`` after its first record; closing builds it (compression,
+CRC-32C) and queues it, and the thread that closed it sends it at once if fewer than
+``max_in_flight`` requests are outstanding. Nothing per record crosses threads. While
+``max_in_flight`` requests are outstanding a full batch is not closed but keeps filling, up to
+``min(max_request_size, the topic's max.message.bytes)``: a busy pipeline (``acks="all"``
+waiting for an fsync) then carries fewer, larger requests — Kafka gets the same effect by
+packing every ready batch of a broker into one request, which mq's one-batch Produce cannot.
+
+One daemon I/O thread per producer (Kafka's "sender", much reduced) blocks in ``poll`` on the
+socket and a wake-up pipe, with the GIL released; it never busy-polls. It reads responses and
+completes futures (so callbacks run on it), closes batches whose ``linger_ms`` ran out — records
+must leave within about ``linger_ms`` even if ``send()`` is never called again, which no
+thread-free design can promise — and it retries, reconnects and enforces timeouts. On 2 vCPUs a
+helper thread that needs the GIL while the caller is busy waits up to the 5 ms switch interval
+(see perf-anchors §5), so the design keeps the thread off the hot path: the caller sends its own
+batches, and when ``max_in_flight`` requests are outstanding and ``max_in_flight`` more batches
+are queued, ``send()`` waits on a condition — which hands the GIL to the I/O thread at once.
+
+Ordering, retries and reconnects
+--------------------------------
+Batches of one partition are sent in the order they were closed, on one connection, and the
+broker appends a connection's requests in order. A retriable error (``BrokerError.retriable``)
+re-queues the batch ahead of every later batch of its partition and mutes the partition: only
+the retry goes out (after ``retry_backoff_ms``, doubling up to 1 s), and nothing after it until
+it is acknowledged. Batches that were already in flight behind the failed one keep their
+outcome; a broker that cannot take one request (shutting down, storage error) fails the later
+ones too, so that does not reorder in practice, and ``max_in_flight=1`` rules it out (Kafka's
+advice for producers without idempotence). Non-retriable errors (unknown topic or partition,
+message too large, invalid request) fail the batch's futures with the broker's exception.
+
+If the connection is lost (broker killed or restarted, e.g. by systemd), the I/O thread
+reconnects with backoff and re-sends every batch that was in flight, in order (one at a time
+per partition until the first is acknowledged), counting one attempt each; a batch that
+exhausts ``retries`` fails with ``BrokerUnavailableError``, and any batch still undelivered
+``delivery_timeout_ms`` after it was created fails with the last error. The broker may have
+appended an in-flight batch whose reply was lost, so delivery is **at least once**: a re-sent
+batch can appear twice in the log (``future.attempts > 1`` tells which records were re-sent).
+A batch acknowledged with ``acks="all"`` was fsync'd before the reply and is never lost; with
+``acks=1`` it was in the page cache (survives a broker crash, not a power loss); with
+``acks=0`` nothing is acknowledged and futures resolve, with offset -1, as soon as the request
+is written to the socket.
+
+Fork safety: a producer used in a forked child gets a fresh lock, connection and I/O thread on
+first use there. Records the parent had buffered are not inherited — the child never sends them
+and their futures never complete in the child; ``flush()`` before forking.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mq.broker.state import StateReader
+from mq.client.connection import Connection, resolve_socket
+from mq.client.partitioner import DefaultPartitioner, murmur2
+from mq.client.types import RecordMetadata, TopicPartition
+from mq.errors import (BrokerUnavailableError, ClosedError, MessageTooLargeError, MQError,
+                       RequestTimedOutError, UnknownTopicOrPartitionError, error_for_code)
+from mq.log.records import RECORD_BATCH_OVERHEAD, BatchBuilder, available_codecs, codec_from_name
+from mq.protocol.messages import ACKS_ALL, Api
+
+__all__ = ["Producer", "FutureRecordMetadata", "RecordMetadata", "TopicPartition"]
+
+log = logging.getLogger("mq.producer")
+
+_INF = float("inf")
+_time = time.time
+_MAX_BACKOFF_S = 1.0                       # Kafka's retry.backoff.max.ms
+# A record's encoding adds at most 18 bytes to its key, value and headers (five varints and
+# the attributes byte); below this margin the exact single-record size check is skipped.
+_RECORD_OVERHEAD_BOUND = 32
+# Keys repeat (user ids, order ids): remembering recent hashes saves murmur2's Python loop.
+_KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
+
+
+class _Topic:
+    """Cached metadata of one topic plus the open batch of each partition."""
+
+    __slots__ = ("name", "num_partitions", "partitions", "open", "fetched", "batch_limit",
+                 "grow_limit")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.num_partitions = 0
+        self.partitions: list[int] = []
+        self.open: list[_Batch | None] = []
+        self.fetched = 0.0
+        self.batch_limit = 0         # min(batch_size, the topic's max.message.bytes)
+        self.grow_limit = 0          # min(max_request_size, max.message.bytes)
+
+    def update(self, num_partitions: int, batch_limit: int, grow_limit: int,
+               now: float) -> None:
+        self.batch_limit = batch_limit
+        self.grow_limit = max(grow_limit, batch_limit)
+        self.num_partitions = num_partitions
+        self.partitions = list(range(num_partitions))
+        if len(self.open) < num_partitions:
+            self.open.extend([None] * (num_partitions - len(self.open)))
+        self.fetched = now
+
+
+class _Batch:
+    """One batch of one partition, from its first record to its reply."""
+
+    __slots__ = ("topic", "partition", "info", "builder", "size", "created", "deadline", "data",
+                 "seq", "attempts", "not_before", "sent_at", "base_offset", "log_append_time",
+                 "error", "last_error", "done", "event", "callbacks", "lock")
+
+    def __init__(self, info: _Topic, partition: int, builder: BatchBuilder, now: float,
+                 linger_s: float, lock: threading.Lock) -> None:
+        self.topic = info.name
+        self.partition = partition
+        self.info = info
+        self.builder = builder
+        self.size = builder.size_in_bytes         # cached: read for every record
+        self.created = now
+        self.deadline = now + linger_s
+        self.data: bytearray | None = None
+        self.seq = 0
+        self.attempts = 0
+        self.not_before = 0.0
+        self.sent_at = 0.0
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.error: BaseException | None = None
+        self.last_error: BaseException | None = None
+        self.done = False
+        self.event = threading.Event()
+        self.callbacks: list | None = None
+        self.lock = lock
+
+
+class FutureRecordMetadata:
+    """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it."""
+
+    __slots__ = ("_batch", "_delta", "_ts")
+
+    def __init__(self, batch: _Batch, delta: int, timestamp_ms: int) -> None:
+        self._batch = batch
+        self._delta = delta
+        self._ts = timestamp_ms
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait for the outcome. Raises the failure (a ``BrokerError`` subclass,
+        ``BrokerUnavailableError``, ``ClosedError``...) or ``TimeoutError`` after ``timeout``
+        seconds."""
+        batch = self._batch
+        if not batch.done and not batch.event.wait(timeout):
+            raise TimeoutError(f"record for {batch.topic}-{batch.partition} not acknowledged "
+                               f"within {timeout} s")
+        if batch.error is not None:
+            raise batch.error
+        return self._metadata()
+
+    def _metadata(self) -> RecordMetadata:
+        b = self._batch
+        offset = b.base_offset + self._delta if b.base_offset >= 0 else -1
+        ts = b.log_append_time if b.log_append_time >= 0 else self._ts
+        return RecordMetadata(b.topic, b.partition, offset, ts)
+
+    @property
+    def is_done(self) -> bool:
+        return self._batch.done
+
+    def succeeded(self) -> bool:
+        return self._batch.done and self._batch.error is None
+
+    def failed(self) -> bool:
+        return self._batch.done and self._batch.error is not None
+
+    def exception(self) -> BaseException | None:
+        """The failure, or ``None`` (not done yet, or succeeded)."""
+        return self._batch.error if self._batch.done else None
+
+    @property
+    def attempts(self) -> int:
+        """How many times this record's batch was sent (more than 1: it was re-sent after an
+        error or a lost connection, so it may be in the log twice)."""
+        return self._batch.attempts
+
+    def add_callback(self, fn: Callable, *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, metadata, **kwargs)`` on success (at once if already done)."""
+        self._add(fn, args, kwargs, False)
+        return self
+
+    def add_errback(self, fn: Callable, *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, exception, **kwargs)`` on failure (at once if already failed)."""
+        self._add(fn, args, kwargs, True)
+        return self
+
+    def _add(self, fn: Callable, args: tuple, kwargs: dict, errback: bool) -> None:
+        batch = self._batch
+        with batch.lock:
+            if not batch.done:
+                if batch.callbacks is None:
+                    batch.callbacks = []
+                batch.callbacks.append((self, fn, args, kwargs, errback))
+                return
+        _run_callback(self, fn, args, kwargs, errback)
+
+    def __repr__(self) -> str:
+        b = self._batch
+        state = ("pending" if not b.done else f"failed: {b.error!r}" if b.error is not None
+                 else f"offset {self._metadata().offset}")
+        return f"<FutureRecordMetadata {b.topic}-{b.partition} {state}>"
+
+
+def _run_callback(fut: FutureRecordMetadata, fn: Callable, args: tuple, kwargs: dict,
+                  errback: bool) -> None:
+    batch = fut._batch
+    try:
+        if batch.error is None:
+            if not errback:
+                fn(*args, fut._metadata(), **kwargs)
+        elif errback:
+            fn(*args, batch.error, **kwargs)
+    except Exception:
+        log.exception("producer callback %r raised", fn)
+
+
+def _finish(batch: _Batch, base_offset: int, log_append_time: int,
+            error: BaseException | None) -> None:
+    """Resolve a batch's futures and run their callbacks (never under the producer lock)."""
+    with batch.lock:
+        if batch.done:
+            return
+        batch.base_offset = base_offset
+        batch.log_append_time = log_append_time
+        batch.error = error
+        batch.done = True
+        callbacks, batch.callbacks = batch.callbacks, None
+    batch.event.set()
+    batch.builder = None           # the records are sent; let their bytes go
+    batch.data = None
+    if callbacks:
+        for fut, fn, args, kwargs, errback in callbacks:
+            _run_callback(fut, fn, args, kwargs, errback)
+
+
+def _as_bytes(data: Any, what: str) -> bytes:
+    if isinstance(data, str):
+        raise TypeError(f"{what} must be bytes-like or None, got str; encode it "
+                        f"({what}.encode()) or pass {what}_serializer= to the Producer")
+    try:
+        return memoryview(data).tobytes()
+    except TypeError:
+        raise TypeError(f"{what} must be bytes-like or None, got "
+                        f"{type(data).__name__}") from None
+
+
+def _check_headers(headers: Iterable) -> tuple[list, int]:
+    out, size = [], 0
+    for item in headers:
+        try:
+            hkey, hval = item
+        except (TypeError, ValueError):
+            raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r:.60}") \
+                from None
+        if not isinstance(hkey, str):
+            raise TypeError(f"header key must be str, got {type(hkey).__name__}")
+        if hval is not None and type(hval) is not bytes:
+            hval = _as_bytes(hval, "header value")
+        size += len(hkey.encode("utf-8")) + (len(hval) if hval is not None else 0) + 10
+        out.append((hkey, hval))
+    return out, size
+
+
+_ACKS = {0: 0, 1: 1, -1: ACKS_ALL, "all": ACKS_ALL, "0": 0, "1": 1, "-1": ACKS_ALL}
+
+
+class Producer:
+    """Publishes records to the broker; see the module docstring for the design.
+
+    ``acks``: 0 (no reply), 1 (after the write) or ``"all"``/-1 (after an fsync covering it).
+    ``linger_ms``/``batch_size``: a batch goes out when it holds ``batch_size`` bytes or its
+    first record is ``linger_ms`` old. ``compression_type``: None, "gzip", "snappy", "lz4",
+    "zstd". ``partitioner``: ``callable(topic, key_bytes, all_partitions, available) -> int``
+    or an object with such a ``partition`` method. ``max_request_size``: the largest batch
+    (and so record) sent. ``max_in_flight``: unanswered requests at once. ``retries`` /
+    ``retry_backoff_ms`` / ``delivery_timeout_ms``: how long a batch is retried.
+    ``request_timeout_ms``: a request unanswered that long drops the connection (its batches
+    are re-sent). ``max_block_ms``: how long ``send()`` may wait for room or metadata.
+    ``key_serializer``/``value_serializer``: callables applied to non-None keys/values.
+
+    Raises ``BrokerUnavailableError`` if no broker answers on the socket.
+    """
+
+    def __init__(self, socket: str | None = None, acks: int | str = "all", linger_ms: float = 5,
+                 batch_size: int = 16384, compression_type: str | None = None,
+                 partitioner: Any = None, max_request_size: int = 1048576,
+                 retries: int = 5, retry_backoff_ms: float = 100,
+                 request_timeout_ms: float = 30000, delivery_timeout_ms: float = 120000,
+                 max_in_flight: int = 5, max_block_ms: float = 60000,
+                 metadata_max_age_ms: float = 300000, client_id: str = "mq-producer",
+                 key_serializer: Callable[[Any], bytes] | None = None,
+                 value_serializer: Callable[[Any], bytes] | None = None) -> None:
+        if acks not in _ACKS:
+            raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
+        codec = codec_from_name(compression_type)
+        if compression_type and not available_codecs().get(compression_type.lower()):
+            raise ValueError(f"{compression_type} compression is not available; install "
+                             "mq[codecs]")
+        if batch_size < 1 or max_request_size < RECORD_BATCH_OVERHEAD + 8:
+            raise ValueError("batch_size and max_request_size must be positive (and "
+                             "max_request_size hold at least one record)")
+        if max_in_flight < 1 or retries < 0 or linger_ms < 0:
+            raise ValueError("max_in_flight must be >= 1, retries and linger_ms >= 0")
+        self._socket = resolve_socket(socket)
+        self._acks = _ACKS[acks]
+        self._linger_s = linger_ms / 1000
+        self._batch_size = min(batch_size, max_request_size)
+        self._codec = codec
+        self._max_request_size = max_request_size
+        self._big_record = max_request_size - RECORD_BATCH_OVERHEAD - _RECORD_OVERHEAD_BOUND
+        self._retries = retries
+        self._backoff_s = retry_backoff_ms / 1000
+        self._request_timeout_s = request_timeout_ms / 1000
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
+        self._max_in_flight = max_in_flight
+        self._max_block_s = max_block_ms / 1000
+        self._metadata_max_age_s = metadata_max_age_ms / 1000
+        self._client_id = client_id
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
+        if partitioner is None:
+            partitioner = DefaultPartitioner()
+        self._partitioner = partitioner
+        self._keyed_default = type(partitioner) is DefaultPartitioner
+        self._sticky = partitioner.sticky if self._keyed_default else {}
+        self._key_hashes: dict[bytes, int] = {}     # key -> to_positive(murmur2(key))
+        self._partition_fn = getattr(self._partitioner, "partition", self._partitioner)
+        self._on_batch_closed = getattr(self._partitioner, "on_batch_closed", None)
+        self._topics: dict[str, _Topic] = {}        # fresh metadata, read without the lock
+        self._all_topics: dict[str, _Topic] = {}    # every topic seen, updated in place
+        self._closed = False
+        self._init_state()
+        self._start()
+        _LIVE.add(self)
+
+    # --- state, start, fork -------------------------------------------------------------------
+    def _init_state(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._cb_lock = threading.Lock()
+        self._open: dict[_Batch, None] = {}          # open batches, oldest first
+        self._full: dict[_Batch, None] = {}          # open, full, waiting for room
+        self._ready: collections.deque[_Batch] = collections.deque()   # closed, by seq
+        self._in_flight: dict[int, _Batch] = {}      # request id -> batch, oldest first
+        self._incomplete: set[_Batch] = set()
+        self._requests: dict[int, Any] = {}          # metadata request id -> reply
+        self._retrying = 0                           # queued batches with a backoff
+        self._muted: dict[tuple[str, int], _Batch] = {}   # partition -> its batch in retry
+        self._seq = 0
+        self._conn: Connection | None = None
+        self._fd = -1
+        self._state = None
+        self._meta_version = -1
+        self._reconnect_at = 0.0
+        self._reconnect_backoff = self._backoff_s
+        self._last_error: BaseException | None = None
+        self._stopping = False
+        self._helper: threading.Thread | None = None
+        self._helper_ident = -1
+        self._helper_wake_at = _INF
+        self._wake_r = self._wake_w = -1
+        self._check_stash = False
+
+    def _start(self) -> None:
+        """Connect and start the I/O thread (in ``__init__``, and in a forked child)."""
+        conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._attach(conn)
+        self._helper = threading.Thread(target=self._run, name=f"mq-producer-{self._client_id}",
+                                        daemon=True)
+        self._helper.start()
+        self._helper_ident = self._helper.ident
+
+    def _attach(self, conn: Connection) -> None:
+        self._conn = conn
+        self._fd = conn.fileno()
+        self._reconnect_backoff = self._backoff_s
+        try:
+            old, self._state = self._state, StateReader(conn.broker_info["data_dir"])
+            if old is not None:
+                old.close()
+        except (MQError, OSError, KeyError):
+            self._state = None                       # fall back to metadata_max_age_ms
+        self._stale_metadata()
+
+    def _stale_metadata(self) -> None:
+        version = self._state.metadata_version if self._state is not None else -1
+        if version != self._meta_version:
+            self._meta_version = version
+            self._topics.clear()
+
+    def _after_fork_in_child(self) -> None:
+        """Runs in a forked child: forget everything of the parent's except its config and
+        metadata; the parent's socket, pipe and thread are not ours (not closed: the objects
+        may be mid-use by a parent thread that was copied into a half-done state)."""
+        self._inherited = (self._conn, self._state)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for info in self._all_topics.values():
+            info.open = [None] * len(info.open)
+        state = self._state
+        self._init_state()
+        self._state = state
+        self._meta_version = state.metadata_version if state is not None else -1
+
+    def _ensure_started(self) -> None:
+        if self._helper is None:
+            if self._closed:
+                raise ClosedError("producer is closed")
+            with self._lock:
+                if self._helper is None:
+                    self._start()
+
+    # --- public API ---------------------------------------------------------------------------
+    def send(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
+             headers: Iterable | None = None, timestamp_ms: int | None = None,
+             ) -> FutureRecordMetadata:
+        """Queue one record; returns a future. Raises at once: ``TypeError`` for a value or key
+        that is not bytes-like, ``UnknownTopicOrPartitionError`` for an unknown topic or a
+        partition out of range, ``MessageTooLargeError`` for a record over
+        ``max_request_size``, ``ClosedError`` after ``close()``, ``BrokerUnavailableError``
+        when metadata is needed and no broker answers, ``TimeoutError`` after waiting
+        ``max_block_ms`` for room."""
+        if self._closed:
+            raise ClosedError("producer is closed")
+        if value is not None:
+            if self._value_serializer is not None:
+                value = self._value_serializer(value)
+            if type(value) is not bytes:
+                value = _as_bytes(value, "value")
+        if key is not None:
+            if self._key_serializer is not None:
+                key = self._key_serializer(key)
+            if type(key) is not bytes:
+                key = _as_bytes(key, "key")
+        info = self._topics.get(topic)
+        if info is None:
+            info = self._topic(topic)
+        sticky = False
+        if partition is None:
+            if self._keyed_default:               # Kafka's rules, inlined: the hot path
+                if key is not None:
+                    h = self._key_hashes.get(key)
+                    if h is None:                 # murmur2 in Python: ~2.5 us a key
+                        if len(self._key_hashes) >= _KEY_CACHE_SIZE:
+                            self._key_hashes.clear()
+                        h = self._key_hashes[key] = murmur2(key) & 0x7FFFFFFF
+                    partition = h % info.num_partitions
+                else:
+                    sticky = True
+                    partition = self._sticky.get(topic)
+                    if partition is None or partition >= info.num_partitions:
+                        partition = self._partitioner.sticky_partition(
+                            topic, info.partitions, info.partitions)
+            else:
+                partition = self._partition_fn(topic, key, info.partitions, info.partitions)
+                if not 0 <= partition < info.num_partitions:
+                    raise UnknownTopicOrPartitionError(
+                        f"partitioner chose partition {partition} of topic {topic!r}, which "
+                        f"has {info.num_partitions}")
+        elif type(partition) is not int or not 0 <= partition < info.num_partitions:
+            if type(partition) is not int:
+                raise TypeError(f"partition must be an int, got {type(partition).__name__}")
+            info = self._topic(topic)             # partitions may have been added since
+            if not 0 <= partition < info.num_partitions:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} (it has "
+                    f"{info.num_partitions})")
+        if timestamp_ms is None:
+            timestamp_ms = int(_time() * 1000)
+        elif type(timestamp_ms) is not int:
+            raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
+                            f"{type(timestamp_ms).__name__}")
+        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        if headers:
+            headers, hsize = _check_headers(headers)
+            size += hsize
+        else:
+            headers = ()
+        if size > self._big_record:
+            self._check_record_size(topic, partition, timestamp_ms, key, value, headers)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("producer is closed")
+            if len(self._ready) >= self._max_in_flight and \
+                    threading.get_ident() != self._helper_ident:
+                self._wait_for_room()
+            batch = info.open[partition]
+            closed = False
+            while batch is not None and batch.size + size + 21 > info.batch_limit and \
+                    batch.size > RECORD_BATCH_OVERHEAD:
+                if batch.size + size + 21 <= info.grow_limit and self._acks and \
+                        len(self._in_flight) + len(self._ready) >= self._max_in_flight:
+                    break                         # nowhere to send it yet: let it grow
+                self._close_batch(batch)          # the record does not fit: close, start anew
+                closed = True
+                if sticky:                        # KIP-480: a new batch, maybe a new partition
+                    sticky = False
+                    new = self._sticky.get(topic, partition)
+                    if new < info.num_partitions:
+                        partition = new
+                batch = info.open[partition]
+            if batch is None:
+                batch = self._new_batch(info, partition)
+            builder = batch.builder
+            fut = FutureRecordMetadata(batch, builder.append(timestamp_ms, key, value, headers),
+                                       timestamp_ms)
+            batch.size = filled = builder.size_in_bytes
+            # Full when the next record of this size would not fit. A full batch is sent at
+            # once if there is room in flight; otherwise it keeps filling up to grow_limit, so
+            # a busy pipeline carries fewer, larger requests instead of a queue of small ones.
+            # With linger_ms=0 a batch is sent as soon as there is room.
+            if filled + size + 21 > info.batch_limit:
+                if not self._acks or filled + size + 21 > info.grow_limit or \
+                        len(self._in_flight) + len(self._ready) < self._max_in_flight:
+                    self._close_batch(batch)
+                else:
+                    self._full[batch] = None
+                    if not closed:
+                        return fut
+            elif not self._linger_s and \
+                    len(self._in_flight) + len(self._ready) < self._max_in_flight:
+                self._close_batch(batch)
+            elif not closed:
+                return fut
+            finished: list = []
+            self._pump(finished)
+        for args in finished:
+            _finish(*args)
+        return fut
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send every buffered record now (ignoring ``linger_ms``) and wait until all of them
+        are acknowledged or failed. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        if threading.get_ident() == self._helper_ident:
+            raise RuntimeError("flush() from a producer callback would wait for itself")
+        if self._helper is None:
+            return                            # a forked child that never sent anything
+        finished: list = []
+        with self._lock:
+            for batch in list(self._open):
+                self._close_batch(batch)
+            self._pump(finished)
+            pending = list(self._incomplete)
+        for args in finished:
+            _finish(*args)
+        self._wake()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for batch in pending:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not batch.event.wait(remaining):
+                left = sum(1 for b in pending if not b.done)
+                raise TimeoutError(f"flush: {left} batch(es) still unacknowledged after "
+                                   f"{timeout} s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush (up to ``timeout`` seconds), then stop; records still undelivered fail with
+        ``ClosedError``. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._helper is not None and threading.get_ident() != self._helper_ident:
+                self.flush(timeout)
+        except TimeoutError:
+            log.warning("closing the producer with undelivered records (flush timed out)")
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        finished: list = []
+        with self._lock:
+            self._closed = True
+            self._stopping = True
+            err = ClosedError("the producer was closed before this record was delivered")
+            for batch in list(self._incomplete):
+                finished.append((batch, -1, -1, err))
+            self._open.clear()
+            self._full.clear()
+            for info in self._all_topics.values():
+                info.open = [None] * len(info.open)
+            self._ready.clear()
+            self._in_flight.clear()
+            self._incomplete.clear()
+            self._muted.clear()
+            self._cond.notify_all()
+        for args in finished:
+            _finish(*args)
+        self._wake()
+        helper = self._helper
+        if helper is not None and helper.ident != threading.get_ident():
+            helper.join(timeout=10)
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if self._state is not None:
+                self._state.close()
+                self._state = None
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+        _LIVE.discard(self)
+
+    def partitions_for(self, topic: str) -> set[int]:
+        """The partition ids of ``topic``. Raises ``UnknownTopicOrPartitionError``."""
+        info = self._topics.get(topic) or self._topic(topic)
+        return set(info.partitions)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> None:
+        raise TypeError("a Producer cannot be pickled; create one in each process")
+
+    # --- metadata -----------------------------------------------------------------------------
+    def _topic(self, topic: str) -> _Topic:
+        """Fetch ``topic``'s partition count and effective ``max.message.bytes`` (so that no
+        batch is built larger than the topic accepts). Raises
+        ``UnknownTopicOrPartitionError``, ``BrokerUnavailableError``, ``TimeoutError``."""
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be str, got {type(topic).__name__}")
+        self._ensure_started()
+        deadline = time.monotonic() + min(self._max_block_s, self._request_timeout_s)
+        with self._lock:
+            try:
+                meta = self._request(deadline, Api.METADATA, [topic]).fields[0][topic]
+                effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic).fields[0]
+            except UnknownTopicOrPartitionError:
+                raise UnknownTopicOrPartitionError(
+                    f"unknown topic {topic!r}; create it first (mq topics create)") from None
+            try:
+                max_message = int(effective["max.message.bytes"])
+            except (KeyError, TypeError, ValueError):
+                max_message = self._max_request_size
+            info = self._all_topics.get(topic)
+            if info is None:
+                info = self._all_topics[topic] = _Topic(topic)
+            info.update(meta["partitions"], min(self._batch_size, max_message),
+                        min(self._max_request_size, max_message), time.monotonic())
+            self._topics[topic] = info
+            return info
+
+    def _request(self, deadline: float, api: Api, *fields: Any):
+        """One request on the producer's connection, under the lock. The I/O thread reads
+        every reply, so other threads wait for it to hand theirs over; the I/O thread itself
+        (a callback calling send()) reads inline."""
+        while self._conn is None:
+            remaining = deadline - time.monotonic()
+            if self._closed:
+                raise ClosedError("producer is closed")
+            if remaining <= 0:
+                raise BrokerUnavailableError(f"no connection to the broker at {self._socket} "
+                                             f"({self._last_error})")
+            self._cond.wait(remaining)            # notified on reconnect and close
+        conn = self._conn
+        if threading.get_ident() == self._helper_ident:
+            try:
+                return conn.call(api, *fields, timeout=max(0.0, deadline - time.monotonic()))
+            finally:
+                self._check_stash = True          # it may have kept others' replies
+        try:
+            rid = conn.send(api, *fields)
+        except MQError as err:                    # the I/O thread sees the EOF and reconnects
+            raise BrokerUnavailableError(f"cannot send {api.name}: {err}") from err
+        self._requests[rid] = None
+        try:
+            while self._requests[rid] is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no reply to {api.name} within "
+                                       f"{self._request_timeout_s} s")
+                self._cond.wait(remaining)
+            reply = self._requests[rid]
+        finally:
+            self._requests.pop(rid, None)
+        if isinstance(reply, BaseException):
+            raise BrokerUnavailableError(f"{api.name} failed: {reply}") from reply
+        if reply.error_code:
+            raise error_for_code(reply.error_code, reply.error_message or "")
+        return reply
+
+    def _check_record_size(self, topic: str, partition: int, ts: int, key: bytes | None,
+                           value: bytes | None, headers) -> None:
+        probe = BatchBuilder()
+        probe.append(ts, key, value, headers)
+        if probe.size_in_bytes > self._max_request_size:
+            raise MessageTooLargeError(
+                f"record for {topic}-{partition} is {probe.size_in_bytes} bytes as a batch "
+                f"(key {len(key) if key is not None else 0} B, value "
+                f"{len(value) if value is not None else 0} B), over max_request_size "
+                f"{self._max_request_size} B")
+
+    # --- accumulator (all under self._lock) ---------------------------------------------------
+    def _new_batch(self, info: _Topic, partition: int) -> _Batch:
+        if self._closed:
+            raise ClosedError("producer is closed")
+        if self._helper is None:                  # first batch in a forked child
+            self._start()
+        now = time.monotonic()
+        if self._state is not None:
+            if self._state.metadata_version != self._meta_version:
+                self._stale_metadata()
+        elif now - info.fetched > self._metadata_max_age_s:
+            self._topics.pop(info.name, None)
+        batch = _Batch(info, partition, BatchBuilder(compression=self._codec), now,
+                       self._linger_s, self._cb_lock)
+        info.open[partition] = batch
+        self._open[batch] = None
+        self._incomplete.add(batch)
+        if batch.deadline < self._helper_wake_at and (
+                self._acks == 0
+                or len(self._in_flight) + len(self._ready) < self._max_in_flight):
+            self._helper_wake_at = batch.deadline     # the I/O thread must close it in time
+            self._wake()
+        return batch
+
+    def _close_batch(self, batch: _Batch) -> None:
+        """Build the batch and queue it; records can no longer join it."""
+        info = batch.info
+        if info.open[batch.partition] is batch:
+            info.open[batch.partition] = None
+        del self._open[batch]
+        self._full.pop(batch, None)
+        batch.data = batch.builder.build()
+        self._seq += 1
+        batch.seq = self._seq
+        self._ready.append(batch)
+        if self._on_batch_closed is not None:
+            try:
+                self._on_batch_closed(batch.topic, batch.partition, info.partitions,
+                                      info.partitions)
+            except Exception:
+                log.exception("partitioner's on_batch_closed raised")
+
+    def _wait_for_room(self) -> None:
+        deadline = time.monotonic() + self._max_block_s
+        while len(self._ready) >= self._max_in_flight and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"send() waited {self._max_block_s} s for room: "
+                                   f"{len(self._ready)} batches queued behind "
+                                   f"{len(self._in_flight)} in flight "
+                                   f"({'connected' if self._conn else self._last_error})")
+            self._cond.wait(remaining)
+
+    def _pump(self, finished: list) -> None:
+        """Send queued batches, in order, while there is room in flight."""
+        ready = self._ready
+        conn = self._conn
+        if not ready or conn is None:
+            return
+        acks, limit, in_flight = self._acks, self._max_in_flight, self._in_flight
+        now = time.monotonic()
+        blocked: set | None = None
+        i = 0
+        muted = self._muted
+        while i < len(ready) and (acks == 0 or len(in_flight) < limit):
+            batch = ready[i]
+            if muted or self._retrying:
+                # A partition in retry sends only its retried batch, and nothing after it
+                # until that one is acknowledged; so do batches still in backoff.
+                tp = (batch.topic, batch.partition)
+                if blocked is not None and tp in blocked:
+                    i += 1
+                    continue
+                holder = muted.get(tp)
+                if (holder is not None and holder is not batch) or batch.not_before > now:
+                    if blocked is None:
+                        blocked = set()
+                    blocked.add(tp)
+                    i += 1
+                    continue
+                if batch.not_before:
+                    batch.not_before = 0.0
+                    self._retrying -= 1
+            del ready[i]
+            try:
+                rid = conn.send(Api.PRODUCE, batch.topic, batch.partition, acks, batch.data)
+            except MQError as err:
+                ready.insert(i, batch)
+                self._disconnected(conn, err, finished)
+                return
+            batch.attempts += 1
+            if acks == 0:
+                self._done(batch, -1, -1, None, finished)
+            else:
+                batch.sent_at = now
+                in_flight[rid] = batch
+                if now + self._request_timeout_s < self._helper_wake_at:
+                    self._helper_wake_at = now + self._request_timeout_s
+                    self._wake()                  # so the I/O thread watches the timeout
+
+    def _requeue(self, batch: _Batch, err: BaseException, backoff: float,
+                 finished: list) -> None:
+        """Retry ``batch`` (ahead of its partition's later batches) or fail it."""
+        batch.last_error = err
+        now = time.monotonic()
+        if batch.attempts > self._retries or now - batch.created > self._delivery_timeout_s:
+            self._done(batch, -1, -1, err, finished)
+            return
+        tp = (batch.topic, batch.partition)
+        holder = self._muted.get(tp)
+        if holder is None or batch.seq < holder.seq:
+            self._muted[tp] = batch
+        if backoff:
+            batch.not_before = now + backoff
+            self._retrying += 1
+        ready = self._ready
+        i = len(ready)
+        while i > 0 and ready[i - 1].seq > batch.seq:
+            i -= 1
+        ready.insert(i, batch)
+
+    def _disconnected(self, conn: Connection, err: BaseException, finished: list) -> None:
+        """The connection broke: close it and re-queue what was in flight (in order)."""
+        if conn is not self._conn:
+            return
+        log.warning("producer lost the broker connection: %s", err)
+        if not isinstance(err, BrokerUnavailableError):
+            err = BrokerUnavailableError(f"broker connection lost: {err}")
+        self._last_error = err
+        self._conn = None
+        self._fd = -1
+        conn.close()
+        for batch in self._in_flight.values():
+            self._requeue(batch, err, 0.0, finished)
+        self._in_flight.clear()
+        for rid in self._requests:
+            self._requests[rid] = err
+        self._reconnect_at = time.monotonic() + self._reconnect_backoff
+        self._cond.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\x01")
+        except (BlockingIOError, OSError):
+            pass                                  # full (already awake) or closed
+
+    # --- the I/O thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:                         # a bug: fail loudly, never hang callers
+            log.exception("producer I/O thread crashed")
+            self._shutdown()
+
+    def _loop(self) -> None:
+        poller, polled_fd = None, -2
+        while True:
+            finished: list = []
+            with self._lock:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                conn = self._conn
+                if conn is None and now >= self._reconnect_at:
+                    self._lock.release()
+                    try:
+                        conn = self._reconnect()
+                    finally:
+                        self._lock.acquire()
+                    if self._stopping:
+                        if conn is not None:
+                            conn.close()
+                        return
+                    if conn is not None:
+                        self._attach(conn)
+                        self._cond.notify_all()
+                    now = time.monotonic()
+                self._service(now, finished)
+                wake_at = self._next_wake(now)
+                self._helper_wake_at = wake_at
+                fd, conn, wake_r = self._fd, self._conn, self._wake_r
+                stash, self._check_stash = self._check_stash, False
+            for args in finished:
+                _finish(*args)
+            if stash and conn is not None:
+                self._read(conn, 0.0)
+            if fd != polled_fd:
+                poller = select.poll()
+                poller.register(wake_r, select.POLLIN)
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
+                polled_fd = fd
+            timeout = -1 if wake_at == _INF else max(0, int((wake_at - time.monotonic()) * 1e3
+                                                           + 0.999))
+            try:
+                events = poller.poll(timeout)     # releases the GIL; no busy polling
+            except OSError:
+                continue
+            for ready_fd, _ in events:
+                if ready_fd == wake_r:
+                    try:
+                        os.read(wake_r, 4096)
+                    except (BlockingIOError, OSError):
+                        pass
+                elif ready_fd == fd and conn is not None:
+                    self._read(conn, self._request_timeout_s)
+
+    def _reconnect(self) -> Connection | None:
+        try:
+            conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+        except (MQError, OSError) as err:
+            with self._lock:
+                self._last_error = err if isinstance(err, BrokerUnavailableError) else \
+                    BrokerUnavailableError(f"cannot reconnect: {err}")
+                self._reconnect_at = time.monotonic() + self._reconnect_backoff
+                self._reconnect_backoff = min(self._reconnect_backoff * 2, _MAX_BACKOFF_S)
+            return None
+        log.info("producer reconnected to %s", self._socket)
+        return conn
+
+    def _read(self, conn: Connection, timeout: float) -> None:
+        finished: list = []
+        try:
+            replies = conn.poll_any(timeout)
+        except (MQError, OSError) as err:
+            with self._lock:
+                self._disconnected(conn, err, finished)
+        else:
+            with self._lock:
+                if conn is self._conn:
+                    self._dispatch(replies, finished)
+                    self._service(time.monotonic(), finished)
+                    self._cond.notify_all()
+        for args in finished:
+            _finish(*args)
+
+    def _dispatch(self, replies: list, finished: list) -> None:
+        in_flight = self._in_flight
+        for reply in replies:
+            batch = in_flight.pop(reply.request_id, None)
+            if batch is None:
+                if reply.request_id in self._requests:
+                    self._requests[reply.request_id] = reply
+                elif reply.error_code:            # acks=0 requests are answered on error only
+                    log.warning("produce request failed (acks=0): %s",
+                                error_for_code(reply.error_code, reply.error_message or ""))
+                continue
+            if not reply.error_code:
+                self._done(batch, reply.fields[0], reply.fields[1], None, finished)
+                continue
+            err = error_for_code(reply.error_code, reply.error_message or "")
+            if err.retriable:
+                backoff = min(self._backoff_s * 2 ** max(batch.attempts - 1, 0), _MAX_BACKOFF_S)
+                self._requeue(batch, err, backoff, finished)
+            else:
+                if isinstance(err, UnknownTopicOrPartitionError):
+                    self._topics.pop(batch.topic, None)
+                self._done(batch, -1, -1, err, finished)
+
+    def _done(self, batch: _Batch, base_offset: int, log_append_time: int,
+              error: BaseException | None, finished: list) -> None:
+        """The batch's outcome is final: unmute its partition; resolve after the lock."""
+        self._incomplete.discard(batch)
+        tp = (batch.topic, batch.partition)
+        if self._muted.get(tp) is batch:
+            del self._muted[tp]
+        finished.append((batch, base_offset, log_append_time, error))
+
+    def _service(self, now: float, finished: list) -> None:
+        """Timeouts, then send: queued batches first, then lingered ones while there is room."""
+        if self._in_flight:
+            oldest = next(iter(self._in_flight.values()))
+            if now - oldest.sent_at > self._request_timeout_s and self._conn is not None:
+                self._disconnected(self._conn, RequestTimedOutError(
+                    f"no reply to a produce request for {oldest.topic}-{oldest.partition} "
+                    f"within {self._request_timeout_s} s"), finished)
+        if self._ready and (self._conn is None or self._retrying or self._muted):
+            for batch in [b for b in self._ready if now - b.created > self._delivery_timeout_s]:
+                self._ready.remove(batch)
+                if batch.not_before:
+                    self._retrying -= 1
+                self._done(batch, -1, -1, batch.last_error or self._last_error or
+                           RequestTimedOutError(f"not delivered within "
+                                                f"{self._delivery_timeout_s} s"), finished)
+        self._pump(finished)
+        room = self._max_in_flight - len(self._in_flight) - len(self._ready)
+        if self._open and (room > 0 or self._acks == 0):
+            expired = list(self._full)[:max(room, 0)]   # full ones first, then lingered ones
+            for batch in self._open:
+                if batch.deadline > now or (len(expired) >= room and self._acks != 0):
+                    break
+                if batch not in self._full:
+                    expired.append(batch)
+            for batch in expired:
+                self._close_batch(batch)
+            self._pump(finished)
+        self._cond.notify_all()                   # room for senders blocked in send()
+
+    def _next_wake(self, now: float) -> float:
+        wake = _INF
+        if self._open:
+            room = self._max_in_flight - len(self._in_flight) - len(self._ready)
+            if room > 0 or self._acks == 0:
+                wake = now if self._full else next(iter(self._open)).deadline
+        if self._in_flight:
+            wake = min(wake, next(iter(self._in_flight.values())).sent_at
+                       + self._request_timeout_s)
+        if self._conn is None:
+            wake = min(wake, self._reconnect_at)
+        if self._retrying or (self._ready and self._conn is None):
+            for batch in self._ready:
+                if batch.not_before > now:        # a past one waits for room, not time
+                    wake = min(wake, batch.not_before)
+                wake = min(wake, batch.created + self._delivery_timeout_s)
+        return wake
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "connected" if self._conn else "disconnected"
+        return (f"<Producer {self._client_id} {self._socket} acks={self._acks} {state}, "
+                f"{len(self._incomplete)} batch(es) pending>")
+
+
+# --- process-wide hooks -----------------------------------------------------------------------
+_LIVE: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for producer in list(_LIVE):
+        if not producer._closed:
+            producer._after_fork_in_child()
+
+
+def _close_at_exit() -> None:
+    """Records buffered when the interpreter exits are sent, as kafka-python does."""
+    for producer in list(_LIVE):
+        if producer._pid == os.getpid() and not producer._closed:
+            try:
+                producer.close(timeout=producer._request_timeout_s)
+            except Exception:
+                log.exception("closing a producer at exit")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_at_exit)

@@ -1,0 +1,784 @@
+"""``mq.client.producer.Producer`` against a real broker subprocess.
+
+What landed is checked by reading the partition logs directly (``PartitionLog``) after the
+broker stopped, or with ListOffsets while it runs. Nothing sleeps to wait for a condition: the
+tests wait on futures, events and processes, each with a timeout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+import mq.testing
+from mq.client.admin import Admin
+from mq.client.partitioner import murmur2, to_positive
+from mq.client.producer import FutureRecordMetadata, Producer
+from mq.client.types import RecordMetadata, TopicPartition
+from mq.errors import (BrokerUnavailableError, ClosedError, MessageTooLargeError,
+                       UnknownTopicOrPartitionError)
+from mq.log.log import PartitionLog
+from mq.log.records import GZIP, LZ4, NONE, available_codecs
+
+WAIT = 30        # seconds: generous bound for any single wait on a loaded 2-core box
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def broker(tmp_path):
+    with mq.testing.broker(tmp_path / "data") as b:
+        yield b
+
+
+@pytest.fixture(autouse=True)
+def _close_leftover_producers():
+    """A failing test must not leave a producer whose exit-time flush waits for a dead
+    broker."""
+    yield
+    from mq.client import producer as producer_module
+    for producer in list(producer_module._LIVE):
+        producer.close(timeout=1)
+
+
+def create_topic(b, name: str, partitions: int = 1, config: dict | None = None) -> None:
+    with Admin(socket=b.socket) as admin:
+        admin.create_topic(name, partitions=partitions, config=config)
+
+
+def end_offsets(b, topic: str) -> list[int]:
+    with Admin(socket=b.socket) as admin:
+        return [end for _, end in admin.describe_topic(topic)["offsets"]]
+
+
+def read_batches(b, topic: str, partition: int) -> list:
+    """Every batch of a partition as ``(batch header fields, [records])``; stops the broker
+    first (a ``PartitionLog`` must not be opened under a running broker)."""
+    b.stop()
+    plog = PartitionLog.open(os.path.join(b.data_dir, f"{topic}-{partition}"))
+    try:
+        out = []
+        for batch in plog.batches():
+            batch.validate()
+            records = [(r.offset, r.timestamp, None if r.key is None else bytes(r.key),
+                        None if r.value is None else bytes(r.value),
+                        [(k, None if v is None else bytes(v)) for k, v in r.headers])
+                       for r in batch.records()]
+            out.append((batch, records))
+        return out
+    finally:
+        plog.close()
+
+
+def read_records(b, topic: str, partitions: int = 1) -> dict[int, list[tuple]]:
+    out = {}
+    for p in range(partitions):
+        out[p] = [rec for _, recs in read_batches(b, topic, p) for rec in recs]
+    return out
+
+
+# --- basics -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("acks", [1, "all", -1])
+def test_sync_send_returns_increasing_offsets(broker, acks):
+    create_topic(broker, "orders", 1)
+    with Producer(socket=broker.socket, acks=acks) as producer:
+        metas = [producer.send("orders", value=b"v%d" % i).get(timeout=WAIT) for i in range(5)]
+    assert [m.offset for m in metas] == [0, 1, 2, 3, 4]
+    assert all(isinstance(m, RecordMetadata) and m.topic == "orders" and m.partition == 0
+               for m in metas)
+    assert all(m.timestamp_ms > 0 for m in metas)
+    records = read_records(broker, "orders")[0]
+    assert [r[3] for r in records] == [b"v%d" % i for i in range(5)]
+
+
+def test_future_interface_and_callbacks(broker):
+    create_topic(broker, "t", 1)
+    got: list = []
+    done = threading.Event()
+    with Producer(socket=broker.socket, acks=1, linger_ms=10) as producer:
+        fut = producer.send("t", value=b"x")
+        assert isinstance(fut, FutureRecordMetadata)
+        fut.add_callback(lambda tag, meta: got.append((tag, meta)), "cb")
+        fut.add_errback(lambda exc: got.append(("eb", exc)))
+        fut.add_callback(lambda meta: done.set())
+        meta = fut.get(timeout=WAIT)
+        assert done.wait(WAIT)
+        assert fut.is_done and fut.succeeded() and not fut.failed()
+        assert fut.exception() is None and fut.attempts == 1
+        assert got == [("cb", meta)]
+        # A callback added after completion runs at once, in this thread.
+        late: list = []
+        fut.add_callback(late.append)
+        fut.add_errback(late.append)
+        assert late == [meta]
+
+
+def test_errback_gets_the_brokers_error(broker):
+    create_topic(broker, "small", 1, {"max.message.bytes": "2000"})
+    errors: list = []
+    called = threading.Event()
+    with Producer(socket=broker.socket, acks=1) as producer:
+        fut = producer.send("small", value=b"x" * 3000)
+        fut.add_callback(lambda meta: errors.append(("unexpected success", meta)))
+        fut.add_errback(lambda exc: (errors.append(exc), called.set()))
+        with pytest.raises(MessageTooLargeError, match="max.message.bytes"):
+            fut.get(timeout=WAIT)
+        assert called.wait(WAIT)
+        assert fut.failed() and isinstance(fut.exception(), MessageTooLargeError)
+        assert len(errors) == 1 and isinstance(errors[0], MessageTooLargeError)
+        # The producer carries on after a non-retriable failure.
+        assert producer.send("small", value=b"ok").get(timeout=WAIT).offset == 0
+
+
+def test_acks_0_fire_and_forget_then_flush(broker):
+    create_topic(broker, "fire", 2)
+    with Producer(socket=broker.socket, acks=0) as producer:
+        futures = [producer.send("fire", value=b"%d" % i, partition=i % 2) for i in range(1000)]
+        producer.flush(timeout=WAIT)
+        assert all(f.is_done for f in futures)
+        assert {f.get(timeout=0).offset for f in futures} == {-1}      # no reply, no offset
+    # acks=0 has no reply: wait until the broker has read everything off the socket.
+    mq.testing.wait_for(lambda: sum(end_offsets(broker, "fire")) == 1000, timeout=WAIT,
+                        message="1000 acks=0 records appended")
+    records = read_records(broker, "fire", 2)
+    assert sorted(int(r[3]) for p in records for r in records[p]) == list(range(1000))
+
+
+def test_linger_delivers_a_single_record_without_further_sends(broker):
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=1, linger_ms=50) as producer:
+        fut = producer.send("t", value=b"lonely")
+        meta = fut.get(timeout=WAIT)      # no flush(), no other send: the linger timer fires
+        assert meta.offset == 0
+        fut2 = producer.send("t", value=b"again")
+        assert fut2.get(timeout=WAIT).offset == 1
+
+
+def test_linger_zero_sends_at_once(broker):
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=1, linger_ms=0) as producer:
+        for i in range(20):
+            assert producer.send("t", value=b"%d" % i).get(timeout=WAIT).offset == i
+
+
+def test_many_small_sends_make_few_batches(broker):
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=16384) as p:
+        futures = [p.send("t", value=b"r%04d" % i + b"." * 95) for i in range(1000)]
+        p.flush(timeout=WAIT)
+        assert [f.get(timeout=0).offset for f in futures] == list(range(1000))
+    batches = read_batches(broker, "t", 0)
+    # 1000 records of ~110 bytes in batches of 16 KiB (7 full batches and a tail) or fewer,
+    # larger ones: a full batch keeps filling while max_in_flight requests are outstanding.
+    assert len(batches) <= 8
+    assert all(batch.size <= 1048576 for batch, _ in batches)
+    assert [r[3][:5] for _, recs in batches for r in recs] == [b"r%04d" % i for i in range(1000)]
+
+
+def test_batches_respect_the_topics_max_message_bytes(broker):
+    # batch_size above the topic's max.message.bytes, and a pipeline kept full (acks=all,
+    # one request in flight) so batches grow: none may exceed what the topic accepts.
+    create_topic(broker, "capped", 1, {"max.message.bytes": "4000"})
+    with Producer(socket=broker.socket, acks="all", batch_size=65536, max_in_flight=1,
+                  linger_ms=1) as producer:
+        futures = [producer.send("capped", value=b"%05d" % i + b"-" * 95) for i in range(2000)]
+        producer.flush(timeout=WAIT)
+        assert [f.get(timeout=0).offset for f in futures] == list(range(2000))
+    batches = read_batches(broker, "capped", 0)
+    assert all(batch.size <= 4000 for batch, _ in batches)
+    assert len(batches) < 200                  # still batched: ~35 records a batch
+
+
+@pytest.mark.parametrize("codec_name,codec", [(None, NONE), ("gzip", GZIP), ("lz4", LZ4)])
+def test_compression(broker, codec_name, codec):
+    if codec_name and not available_codecs()[codec_name]:
+        pytest.skip(f"{codec_name} is not installed")
+    create_topic(broker, "z", 1)
+    values = [b"value-%d " % i * 20 for i in range(300)]
+    with Producer(socket=broker.socket, acks="all", compression_type=codec_name,
+                  linger_ms=1000) as producer:
+        futures = [producer.send("z", value=v, key=b"k%d" % (i % 3), partition=0)
+                   for i, v in enumerate(values)]
+        producer.flush(timeout=WAIT)
+        assert [f.get(timeout=0).offset for f in futures] == list(range(300))
+    batches = read_batches(broker, "z", 0)
+    assert {batch.compression for batch, _ in batches} == {codec}
+    if codec != NONE:
+        assert sum(batch.size for batch, _ in batches) < sum(map(len, values)) / 3
+    assert [r[3] for _, recs in batches for r in recs] == values
+
+
+def test_keyed_records_land_on_murmur2_partition(broker):
+    create_topic(broker, "keyed", 5)
+    keys = [b"user-%d" % i for i in range(200)] + [b"", b"\x00 ", b"abc"]
+    with Producer(socket=broker.socket, acks=1) as producer:
+        futures = {key: producer.send("keyed", value=key, key=key) for key in keys}
+        producer.flush(timeout=WAIT)
+        for key, fut in futures.items():
+            assert fut.get(timeout=0).partition == to_positive(murmur2(key)) % 5
+    records = read_records(broker, "keyed", 5)
+    for p, recs in records.items():
+        for _, _, key, value, _ in recs:
+            assert key == value and to_positive(murmur2(key)) % 5 == p
+    assert sum(len(r) for r in records.values()) == len(keys)
+
+
+def test_null_keys_are_sticky(broker):
+    create_topic(broker, "sticky", 4)
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000) as producer:
+        first = [producer.send("sticky", value=b"a%d" % i) for i in range(50)]
+        producer.flush(timeout=WAIT)
+        # One open batch: all fifty records went to one partition, as one batch.
+        assert len({f.get(timeout=0).partition for f in first}) == 1
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=1000) as producer:
+        many = [producer.send("sticky", value=b"b" * 90) for _ in range(400)]
+        producer.flush(timeout=WAIT)
+        parts = [f.get(timeout=0).partition for f in many]
+    # Stickiness: records stay on a partition for a whole batch (~9 records of 100 B in 1000
+    # bytes), then move on; over 40-odd batches every partition gets some.
+    runs = sum(1 for a, b in zip(parts, parts[1:]) if a != b) + 1
+    assert runs <= len(parts) / 5
+    assert len(set(parts)) > 1
+
+
+def test_headers_and_timestamps_round_trip(broker):
+    create_topic(broker, "h", 1)
+    headers = [("source", b"web"), ("trace", None), ("ünïcode", b"\x00\xff")]
+    with Producer(socket=broker.socket, acks="all") as producer:
+        meta = producer.send("h", value=b"v", key=b"k", headers=headers,
+                             timestamp_ms=1_600_000_000_123).get(timeout=WAIT)
+        meta2 = producer.send("h", value=None, key=b"tombstone",
+                              headers=[("b", bytearray(b"ytes"))]).get(timeout=WAIT)
+    assert meta.timestamp_ms == 1_600_000_000_123
+    assert abs(meta2.timestamp_ms - time.time() * 1000) < 600_000
+    records = read_records(broker, "h")[0]
+    assert records[0] == (0, 1_600_000_000_123, b"k", b"v", headers)
+    assert records[1][2:] == (b"tombstone", None, [("b", b"ytes")])
+
+
+def test_log_append_time_topic_reports_broker_time(broker):
+    create_topic(broker, "lat", 1, {"message.timestamp.type": "LogAppendTime"})
+    with Producer(socket=broker.socket, acks=1) as producer:
+        meta = producer.send("lat", value=b"v", timestamp_ms=1000).get(timeout=WAIT)
+    assert meta.timestamp_ms != 1000 and abs(meta.timestamp_ms - time.time() * 1000) < 600_000
+
+
+def test_serializers_and_bytes_like_values(broker):
+    create_topic(broker, "s", 1)
+    with Producer(socket=broker.socket, acks=1, value_serializer=str.encode,
+                  key_serializer=lambda k: k.to_bytes(4, "big")) as producer:
+        producer.send("s", value="héllo", key=7).get(timeout=WAIT)
+        producer.send("s", value=None, key=8).get(timeout=WAIT)     # None is not serialized
+    with Producer(socket=broker.socket, acks=1) as producer:
+        producer.send("s", value=bytearray(b"ba"), key=memoryview(b"mv")).get(timeout=WAIT)
+        with pytest.raises(TypeError, match=r"value must be bytes-like.*str.*encode"):
+            producer.send("s", value="text")
+        with pytest.raises(TypeError, match="key must be bytes-like"):
+            producer.send("s", value=b"v", key=42)
+        with pytest.raises(TypeError, match="header"):
+            producer.send("s", value=b"v", headers=[(b"not-str", b"v")])
+    records = read_records(broker, "s")[0]
+    assert [(r[2], r[3]) for r in records] == [(b"\x00\x00\x00\x07", "héllo".encode()),
+                                               (b"\x00\x00\x00\x08", None), (b"mv", b"ba")]
+
+
+# --- synchronous errors -----------------------------------------------------------------------
+
+def test_record_over_max_request_size_raises_at_once(broker):
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=1, max_request_size=10_000) as producer:
+        with pytest.raises(MessageTooLargeError, match=r"max_request_size 10000") as info:
+            producer.send("t", value=b"x" * 10_000)
+        assert "value 10000 B" in str(info.value)
+        # Just under the limit is fine, and the oversized record was not queued.
+        assert producer.send("t", value=b"x" * 9_900).get(timeout=WAIT).offset == 0
+
+
+def test_unknown_topic_and_partition_raise_at_once(broker):
+    create_topic(broker, "two", 2)
+    with Producer(socket=broker.socket, acks=1) as producer:
+        with pytest.raises(UnknownTopicOrPartitionError, match="nope"):
+            producer.send("nope", value=b"v")
+        with pytest.raises(UnknownTopicOrPartitionError, match="partition 2"):
+            producer.send("two", value=b"v", partition=2)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.send("two", value=b"v", partition=-1)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            producer.partitions_for("nope")
+        assert producer.partitions_for("two") == {0, 1}
+        assert producer.send("two", value=b"v", partition=1).get(timeout=WAIT).partition == 1
+
+
+def test_partitions_added_later_are_seen(broker):
+    create_topic(broker, "grow", 2)
+    with Producer(socket=broker.socket, acks=1) as producer:
+        assert producer.partitions_for("grow") == {0, 1}
+        with Admin(socket=broker.socket) as admin:
+            admin.create_partitions("grow", total=4)
+        assert producer.send("grow", value=b"v", partition=3).get(timeout=WAIT).partition == 3
+        assert producer.partitions_for("grow") == {0, 1, 2, 3}
+
+
+def test_custom_partitioner_callable_and_object(broker):
+    create_topic(broker, "c", 3)
+    calls = []
+
+    def last(topic, key, all_partitions, available):
+        calls.append((topic, key, list(all_partitions), list(available)))
+        return all_partitions[-1]
+
+    with Producer(socket=broker.socket, acks=1, partitioner=last) as producer:
+        assert producer.send("c", value=b"v", key=b"k").get(timeout=WAIT).partition == 2
+    assert calls == [("c", b"k", [0, 1, 2], [0, 1, 2])]
+
+    class Bad:
+        def partition(self, topic, key, all_partitions, available):
+            return 7
+
+    with Producer(socket=broker.socket, acks=1, partitioner=Bad()) as producer:
+        with pytest.raises(UnknownTopicOrPartitionError, match="partitioner chose partition 7"):
+            producer.send("c", value=b"v")
+
+
+def test_bad_configuration_and_no_broker(tmp_path, broker):
+    with pytest.raises(ValueError, match="acks"):
+        Producer(socket=broker.socket, acks=2)
+    with pytest.raises(ValueError, match="compression"):
+        Producer(socket=broker.socket, compression_type="brotli")
+    with pytest.raises(BrokerUnavailableError, match="no broker"):
+        Producer(socket=str(tmp_path / "absent.sock"))
+
+
+def test_close_is_idempotent_and_final(broker):
+    create_topic(broker, "t", 1)
+    producer = Producer(socket=broker.socket, acks=1, linger_ms=60_000)
+    fut = producer.send("t", value=b"buffered")
+    producer.close()
+    assert fut.get(timeout=0).offset == 0             # close() flushed it
+    producer.close()
+    assert producer.closed
+    with pytest.raises(ClosedError):
+        producer.send("t", value=b"late")
+    assert producer._helper is not None and not producer._helper.is_alive()
+
+
+def test_flush_timeout_and_close_failing_undelivered(tmp_path):
+    with mq.testing.broker(tmp_path / "data") as b:
+        create_topic(b, "t", 1)
+        producer = Producer(socket=b.socket, acks=1, linger_ms=60_000)
+        first = producer.send("t", value=b"first")
+        producer.flush(timeout=WAIT)
+        assert first.get(timeout=0).offset == 0
+        b.stop()
+        fut = producer.send("t", value=b"stuck")
+        with pytest.raises(TimeoutError, match="flush"):
+            producer.flush(timeout=0.3)
+        producer.close(timeout=0.3)
+        with pytest.raises(ClosedError):
+            fut.get(timeout=WAIT)
+
+
+def test_concurrent_threads(broker):
+    create_topic(broker, "mt", 3)
+    per_thread = 2000
+    results: dict[int, list] = {}
+
+    def worker(n):
+        futures = [producer.send("mt", value=b"%d:%d" % (n, i), key=b"%d" % n)
+                   for i in range(per_thread)]
+        results[n] = [f.get(timeout=WAIT) for f in futures]
+
+    with Producer(socket=broker.socket, acks=1) as producer:
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT * 2)
+        assert not any(t.is_alive() for t in threads)
+    for n, metas in results.items():
+        offsets = [m.offset for m in metas]
+        assert offsets == sorted(offsets) and len(set(offsets)) == per_thread
+    records = read_records(broker, "mt", 3)
+    assert sum(len(r) for r in records.values()) == 4 * per_thread
+
+
+# --- several processes ------------------------------------------------------------------------
+
+def _produce_in_process(socket_path: str, topic: str, producer_id: int, count: int) -> None:
+    with Producer(socket=socket_path, acks="all", linger_ms=2) as producer:
+        futures = [producer.send(topic, value=b"%d:%d" % (producer_id, i),
+                                 key=b"%d-%d" % (producer_id, i % 5)) for i in range(count)]
+        producer.flush(timeout=WAIT)
+        for f in futures:
+            f.get(timeout=0)
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_several_producer_processes_acks_all(broker, start_method):
+    create_topic(broker, "multi", 3)
+    ctx = multiprocessing.get_context(start_method)
+    count, nprocs = 1500, 3
+    procs = [ctx.Process(target=_produce_in_process, args=(broker.socket, "multi", n, count))
+             for n in range(nprocs)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(WAIT * 4)
+    assert [p.exitcode for p in procs] == [0] * nprocs
+    records = read_records(broker, "multi", 3)
+    seen = Counter()
+    for p, recs in records.items():
+        last: dict[int, int] = {}
+        for _, _, key, value, _ in recs:
+            producer_id, seq = map(int, value.split(b":"))
+            assert to_positive(murmur2(key)) % 3 == p
+            assert seq > last.get(producer_id, -1), "out of order within a partition"
+            last[producer_id] = seq
+            seen[(producer_id, seq)] += 1
+    assert len(seen) == nprocs * count and set(seen.values()) == {1}
+
+
+# --- broker crash and restart -----------------------------------------------------------------
+
+def test_broker_killed_mid_stream_acks_all(tmp_path):
+    """kill -9 the broker while records flow: every acknowledged record is in the log after the
+    restart; a record appears twice only if its batch was re-sent (``attempts > 1``)."""
+    with mq.testing.broker(tmp_path / "data") as b:
+        create_topic(b, "crash", 2)
+        producer = Producer(socket=b.socket, acks="all", linger_ms=1, retries=10,
+                            delivery_timeout_ms=60_000)
+        futures: list = []
+        started, reached, stop = threading.Event(), threading.Event(), threading.Event()
+        target = [1500]
+
+        def sender():                                  # a steady stream until told to stop
+            i = 0
+            while not stop.is_set() and i < 200_000:
+                futures.append(producer.send("crash", value=b"%06d" % i, key=b"%d" % (i % 7)))
+                if i == 1500:
+                    started.set()
+                if i >= target[0]:
+                    reached.set()
+                i += 1
+
+        thread = threading.Thread(target=sender, daemon=True)
+        thread.start()
+        try:
+            assert started.wait(WAIT)
+            futures[1000].get(timeout=WAIT)           # traffic is flowing and acknowledged
+            b.kill()                                  # SIGKILL with requests in flight
+            b.start()
+            target[0] = len(futures) + 1000
+            reached.clear()
+            assert reached.wait(WAIT * 2)
+            futures[target[0]].get(timeout=WAIT)      # records sent after the restart land
+        finally:
+            stop.set()
+            thread.join(WAIT * 2)
+        assert not thread.is_alive()
+        producer.flush(timeout=WAIT * 2)
+        producer.close()
+        succeeded = [(i, f) for i, f in enumerate(futures) if f.succeeded()]
+        assert len(succeeded) == len(futures)          # the restart was within the retries
+        records = read_records(b, "crash", 2)
+    counts = Counter(int(r[3]) for recs in records.values() for r in recs)
+    for i, fut in succeeded:
+        assert counts[i] >= 1, f"acknowledged record {i} is missing"
+        if counts[i] > 1:
+            assert fut.attempts > 1, f"record {i} duplicated but never re-sent"
+    for p, recs in records.items():
+        first_seen: list[int] = []
+        seen = set()
+        for r in recs:
+            i = int(r[3])
+            if i not in seen:
+                seen.add(i)
+                first_seen.append(i)
+        assert first_seen == sorted(first_seen), f"partition {p} out of order"
+
+
+def test_broker_restart_reconnects(tmp_path):
+    with mq.testing.broker(tmp_path / "data") as b:
+        create_topic(b, "r", 1)
+        with Producer(socket=b.socket, acks="all") as producer:
+            assert producer.send("r", value=b"before").get(timeout=WAIT).offset == 0
+            b.restart()                              # clean stop (SIGTERM), then start
+            assert producer.send("r", value=b"after").get(timeout=WAIT).offset == 1
+
+
+def test_broker_gone_fails_futures_after_delivery_timeout(tmp_path):
+    with mq.testing.broker(tmp_path / "data") as b:
+        create_topic(b, "gone", 1)
+        producer = Producer(socket=b.socket, acks=1, delivery_timeout_ms=500,
+                            retry_backoff_ms=20)
+        assert producer.send("gone", value=b"a").get(timeout=WAIT).offset == 0
+        b.kill()
+        failed = threading.Event()
+        fut = producer.send("gone", value=b"b")
+        fut.add_errback(lambda exc: failed.set())
+        with pytest.raises(BrokerUnavailableError):
+            fut.get(timeout=WAIT)
+        assert failed.is_set()
+        producer.close(timeout=1)
+
+
+# --- fork safety ------------------------------------------------------------------------------
+
+def _use_inherited_producer(producer: Producer, conn) -> None:
+    try:
+        futures = [producer.send("forked", value=b"child-%d" % i) for i in range(100)]
+        producer.flush(timeout=WAIT)
+        offsets = [f.get(timeout=0).offset for f in futures]
+        producer.close()
+        conn.send(("ok", offsets))
+    except BaseException as err:                   # report, don't hang the parent
+        conn.send(("error", repr(err)))
+
+
+def test_producer_used_in_forked_child(broker):
+    create_topic(broker, "forked", 1)
+    ctx = multiprocessing.get_context("fork")
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000) as producer:
+        first = producer.send("forked", value=b"parent-0")
+        producer.flush(timeout=WAIT)
+        assert first.get(timeout=0).offset == 0
+        buffered = producer.send("forked", value=b"parent-buffered")   # lingering, unsent
+        parent_end, child_end = ctx.Pipe()
+        child = ctx.Process(target=_use_inherited_producer, args=(producer, child_end))
+        child.start()
+        assert parent_end.poll(WAIT * 2)
+        status, payload = parent_end.recv()
+        child.join(WAIT)
+        assert (status, child.exitcode) == ("ok", 0), payload
+        assert len(payload) == 100
+        # The parent's producer is untouched by the child: its connection, thread and buffer.
+        producer.flush(timeout=WAIT)
+        assert buffered.get(timeout=0).offset >= 1
+        after = producer.send("forked", value=b"parent-after")
+        producer.flush(timeout=WAIT)
+        assert after.get(timeout=0).offset == 102
+    values = [r[3] for r in read_records(broker, "forked")[0]]
+    assert values.count(b"parent-buffered") == 1     # the child did not send the parent's
+    assert sorted(v for v in values if v.startswith(b"child-")) == \
+        sorted(b"child-%d" % i for i in range(100))
+    assert len(values) == 103
+
+
+def test_topic_partition_and_record_metadata_types():
+    tp = TopicPartition("a", 1)
+    assert tp < TopicPartition("a", 2) < TopicPartition("b", 0)
+    assert {tp: 1}[TopicPartition("a", 1)] == 1
+    meta = RecordMetadata("a", 1, 5, 1000)
+    assert meta.topic_partition == tp and meta.offset == 5
+    assert defaultdict(int)[tp] == 0
+
+
+# --- retries, ordering and timeouts against a scripted broker ---------------------------------
+# The real broker never answers Produce with a retriable error, so these tests put a small fake
+# broker (same sans-I/O protocol module) on a Unix socket; its ``script`` decides each reply.
+
+class FakeBroker:
+    """Answers Handshake and Metadata; Produce replies come from ``script(partition, values,
+    attempt)`` returning an error code (0 appends), or ``None`` to never answer."""
+
+    def __init__(self, path: str, partitions: int, script) -> None:
+        import socket as _socket
+        self.path = path
+        self.partitions = partitions
+        self.script = script
+        self.log: dict[int, list[bytes]] = defaultdict(list)
+        self.requests: list[tuple[int, list[bytes]]] = []
+        self.attempts: Counter = Counter()          # first value of a batch -> times seen
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(8)
+        self._socks: list = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                self._socks.append(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock) -> None:
+        from mq.log.records import RecordBatch
+        from mq.protocol.frames import FrameReader, encode_frame
+        from mq.protocol.messages import PROTOCOL_VERSION, Api, response
+        reader = FrameReader()
+        while True:
+            try:
+                data = sock.recv(1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            reader.feed(data)
+            for msg in reader.messages():
+                api, rid, fields = msg[0], msg[1], msg[2:]
+                if api == Api.HANDSHAKE:
+                    reply = response(api, rid, 0, None, PROTOCOL_VERSION,
+                                     {"data_dir": os.path.dirname(self.path)})
+                elif api == Api.METADATA:
+                    reply = response(api, rid, 0, None,
+                                     {t: {"partitions": self.partitions} for t in fields[0]})
+                elif api == Api.DESCRIBE_CONFIGS:
+                    reply = response(api, rid, 0, None, {"max.message.bytes": "1048588"}, {})
+                else:
+                    _, partition, _, batch = fields
+                    values = [bytes(r.value) for r in RecordBatch(batch).records()]
+                    with self._lock:
+                        self.attempts[values[0]] += 1
+                        attempt = self.attempts[values[0]]
+                        self.requests.append((partition, values))
+                        code = self.script(partition, values, attempt)
+                        if code is None:
+                            continue
+                        base = len(self.log[partition])
+                        if code == 0:
+                            self.log[partition].extend(values)
+                    reply = response(api, rid, code, "scripted" if code else None, base, -1, 0)
+                try:
+                    sock.sendall(encode_frame(reply))
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            for sock in self._socks:
+                sock.close()
+
+
+@pytest.fixture
+def fake_broker(tmp_path):
+    brokers = []
+
+    def make(partitions: int, script) -> FakeBroker:
+        path = str(tmp_path / f"fake{len(brokers)}.sock")
+        if len(path) > 100:                            # sun_path holds 108 bytes
+            path = os.path.join(tempfile.mkdtemp(prefix="mq-fake-"), "fake.sock")
+        b = FakeBroker(path, partitions, script)
+        brokers.append(b)
+        return b
+
+    yield make
+    for b in brokers:
+        b.close()
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 5])
+def test_retriable_errors_are_retried_in_order(fake_broker, max_in_flight):
+    # KafkaStorageError (56, retriable) for a partition-0 batch's first attempt; later batches
+    # of partition 0 fail too while it is being retried (as a broker that cannot write would).
+    failing = {"first": None}
+
+    def script(partition, values, attempt):
+        if partition != 0:
+            return 0
+        if failing["first"] is None and int(values[0]) >= 100:
+            failing["first"] = values[0]
+        if failing["first"] is not None and attempt == 1 and int(values[0]) >= \
+                int(failing["first"]):
+            return 56
+        return 0
+
+    b = fake_broker(2, script)
+    with Producer(socket=b.path, acks=1, batch_size=200, max_request_size=300, linger_ms=0,
+                  max_in_flight=max_in_flight, retry_backoff_ms=5) as producer:
+        futures = [producer.send("t", value=b"%04d" % i, partition=i % 2) for i in range(400)]
+        producer.flush(timeout=WAIT)
+    assert all(f.succeeded() for f in futures)
+    assert any(f.attempts == 2 for f in futures[::2])
+    assert all(f.attempts == 1 for f in futures[1::2])
+    assert b.log[0] == [b"%04d" % i for i in range(0, 400, 2)]        # in order, once each
+    assert b.log[1] == [b"%04d" % i for i in range(1, 400, 2)]
+    offsets = [f.get(timeout=0).offset for f in futures[::2]]
+    assert offsets == list(range(200))
+
+
+def test_retries_exhausted_and_non_retriable_errors_fail_the_batch(fake_broker):
+    def script(partition, values, attempt):
+        if values[0] == b"retriable":
+            return 56                                  # KafkaStorageError, every time
+        if values[0] == b"invalid":
+            return 42                                  # InvalidRequest: not retriable
+        return 0
+
+    b = fake_broker(1, script)
+    from mq.errors import InvalidRequestError, KafkaStorageError
+    with Producer(socket=b.path, acks="all", linger_ms=0, retries=2,
+                  retry_backoff_ms=1) as producer:
+        bad = producer.send("t", value=b"retriable")
+        with pytest.raises(KafkaStorageError):
+            bad.get(timeout=WAIT)
+        assert bad.attempts == 3 and b.attempts[b"retriable"] == 3    # first try + 2 retries
+        invalid = producer.send("t", value=b"invalid")
+        with pytest.raises(InvalidRequestError):
+            invalid.get(timeout=WAIT)
+        assert invalid.attempts == 1
+        assert producer.send("t", value=b"fine").get(timeout=WAIT).offset == 0
+
+
+def test_request_timeout_reconnects_and_resends(fake_broker):
+    def script(partition, values, attempt):
+        return None if attempt == 1 else 0             # the first try is never answered
+
+    b = fake_broker(1, script)
+    with Producer(socket=b.path, acks=1, linger_ms=0, request_timeout_ms=300,
+                  retry_backoff_ms=5) as producer:
+        fut = producer.send("t", value=b"slow")
+        assert fut.get(timeout=WAIT).offset == 0
+        assert fut.attempts == 2
+    assert b.connections >= 2 and b.log[0] == [b"slow"]
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 5])
+def test_partition_waits_for_its_retry_to_be_acknowledged(fake_broker, max_in_flight):
+    # One batch fails twice (retriable). Partition 0 refuses everything between the victim's
+    # first and second attempt, and accepts everything after: a batch sent alongside the
+    # victim's retry would overtake it, so the partition must hold back until it is acked.
+    victim = {}
+
+    def script(partition, values, attempt):
+        if partition != 0:
+            return 0
+        if not victim and int(values[0]) >= 60:
+            victim["first"] = values[0]
+        if victim.get("first") == values[0]:
+            return 1001 if attempt <= 2 else 0         # BrokerShuttingDown: retriable
+        if victim and b.attempts[victim["first"]] == 1:
+            return 56                                  # KafkaStorageError: retriable
+        return 0
+
+    b = fake_broker(2, script)
+    with Producer(socket=b.path, acks=1, batch_size=150, max_request_size=250, linger_ms=0,
+                  max_in_flight=max_in_flight, retry_backoff_ms=20) as producer:
+        futures = [producer.send("t", value=b"%04d" % i, partition=i % 2) for i in range(300)]
+        producer.flush(timeout=WAIT)
+    assert all(f.succeeded() for f in futures)
+    assert max(f.attempts for f in futures) == 3
+    assert b.log[0] == [b"%04d" % i for i in range(0, 300, 2)], b.requests
+    assert b.log[1] == [b"%04d" % i for i in range(1, 300, 2)]
+    # Between the victim's retries partition 0 sent nothing else (before its first failure
+    # came back, batches behind it may have been in flight already: those failed too).
+    order = [(p, values[0]) for p, values in b.requests]
+    retry_at = [i for i, (p, v) in enumerate(order) if v == victim["first"]]
+    assert len(retry_at) == 3
+    between = order[retry_at[1]:retry_at[-1] + 1]
+    assert {v for p, v in between if p == 0} == {victim["first"]}, (victim, order)
