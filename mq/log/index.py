@@ -193,6 +193,14 @@ class _Index:
     def _truncate_to_entries(self, n: int) -> None:
         self.entries = n
 
+    def _relative(self, offset: int) -> int:
+        """``offset - base_offset``; raises ``InvalidOffsetError`` if it does not fit int32."""
+        rel = offset - self.base_offset
+        if not 0 <= rel <= _INT32_MAX:
+            raise InvalidOffsetError(f"{self.path}: offset {offset} does not fit relative to "
+                                     f"base {self.base_offset}")
+        return rel
+
     def _check_writable(self) -> None:
         if not self.writable:
             raise InvalidOffsetError(f"{self.path}: index is read-only")
@@ -253,10 +261,7 @@ class OffsetIndex(_Index):
         if self.entries and offset <= self.last_offset:
             raise InvalidOffsetError(f"{self.path}: offset {offset} is not larger than the "
                                      f"last indexed offset {self.last_offset}")
-        rel = offset - self.base_offset
-        if not 0 <= rel <= _INT32_MAX:
-            raise InvalidOffsetError(f"{self.path}: offset {offset} does not fit relative to "
-                                     f"base {self.base_offset}")
+        rel = self._relative(offset)
         _OFFSET_ENTRY.pack_into(self._mmap, self.entries * 8, rel, position)
         self.entries += 1
 
@@ -355,10 +360,7 @@ class TimeIndex(_Index):
             return
         if self.entries >= self.max_entries:
             raise IndexFullError(f"{self.path}: time index has no slot left")
-        rel = offset - self.base_offset
-        if not 0 <= rel <= _INT32_MAX:
-            raise InvalidOffsetError(f"{self.path}: offset {offset} does not fit relative to "
-                                     f"base {self.base_offset}")
+        rel = self._relative(offset)
         _TIME_ENTRY.pack_into(self._mmap, self.entries * 12, timestamp, rel)
         self.entries += 1
 

@@ -336,17 +336,11 @@ class LogSegment:
             os.ftruncate(self._fd, valid)
             self.size = valid
         self._next_offset = next_offset
-        if self.max_timestamp_so_far >= 0:
-            # As a clean close (and Kafka's recover) does: the final entry for the largest
-            # timestamp, so a recovered segment's time index equals the cleanly closed one.
-            self.time_index.maybe_append(self.max_timestamp_so_far,
-                                         self.offset_of_max_timestamp_so_far,
-                                         skip_full_check=True)
-        # Trim as Kafka's recover does (the log grows the active segment's back afterwards):
-        # an inactive segment left preallocated would, after another crash, open with a tail
-        # of all-zero "entries" and fail its sanity check.
-        self.offset_index.trim_to_valid_size()
-        self.time_index.trim_to_valid_size()
+        # As a roll (and Kafka's recover) does: the final entry for the largest timestamp, so a
+        # recovered segment's time index equals a cleanly closed one, and trimmed indexes (the
+        # log grows the active segment's back afterwards) — an inactive segment left
+        # preallocated would, after another crash, open with all-zero "entries".
+        self.on_become_inactive()
         return truncated
 
     def _rebuild(self) -> tuple[int, int]:
