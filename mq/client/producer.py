@@ -654,12 +654,22 @@ class Producer:
         self._ensure_started()
         deadline = time.monotonic() + min(self._max_block_s, self._request_timeout_s)
         with self._lock:
-            try:
-                meta = self._request(deadline, Api.METADATA, [topic]).fields[0][topic]
-                effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic).fields[0]
-            except UnknownTopicOrPartitionError:
-                raise UnknownTopicOrPartitionError(
-                    f"unknown topic {topic!r}; create it first (mq topics create)") from None
+            while True:
+                try:
+                    meta = self._request(deadline, Api.METADATA, [topic]).fields[0][topic]
+                    effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic).fields[0]
+                    break
+                except UnknownTopicOrPartitionError:
+                    raise UnknownTopicOrPartitionError(
+                        f"unknown topic {topic!r}; create it first (mq topics create)") from None
+                except BrokerUnavailableError:
+                    # The broker went away mid-request (a restart): metadata requests are
+                    # idempotent, so wait for the I/O thread to reconnect and ask again,
+                    # within max_block_ms like Kafka's send().
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    self._cond.wait(min(remaining, 0.05))
             try:
                 max_message = int(effective["max.message.bytes"])
             except (KeyError, TypeError, ValueError):
