@@ -1,125 +1,422 @@
-"""``mq demo``: the README's "run" command until the broker exists.
+"""``mq demo``: the README's "run" command — a real broker, producer and consumer processes.
 
-It writes a real topic through ``LogManager`` (a few partitions, a few thousand keyed records
-with headers, several codecs, small segments so that they roll), shuts it down cleanly, prints
-a summary, dumps the start of the first segment as ``mq dump-log --print-data`` would and runs
-``mq log check`` on every partition. It takes well under a few seconds.
+It uses the broker already listening on the default socket (API.md's resolution) or starts one
+(``mq.testing.BrokerProcess``) on the default data dir, (re)creates the topic ``demo``, then runs
+two producer processes (``acks="all"`` and ``acks=1``) and two consumer processes (each assigned
+half of the partitions) at the same time, and reports what moved and how fast. A broker it
+started is stopped cleanly (SIGTERM) and its partitions checked with ``mq log check``; a broker
+that was already running is left alone. Processes are forked (``multiprocessing``); the workers
+ignore SIGINT so that Ctrl-C reaches only this process, which stops them and the broker.
+
+Consumers learn when they are done from the parent: once both producers have flushed, the
+parent reads each partition's end offset and sends every consumer its targets.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import datetime
+import multiprocessing
 import os
+import queue
+import signal
 import sys
-import tempfile
 import time
 
-from mq.cli.dump_log import Dumper
-from mq.log import files
-from mq.log.check import check_partition
-from mq.log.config import LogConfig
-from mq.log.manager import LogManager
-from mq.log.records import BatchBuilder, available_codecs, codec_from_name
+from mq.cli.common import formatter
 
 __all__ = ["add_parser", "run"]
 
 TOPIC = "demo"
-RECORDS_PER_BATCH = 50
-SEGMENT_BYTES = 32 * 1024          # small, so that each partition rolls a few segments
-INDEX_INTERVAL_BYTES = 1024
-DUMP_LINES = 12
+VALUE_BYTES = 100
+KEYS = 1000                       # distinct keys ("customer-0" .. "customer-999")
+SEGMENT_BYTES = 4 << 20           # small, so that 200k records roll a few segments
+HEADERS = [("source", b"mq-demo")]
+STALL_S = 60.0                    # no progress this long: something is wrong, give up
 _ITEMS = ("keyboard", "monitor", "mouse", "laptop", "headset", "webcam", "dock")
 
 DESCRIPTION = """\
-Write a small real topic to a data directory (through the storage engine, no broker needed),
-then show it: a summary, the first records as 'mq dump-log --print-data' prints them, and
-'mq log check' on every partition. The data directory is kept so that you can explore it."""
+Show mq at work: start a broker (or use the one already running), create the topic 'demo',
+run 2 producer processes (one with acks=all, one with acks=1) and 2 consumer processes (each
+reading half of the partitions) at the same time, and print records/s and MB/s per process,
+end-to-end totals and latency, and a few records. A broker the demo started is then stopped
+cleanly and its partition logs checked; the data stays in the data directory.
+
+The topic 'demo' is deleted and created afresh on every run (so the counts are exact), with
+segment.bytes=4 MiB so that its logs roll segments. Progress goes to stderr, the report to
+stdout."""
 
 EPILOG = """\
+where: the broker at --socket, else $MQ_SOCKET, else <data dir>/mq.sock; when none answers
+there, a broker is started on the data dir (--data-dir, else $MQ_DATA_DIR, else
+$XDG_STATE_HOME/mq, else ~/.local/state/mq), logging to <data dir>/broker.stderr.log.
+
 examples:
   mq demo
-  mq demo --data-dir /tmp/mq-demo --partitions 4 --records 20000
-  mq dump-log --print-data /tmp/mq-demo/demo-0/00000000000000000000.log | head"""
+  mq demo --records 1000000 --partitions 8
+  mq demo --data-dir /tmp/mq-demo --records 2000
+afterwards (with a broker running, e.g. 'mq broker &'):
+  mq topics describe demo
+  mq consume demo --from-beginning --max-messages 5 --print-key
+  mq dump-log --print-data ~/.local/state/mq/demo-0/00000000000000000000.log | head"""
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "demo", help="write, dump and check a small demo topic (no broker needed)",
-        description=DESCRIPTION, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "demo", help="a broker, producers and consumers at work (the README's first command)",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=formatter)
     parser.add_argument("--data-dir", metavar="DIR",
-                        help="data directory to write to (default: a new temporary directory)")
-    parser.add_argument("--partitions", type=int, default=3, metavar="N",
-                        help="partitions of the demo topic (default 3)")
-    parser.add_argument("--records", type=int, default=6000, metavar="N",
-                        help="records to write (default 6000)")
+                        help="data directory of the broker to start (default: as 'mq broker')")
+    parser.add_argument("--socket", metavar="PATH",
+                        help="broker socket (default: $MQ_SOCKET, else <data dir>/mq.sock)")
+    parser.add_argument("--partitions", type=int, default=4, metavar="N",
+                        help="partitions of the topic 'demo' (default 4)")
+    parser.add_argument("--records", type=int, default=200_000, metavar="N",
+                        help=f"records to produce in all, split between the two producers "
+                             f"(default 200000, {VALUE_BYTES} B values)")
     parser.set_defaults(run=run)
 
 
-def _write(data_dir: str, partitions: int, records: int) -> tuple[int, int, list[str]]:
-    """Write ``records`` records round-robin in batches; returns (batches, bytes, codecs)."""
-    config = LogConfig(segment_bytes=SEGMENT_BYTES, index_interval_bytes=INDEX_INTERVAL_BYTES)
-    codecs = [c for c in ("none", "gzip", "lz4", "zstd") if available_codecs()[c]]
-    base_ts = int(time.time() * 1000) - records
-    batches = size = written = 0
-    with LogManager.open(data_dir, config_for=lambda topic: config) as manager:
-        logs = [manager.create(TOPIC, p) for p in range(partitions)]
-        while written < records:
-            codec = codecs[(batches // partitions) % len(codecs)]
-            builder = BatchBuilder(compression=codec_from_name(codec))
-            for _ in range(min(RECORDS_PER_BATCH, records - written)):
-                n = written
-                value = json.dumps({"order": n, "item": _ITEMS[n % len(_ITEMS)],
-                                    "quantity": 1 + n % 5, "priceCents": 499 + 37 * (n % 50)})
-                builder.append(base_ts + n, f"customer-{n % 97}".encode(), value.encode(),
-                               [("source", b"mq-demo"), ("trace-id", f"{n:08x}".encode())])
-                written += 1
-            size += logs[batches % partitions].append(builder.build()).size
-            batches += 1
-    return batches, size, codecs
+# --- worker processes -------------------------------------------------------------------------
+
+def _value(producer: int, seq: int) -> bytes:
+    text = (f'{{"producer": {producer}, "seq": {seq}, "item": "{_ITEMS[seq % len(_ITEMS)]}", '
+            f'"qty": {1 + seq % 5}}}')
+    return text.encode().ljust(VALUE_BYTES)
+
+
+def _produce(index: int, socket: str, acks, count: int, go, progress, results) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        from mq.client.producer import Producer
+        failed: list = []
+        payload = 0
+        with Producer(socket=socket, acks=acks) as producer:
+            results.put(("ready", "producer", index, None))
+            go.wait()
+            start = time.monotonic()
+            send = producer.send
+            for seq in range(count):
+                key = b"customer-%d" % (seq * 7919 % KEYS)
+                value = _value(index, seq)
+                payload += len(key) + len(value)
+                send(TOPIC, value, key=key, headers=HEADERS).add_errback(failed.append)
+                if not seq & 1023:
+                    progress.value = seq
+            producer.flush()
+            end = time.monotonic()
+            progress.value = count
+        if failed:
+            raise failed[0]
+        results.put(("done", "producer", index, {"records": count, "bytes": payload,
+                                                 "start": start, "end": end}))
+    except BaseException as err:  # noqa: BLE001 -- reported to the parent, which prints it
+        results.put(("error", "producer", index, f"{type(err).__name__}: {err}"))
+
+
+def _consume(index: int, socket: str, partitions: list[int], go, progress, targets_conn,
+             results) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        from mq.client.consumer import Consumer
+        from mq.client.types import TopicPartition
+        tps = [TopicPartition(TOPIC, p) for p in partitions]
+        count = payload = 0
+        latencies: list[int] = []
+        samples: list[tuple] = []
+        with Consumer(socket=socket, auto_offset_reset="earliest") as consumer:
+            consumer.assign(tps)
+            consumer.seek_to_beginning()
+            results.put(("ready", "consumer", index, None))
+            go.wait()
+            start = time.monotonic()
+            targets = None
+            while True:
+                batch = consumer.poll(timeout_ms=20, max_records=5000)
+                now_ms = int(time.time() * 1000)
+                for records in batch.values():
+                    for r in records:
+                        payload += len(r.key) + len(r.value)
+                        latencies.append(now_ms - r.timestamp_ms)
+                    count += len(records)
+                    if len(samples) < 2:
+                        r = records[0]
+                        samples.append((r.partition, r.offset, r.timestamp_ms, bytes(r.key),
+                                        bytes(r.value).rstrip(), [(k, bytes(v))
+                                                                  for k, v in r.headers]))
+                progress.value = count
+                if targets is None and targets_conn.poll():
+                    targets = targets_conn.recv()
+                if targets is not None and all(consumer.position(tp) >= targets[tp.partition]
+                                               for tp in tps):
+                    break
+            end = time.monotonic()
+        latencies.sort()
+        results.put(("done", "consumer", index, {
+            "records": count, "bytes": payload, "start": start, "end": end,
+            "latency": [latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.99, 1.0)]
+            if latencies else None, "samples": samples}))
+    except BaseException as err:  # noqa: BLE001 -- reported to the parent, which prints it
+        results.put(("error", "consumer", index, f"{type(err).__name__}: {err}"))
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+class _Progress:
+    """Progress on stderr: a line rewritten in place on a terminal, plain lines otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def step(self, text: str) -> None:
+        if self.tty:
+            sys.stderr.write("\r\x1b[K")
+        sys.stderr.write(f"mq demo: {text}\n")
+        sys.stderr.flush()
+
+    def counters(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self.last < (0.2 if self.tty else 2.0):
+            return
+        self.last = now
+        sys.stderr.write(f"\r\x1b[Kmq demo: {text}" if self.tty else f"mq demo: {text}\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _default_socket() -> str:
+    from mq.broker.config import default_socket_path
+    return default_socket_path()
+
+
+def _start_broker(args: argparse.Namespace, progress: _Progress):
+    """(socket, broker process or None, data dir). Uses a broker already listening."""
+    from mq.broker.config import default_data_dir
+    from mq.client.admin import Admin
+    from mq.errors import BrokerUnavailableError, MQError
+    from mq.testing import BrokerProcess
+
+    data_dir = os.path.abspath(os.path.expanduser(args.data_dir or default_data_dir()))
+    explicit = args.socket or (None if args.data_dir else os.environ.get("MQ_SOCKET") or None)
+    probe = explicit or os.path.join(data_dir, "mq.sock")
+    try:
+        with Admin(probe, timeout=10) as admin:
+            info = admin._conn.broker_info
+        progress.step(f"using the broker already running at {probe} (pid {info.get('pid')})")
+        return probe, None, info.get("data_dir", data_dir)
+    except BrokerUnavailableError:
+        pass
+    progress.step(f"starting a broker on {data_dir}")
+    broker = BrokerProcess(data_dir, socket_path=explicit, log_level="WARNING")
+    try:
+        broker.start(timeout=30)
+    except RuntimeError:
+        lines = [line for line in broker.stderr().splitlines() if line.strip()]
+        raise MQError(f"could not start a broker on {data_dir}: "
+                      f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
+                      ) from None
+    return broker.socket, broker, data_dir
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 1 <= args.partitions <= 64:
-        raise ValueError(f"--partitions must be between 1 and 64, got {args.partitions}")
-    if not 1 <= args.records <= 10_000_000:
-        raise ValueError(f"--records must be between 1 and 10000000, got {args.records}")
-    data_dir = os.path.abspath(args.data_dir or tempfile.mkdtemp(prefix="mq-demo-"))
+    if not 1 <= args.partitions <= 1000:
+        raise ValueError(f"--partitions must be between 1 and 1000, got {args.partitions}")
+    if not 2 <= args.records <= 100_000_000:
+        raise ValueError(f"--records must be between 2 and 100000000, got {args.records}")
+    progress = _Progress()
+    socket, broker, data_dir = _start_broker(args, progress)
+    procs: list = []
+    try:
+        report = _run_demo(args, socket, progress, procs)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(10)
+        if broker is not None:
+            progress.step("stopping the broker")
+            code = broker.stop()
+            broker.close()
     out = sys.stdout.write
+    out(report)
+    if broker is None:
+        out(f"\nThe broker at {socket} keeps running (the demo did not start it).\n")
+    else:
+        out(f"\nBroker stopped cleanly (exit {code}); data kept in {data_dir}.\n")
+        from mq.log.check import check_partition
+        results = [check_partition(os.path.join(data_dir, f"{TOPIC}-{p}"))
+                   for p in range(args.partitions)]
+        for p, result in enumerate(results):
+            verdict = "OK" if result.clean else "PROBLEMS: " + "; ".join(
+                problem.message for problem in result.problems[:3])
+            out(f"  mq log check {data_dir}/{TOPIC}-{p}: {verdict}: {result.summary()}\n")
+        if code != 0 or not all(r.clean for r in results):
+            return 1
+    out("\nTry next:\n")
+    if broker is not None:
+        out(f"  export MQ_DATA_DIR={data_dir}\n" if args.data_dir else "")
+        out("  mq broker &\n")
+    elif socket != _default_socket():
+        out(f"  export MQ_SOCKET={socket}\n")
+    out(f"  mq topics describe {TOPIC}\n"
+        f"  mq consume {TOPIC} --from-beginning --max-messages 5 --print-key --print-offset\n"
+        f"  mq offsets {TOPIC} --time earliest\n")
+    return 0
 
-    started = time.perf_counter()
-    batches, size, codecs = _write(data_dir, args.partitions, args.records)
-    elapsed = max(time.perf_counter() - started, 1e-6)
-    out(f"mq demo: wrote {args.records:,} records in {batches:,} batches "
-        f"({', '.join(codecs)}) to topic '{TOPIC}' with {args.partitions} partitions\n"
-        f"  {elapsed:.2f} s including a clean shutdown: {args.records / elapsed:,.0f} "
-        f"records/s, {size / elapsed / 1e6:.1f} MB/s of log\n"
-        f"  data dir: {data_dir}\n")
-    partition_dirs = [os.path.join(data_dir, files.partition_dir_name(TOPIC, p))
-                      for p in range(args.partitions)]
-    results = [check_partition(d) for d in partition_dirs]
-    for directory, result in zip(partition_dirs, results):
-        out(f"  {os.path.basename(directory)}: {result.summary()}\n")
 
-    first = os.path.join(partition_dirs[0], files.segment_name(
-        results[0].segments[0].base_offset if results[0].segments else 0, files.LOG_SUFFIX))
-    out(f"\n$ mq dump-log --print-data {first}\n")
-    lines: list[str] = []
-    Dumper(print_data=True, write=lines.append).dump(first, max_batches=1)
-    lines = "".join(lines).splitlines()
-    out("".join(line + "\n" for line in lines[:DUMP_LINES]))
-    if len(lines) > DUMP_LINES:
-        out(f"... ({len(lines) - DUMP_LINES} more lines of the first batch; run the command "
-            "above for the whole segment)\n")
+def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs: list) -> str:
+    from mq.client.admin import Admin
+    from mq.errors import MQError
 
-    out(f"\n$ mq log check {os.path.join(data_dir, TOPIC + '-*')}\n")
-    clean = True
-    for directory, result in zip(partition_dirs, results):
-        for problem in result.problems:
-            out(problem.message + "\n")
-        if result.clean:
-            out(f"{directory}: OK: {result.summary()}\n")
-        clean &= result.clean
-    out(f"\nExplore it: mq dump-log --print-data --json {first} | head -3\n")
-    return 0 if clean else 1
+    with Admin(socket) as admin:
+        if TOPIC in admin.list_topics():
+            admin.delete_topic(TOPIC)
+        admin.create_topic(TOPIC, args.partitions, {"segment.bytes": str(SEGMENT_BYTES)})
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    go = ctx.Event()
+    n_producers = 2
+    n_consumers = min(2, args.partitions)
+    counts = [args.records // n_producers + (i < args.records % n_producers)
+              for i in range(n_producers)]
+    acks = ["all", 1]
+    assigned = [[p for p in range(args.partitions) if p % n_consumers == c]
+                for c in range(n_consumers)]
+    produced = [ctx.RawValue("q", 0) for _ in range(n_producers)]
+    consumed = [ctx.RawValue("q", 0) for _ in range(n_consumers)]
+    pipes = [ctx.Pipe(duplex=False) for _ in range(n_consumers)]
+    for i in range(n_producers):
+        procs.append(ctx.Process(target=_produce, name=f"mq-demo-producer-{i}", daemon=True,
+                                 args=(i, socket, acks[i], counts[i], go, produced[i], results)))
+    for c in range(n_consumers):
+        procs.append(ctx.Process(target=_consume, name=f"mq-demo-consumer-{c}", daemon=True,
+                                 args=(c, socket, assigned[c], go, consumed[c], pipes[c][0],
+                                       results)))
+    progress.step(f"topic '{TOPIC}' with {args.partitions} partitions; starting "
+                  f"{n_producers} producers and {n_consumers} consumers")
+    for p in procs:
+        p.start()
+
+    done: dict[tuple[str, int], dict] = {}
+    ready = 0
+    last_total, last_change = -1, time.monotonic()
+    targets_sent = False
+
+    def collect(timeout: float) -> bool:
+        nonlocal ready
+        try:
+            kind, role, index, payload = results.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if kind == "error":
+            raise MQError(f"demo {role} {index} failed: {payload}")
+        if kind == "ready":
+            ready += 1
+        else:
+            done[(role, index)] = payload
+        return True
+
+    def check_alive() -> None:
+        if not _dead(procs, done):
+            return
+        while collect(1.0):                     # a worker's last report may be in the pipe
+            pass
+        for role, index, status in _dead(procs, done):
+            raise MQError(f"demo {role} {index} exited with status {status} before "
+                          "reporting")
+
+    while ready < len(procs):
+        collect(0.5)
+        check_alive()
+        if time.monotonic() - last_change > STALL_S:
+            raise MQError(f"demo workers did not start within {STALL_S:.0f} s")
+    go.set()
+    progress.step(f"producing {args.records:,} records of {VALUE_BYTES} B and consuming them")
+    while len(done) < len(procs):
+        collect(0.1)
+        check_alive()
+        if not targets_sent and all(("producer", i) in done for i in range(n_producers)):
+            with Admin(socket) as admin:
+                ends = [end for _, end in admin.describe_topic(TOPIC)["offsets"]]
+            for c in range(n_consumers):
+                pipes[c][1].send({p: ends[p] for p in assigned[c]})
+            targets_sent = True
+        p_total = sum(v.value for v in produced)
+        c_total = sum(v.value for v in consumed)
+        progress.counters(f"produced {p_total:,} / {args.records:,}, consumed {c_total:,}")
+        if p_total + c_total != last_total:
+            last_total, last_change = p_total + c_total, time.monotonic()
+        elif time.monotonic() - last_change > STALL_S:
+            raise MQError(f"no progress for {STALL_S:.0f} s (produced {p_total:,}, "
+                          f"consumed {c_total:,})")
+    progress.done()
+    return _report(args, done, acks, assigned)
+
+
+def _dead(procs: list, done: dict) -> list[tuple[str, int, int]]:
+    """Workers that exited without a "done" report: (role, index, exit status)."""
+    out = []
+    for p in procs:
+        role, _, index = p.name.rpartition("-")
+        key = (role.rsplit("-", 1)[-1], int(index))
+        if p.exitcode is not None and key not in done:
+            out.append((*key, p.exitcode))
+    return out
+
+
+def _rate(stats: dict) -> str:
+    seconds = max(stats["end"] - stats["start"], 1e-6)
+    return (f"{stats['records']:>11,} records {stats['bytes'] / 1e6:8.1f} MB "
+            f"{seconds:7.2f} s {stats['records'] / seconds:>11,.0f} records/s "
+            f"{stats['bytes'] / 1e6 / seconds:7.1f} MB/s")
+
+
+def _report(args, done: dict, acks: list, assigned: list) -> str:
+    producers = [done[k] for k in sorted(done) if k[0] == "producer"]
+    consumers = [done[k] for k in sorted(done) if k[0] == "consumer"]
+    lines = [(f"mq demo: {args.records:,} records ({VALUE_BYTES} B values, {KEYS} keys) "
+              f"through topic '{TOPIC}' ({args.partitions} partitions)"), ""]
+    for i, stats in enumerate(producers):
+        label = f"producer {i} (acks={acks[i]})"
+        lines.append(f"  {label:<30}{_rate(stats)}")
+    for c, stats in enumerate(consumers):
+        parts = ",".join(map(str, assigned[c]))
+        label = f"consumer {c} (partitions {parts})"
+        lines.append(f"  {label:<30}{_rate(stats)}")
+    start = min(s["start"] for s in producers + consumers)
+    end_p = max(s["end"] for s in producers)
+    end_c = max(s["end"] for s in consumers)
+    total_p = {"records": sum(s["records"] for s in producers),
+               "bytes": sum(s["bytes"] for s in producers), "start": start, "end": end_p}
+    total_c = {"records": sum(s["records"] for s in consumers),
+               "bytes": sum(s["bytes"] for s in consumers), "start": start, "end": end_c}
+    lines.append(f"  {'all producers':<30}{_rate(total_p)}")
+    lines.append(f"  {'end to end (all consumed)':<30}{_rate(total_c)}")
+    lat = [s["latency"] for s in consumers if s["latency"]]
+    if lat:
+        lines.append(f"  latency from send() to consumed: p50 {max(x[0] for x in lat)} ms, "
+                     f"p99 {max(x[1] for x in lat)} ms, max {max(x[2] for x in lat)} ms "
+                     "(worst consumer)")
+    ok = total_c["records"] == total_p["records"]
+    lines.append(f"  total: {total_p['records']:,} records produced, {total_c['records']:,} "
+                 f"consumed{' (all of them)' if ok else ' (MISMATCH)'}; MB are keys + values")
+    lines.append("")
+    lines.append("sample records:")
+    for s in consumers:
+        for partition, offset, ts, key, value, headers in s["samples"][:2]:
+            hdrs = ",".join(f"{k}={v.decode(errors='replace')}" for k, v in headers)
+            when = datetime.datetime.fromtimestamp(ts / 1000, datetime.UTC)
+            lines.append(f"  {TOPIC}-{partition} offset {offset} "
+                         f"{when.isoformat(timespec='milliseconds')} "
+                         f"key={key.decode(errors='replace')} headers=[{hdrs}] "
+                         f"value={value.decode(errors='replace')}")
+    if not ok:
+        from mq.errors import MQError
+        raise MQError(f"consumed {total_c['records']:,} records but produced "
+                      f"{total_p['records']:,}")
+    return "".join(line + "\n" for line in lines)

@@ -30,18 +30,28 @@ __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
 # In the order ``mq --help`` lists them (the API's order: broker and demo, topics, produce,
 # consume, offsets, groups, then the offline storage tools).
 COMMAND_MODULES: tuple[str, ...] = (
+    "mq.cli.broker",
     "mq.cli.demo",
+    "mq.cli.topics",
+    "mq.cli.produce",
+    "mq.cli.consume",
+    "mq.cli.offsets",
     "mq.cli.dump_log",
     "mq.cli.log_check",
 )
 
 DESCRIPTION = """\
 mq: a single-host persistent message queue with Apache Kafka's data model and on-disk log
-format. The storage tools below work on a data directory without a broker."""
+format. Client commands find the broker at --socket, else $MQ_SOCKET, else <data dir>/mq.sock
+(data dir: $MQ_DATA_DIR, else $XDG_STATE_HOME/mq, else ~/.local/state/mq). dump-log and
+log check work on a data directory without a broker."""
 
 EPILOG = """\
 examples:
-  mq demo                                       write, dump and check a small demo log
+  mq demo                                       broker, producers and consumers at work
+  mq broker &                                   run a broker on the default data dir
+  mq topics create orders --partitions 4
+  seq 10 | mq produce orders && mq consume orders --from-beginning --max-messages 10
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log
   mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline
 

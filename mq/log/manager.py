@@ -113,8 +113,11 @@ class LogManager:
                 log_start_offset=starts.get(parsed, 0), clean_shutdown=self.clean_shutdown,
                 now_ms=now_ms)
         self.checkpoint()
-        log.info("%s: opened %d partition log(s) after %s shutdown", self.data_dir,
-                 len(self.logs), "a clean" if self.clean_shutdown else "an unclean")
+        if not self.logs:
+            log.info("%s: new data directory", self.data_dir)
+        else:
+            log.info("%s: opened %d partition log(s) after %s shutdown", self.data_dir,
+                     len(self.logs), "a clean" if self.clean_shutdown else "an unclean")
 
     # --- partitions ---------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -635,20 +635,6 @@ def test_log_check_bad_directories(tmp_path, part):
 
 # --- demo -------------------------------------------------------------------------------------
 
-def test_demo(tmp_path):
-    data_dir = tmp_path / "data"
-    proc = mq("demo", "--data-dir", data_dir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stderr == ""
-    assert "records/s" in proc.stdout and "| offset: 0 " in proc.stdout
-    partitions = sorted(data_dir.glob("demo-*"))
-    assert len(partitions) == 3
-    assert proc.stdout.count(": OK: ") == 3
-    assert all(len(logs(p)) >= 2 for p in partitions), "the demo must roll segments"
-    check = mq("log", "check", *partitions)
-    assert check.returncode == 0 and check.stdout.count(": OK: ") == 3
-
-
 def test_read_only_segment_verify_without_offset_index(part):
     """Regression: a segment that rolled in with one batch has no .index after a clean close;
     ``LogSegment.verify()`` on it, read-only, used to raise FileNotFoundError."""

@@ -1,0 +1,264 @@
+"""``mq consume``: Kafka's console consumer over ``mq.Consumer`` (records to stdout).
+
+Text output writes each value's bytes as they are, one record per line (a value holding a
+newline spans lines: use ``--format json`` for exact round trips of arbitrary bytes). JSON output
+is one object per record per line; keys, values and header values are text when valid UTF-8,
+``null`` when absent, else ``{"base64": ...}`` (as ``mq dump-log --json``).
+
+Initial positions are set explicitly at start (end of each partition by default), so records
+produced after ``mq consume`` started are never skipped; partitions added while it runs, and a
+position that retention deleted, are read from their beginning. Nothing is committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import select
+import signal
+import sys
+
+from mq.cli import json_line
+from mq.cli.common import (
+    DATETIME_HELP,
+    add_socket_argument,
+    formatter,
+    non_negative_int,
+    parse_datetime,
+    positive_int,
+)
+from mq.cli.dump_log import json_bytes
+
+__all__ = ["add_parser", "record_json", "run"]
+
+DESCRIPTION = """\
+Print records of TOPIC to stdout (Kafka's kafka-console-consumer): by default the value of
+each new record, one per line, as it arrives. Reads every partition of the topic, or only
+--partition P."""
+
+EPILOG = f"""\
+where to start (default: the end of each partition, i.e. only new records):
+  --from-beginning        the first record still in the log
+  --offset O              offset O of --partition P (or 'earliest' / 'latest')
+  --from-datetime ISO     the first record with a timestamp at or after ISO in each partition
+                          (the end of a partition when it has none)
+{DATETIME_HELP}
+
+output:
+  text (default)  the value's bytes and a newline ('null' for a null value); --print-timestamp,
+                  --print-partition, --print-offset, --print-headers and --print-key prefix
+                  tab-separated fields, as Kafka does:
+                    CreateTime:1714564800000<TAB>Partition:0<TAB>Offset:42<TAB>h1:v1,h2:v2<TAB>key<TAB>value
+  json            one object per record per line: {{"topic", "partition", "offset", "timestamp",
+                  "timestampType", "key", "value", "headers": [{{"key", "value"}}, ...]}}; keys
+                  and values are strings when valid UTF-8, null when absent, otherwise
+                  {{"base64": "..."}}
+  At the end 'consumed N records from TOPIC' goes to stderr.
+
+when it stops: after --max-messages N records; when no record arrives for --timeout-ms T
+(exit status 0 even if fewer than N came); otherwise it runs until Ctrl-C or SIGTERM, which
+print the records already read and exit with status 0 (as Kafka's console consumer does).
+--group is reserved: consumer groups (committed offsets, shared partitions) arrive with
+issue 4; until then it is refused with exit status 2.
+
+exit status: 0 as above; 1 for an unknown topic or partition, an offset out of range, no broker,
+or a topic deleted while reading; 2 for bad flags or a bad datetime.
+
+examples:
+  mq consume orders --from-beginning --max-messages 10
+  mq consume orders --partition 2 --offset 1500 --print-offset --print-key
+  mq consume orders --from-datetime 2024-05-01T12:00:00Z --timeout-ms 1000 --format json
+  mq consume orders --from-beginning --timeout-ms 500 | wc -l"""
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("consume", help="print records of a topic to stdout",
+                                   description=DESCRIPTION, epilog=EPILOG,
+                                   formatter_class=formatter)
+    parser.add_argument("topic", metavar="TOPIC", help="topic to read")
+    parser.add_argument("--group", metavar="G",
+                        help="consumer group (not available yet: arrives with issue 4)")
+    parser.add_argument("--partition", type=non_negative_int, metavar="P",
+                        help="read only partition P (default: every partition)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--offset", type=_offset, metavar="O",
+                       help="start at offset O of --partition (or 'earliest' / 'latest')")
+    start.add_argument("--from-beginning", action="store_true",
+                       help="start at the first record still in the log")
+    start.add_argument("--from-datetime", metavar="ISO",
+                       help="start at the first record with a timestamp at or after ISO "
+                            "(ISO 8601; naive = local time)")
+    parser.add_argument("--max-messages", type=positive_int, metavar="N",
+                        help="exit after N records")
+    parser.add_argument("--timeout-ms", type=non_negative_int, metavar="T",
+                        help="exit when no record arrives for T milliseconds")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text: the value per line (default); json: one object per record")
+    for field in ("timestamp", "partition", "offset", "headers", "key"):
+        parser.add_argument(f"--print-{field}", action="store_true",
+                            help=f"text format: print the {field} before the value")
+    add_socket_argument(parser)
+    parser.set_defaults(run=run)
+
+
+def _offset(text: str) -> int | str:
+    if text in ("earliest", "latest"):
+        return text
+    return non_negative_int(text)
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+_NULL = b"null"
+
+
+def record_json(r) -> dict:
+    """The ``--format json`` object for one record."""
+    return {"topic": r.topic, "partition": r.partition, "offset": r.offset,
+            "timestamp": r.timestamp_ms,
+            "timestampType": "LogAppendTime" if r.timestamp_type == 1 else "CreateTime",
+            "key": json_bytes(r.key), "value": json_bytes(r.value),
+            "headers": [{"key": k, "value": json_bytes(v)} for k, v in r.headers]}
+
+
+def _renderer(args: argparse.Namespace):
+    """A function turning a list of records into the bytes to print for them."""
+    if args.format == "json":
+        def as_json(records) -> bytes:
+            return "".join(json_line(record_json(r)) for r in records).encode("ascii")
+        return as_json
+    if not (args.print_timestamp or args.print_partition or args.print_offset
+            or args.print_headers or args.print_key):
+        def values(records) -> bytes:
+            return b"\n".join([_NULL if r.value is None else r.value for r in records]) + b"\n"
+        return values
+
+    def line(r) -> bytes:
+        """Kafka's DefaultMessageFormatter: tab-separated fields, then the value."""
+        parts = []
+        if args.print_timestamp:
+            kind = "LogAppendTime" if r.timestamp_type == 1 else "CreateTime"
+            parts.append(f"{kind}:{r.timestamp_ms}".encode())
+        if args.print_partition:
+            parts.append(f"Partition:{r.partition}".encode())
+        if args.print_offset:
+            parts.append(f"Offset:{r.offset}".encode())
+        if args.print_headers:
+            parts.append(b",".join(k.encode() + b":" + (_NULL if v is None else bytes(v))
+                                   for k, v in r.headers) or b"NO_HEADERS")
+        if args.print_key:
+            parts.append(_NULL if r.key is None else bytes(r.key))
+        parts.append(_NULL if r.value is None else bytes(r.value))
+        return b"\t".join(parts) + b"\n"
+
+    def fields(records) -> bytes:
+        return b"".join([line(r) for r in records])
+    return fields
+
+
+# --- running ----------------------------------------------------------------------------------
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt            # SIGTERM stops like Ctrl-C: print what was read, exit 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from mq.client.consumer import Consumer
+    from mq.client.types import TopicPartition
+    from mq.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+
+    if args.group is not None:
+        raise ValueError(f"--group {args.group}: consumer groups arrive with issue 4; for now "
+                         "consume without --group (nothing is committed; choose the start "
+                         "with --from-beginning, --offset or --from-datetime)")
+    if args.offset is not None and args.partition is None:
+        raise ValueError("--offset needs --partition P (offsets belong to one partition)")
+    start_ms = None
+    if args.from_datetime is not None:
+        start_ms = max(0, parse_datetime(args.from_datetime))
+    render = _renderer(args)
+    topic = args.topic
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    count = 0
+    interrupted = False
+    try:
+        # Reset to the beginning (partitions added later, positions deleted by retention);
+        # the initial positions are set explicitly below.
+        with Consumer(topic, socket=args.socket, auto_offset_reset="earliest") as consumer:
+            if args.partition is not None:
+                partitions = consumer.partitions_for_topic(topic) or set()
+                if args.partition not in partitions:
+                    raise UnknownTopicOrPartitionError(
+                        f"topic {topic!r} has no partition {args.partition} (it has "
+                        f"{len(partitions)})")
+                consumer.assign([TopicPartition(topic, args.partition)])
+            tps = sorted(consumer.assignment())
+            if args.from_beginning or args.offset == "earliest":
+                consumer.seek_to_beginning()
+            elif args.offset is not None and args.offset != "latest":
+                tp = tps[0]
+                start = consumer.beginning_offsets([tp])[tp]
+                end = consumer.end_offsets([tp])[tp]
+                if not start <= args.offset <= end:
+                    raise OffsetOutOfRangeError(args.offset, start, end,
+                                                f"{tp.topic}-{tp.partition}")
+                consumer.seek(tp, args.offset)
+            elif start_ms is not None:
+                found = consumer.offsets_for_times({tp: start_ms for tp in tps})
+                for tp in tps:
+                    if found[tp] is None:
+                        consumer.seek_to_end(tp)
+                    else:
+                        consumer.seek(tp, found[tp][0])
+            else:
+                consumer.seek_to_end()
+            count, interrupted = _consume(consumer, args, render)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.stderr.write(f"consumed {count} record{'' if count == 1 else 's'} from {topic}"
+                     f"{' (interrupted)' if interrupted else ''}\n")
+    return 0
+
+
+def _consume(consumer, args: argparse.Namespace, render) -> tuple[int, bool]:
+    """Poll and print until --max-messages, --timeout-ms or Ctrl-C; (records, interrupted).
+
+    Each poll's records go out in one write with SIGINT and SIGTERM blocked, and are counted
+    in the same breath: a signal lands between writes, so the count is exactly what was
+    printed (stdout may be unbuffered, PYTHONUNBUFFERED=1)."""
+    limit, timeout_ms = args.max_messages, args.timeout_ms
+    out = sys.stdout.buffer
+    printed = [0]
+    try:
+        while limit is None or printed[0] < limit:
+            want = 500 if limit is None else min(500, limit - printed[0])
+            batch = consumer.poll(timeout_ms=60_000 if timeout_ms is None else timeout_ms,
+                                  max_records=want)
+            if not batch:
+                if timeout_ms is not None:
+                    break
+                continue
+            records = [r for rs in batch.values() for r in rs]
+            _emit(out, render(records), len(records), printed)
+    except KeyboardInterrupt:
+        return printed[0], True
+    return printed[0], False
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _emit(out, data: bytes, n: int, printed: list) -> None:
+    """Write all of ``data`` and add ``n`` to ``printed[0]``, with stop signals held back."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        view = memoryview(data)
+        while view:
+            written = out.write(view)             # a raw FileIO may write part of it
+            if written is None:                   # non-blocking stdout, full: wait
+                select.select([], [out], [])
+                continue
+            view = view[written:]
+        out.flush()
+        printed[0] += n
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

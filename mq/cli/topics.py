@@ -1,0 +1,212 @@
+"""``mq topics``: Kafka's kafka-topics over ``mq.Admin`` (create, list, describe, alter, delete)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mq.cli import json_line
+from mq.cli.common import (
+    SOCKET_HELP,
+    add_socket_argument,
+    formatter,
+    parse_key_values,
+    positive_int,
+)
+
+__all__ = ["add_parser", "run_alter", "run_create", "run_delete", "run_describe", "run_list"]
+
+DESCRIPTION = """\
+Create, list, describe, alter and delete topics on the running broker (Kafka's kafka-topics).
+Topic configs use Kafka's names: retention.ms, retention.bytes, segment.bytes, segment.ms,
+max.message.bytes, cleanup.policy, message.timestamp.type, ..."""
+
+EPILOG = """\
+examples:
+  mq topics create orders --partitions 6 --config retention.ms=604800000
+  mq topics list
+  mq topics describe orders
+  mq topics alter orders --config retention.bytes=1073741824 --partitions 8
+  mq topics delete orders"""
+
+CREATE_EPILOG = """\
+prints 'Created topic NAME with N partition(s).'; an existing topic, a bad name, an unknown
+config key or a bad value is one 'mq: error:' line and exit status 1 (2 for bad flags).
+
+examples:
+  mq topics create orders --partitions 6
+  mq topics create clicks --partitions 3 --config retention.ms=86400000 \\
+      --config segment.bytes=104857600"""
+
+DESCRIBE_EPILOG = """\
+output:
+  Topic: orders  TopicId: 6f1c...  PartitionCount: 2
+    Partition: 0  StartOffset: 0  EndOffset: 1200
+    Partition: 1  StartOffset: 0  EndOffset: 1185
+  Configs (* = set on this topic; the others are the broker's defaults):
+    * retention.ms=604800000
+      segment.bytes=1073741824
+    ...
+  StartOffset is the log start offset (first readable record), EndOffset the high watermark
+  (the offset the next record gets). --json prints one object:
+  {"topic", "topicId", "partitions": [{"partition", "startOffset", "endOffset"}, ...],
+   "configs": {key: value, ...} (effective), "overrides": {key: value, ...}}
+
+examples:
+  mq topics describe orders
+  mq topics describe orders --json | jq .partitions"""
+
+ALTER_EPILOG = """\
+--config changes (or adds) topic overrides; keys not named keep their values. --partitions
+raises the partition count (it can only grow; keyed records may then map to other partitions).
+
+examples:
+  mq topics alter orders --config retention.ms=3600000
+  mq topics alter orders --config retention.bytes=1073741824 --config segment.ms=600000
+  mq topics alter orders --partitions 12"""
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("topics", help="create, list, describe, alter, delete topics",
+                                   description=DESCRIPTION, epilog=EPILOG,
+                                   formatter_class=formatter)
+    # Also before the command (mq topics --socket S list): its own dest, since a command's
+    # default would overwrite the value.
+    parser.add_argument("--socket", dest="topics_socket", metavar="PATH", help=SOCKET_HELP)
+    parser.set_defaults(run=_no_command)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="topics_command")
+
+    create = commands.add_parser("create", help="create a topic",
+                                 description="Create a topic with N partitions and optional "
+                                             "config overrides.",
+                                 epilog=CREATE_EPILOG, formatter_class=formatter)
+    create.add_argument("name", metavar="NAME", help="topic name: letters, digits, '.', '_', "
+                        "'-' (at most 249 characters)")
+    create.add_argument("--partitions", type=positive_int, default=1, metavar="N",
+                        help="number of partitions (default 1)")
+    create.add_argument("--config", action="append", metavar="KEY=VALUE",
+                        help="a topic config override, e.g. retention.ms=604800000 "
+                             "(repeatable)")
+    add_socket_argument(create)
+    create.set_defaults(run=run_create)
+
+    lst = commands.add_parser("list", help="list topic names, one per line",
+                              description="Print the name of every topic, one per line, "
+                                          "sorted.",
+                              epilog="examples:\n  mq topics list\n  mq topics list | wc -l",
+                              formatter_class=formatter)
+    add_socket_argument(lst)
+    lst.set_defaults(run=run_list)
+
+    describe = commands.add_parser("describe", help="partitions, offsets and configs of a topic",
+                                   description="Print a topic's partitions with their start "
+                                               "and end offsets, and its effective config\n"
+                                               "with the topic's own overrides marked.",
+                                   epilog=DESCRIBE_EPILOG, formatter_class=formatter)
+    describe.add_argument("name", metavar="NAME", help="topic name")
+    describe.add_argument("--json", action="store_true", help="print one JSON object")
+    add_socket_argument(describe)
+    describe.set_defaults(run=run_describe)
+
+    alter = commands.add_parser("alter", help="change topic configs or add partitions",
+                                description="Change a topic's config overrides and/or raise "
+                                            "its partition count.",
+                                epilog=ALTER_EPILOG, formatter_class=formatter)
+    alter.add_argument("name", metavar="NAME", help="topic name")
+    alter.add_argument("--config", action="append", metavar="KEY=VALUE",
+                       help="set a topic config override (repeatable)")
+    alter.add_argument("--partitions", type=positive_int, metavar="N",
+                       help="new (larger) total number of partitions")
+    add_socket_argument(alter)
+    alter.set_defaults(run=run_alter)
+
+    delete = commands.add_parser("delete", help="delete a topic and all its data",
+                                 description="Delete a topic: its partitions and all their "
+                                             "records are removed.",
+                                 epilog="examples:\n  mq topics delete orders",
+                                 formatter_class=formatter)
+    delete.add_argument("name", metavar="NAME", help="topic name")
+    add_socket_argument(delete)
+    delete.set_defaults(run=run_delete)
+
+
+def _no_command(args: argparse.Namespace) -> int:
+    raise ValueError("no topics command given: create, list, describe, alter or delete "
+                     "(see 'mq topics --help')")
+
+
+def _admin(args: argparse.Namespace):
+    from mq.client.admin import Admin
+    return Admin(args.socket or getattr(args, "topics_socket", None))
+
+
+def run_create(args: argparse.Namespace) -> int:
+    config = parse_key_values(args.config, "--config")
+    with _admin(args) as admin:
+        meta = admin.create_topic(args.name, args.partitions, config)
+    count = meta.get("partitions", args.partitions)
+    sys.stdout.write(f"Created topic {args.name} with {count} partition"
+                     f"{'' if count == 1 else 's'}.\n")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        names = admin.list_topics()
+    sys.stdout.write("".join(name + "\n" for name in names))
+    return 0
+
+
+def run_describe(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        info = admin.describe_topic(args.name)
+    config, overrides = info["config"], info["overrides"] or {}
+    if args.json:
+        sys.stdout.write(json_line({
+            "topic": info["name"], "topicId": info["id"],
+            "partitions": [{"partition": p, "startOffset": start, "endOffset": end}
+                           for p, (start, end) in enumerate(info["offsets"])],
+            "configs": dict(sorted(config.items())), "overrides": dict(sorted(overrides.items())),
+        }))
+        return 0
+    lines = [(f"Topic: {info['name']}\tTopicId: {info['id']}\t"
+              f"PartitionCount: {info['partitions']}")]
+    for p, (start, end) in enumerate(info["offsets"]):
+        lines.append(f"\tPartition: {p}\tStartOffset: {start}\tEndOffset: {end}")
+    lines.append("Configs (* = set on this topic; the others are the broker's defaults):")
+    for key in sorted(config):
+        mark = "*" if key in overrides else " "
+        lines.append(f"\t{mark} {key}={config[key]}")
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
+
+
+def run_alter(args: argparse.Namespace) -> int:
+    config = parse_key_values(args.config, "--config")
+    if not config and args.partitions is None:
+        raise ValueError("nothing to alter: give --config KEY=VALUE and/or --partitions N "
+                         "(see 'mq topics alter --help')")
+    with _admin(args) as admin:
+        if config and args.partitions is not None:
+            # Check the count first, so that a refused count does not leave the configs
+            # half-applied (the broker checks again).
+            current = admin.describe_topic(args.name)["partitions"]
+            if args.partitions <= current:
+                raise ValueError(f"topic {args.name!r} has {current} partitions; "
+                                 f"--partitions must be larger (got {args.partitions})")
+        if config:
+            admin.alter_config(args.name, config)
+        if args.partitions is not None:
+            admin.create_partitions(args.name, args.partitions)
+    changes = [f"{k}={v}" for k, v in config.items()]
+    if args.partitions is not None:
+        changes.append(f"partitions={args.partitions}")
+    sys.stdout.write(f"Altered topic {args.name}: {', '.join(changes)}.\n")
+    return 0
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_topic(args.name)
+    sys.stdout.write(f"Deleted topic {args.name}.\n")
+    return 0
