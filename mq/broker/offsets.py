@@ -1,0 +1,203 @@
+"""Committed offsets, stored as records of the compacted ``__consumer_offsets`` topic.
+
+Record formats are Kafka's (strings are int16 length + UTF-8, integers big-endian)::
+
+    key   (version 1)  int16 1 | group string | topic string | int32 partition
+    value (version 3)  int16 3 | int64 offset | int32 leader epoch | metadata string |
+                       int64 commit timestamp
+    a null value (tombstone) deletes the committed offset
+
+The partition of a group is Kafka's ``abs(java_string_hash(group)) % partitions``. The broker
+keeps every committed offset in a dict and rebuilds it by replaying the topic at start, so a
+commit survives kill -9 once its record is in the log (acked after an fsync, like
+``acks="all"``). The cleaner compacts the topic: the latest record per key wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Final
+
+from mq.errors import CorruptRecordError
+from mq.log.log import PartitionLog
+from mq.log.records import BatchBuilder
+
+__all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "decode_key",
+           "encode_value", "decode_value", "partition_for_group", "java_string_hash"]
+
+OFFSETS_TOPIC: Final = "__consumer_offsets"
+_KEY_VERSION: Final = 1
+_VALUE_VERSION: Final = 3
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+_VALUE_HEAD: Final = struct.Struct(">hqi")       # version, offset, leader epoch
+_I64: Final = struct.Struct(">q")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    leader_epoch: int = -1
+    metadata: str = ""
+    commit_timestamp_ms: int = -1
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, int32 overflow)."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for_group(group: str, partitions: int) -> int:
+    """Kafka's coordinator partition: ``abs(hashCode) % partitions`` (Utils.abs: MIN -> 0)."""
+    h = java_string_hash(group)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def _string(text: str) -> bytes:
+    data = text.encode("utf-8")
+    if len(data) > 0x7FFF:
+        raise ValueError(f"string of {len(data)} bytes is too long for an int16 length")
+    return _I16.pack(len(data)) + data
+
+
+def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
+    (n,) = _I16.unpack_from(buf, pos)
+    pos += 2
+    if n < 0 or pos + n > len(buf):
+        raise ValueError(f"bad string length {n}")
+    return buf[pos:pos + n].decode("utf-8"), pos + n
+
+
+def encode_key(group: str, topic: str, partition: int) -> bytes:
+    return _I16.pack(_KEY_VERSION) + _string(group) + _string(topic) + _I32.pack(partition)
+
+
+def decode_key(data: bytes) -> tuple[str, str, int] | None:
+    """``(group, topic, partition)`` for an offset-commit key; None for other key versions
+    (Kafka's group-metadata records, version 2). Raises ``ValueError`` if malformed."""
+    (version,) = _I16.unpack_from(data, 0)
+    if version not in (0, 1):
+        return None
+    group, pos = _read_string(data, 2)
+    topic, pos = _read_string(data, pos)
+    (partition,) = _I32.unpack_from(data, pos)
+    if pos + 4 != len(data):
+        raise ValueError("trailing bytes after the offset key")
+    return group, topic, partition
+
+
+def encode_value(value: CommittedOffset) -> bytes:
+    return (_VALUE_HEAD.pack(_VALUE_VERSION, value.offset, value.leader_epoch)
+            + _string(value.metadata) + _I64.pack(value.commit_timestamp_ms))
+
+
+def decode_value(data: bytes) -> CommittedOffset:
+    """Versions 1 and 3 (1 has no leader epoch but an extra expire timestamp)."""
+    (version,) = _I16.unpack_from(data, 0)
+    if version == 3:
+        _, offset, epoch = _VALUE_HEAD.unpack_from(data, 0)
+        metadata, pos = _read_string(data, _VALUE_HEAD.size)
+        (ts,) = _I64.unpack_from(data, pos)
+        return CommittedOffset(offset, epoch, metadata, ts)
+    if version in (0, 1):
+        (offset,) = _I64.unpack_from(data, 2)
+        metadata, pos = _read_string(data, 10)
+        (ts,) = _I64.unpack_from(data, pos)
+        return CommittedOffset(offset, -1, metadata, ts)
+    raise ValueError(f"unknown offset value version {version}")
+
+
+class OffsetStore:
+    """The broker's cache of committed offsets over the ``__consumer_offsets`` logs."""
+
+    def __init__(self, logs: list[PartitionLog]) -> None:
+        self.logs = logs
+        self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+        for plog in logs:
+            self._replay(plog)
+
+    def _replay(self, plog: PartitionLog) -> None:
+        for batch in plog.batches():
+            if batch.is_control:
+                continue
+            for rec in batch.records():
+                if rec.key is None:
+                    continue
+                try:
+                    key = decode_key(bytes(rec.key))
+                    if key is None:
+                        continue
+                    group, topic, partition = key
+                    if rec.value is None:
+                        self._forget(group, (topic, partition))
+                    else:
+                        self.offsets.setdefault(group, {})[(topic, partition)] = \
+                            decode_value(bytes(rec.value))
+                except (ValueError, struct.error, UnicodeDecodeError) as err:
+                    raise CorruptRecordError(plog.dir, rec.offset,
+                                             f"bad __consumer_offsets record: {err}") from err
+
+    def _forget(self, group: str, tp: tuple[str, int]) -> None:
+        group_offsets = self.offsets.get(group)
+        if group_offsets is not None:
+            group_offsets.pop(tp, None)
+            if not group_offsets:
+                del self.offsets[group]
+
+    def log_for(self, group: str) -> PartitionLog:
+        return self.logs[partition_for_group(group, len(self.logs))]
+
+    def commit(self, group: str, offsets: Iterable[tuple[str, int, CommittedOffset]],
+               now_ms: int) -> PartitionLog:
+        """Append one batch with every offset of the commit (atomic: one batch), update the
+        cache, and return the log the caller must flush before acknowledging."""
+        builder = BatchBuilder()
+        items = list(offsets)
+        for topic, partition, value in items:
+            builder.append(now_ms, encode_key(group, topic, partition), encode_value(value))
+        plog = self.log_for(group)
+        plog.append(builder.build())
+        group_offsets = self.offsets.setdefault(group, {})
+        for topic, partition, value in items:
+            group_offsets[(topic, partition)] = value
+        return plog
+
+    def delete(self, group: str, partitions: Iterable[tuple[str, int]] | None = None,
+               now_ms: int = 0) -> PartitionLog | None:
+        """Tombstone the group's offsets (all of them by default)."""
+        current = self.offsets.get(group, {})
+        doomed = list(current) if partitions is None else [tp for tp in partitions
+                                                           if tp in current]
+        if not doomed:
+            return None
+        builder = BatchBuilder()
+        for topic, partition in doomed:
+            builder.append(now_ms, encode_key(group, topic, partition), None)
+        plog = self.log_for(group)
+        plog.append(builder.build())
+        for tp in doomed:
+            self._forget(group, tp)
+        return plog
+
+    def committed(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
+        return self.offsets.get(group, {}).get((topic, partition))
+
+    def groups(self) -> Iterator[str]:
+        return iter(sorted(self.offsets))
+
+    def expired(self, now_ms: int, retention_ms: int, is_empty) -> list[str]:
+        """Groups whose offsets expire: ``is_empty(group)`` (no live members) and the newest
+        commit older than ``retention_ms`` (Kafka's offsets.retention.minutes rule for
+        groups; the caller tombstones them with ``delete``)."""
+        out = []
+        for group, offsets in self.offsets.items():
+            newest = max((o.commit_timestamp_ms for o in offsets.values()), default=-1)
+            if is_empty(group) and now_ms - newest > retention_ms:
+                out.append(group)
+        return out
