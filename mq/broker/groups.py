@@ -1,0 +1,785 @@
+"""The consumer-group coordinator: Kafka's broker-side group protocol (KIP-848), pure.
+
+No sockets, threads or clocks: the broker calls the methods below from its loop, passes the time
+in as ``now_ms`` and turns the returned values into responses and wake-ups.
+
+Protocol. A member heartbeats with its subscription, its member epoch and the partitions it
+owns. Any change of membership, subscription, assignor or subscribed topic metadata bumps the
+*group epoch*, and the target assignment is recomputed at once with the group's assignor
+(``mq.broker.assignors``). Each member then converges to its target one heartbeat at a time:
+
+- ``STABLE``: it owns its whole target, at the target epoch.
+- ``UNREVOKED_PARTITIONS``: it holds partitions that left its target; its response lists only
+  what it keeps, it must stop consuming the rest (``on_partitions_revoked``, commit) and report
+  its smaller owned set. Its member epoch does not move until it has, so commits for the
+  partitions it is giving up still pass ``validate_commit``.
+- ``UNRELEASED_PARTITIONS``: at the target epoch, but part of its target is still held by a
+  member that has not revoked it; those partitions are granted on a later heartbeat.
+
+Invariant: a partition is granted to a member only when no other member holds it (assigned or
+pending revocation) — a partition changes hands only after its previous holder revoked it, left
+or died. Partitions that stay in a member's target are never taken away, so members that keep
+their partitions consume through any rebalance.
+
+Liveness. ``connection_closed(conn_id)`` and ``member_died(pid)`` remove a dynamic member at
+once and free its partitions without waiting for a revocation (a closed connection means the
+client stopped consuming: the client contract). Members whose assignment changed as a result
+come back in ``Effects.wakeups``; the broker should prod them to heartbeat now, which is how a
+partition of a killed consumer is reassigned within 100 ms. ``tick(now_ms)`` expires members
+that have not heartbeated for ``session_timeout_ms`` (a hung process) and members that did not
+revoke within ``rebalance_timeout_ms``. ``max_poll_interval_ms`` is enforced by the client: a
+consumer whose handler has not polled for that long leaves the group (Kafka's behaviour); the
+client also sends it as ``rebalance_timeout_ms``.
+
+Static membership (``instance_id``). A static member that goes away without leaving for good
+(connection closed, pid gone, or a temporary leave with epoch -2) stays in the group with its
+partitions reserved until its session times out, and nothing is rebalanced. A process joining
+with the same instance id takes over the member id's place: its assignment and epoch, with no
+group epoch bump unless the subscription changed. Trade-off: a static member killed with
+kill -9 leaves its partitions unconsumed for up to ``session_timeout_ms`` even though the broker
+knows the process is gone — that is what makes a quick restart cheap (Kafka's semantics).
+Partitions it was asked to revoke are freed at once: it is certainly not consuming them.
+
+Broker restart. The coordinator starts empty; members rejoin with epoch 0, their old member id
+and the partitions they still own. Reported partitions that no one holds are granted to the
+rejoining member straight away and count as its current assignment for the sticky assignor, so
+members keep consuming through a broker restart. With ``restart_grace_ms`` the coordinator
+withholds, for that long after it starts, partitions no member has reported — a member that
+has not rejoined yet may still be consuming them.
+
+Client contract (what the consumer must do for the invariant to hold end to end): report its
+owned partitions on every heartbeat (``None`` only when unchanged since its last report — the
+coordinator then assumes it started everything granted since); after each response stop
+consuming whatever is not in ``assignment`` (``on_partitions_revoked``, commit) and heartbeat at
+once to report it; heartbeat at once when woken; on ``FENCED_MEMBER_EPOCH`` or
+``UNKNOWN_MEMBER_ID`` drop everything (``on_partitions_lost``) and rejoin with epoch 0; treat
+its own connection closing as having stopped consuming, except when the broker restarted (a
+new broker generation): then keep consuming and rejoin reporting what it owns.
+
+Fencing. Heartbeats with an unknown member id get ``UNKNOWN_MEMBER_ID``, with a wrong epoch
+``FENCED_MEMBER_EPOCH`` (the member must drop its partitions — ``on_partitions_lost`` — and
+rejoin with epoch 0); the previous epoch is accepted when the owned partitions are a subset of
+the assignment (the response carrying the new epoch was lost). Offset commits pass
+``validate_commit``: the exact member epoch, or epoch -1 for a group without members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import uuid
+from collections import Counter
+from collections.abc import Callable, Collection, Hashable, Iterable
+
+from mq.broker.assignors import ASSIGNORS, TopicPartition, canonical_assignor
+
+__all__ = ["GroupCoordinator", "ErrorCode", "GroupState", "MemberState", "HeartbeatResult",
+           "LeaveResult", "Effects", "Wakeup", "Removal", "GroupDescription", "MemberDescription",
+           "GroupListing", "JOIN_GROUP_MEMBER_EPOCH", "LEAVE_GROUP_MEMBER_EPOCH",
+           "LEAVE_GROUP_STATIC_MEMBER_EPOCH"]
+
+JOIN_GROUP_MEMBER_EPOCH = 0
+LEAVE_GROUP_MEMBER_EPOCH = -1
+LEAVE_GROUP_STATIC_MEMBER_EPOCH = -2
+_EMPTY: frozenset[TopicPartition] = frozenset()
+
+
+class ErrorCode(enum.IntEnum):
+    """Kafka's error codes for the group apis (success is ``None``, Kafka's NONE = 0)."""
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    INVALID_REQUEST = 42
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
+    FENCED_MEMBER_EPOCH = 110
+    UNRELEASED_INSTANCE_ID = 111
+    UNSUPPORTED_ASSIGNOR = 112
+    STALE_MEMBER_EPOCH = 113
+    INVALID_REGULAR_EXPRESSION = 128
+
+
+class GroupState(str, enum.Enum):
+    EMPTY = "Empty"
+    ASSIGNING = "Assigning"        # never observed: the target is computed synchronously
+    RECONCILING = "Reconciling"
+    STABLE = "Stable"
+    DEAD = "Dead"                  # what ``describe`` says of a group that does not exist
+
+
+class MemberState(str, enum.Enum):
+    STABLE = "Stable"
+    UNREVOKED_PARTITIONS = "UnrevokedPartitions"
+    UNRELEASED_PARTITIONS = "UnreleasedPartitions"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wakeup:
+    """A member whose next heartbeat would change its assignment: ask it to heartbeat now."""
+    group_id: str
+    member_id: str
+    conn_id: Hashable | None
+    pid: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Removal:
+    """A member that left the group (``removed``) or a static member that went away with its
+    partitions reserved (``departed``); ``reason`` is for the log."""
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Effects:
+    wakeups: tuple[Wakeup, ...] = ()
+    removed: tuple[Removal, ...] = ()
+    departed: tuple[Removal, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    member_id: str | None
+    member_epoch: int
+    assignment: frozenset[TopicPartition]    # what to own now; revoke anything else you own
+    heartbeat_interval_ms: int
+    error: ErrorCode | None = None
+    error_message: str | None = None
+    effects: Effects = Effects()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaveResult:
+    error: ErrorCode | None
+    effects: Effects = Effects()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemberDescription:
+    member_id: str
+    instance_id: str | None
+    pid: int | None
+    conn_id: Hashable | None
+    subscribed_topics: tuple[str, ...] | None
+    subscribed_pattern: str | None
+    assignor: str | None
+    member_epoch: int
+    state: MemberState
+    departed: bool
+    assigned: frozenset[TopicPartition]
+    pending_revocation: frozenset[TopicPartition]
+    target: frozenset[TopicPartition]
+    owned: frozenset[TopicPartition]           # as last reported by the member
+    last_heartbeat_ms: int
+    session_timeout_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group_id: str
+    state: GroupState
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    members: tuple[MemberDescription, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupListing:
+    group_id: str
+    state: GroupState
+    members: int
+
+
+class _Error(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(eq=False)
+class _Member:
+    member_id: str
+    instance_id: str | None
+    topics: frozenset[str] | None
+    pattern: re.Pattern[str] | None
+    assignor: str | None
+    conn_id: Hashable | None
+    pid: int | None
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    last_heartbeat_ms: int
+    epoch: int = JOIN_GROUP_MEMBER_EPOCH
+    previous_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: frozenset[TopicPartition] = _EMPTY
+    pending_revocation: frozenset[TopicPartition] = _EMPTY
+    revoke_deadline_ms: int | None = None
+    owned: frozenset[TopicPartition] = _EMPTY
+    departed: bool = False
+    last_sent: tuple[int, frozenset[TopicPartition]] | None = None
+    woken_for: tuple[int, frozenset[TopicPartition]] | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class _Group:
+    group_id: str
+    assignor: str
+    epoch: int = 0
+    target_epoch: int = 0
+    members: dict[str, _Member] = dataclasses.field(default_factory=dict)
+    instances: dict[str, str] = dataclasses.field(default_factory=dict)
+    target: dict[str, frozenset[TopicPartition]] = dataclasses.field(default_factory=dict)
+    holder: dict[TopicPartition, str] = dataclasses.field(default_factory=dict)
+    known_free: set[TopicPartition] = dataclasses.field(default_factory=set)   # restart grace
+    dirty: bool = False
+
+
+_Next = tuple[MemberState, int, frozenset[TopicPartition], frozenset[TopicPartition]]
+
+
+class GroupCoordinator:
+    """Every consumer group of the broker. Methods take ``now_ms`` where time matters and
+    return errors and effects as values; nothing here raises on bad client input."""
+
+    def __init__(self, topics: dict[str, int] | None = None, *, now_ms: int = 0,
+                 restart_grace_ms: int = 0, default_assignor: str = "sticky",
+                 heartbeat_interval_ms: int = 3_000, session_timeout_ms: int = 45_000,
+                 rebalance_timeout_ms: int = 300_000, min_session_timeout_ms: int = 10,
+                 max_session_timeout_ms: int = 1_800_000, max_group_size: int | None = None,
+                 member_id_factory: Callable[[], str] | None = None) -> None:
+        self.topics: dict[str, int] = dict(topics or {})
+        self.groups: dict[str, _Group] = {}
+        self.default_assignor = canonical_assignor(default_assignor)
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.min_session_timeout_ms = min_session_timeout_ms
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self.max_group_size = max_group_size
+        self._new_member_id = member_id_factory or (lambda: str(uuid.uuid4()))
+        self._grace_until_ms: int | None = now_ms + restart_grace_ms if restart_grace_ms > 0 \
+            else None
+        self._fresh: set[TopicPartition] = set()     # created during the restart grace
+
+    # --- the heartbeat -------------------------------------------------------------------------
+
+    def heartbeat(self, group_id: str, member_id: str | None = None, *,
+                  member_epoch: int = JOIN_GROUP_MEMBER_EPOCH, instance_id: str | None = None,
+                  subscription: Collection[str] | re.Pattern[str] | None = None,
+                  subscribed_pattern: str | None = None,
+                  owned_partitions: Iterable[Iterable] | None = None,
+                  assignor: str | None = None, now_ms: int, pid: int | None = None,
+                  conn_id: Hashable | None = None, rebalance_timeout_ms: int | None = None,
+                  session_timeout_ms: int | None = None) -> HeartbeatResult:
+        """Join (``member_epoch`` 0), heartbeat, or leave (-1; -2 = static, temporarily).
+
+        ``subscription`` is a collection of topic names or a compiled regex; a regex may also
+        come as source text in ``subscribed_pattern``. Both ``None``: unchanged (required on a
+        first join). ``owned_partitions`` ``None``: unchanged since the last heartbeat.
+        """
+        wakeups: list[Wakeup] = []
+        try:
+            if not isinstance(group_id, str) or not group_id:
+                raise _Error(ErrorCode.INVALID_GROUP_ID, "the group id must be a non-empty string")
+            effects = self._advance_clock(now_ms)
+            wakeups.extend(effects.wakeups)
+            if member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
+                left = self.leave(group_id, member_id or "", instance_id=instance_id,
+                                  temporary=member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH)
+                if left.error is not None:
+                    raise _Error(left.error, f"member {member_id!r} cannot leave group "
+                                             f"{group_id!r}")
+                return HeartbeatResult(member_id, member_epoch, _EMPTY, 0,
+                                       effects=_merge(effects, left.effects))
+            sub = _parse_subscription(subscription, subscribed_pattern)
+            owned = _parse_partitions(owned_partitions)
+            session = self._session_timeout(session_timeout_ms)
+            rebalance = rebalance_timeout_ms
+            if rebalance is not None and rebalance <= 0:
+                raise _Error(ErrorCode.INVALID_REQUEST,
+                             f"rebalance timeout must be positive, got {rebalance} ms")
+            pref = None if assignor is None else _assignor_or_error(assignor)
+            if member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+                group, member = self._join(group_id, member_id, instance_id, sub, owned,
+                                           session, rebalance, now_ms)
+            else:
+                group, member = self._existing(group_id, member_id, instance_id, member_epoch,
+                                               owned, sub)
+            if conn_id is not None:
+                member.conn_id = conn_id
+            if pid is not None:
+                member.pid = pid
+            if session is not None:
+                member.session_timeout_ms = session
+            if rebalance is not None:
+                member.rebalance_timeout_ms = rebalance
+            member.last_heartbeat_ms = now_ms
+            # None: unchanged since the last report, so it may have started what it was
+            # granted since; assume it did, or a revocation could skip waiting for it.
+            member.owned = owned if owned is not None else member.owned | member.assigned
+            if sub is not None and (member.topics, _pattern_text(member.pattern)) != \
+                    (sub[0], _pattern_text(sub[1])):
+                member.topics, member.pattern = sub
+                group.dirty = True
+            if member.assignor != pref and pref is not None:
+                member.assignor = pref
+                group.dirty = True
+            self._refresh_target(group)
+            self._apply(group, member, self._next(group, member), now_ms)
+            member.last_sent = member.woken_for = (member.epoch, member.assigned)
+            wakeups.extend(self._wakeups(group, exclude=member.member_id))
+            interval = min(self.heartbeat_interval_ms, member.session_timeout_ms // 3)
+            return HeartbeatResult(member.member_id, member.epoch, member.assigned, max(1, interval),
+                                   effects=Effects(tuple(wakeups), effects.removed,
+                                                   effects.departed))
+        except _Error as err:
+            return HeartbeatResult(member_id, -1, _EMPTY, 0, err.code, err.message,
+                                   Effects(tuple(wakeups)))
+
+    def _join(self, group_id: str, member_id: str | None, instance_id: str | None,
+              sub: tuple | None, owned: frozenset[TopicPartition] | None, session: int | None,
+              rebalance: int | None, now_ms: int) -> tuple[_Group, _Member]:
+        group = self.groups.get(group_id) or _Group(group_id, self.default_assignor)
+        if member_id is not None and member_id in group.members:
+            member = group.members[member_id]      # a rejoin: it lost what it does not report
+            if member.instance_id != instance_id:
+                raise _Error(ErrorCode.INVALID_REQUEST,
+                             f"member {member_id!r} joined with another instance id")
+            if not member.departed:
+                owned = owned if owned is not None else _EMPTY
+                self._hold(group, member, member.assigned & owned,
+                           member.pending_revocation & owned)
+                return group, member
+        if instance_id is not None and instance_id in group.instances:
+            old = group.members[group.instances[instance_id]]
+            if not old.departed and old.member_id != member_id:
+                raise _Error(ErrorCode.UNRELEASED_INSTANCE_ID,
+                             f"instance id {instance_id!r} is in use by member {old.member_id}")
+            return group, self._take_over(group, old, member_id or self._new_member_id())
+        if sub is None:
+            raise _Error(ErrorCode.INVALID_REQUEST, "a joining member must send a subscription")
+        if self.max_group_size is not None and len(group.members) >= self.max_group_size:
+            raise _Error(ErrorCode.GROUP_MAX_SIZE_REACHED,
+                         f"group {group_id!r} has {len(group.members)} members already")
+        member = _Member(member_id or self._new_member_id(), instance_id, sub[0], sub[1], None,
+                         None, None, session or self.session_timeout_ms,
+                         rebalance or self.rebalance_timeout_ms, now_ms)
+        self.groups.setdefault(group_id, group)       # created only once a member joins
+        group.members[member.member_id] = member
+        if instance_id is not None:
+            group.instances[instance_id] = member.member_id
+        claims = frozenset(tp for tp in owned or () if tp not in group.holder and
+                           0 <= tp[1] < self.topics.get(tp[0], 0))
+        self._hold(group, member, claims, _EMPTY)     # after a broker restart: keep consuming
+        group.dirty = True
+        return group, member
+
+    def _take_over(self, group: _Group, old: _Member, member_id: str) -> _Member:
+        """A static member's new incarnation inherits the old one's place, with no rebalance."""
+        self._hold(group, old, old.assigned & group.target.get(old.member_id, _EMPTY), _EMPTY)
+        new = dataclasses.replace(old, member_id=member_id, departed=False, last_sent=None,
+                                  woken_for=None, owned=_EMPTY, revoke_deadline_ms=None,
+                                  state=MemberState.STABLE)
+        del group.members[old.member_id]
+        for tp in new.assigned:
+            group.holder[tp] = member_id
+        group.members[member_id] = new
+        group.instances[new.instance_id] = member_id
+        group.target[member_id] = group.target.pop(old.member_id, _EMPTY)
+        return new
+
+    def _existing(self, group_id: str, member_id: str | None, instance_id: str | None,
+                  member_epoch: int, owned: frozenset[TopicPartition] | None,
+                  sub: tuple | None) -> tuple[_Group, _Member]:
+        group = self.groups.get(group_id)
+        if not member_id:
+            raise _Error(ErrorCode.INVALID_REQUEST, "member id required unless joining")
+        if group is None:
+            raise _Error(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group_id!r} has no members")
+        if instance_id is not None:
+            current = group.instances.get(instance_id)
+            if current is None:
+                raise _Error(ErrorCode.UNKNOWN_MEMBER_ID, f"unknown instance id {instance_id!r}")
+            if current != member_id:
+                raise _Error(ErrorCode.FENCED_INSTANCE_ID,
+                             f"instance id {instance_id!r} now belongs to member {current}")
+        member = group.members.get(member_id)
+        if member is None:
+            raise _Error(ErrorCode.UNKNOWN_MEMBER_ID, f"unknown member id {member_id!r}")
+        if member.departed:
+            raise _Error(ErrorCode.FENCED_MEMBER_EPOCH,
+                         "the member's connection closed; rejoin with epoch 0")
+        if member_epoch > member.epoch:
+            raise _Error(ErrorCode.FENCED_MEMBER_EPOCH,
+                         f"epoch {member_epoch} is newer than the member's {member.epoch}")
+        if member_epoch < member.epoch:
+            reported = owned if owned is not None else member.owned
+            if member_epoch != member.previous_epoch or not reported <= member.assigned:
+                raise _Error(ErrorCode.FENCED_MEMBER_EPOCH,
+                             f"epoch {member_epoch} is stale, the member is at {member.epoch}")
+        return group, member
+
+    # --- leaving, dying, timing out ------------------------------------------------------------
+
+    def leave(self, group_id: str, member_id: str, *, instance_id: str | None = None,
+              temporary: bool = False) -> LeaveResult:
+        """Remove a member (LeaveGroup, or heartbeat epoch -1). ``temporary`` (epoch -2) keeps a
+        static member's partitions reserved until its session times out. An empty
+        ``member_id`` with an ``instance_id`` removes that static member (an admin's
+        "remove member"); a stale member id with an instance id now used by another member is
+        FENCED_INSTANCE_ID."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return LeaveResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        if instance_id is not None and member_id and \
+                group.instances.get(instance_id, member_id) != member_id:
+            return LeaveResult(ErrorCode.FENCED_INSTANCE_ID)
+        by_instance = group.instances.get(instance_id or "", "") if not member_id else member_id
+        member = group.members.get(by_instance)
+        if member is None:
+            return LeaveResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        removed: list[Removal] = []
+        departed: list[Removal] = []
+        if temporary and member.instance_id is not None:
+            self._depart(group, member, "left temporarily", departed)
+        else:
+            self._remove(group, member, "left the group", removed)
+        self._refresh_target(group)
+        return LeaveResult(None, Effects(tuple(self._wakeups(group)), tuple(removed),
+                                         tuple(departed)))
+
+    def connection_closed(self, conn_id: Hashable, now_ms: int) -> Effects:
+        """The member's socket closed: dynamic members leave, static ones depart."""
+        return self._gone(lambda m: m.conn_id == conn_id, "connection closed", now_ms)
+
+    def member_died(self, pid: int, now_ms: int) -> Effects:
+        """The member's process is gone (the broker checked its pid)."""
+        return self._gone(lambda m: m.pid == pid, "process died", now_ms)
+
+    def _gone(self, match: Callable[[_Member], bool], reason: str, now_ms: int) -> Effects:
+        clock = self._advance_clock(now_ms)
+        wakeups, removed, departed = list(clock.wakeups), [], []
+        for group in list(self.groups.values()):
+            hit = [m for m in group.members.values() if match(m) and not m.departed]
+            for member in hit:
+                if member.instance_id is not None:
+                    self._depart(group, member, reason, departed)
+                else:
+                    self._remove(group, member, reason, removed)
+            if hit:
+                self._refresh_target(group)
+                wakeups.extend(self._wakeups(group))
+        return Effects(tuple(wakeups), tuple(removed), tuple(departed))
+
+    def tick(self, now_ms: int) -> Effects:
+        """Expire members silent for longer than their session timeout and members that did not
+        revoke within their rebalance timeout; end the restart grace period."""
+        clock = self._advance_clock(now_ms)
+        wakeups, removed = list(clock.wakeups), []
+        for group in list(self.groups.values()):
+            hit = False
+            for member in list(group.members.values()):
+                if now_ms - member.last_heartbeat_ms > member.session_timeout_ms:
+                    self._remove(group, member, "session timed out", removed)
+                    hit = True
+                elif member.revoke_deadline_ms is not None and \
+                        now_ms > member.revoke_deadline_ms and not member.departed:
+                    self._remove(group, member, "did not revoke within the rebalance timeout",
+                                 removed)
+                    hit = True
+            if hit:
+                self._refresh_target(group)
+                wakeups.extend(self._wakeups(group))
+        return Effects(tuple(wakeups), tuple(removed))
+
+    def next_deadline_ms(self) -> int | None:
+        """When ``tick`` has something to do next (None: nothing pending)."""
+        times = [self._grace_until_ms] if self._grace_until_ms is not None else []
+        for group in self.groups.values():
+            for m in group.members.values():
+                times.append(m.last_heartbeat_ms + m.session_timeout_ms + 1)
+                if m.revoke_deadline_ms is not None and not m.departed:
+                    times.append(m.revoke_deadline_ms + 1)
+        return min(times, default=None)
+
+    def _advance_clock(self, now_ms: int) -> Effects:
+        if self._grace_until_ms is None or now_ms < self._grace_until_ms:
+            return Effects()
+        self._grace_until_ms = None
+        self._fresh.clear()
+        wakeups = []
+        for group in self.groups.values():
+            group.known_free.clear()
+            wakeups.extend(self._wakeups(group))
+        return Effects(tuple(wakeups))
+
+    def _remove(self, group: _Group, member: _Member, reason: str, out: list[Removal]) -> None:
+        self._hold(group, member, _EMPTY, _EMPTY)
+        del group.members[member.member_id]
+        group.target.pop(member.member_id, None)
+        if member.instance_id is not None and \
+                group.instances.get(member.instance_id) == member.member_id:
+            del group.instances[member.instance_id]
+        group.dirty = True
+        out.append(Removal(group.group_id, member.member_id, member.instance_id, reason))
+
+    def _depart(self, group: _Group, member: _Member, reason: str, out: list[Removal]) -> None:
+        member.departed, member.conn_id = True, None
+        member.state, member.revoke_deadline_ms = MemberState.STABLE, None
+        self._hold(group, member, member.assigned & group.target.get(member.member_id, _EMPTY),
+                   _EMPTY)
+        out.append(Removal(group.group_id, member.member_id, member.instance_id, reason))
+
+    # --- metadata ------------------------------------------------------------------------------
+
+    def set_topic_partitions(self, topic: str, count: int) -> Effects:
+        """A topic was created or got more partitions (``count`` 0 deletes it)."""
+        old = self.topics.get(topic, 0)
+        if count > 0:
+            self.topics[topic] = count
+        else:
+            self.topics.pop(topic, None)
+        if count == old:
+            return Effects()
+        if self._grace_until_ms is not None:
+            self._fresh.update((topic, p) for p in range(old, count))
+        wakeups = []
+        for group in self.groups.values():
+            if any(topic in (m.topics or ()) or _matches(m, topic)
+                   for m in group.members.values()):
+                group.dirty = True
+                self._refresh_target(group)
+                wakeups.extend(self._wakeups(group))
+        return Effects(tuple(wakeups))
+
+    def delete_topic(self, topic: str) -> Effects:
+        return self.set_topic_partitions(topic, 0)
+
+    def _subscribed(self, member: _Member) -> frozenset[str]:
+        if member.pattern is not None:
+            return frozenset(t for t in self.topics if _matches(member, t))
+        return frozenset(t for t in member.topics or () if t in self.topics)
+
+    # --- target and reconciliation -------------------------------------------------------------
+
+    def _refresh_target(self, group: _Group) -> None:
+        if not group.dirty:
+            return
+        group.dirty = False
+        group.epoch += 1
+        prefs = Counter(m.assignor for m in group.members.values() if m.assignor)
+        if prefs:
+            top = max(prefs.values())
+            tied = sorted(a for a, n in prefs.items() if n == top)
+            group.assignor = group.assignor if group.assignor in tied else tied[0]
+        subs = {m.member_id: self._subscribed(m) for m in group.members.values()}
+        partitions = {t: self.topics[t] for t in set().union(*subs.values())} if subs else {}
+        current: dict[str, set[TopicPartition]] = {m: set(group.members[m].assigned)
+                                                   for m in subs}
+        held = set().union(*current.values()) if current else set()
+        for m, tps in group.target.items():
+            if m in current:
+                current[m].update(tps - held)
+        instance_ids = {m.member_id: m.instance_id for m in group.members.values()}
+        target = ASSIGNORS[group.assignor](subs, partitions, current, instance_ids=instance_ids)
+        group.target = {m: frozenset(target.get(m, ())) for m in subs}
+        group.target_epoch = group.epoch
+        for member in group.members.values():
+            if member.departed:    # nobody consumes them: what left its target is free now
+                self._hold(group, member, member.assigned & group.target[member.member_id],
+                           _EMPTY)
+
+    def _next(self, group: _Group, m: _Member) -> _Next:
+        """Where the member goes on this heartbeat (pure: nothing is changed).
+
+        Revocation waits only for partitions the member reports owning: one it was granted but
+        does not report (the response was lost, or a restarted static member) is released now,
+        and one pending revocation that came back into its target is simply kept.
+        """
+        target = group.target.get(m.member_id, _EMPTY)
+        held = m.assigned | (m.pending_revocation & m.owned)
+        kept, revoke = held & target, (held - target) & m.owned
+        if revoke:
+            epoch = m.epoch if m.epoch != JOIN_GROUP_MEMBER_EPOCH else group.target_epoch
+            return MemberState.UNREVOKED_PARTITIONS, epoch, kept, revoke
+        grants = frozenset(tp for tp in target - kept if self._grantable(group, tp, m))
+        state = MemberState.STABLE if kept | grants == target \
+            else MemberState.UNRELEASED_PARTITIONS
+        return state, group.target_epoch, kept | grants, _EMPTY
+
+    def _grantable(self, group: _Group, tp: TopicPartition, m: _Member) -> bool:
+        holder = group.holder.get(tp)
+        if holder is not None:
+            return holder == m.member_id
+        return self._grace_until_ms is None or tp in group.known_free or tp in self._fresh
+
+    def _apply(self, group: _Group, m: _Member, nxt: _Next, now_ms: int) -> None:
+        state, epoch, assigned, pending = nxt
+        if not pending:
+            m.revoke_deadline_ms = None
+        elif m.revoke_deadline_ms is None or pending - m.pending_revocation:
+            m.revoke_deadline_ms = now_ms + m.rebalance_timeout_ms   # a new revocation starts
+        if epoch != m.epoch:
+            m.previous_epoch, m.epoch = m.epoch, epoch
+        m.state = state
+        self._hold(group, m, assigned, pending)
+
+    def _hold(self, group: _Group, m: _Member, assigned: frozenset[TopicPartition],
+              pending: frozenset[TopicPartition]) -> None:
+        """Set what the member holds, keeping ``group.holder`` in step."""
+        before = m.assigned | m.pending_revocation
+        after = assigned | pending
+        for tp in before - after:
+            if group.holder.get(tp) == m.member_id:
+                del group.holder[tp]
+                if self._grace_until_ms is not None:
+                    group.known_free.add(tp)
+        for tp in after - before:
+            group.holder[tp] = m.member_id
+        m.assigned, m.pending_revocation = assigned, pending
+
+    def _wakeups(self, group: _Group, exclude: str | None = None) -> list[Wakeup]:
+        out = []
+        for m in group.members.values():
+            if m.departed or m.member_id == exclude:
+                continue
+            _, epoch, assigned, _ = self._next(group, m)
+            if (epoch, assigned) not in (m.last_sent, m.woken_for):
+                m.woken_for = (epoch, assigned)
+                out.append(Wakeup(group.group_id, m.member_id, m.conn_id, m.pid))
+        return out
+
+    # --- offsets and admin ---------------------------------------------------------------------
+
+    def validate_commit(self, group_id: str, member_id: str,
+                        member_epoch: int) -> ErrorCode | None:
+        """May this offset commit go through? ``member_epoch`` is the member epoch (a classic
+        client's generation id). Epoch -1 (group-less consumers, admin tools) is accepted only
+        while the group has no members; a member must send its current epoch exactly
+        (STALE_MEMBER_EPOCH otherwise, Kafka's answer: refresh the epoch by heartbeat, retry)."""
+        group = self.groups.get(group_id)
+        if member_epoch < 0 and (group is None or not group.members):
+            return None
+        member = group.members.get(member_id) if group else None
+        if member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if member.departed or member_epoch != member.epoch:
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return None
+
+    def delete_group(self, group_id: str) -> ErrorCode | None:
+        """Forget an Empty group (its offsets are deleted elsewhere)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if group.members:
+            return ErrorCode.NON_EMPTY_GROUP
+        del self.groups[group_id]
+        return None
+
+    def group_state(self, group_id: str) -> GroupState:
+        group = self.groups.get(group_id)
+        if group is None:
+            return GroupState.DEAD
+        if not group.members:
+            return GroupState.EMPTY
+        if group.target_epoch < group.epoch:
+            return GroupState.ASSIGNING
+        if all(m.departed or (m.state is MemberState.STABLE and m.epoch == group.target_epoch)
+               for m in group.members.values()):
+            return GroupState.STABLE
+        return GroupState.RECONCILING
+
+    def describe(self, group_id: str) -> GroupDescription:
+        group = self.groups.get(group_id)
+        if group is None:
+            return GroupDescription(group_id, GroupState.DEAD, 0, 0, self.default_assignor, ())
+        members = tuple(MemberDescription(
+            m.member_id, m.instance_id, m.pid, m.conn_id,
+            None if m.topics is None else tuple(sorted(m.topics)), _pattern_text(m.pattern),
+            m.assignor, m.epoch, m.state, m.departed, m.assigned, m.pending_revocation,
+            group.target.get(m.member_id, _EMPTY), m.owned, m.last_heartbeat_ms,
+            m.session_timeout_ms) for m in sorted(group.members.values(),
+                                                  key=lambda m: m.member_id))
+        return GroupDescription(group_id, self.group_state(group_id), group.epoch,
+                                group.target_epoch, group.assignor, members)
+
+    def list_groups(self) -> list[GroupListing]:
+        return [GroupListing(g, self.group_state(g), len(self.groups[g].members))
+                for g in sorted(self.groups)]
+
+    def _session_timeout(self, value: int | None) -> int | None:
+        if value is None:
+            return None
+        if not self.min_session_timeout_ms <= value <= self.max_session_timeout_ms:
+            raise _Error(ErrorCode.INVALID_SESSION_TIMEOUT,
+                         f"session timeout {value} ms is outside [{self.min_session_timeout_ms},"
+                         f" {self.max_session_timeout_ms}] ms")
+        return value
+
+
+def _merge(a: Effects, b: Effects) -> Effects:
+    return Effects(a.wakeups + b.wakeups, a.removed + b.removed, a.departed + b.departed)
+
+
+def _matches(member: _Member, topic: str) -> bool:
+    if member.pattern is None:
+        return False
+    # Like Kafka, a regex never matches internal topics ("__consumer_offsets", ...).
+    return not topic.startswith("__") and member.pattern.fullmatch(topic) is not None
+
+
+def _pattern_text(pattern: re.Pattern[str] | None) -> str | None:
+    return None if pattern is None else pattern.pattern
+
+
+def _parse_subscription(subscription: object, pattern: str | None) -> tuple | None:
+    """-> (topics, None) | (None, compiled regex) | None (unchanged)."""
+    if pattern is not None:
+        if subscription is not None:
+            raise _Error(ErrorCode.INVALID_REQUEST, "send topic names or a pattern, not both")
+        if not isinstance(pattern, str):
+            raise _Error(ErrorCode.INVALID_REQUEST, "the pattern must be a string")
+        try:
+            return None, re.compile(pattern)
+        except re.error as err:
+            raise _Error(ErrorCode.INVALID_REGULAR_EXPRESSION,
+                         f"bad subscription pattern {pattern!r}: {err}") from None
+    if subscription is None:
+        return None
+    if isinstance(subscription, re.Pattern):
+        return None, subscription
+    if isinstance(subscription, (str, bytes)) or not isinstance(subscription, Iterable):
+        raise _Error(ErrorCode.INVALID_REQUEST,
+                     "the subscription must be a list of topic names or a compiled pattern")
+    topics = frozenset(subscription)
+    if not all(isinstance(t, str) and t for t in topics):
+        raise _Error(ErrorCode.INVALID_REQUEST, "topic names must be non-empty strings")
+    return topics, None
+
+
+def _parse_partitions(partitions: Iterable[Iterable] | None) -> frozenset[TopicPartition] | None:
+    if partitions is None:
+        return None
+    out = set()
+    for item in partitions:
+        tp = tuple(item)
+        if len(tp) != 2 or not isinstance(tp[0], str) or not isinstance(tp[1], int) \
+                or isinstance(tp[1], bool):
+            raise _Error(ErrorCode.INVALID_REQUEST, f"bad owned partition {item!r:.60}")
+        out.add((tp[0], tp[1]))
+    return frozenset(out)
+
+
+def _assignor_or_error(name: str) -> str:
+    try:
+        return canonical_assignor(name)
+    except ValueError as err:
+        raise _Error(ErrorCode.UNSUPPORTED_ASSIGNOR, str(err)) from None
