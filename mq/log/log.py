@@ -26,8 +26,9 @@ from mq.errors import ClosedError, CorruptIndexError, CorruptRecordError, Offset
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.policy import retention_deletable, roll_reason
-from mq.log.records import (LOG_APPEND_TIME, RecordBatch, iter_batches, set_log_append_time,
-                            stamp_batch)
+from mq.log.records import (HEADER, LOG_APPEND_TIME, MAGIC, MIN_BATCH_LENGTH,
+                            RECORD_BATCH_OVERHEAD, RecordBatch, iter_batches,
+                            set_log_append_time, stamp_batch)
 from mq.log.segment import FetchSlice, LogSegment
 
 __all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
@@ -442,6 +443,60 @@ class PartitionLog:
                 keep.append((deadline, seg))
         self._pending_deletes = keep
 
+    # --- compaction swap (used by mq.log.cleaner) ---------------------------------------------
+    # Bumped by every replace_segments. A swap can leave the segment-set shape (first base,
+    # active base, count) unchanged, so a published segment-set generation must include it.
+    swap_count = 0
+
+    def replace_segments(self, new: LogSegment, old: list[LogSegment],
+                         now_ms: int | None = None) -> None:
+        """Install ``new`` (a finished, fsynced ``.cleaned`` segment at ``old[0]``'s base) in
+        place of ``old``, a run of inactive segments of this log — Kafka's
+        ``LocalLog.replaceSegments``.
+
+        Renames, each phase made durable by a directory fsync: ``new`` ``.cleaned`` ->
+        ``.swap``; each of ``old`` -> ``.deleted``; ``new`` ``.swap`` -> final names. A crash
+        between any two renames is undone or finished by ``_finish_leftovers`` at the next
+        open: while any ``.cleaned`` file remains the swap is dropped; once all are ``.swap``
+        the swap replaces every segment whose base lies in ``[new base, new next offset)``,
+        which is why ``new`` must end past the base of ``old[-1]``. The in-memory list changes
+        last, in one splice, so an exception half-way leaves this object serving the old
+        segments (still readable through their open files); reopen to finish the swap. The
+        replaced segments are deleted after ``file.delete.delay.ms``, like retention's.
+
+        Must run on the thread that appends to and reads this log. Raises ``ValueError``,
+        before touching any file, when ``old`` is no longer a run of inactive segments here
+        (retention or truncation got there first) or ``new`` does not fit it.
+        """
+        self._check_open()
+        now_ms = _now_ms() if now_ms is None else now_ms
+        i = next((k for k, seg in enumerate(self.segments) if seg is old[0]), -1) if old else -1
+        if i < 0 or i + len(old) >= len(self.segments) or \
+                any(a is not b for a, b in zip(self.segments[i:i + len(old)], old)):
+            raise ValueError(f"{self.dir}: segments {[s.base_offset for s in old]} are no "
+                             "longer a run of inactive segments of this log")
+        if new.suffix != files.CLEANED_SUFFIX or new.base_offset != old[0].base_offset or \
+                new.next_offset <= old[-1].base_offset:
+            raise ValueError(f"{self.dir}: {new!r} cannot replace segments "
+                             f"{[s.base_offset for s in old]}")
+        new.rename_suffix(files.SWAP_SUFFIX)
+        files.fsync_dir(self.dir)
+        bases = {seg.base_offset for seg in old}
+        for deadline, seg in [p for p in self._pending_deletes if p[1].base_offset in bases]:
+            seg.delete()             # its .deleted names are about to be reused
+            self._pending_deletes.remove((deadline, seg))
+        for seg in old:
+            seg.rename_suffix(files.DELETED_SUFFIX)
+        files.fsync_dir(self.dir)
+        new.rename_suffix("")
+        files.fsync_dir(self.dir)
+        self.segments[i:i + len(old)] = [new]
+        self._bases[i:i + len(old)] = [new.base_offset]
+        self.swap_count += 1
+        deadline = now_ms + self.config.file_delete_delay_ms
+        self._pending_deletes += [(deadline, seg) for seg in old]
+        self.delete_expired_files(now_ms)
+
     # --- durability and lifecycle -------------------------------------------------------------
     def flush(self, up_to_offset: int | None = None) -> None:
         """fdatasync every segment holding data below ``up_to_offset`` (default: all) and
@@ -539,16 +594,22 @@ def _finish_leftovers(directory: str, report: RecoveryReport) -> None:
 
 
 def _next_offset_of(path: str, base: int) -> int:
-    """Next offset after the last whole batch of a ``.log`` file (base if none)."""
-    next_offset = base
+    """Next offset after the last whole batch of a ``.log`` file (base if none), walking the
+    batch headers with ``pread`` — a 1 GiB swap file is never read into memory."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return base
     try:
-        for batch in iter_batches(data):
-            next_offset = batch.next_offset
-    except CorruptRecordError:
-        pass
-    return next_offset
+        size = os.fstat(fd).st_size
+        next_offset, pos = base, 0
+        while size - pos >= RECORD_BATCH_OVERHEAD:
+            (batch_base, length, _, magic, _, _, last_delta, *_) = HEADER.unpack(
+                os.pread(fd, RECORD_BATCH_OVERHEAD, pos))
+            if magic != MAGIC or length < MIN_BATCH_LENGTH or pos + 12 + length > size:
+                break                                # garbage or a torn tail
+            next_offset = batch_base + last_delta + 1
+            pos += 12 + length
+        return next_offset
+    finally:
+        os.close(fd)

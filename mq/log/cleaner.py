@@ -1,0 +1,625 @@
+"""Kafka's log cleaner for one partition log: keep the latest record of every key.
+
+A compacted log has three sections (reference §5)::
+
+    log start       first dirty               first uncleanable          log end
+        | clean (cleaned before) | cleanable (dirty) | uncleanable           |
+                                                      ^ min(last stable offset, active segment
+                                                        base, first segment younger than
+                                                        min.compaction.lag.ms), rounded down
+                                                        to the base of the segment holding it
+
+A pass (``clean``):
+
+1. builds an offset map, key -> latest offset, over the cleanable section (control batches
+   add no key). The map is bounded (``dedupe_buffer_bytes``); when it fills, the pass stops
+   at the last whole batch that fit (``map_end``) and cleans up to there — a partial clean.
+   The first batch is always taken whole, so every pass makes progress;
+2. groups the inactive segments from the log start up to ``map_end`` (total size <=
+   ``segment.bytes``, offsets within int32 of the group's base, the index fits
+   ``segment.index.bytes``) and rewrites each group into one ``.cleaned`` segment at the
+   group's first base offset, keeping a record iff its offset > ``map_end``, or it has a key,
+   its offset >= ``map[key]`` and it is not a tombstone whose delete horizon has passed;
+3. installs each group with ``PartitionLog.replace_segments`` (the swap below), lowest group
+   first, then reports ``next_dirty_offset = map_end + 1`` for ``cleaner-offset-checkpoint``.
+
+Batch layout after cleaning: a batch whose records all stay (and needs no new delete horizon)
+is copied byte for byte. Otherwise the kept records are re-encoded into one batch with the
+same base offset, offset deltas, codec, timestamp type, producer id/epoch, base sequence and
+leader epoch — offsets and sequences are preserved, gaps appear, and every reader here skips
+them (``LogSegment.translate_offset`` and ``PartitionReader`` look for the first batch whose
+last offset reaches the wanted one). A batch left without records is dropped, except the
+last batch of each group, which stays as a 61-byte header (``recordsCount`` 0, its original
+``lastOffsetDelta`` and ``maxTimestamp``, Kafka's ``writeEmptyHeader``): it keeps the
+group's offset range, which the startup repair needs (a ``.swap`` replaces the segments
+with bases in ``[swap base, swap next offset)``), and the segment's largest timestamp.
+
+Tombstones: the first pass that keeps a batch holding a tombstone re-encodes it with the
+delete-horizon bit and ``baseTimestamp = now + delete.retention.ms``; a later pass drops the
+tombstones of a batch whose horizon has passed (never in the pass that sets it, so they stay
+at least ``delete.retention.ms``). Control batches (transaction markers) are copied as they
+are: a marker may go only once no data of its transaction remains, which needs transaction
+state this layer does not have yet.
+
+Crash safety (``PartitionLog.replace_segments`` and ``_finish_leftovers`` in ``log.py``):
+``.cleaned`` is written through a ``LogSegment`` (log and both indexes) and fsynced; then
+``.cleaned`` -> ``.swap``, replaced segments -> ``.deleted``, ``.swap`` -> final names, each
+phase followed by a directory fsync. A crash anywhere leaves every group either as it was or
+as cleaned: open removes ``.cleaned``/``.deleted`` files and installs complete swaps. Groups
+are swapped one at a time, lowest first (disk use stays one group above the log, as in
+Kafka), so after a crash a prefix of the groups is cleaned; the checkpoint is written only
+after a complete pass, so the next pass redoes the rest. Per key the log always holds the
+latest record (or nothing, for an expired tombstone): older records of a key sit at lower
+offsets, in the same or an earlier group.
+
+Readers: the broker reads through ``LogSegment`` file descriptors, and ``PartitionReader``
+through read-only maps; on Linux both stay valid after the rename and the unlink, so a reader
+in the middle of a swapped segment keeps reading the pre-clean bytes, which are consistent
+(every latest record is in them too). To see the cleaned segment a reader must re-list when
+the segment-set generation changes: the broker must bump it on every swap
+(``PartitionLog.swap_count`` changes even when the segment list keeps its shape);
+``PartitionReader`` re-lists on a generation change and drops maps whose inode was replaced.
+
+Pure parts: section boundaries, dirty ratio, eligibility and grouping take ``SegmentMeta``
+values and ``now_ms``; only the map build and the recopy read files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from hashlib import md5
+from typing import Final, TypeVar
+
+from mq.log import files
+from mq.log.config import LogConfig
+from mq.log.log import PartitionLog
+from mq.log.policy import SegmentMeta
+from mq.log.records import (
+    ATTRIBUTES_OFFSET,
+    CRC_OFFSET,
+    HEADER,
+    MAGIC,
+    NO_TIMESTAMP,
+    RECORD_BATCH_OVERHEAD,
+    BatchBuilder,
+    RecordBatch,
+    crc32c,
+)
+from mq.log.segment import LogSegment
+
+__all__ = [
+    "CLEANER_OFFSET_CHECKPOINT",
+    "CleanableRange",
+    "CleanerConfig",
+    "CleanerStats",
+    "clean",
+    "cleanable_range",
+    "dirty_ratio",
+    "filthiest",
+    "group_segments",
+    "max_compaction_delay_ms",
+    "read_cleaner_checkpoint",
+    "resolve_first_dirty_offset",
+    "should_clean",
+    "update_cleaner_checkpoint",
+    "write_cleaner_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+CLEANER_OFFSET_CHECKPOINT: Final = "cleaner-offset-checkpoint"
+_INT32_MAX: Final = (1 << 31) - 1
+_OFFSET_ENTRY_BYTES: Final = 8
+_TIME_ENTRY_BYTES: Final = 12
+# What one map entry costs in CPython, measured: ~52 bytes of dict slot, <= 49 bytes of key
+# (a key under 16 bytes, or its 16-byte MD5), 32 bytes of int. Kafka's SkimpyOffsetMap
+# charges 24 (16-byte MD5 + 8-byte offset); ours is the honest figure for this process.
+BYTES_PER_MAP_ENTRY: Final = 136
+_RAW_KEY_MAX: Final = 16       # shorter keys are stored as they are: they never equal an MD5
+
+Swap = Callable[[LogSegment, list[LogSegment], int], None]
+K = TypeVar("K")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CleanerConfig:
+    """Broker-wide cleaner settings (``log.cleaner.*``)."""
+
+    dedupe_buffer_bytes: int = 128 * 1024 * 1024     # log.cleaner.dedupe.buffer.size
+    dedupe_buffer_load_factor: float = 0.9           # log.cleaner.io.buffer.load.factor
+
+    @property
+    def map_capacity(self) -> int:
+        """Keys one pass may map (at least 1: a pass always takes one batch)."""
+        usable = self.dedupe_buffer_bytes * self.dedupe_buffer_load_factor
+        return max(1, int(usable // BYTES_PER_MAP_ENTRY))
+
+
+@dataclasses.dataclass(slots=True)
+class CleanerStats:
+    """What a pass did. ``next_dirty_offset`` goes to ``cleaner-offset-checkpoint`` when
+    ``completed``; an interrupted pass leaves it at ``first_dirty_offset``."""
+
+    bytes_read: int = 0             # sizes of the segments recopied (LogCleanerTest)
+    bytes_written: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    segments: int = 0               # segments recopied
+    elapsed: float = 0.0            # seconds, wall clock of the whole pass
+    map_bytes_read: int = 0
+    map_records_read: int = 0
+    map_entries: int = 0
+    groups_swapped: int = 0
+    first_dirty_offset: int = 0
+    first_uncleanable_offset: int = 0
+    map_end_offset: int = -1        # last offset the map covers (-1 before the first pass)
+    next_dirty_offset: int = 0
+    next_delete_horizon_ms: int = NO_TIMESTAMP   # earliest horizon of a kept tombstone batch
+    completed: bool = False
+    stopped_reason: str | None = None
+
+    @property
+    def throughput_mb_s(self) -> float:
+        """Recopy throughput in MB/s, Kafka's MB (2^20 bytes): bytes read / elapsed."""
+        return self.bytes_read / (1 << 20) / self.elapsed if self.elapsed > 0 else 0.0
+
+
+# --- selection (pure) ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CleanableRange:
+    """The log's sections, in offsets and bytes (Kafka's ``LogToClean``)."""
+
+    first_dirty_offset: int
+    first_uncleanable_offset: int    # a segment base offset
+    clean_bytes: int
+    cleanable_bytes: int
+
+    @property
+    def dirty_ratio(self) -> float:
+        return dirty_ratio(self.clean_bytes, self.cleanable_bytes)
+
+
+def resolve_first_dirty_offset(checkpointed: int | None, log_start_offset: int,
+                               log_end_offset: int) -> tuple[int, bool]:
+    """The first dirty offset to use and whether the checkpoint was out of range (Kafka resets
+    it to the log start then, and rewrites the checkpoint)."""
+    if checkpointed is None:
+        return log_start_offset, False
+    if checkpointed < log_start_offset or checkpointed > log_end_offset:
+        return log_start_offset, True
+    return checkpointed, False
+
+
+def _floor_index(segments: Sequence[SegmentMeta], offset: int) -> int:
+    """Index of the segment holding ``offset`` (the last base <= it), or 0."""
+    return max(bisect.bisect_right([s.base_offset for s in segments], offset) - 1, 0)
+
+
+def cleanable_range(segments: Sequence[SegmentMeta], first_dirty_offset: int,
+                    active_base_offset: int, last_stable_offset: int, now_ms: int,
+                    min_compaction_lag_ms: int) -> CleanableRange:
+    """Kafka's ``cleanableOffsets`` + ``calculateCleanableBytes``.
+
+    The first uncleanable offset is the least of the last stable offset, the active segment's
+    base and (with ``min_compaction_lag_ms`` > 0) the base of the first inactive segment from
+    the first dirty one whose largest timestamp is newer than ``now - lag``; it is then
+    rounded down to the base of the segment holding it. Clean bytes are the segments below
+    the first dirty offset, cleanable bytes those from it to the first uncleanable offset
+    (the segment holding the first dirty offset counts in both, as in Kafka).
+    """
+    bound = min(last_stable_offset, active_base_offset)
+    if min_compaction_lag_ms > 0:
+        for seg in segments[_floor_index(segments, first_dirty_offset):]:
+            if seg.base_offset >= active_base_offset:
+                break
+            if seg.largest_timestamp > now_ms - min_compaction_lag_ms:
+                bound = min(bound, seg.base_offset)
+                break
+    if segments:
+        bound = min(bound, segments[_floor_index(segments, bound)].base_offset)
+    uncleanable = max(bound, first_dirty_offset)
+    clean = sum(s.size_bytes for s in segments if s.base_offset < first_dirty_offset)
+    cleanable = 0
+    if first_dirty_offset < uncleanable:
+        start = min(segments[_floor_index(segments, first_dirty_offset)].base_offset,
+                    first_dirty_offset)
+        cleanable = sum(s.size_bytes for s in segments
+                        if start <= s.base_offset < uncleanable)
+    return CleanableRange(first_dirty_offset, uncleanable, clean, cleanable)
+
+
+def dirty_ratio(clean_bytes: int, cleanable_bytes: int) -> float:
+    """cleanable / (clean + cleanable); 0 for an empty log."""
+    total = clean_bytes + cleanable_bytes
+    return cleanable_bytes / total if total > 0 else 0.0
+
+
+def max_compaction_delay_ms(segments: Sequence[SegmentMeta], first_dirty_offset: int,
+                            active_base_offset: int, now_ms: int,
+                            max_compaction_lag_ms: int) -> int:
+    """How long past ``max.compaction.lag.ms`` the oldest dirty record is (Kafka's
+    ``maxCompactionDelay``): from the earliest first-batch timestamp (> 0) of the inactive
+    segments from the first dirty one. 0 when nothing is overdue."""
+    stamps = [s.first_batch_timestamp for s in segments[_floor_index(segments,
+                                                                        first_dirty_offset):]
+              if s.base_offset < active_base_offset and s.first_batch_timestamp > 0]
+    if not stamps:
+        return 0
+    clean_until = now_ms - max(max_compaction_lag_ms, 0)
+    earliest = min(stamps)
+    return clean_until - earliest if earliest < clean_until else 0
+
+
+def should_clean(cleanable: CleanableRange, config: LogConfig,
+                 compaction_delay_ms: int = 0) -> bool:
+    """Kafka's eligibility: dirty ratio above ``min.cleanable.dirty.ratio``, or a record overdue
+    by ``max.compaction.lag.ms`` with cleanable bytes left. Never for a non-compacted topic."""
+    if not config.compact_enabled:
+        return False
+    if compaction_delay_ms > 0 and cleanable.cleanable_bytes > 0:
+        return True
+    return cleanable.dirty_ratio > config.min_cleanable_dirty_ratio
+
+
+def filthiest(candidates: Iterable[tuple[K, CleanableRange, int]]) -> K | None:
+    """Which log to clean next among ``(key, range, compaction delay)``: overdue logs first
+    (largest delay), then the highest dirty ratio; None when none has cleanable bytes."""
+    best: tuple[tuple[int, float], K] | None = None
+    for key, rng, delay in candidates:
+        if rng.cleanable_bytes <= 0:
+            continue
+        rank = (delay, rng.dirty_ratio)
+        if best is None or rank > best[0]:
+            best = (rank, key)
+    return None if best is None else best[1]
+
+
+def group_segments(segments: Sequence[SegmentMeta], *, end_offset: int, max_bytes: int,
+                   max_index_bytes: int, index_interval_bytes: int) -> list[tuple[int, int]]:
+    """Kafka's ``groupSegmentsBySize`` over the inactive segments with base < ``end_offset``:
+    ``[start, stop)`` index ranges of consecutive segments whose total size is <=
+    ``max_bytes``, whose offsets stay within int32 of the first base, and whose index fits
+    ``max_index_bytes``. A group is never only, nor ends with, an empty segment (the swap's
+    offset range ends at its last batch; an empty trailing segment would be left behind).
+
+    The index bound is computed from bytes, not from the inputs' indexes: an entry needs more
+    than ``index.interval.bytes`` (and a batch is >= 61 bytes) since the previous one.
+    """
+    n = 0
+    while n < len(segments) and segments[n].base_offset < end_offset:
+        n += 1
+
+    def index_bytes(size: int) -> int:
+        entries = size // max(index_interval_bytes + 1, RECORD_BATCH_OVERHEAD) + 2
+        return entries * max(_OFFSET_ENTRY_BYTES, _TIME_ENTRY_BYTES)
+
+    groups: list[tuple[int, int]] = []
+    i = 0
+    while i < n:
+        size = segments[i].size_bytes
+        j = i + 1
+        while j < n:
+            nxt = segments[j]
+            if size + nxt.size_bytes > max_bytes or \
+                    nxt.next_offset - 1 - segments[i].base_offset > _INT32_MAX or \
+                    index_bytes(size + nxt.size_bytes) > max_index_bytes:
+                break
+            size += nxt.size_bytes
+            j += 1
+        while j - 1 > i and segments[j - 1].size_bytes == 0:
+            j -= 1
+        if segments[j - 1].size_bytes > 0:
+            groups.append((i, j))
+        i = j
+    return groups
+
+
+# --- offset map -------------------------------------------------------------------------------
+
+def _slot(key) -> bytes:
+    """The map's key for a record key: the bytes themselves when short, else their MD5
+    (inlined in the two loops below, which run once per record)."""
+    return bytes(key) if len(key) < _RAW_KEY_MAX else md5(key).digest()
+
+
+def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_uncleanable: int,
+                      capacity: int, stats: CleanerStats,
+                      should_stop: Callable[[], bool]) -> tuple[dict[bytes, int], int] | None:
+    """Map key -> latest offset over ``[first_dirty, first_uncleanable)``; returns the map and
+    the last offset of the last batch it covers wholly (``first_dirty - 1`` if none), or None
+    when ``should_stop`` said so. Control batches add no key (aborted transactions would be
+    skipped here too, once they exist). Raises ``CorruptRecordError``."""
+    offsets: dict[bytes, int] = {}
+    map_end = first_dirty - 1
+    for seg in segments:
+        if seg.base_offset >= first_uncleanable:
+            break
+        if seg.next_offset <= first_dirty:
+            continue
+        found = seg.translate_offset(first_dirty) if first_dirty > seg.base_offset else None
+        if first_dirty > seg.base_offset and found is None:
+            continue
+        for batch in seg.batches(found.position if found is not None else 0):
+            if batch.last_offset < first_dirty:
+                continue
+            if should_stop():
+                return None
+            batch.validate()
+            stats.map_bytes_read += batch.size
+            if batch.is_control:
+                map_end = batch.last_offset
+                continue
+            records = batch.records()
+            stats.map_records_read += len(records)
+            if len(offsets) + len(records) <= capacity or map_end < first_dirty:
+                # The common case, as one comprehension (~2x a plain loop per record).
+                offsets.update({
+                    (bytes(key) if len(key) < _RAW_KEY_MAX else md5(key).digest()): rec.offset
+                    for rec in records
+                    if (key := rec.key) is not None and rec.offset >= first_dirty})
+                map_end = batch.last_offset
+                continue
+            for rec in records:
+                key = rec.key
+                if key is None or rec.offset < first_dirty:
+                    continue
+                slot = _slot(key)
+                if len(offsets) >= capacity and slot not in offsets:
+                    # Full: this batch stays beyond map_end. Entries already taken from it
+                    # point past map_end, which only removes older records of their keys.
+                    stats.map_entries = len(offsets)
+                    return offsets, map_end
+                offsets[slot] = rec.offset
+            map_end = batch.last_offset
+    stats.map_entries = len(offsets)
+    return offsets, map_end
+
+
+# --- recopy -----------------------------------------------------------------------------------
+
+def _empty_header(batch: RecordBatch) -> bytearray:
+    """Kafka's ``writeEmptyHeader``: the batch's offsets, producer fields and max timestamp,
+    no records, no codec."""
+    attrs = batch.attributes & 0x38     # timestamp type, transactional, control
+    out = bytearray(RECORD_BATCH_OVERHEAD)
+    HEADER.pack_into(out, 0, batch.base_offset, RECORD_BATCH_OVERHEAD - 12,
+                     batch.partition_leader_epoch, MAGIC, 0, attrs, batch.last_offset_delta,
+                     NO_TIMESTAMP, batch.max_timestamp, batch.producer_id, batch.producer_epoch,
+                     batch.base_sequence, 0)
+    crc = crc32c(memoryview(out)[ATTRIBUTES_OFFSET:])
+    out[CRC_OFFSET:CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+    return out
+
+
+class _Recopy:
+    """The keep rule of one pass, applied batch by batch."""
+
+    __slots__ = ("delete_retention_ms", "map_end", "now_ms", "offsets", "stats")
+
+    def __init__(self, offsets: dict[bytes, int], map_end: int, now_ms: int,
+                 delete_retention_ms: int, stats: CleanerStats) -> None:
+        self.offsets = offsets
+        self.map_end = map_end
+        self.now_ms = now_ms
+        self.delete_retention_ms = delete_retention_ms
+        self.stats = stats
+
+    def filter(self, batch: RecordBatch) -> tuple[memoryview | bytearray | None, bool]:
+        """``(bytes to write or None, unchanged)`` for one batch."""
+        stats = self.stats
+        if batch.is_control or batch.base_offset > self.map_end:
+            # Markers stay (see the module doc); batches past the map are not examined yet.
+            stats.records_read += batch.records_count
+            stats.records_kept += batch.records_count
+            return batch.buffer, True
+        records = batch.records()
+        stats.records_read += len(records)
+        horizon = batch.delete_horizon_ms
+        get = self.offsets.get
+        # Kept: keyed, and no later record of the key in the map (a comprehension, ~2x a loop).
+        kept = [rec for rec in records if (key := rec.key) is not None and rec.offset >= get(
+            bytes(key) if len(key) < _RAW_KEY_MAX else md5(key).digest(), -1)]   # _slot
+        tombstones = any(rec.value is None for rec in kept)
+        if tombstones and 0 <= horizon <= self.now_ms:
+            kept = [rec for rec in kept if rec.value is not None]      # horizon passed
+            tombstones = False
+        stats.records_kept += len(kept)
+        needs_horizon = tombstones and horizon < 0
+        if needs_horizon:
+            horizon = self.now_ms + self.delete_retention_ms      # first pass keeping them
+        if tombstones and (stats.next_delete_horizon_ms < 0
+                           or horizon < stats.next_delete_horizon_ms):
+            stats.next_delete_horizon_ms = horizon
+        if not kept:
+            return None, False          # also a header left empty by an earlier pass
+        if len(kept) == len(records) and not needs_horizon:
+            return batch.buffer, True
+        builder = BatchBuilder(compression=batch.compression,
+                               timestamp_type=batch.timestamp_type,
+                               producer_id=batch.producer_id,
+                               producer_epoch=batch.producer_epoch,
+                               base_sequence=batch.base_sequence,
+                               is_transactional=batch.is_transactional,
+                               partition_leader_epoch=batch.partition_leader_epoch,
+                               base_offset=batch.base_offset, delete_horizon_ms=horizon)
+        base = batch.base_offset
+        for rec in kept:
+            builder.append(rec.timestamp, rec.key, rec.value, rec.headers,
+                           offset_delta=rec.offset - base)
+        return builder.build(), False
+
+
+def _cleaned_paths(directory: str, base: int) -> list[str]:
+    return [os.path.join(directory, files.segment_name(base, kind) + files.CLEANED_SUFFIX)
+            for kind in files.SEGMENT_FILE_SUFFIXES]
+
+
+def _write_cleaned(plog: PartitionLog, old: Sequence[LogSegment], recopy: _Recopy,
+                   should_stop: Callable[[], bool]) -> tuple[LogSegment, bool] | None:
+    """Recopy ``old`` into one fsynced ``.cleaned`` segment; returns it and whether it differs
+    from ``old`` (None when stopped). Removes its files if anything goes wrong."""
+    base = old[0].base_offset
+    files.remove_quietly(_cleaned_paths(plog.dir, base))
+    new = LogSegment(plog.dir, base, plog.config, suffix=files.CLEANED_SUFFIX,
+                     now_ms=old[0].created_ms)
+    stats = recopy.stats
+    changed = len(old) > 1
+    try:
+        for seg in old:
+            stats.bytes_read += seg.size
+            stats.segments += 1
+            dropped: RecordBatch | None = None
+            for batch in seg.batches():
+                if should_stop():
+                    new.delete()
+                    return None
+                batch.validate()
+                out, unchanged = recopy.filter(batch)
+                changed = changed or not unchanged
+                if out is None:
+                    dropped = batch
+                    continue
+                dropped = None
+                _append(new, out)
+            if dropped is not None and seg is old[-1]:
+                _append(new, _empty_header(dropped))     # keeps the group's offset range
+        new.on_become_inactive()
+        mtime = max(os.stat(seg.log_path).st_mtime_ns for seg in old)
+        os.utime(new.log_path, ns=(mtime, mtime))   # Kafka: the cleaned file keeps the mtime
+        new.flush()
+    except Exception:
+        new.delete()
+        raise
+    except BaseException:
+        new.close_without_index_changes()   # a crash: leave the files as they are
+        raise
+    stats.bytes_written += new.size
+    return new, changed
+
+
+def _append(seg: LogSegment, data) -> None:
+    batch = RecordBatch(data)
+    if seg.offset_index.is_full or seg.time_index.is_full:
+        # Only possible when segment.index.bytes was lowered: a sparser index stays correct.
+        seg.bytes_since_last_index_entry = 0
+    seg.append(data, last_offset=batch.last_offset, max_timestamp=batch.max_timestamp,
+               offset_of_max_timestamp=batch.last_offset)
+
+
+def clean(plog: PartitionLog, now_ms: int, config: CleanerConfig | None = None, *,
+          first_dirty_offset: int | None = None, last_stable_offset: int | None = None,
+          swap: Swap | None = None,
+          should_stop: Callable[[], bool] | None = None) -> CleanerStats:
+    """One cleaning pass over ``plog`` (see the module doc); returns its stats.
+
+    ``first_dirty_offset`` is the checkpointed value (None: the log start; out of range: reset
+    to it). ``last_stable_offset`` defaults to the high watermark. ``swap(new, old, now_ms)``
+    installs one group; the default, ``plog.replace_segments``, must run on the thread that
+    appends to the log — a background cleaner passes a function that runs it there.
+    ``should_stop`` is polled between batches; a stop (or a swap refused because retention
+    removed the segments meanwhile) ends the pass with ``completed`` False, its ``.cleaned``
+    files removed and every finished group in place.
+
+    Raises ``ValueError`` for a topic without ``compact`` in ``cleanup.policy``,
+    ``CorruptRecordError`` for an invalid batch (nothing is swapped for its group) and
+    ``OSError`` from the file system.
+    """
+    if not plog.config.compact_enabled:
+        raise ValueError(f"{plog.dir}: cleanup.policy {plog.config.cleanup_policy!r} does "
+                         "not include compact")
+    started = time.perf_counter()
+    config = config or CleanerConfig()
+    stop = should_stop or (lambda: False)
+    install: Swap = swap or plog.replace_segments
+    segments = list(plog.segments)
+    metas = [seg.meta() for seg in segments]
+    first_dirty, _ = resolve_first_dirty_offset(first_dirty_offset, plog.log_start_offset,
+                                                plog.log_end_offset)
+    lso = plog.high_watermark if last_stable_offset is None else last_stable_offset
+    rng = cleanable_range(metas, first_dirty, segments[-1].base_offset, lso, now_ms,
+                          plog.config.min_compaction_lag_ms)
+    stats = CleanerStats(first_dirty_offset=first_dirty,
+                         first_uncleanable_offset=rng.first_uncleanable_offset,
+                         next_dirty_offset=first_dirty)
+    try:
+        built = _build_offset_map(segments, first_dirty, rng.first_uncleanable_offset,
+                                  config.map_capacity, stats, stop)
+        if built is None:
+            stats.stopped_reason = "stopped"
+            return stats
+        offsets, map_end = built
+        stats.map_end_offset = map_end
+        recopy = _Recopy(offsets, map_end, now_ms, plog.config.delete_retention_ms, stats)
+        groups = group_segments(metas[:-1], end_offset=map_end + 1,
+                                max_bytes=plog.config.segment_bytes,
+                                max_index_bytes=plog.config.segment_index_bytes,
+                                index_interval_bytes=plog.config.index_interval_bytes)
+        for start, stop_at in groups:
+            old = segments[start:stop_at]
+            written = _write_cleaned(plog, old, recopy, stop)
+            if written is None:
+                stats.stopped_reason = "stopped"
+                return stats
+            new, changed = written
+            if not changed:
+                new.delete()           # byte-identical: keep the original, readers undisturbed
+                continue
+            try:
+                install(new, old, now_ms)
+            except ValueError as err:
+                if new.suffix != files.CLEANED_SUFFIX:
+                    raise                # refused half-way: reopening the log finishes it
+                new.delete()
+                stats.stopped_reason = str(err)
+                log.info("%s: cleaning stopped: %s", plog.dir, err)
+                return stats
+            except BaseException:
+                if new not in plog.segments:
+                    new.close_without_index_changes()
+                raise
+            stats.groups_swapped += 1
+        stats.next_dirty_offset = map_end + 1
+        stats.completed = True
+    finally:
+        stats.elapsed = time.perf_counter() - started
+    log.info("%s: cleaned %d segment(s) up to offset %d: %d -> %d bytes, %d of %d records "
+             "kept, %.1f MB/s", plog.dir, stats.segments, stats.map_end_offset,
+             stats.bytes_read, stats.bytes_written, stats.records_kept, stats.records_read,
+             stats.throughput_mb_s)
+    return stats
+
+
+# --- cleaner-offset-checkpoint ---------------------------------------------------------------
+
+def read_cleaner_checkpoint(data_dir: str) -> dict[tuple[str, int], int]:
+    """First dirty offset per partition from ``<data_dir>/cleaner-offset-checkpoint``. A
+    missing or damaged file is empty (logged): the cleaner then starts from the log start,
+    which costs work, never data."""
+    path = os.path.join(data_dir, CLEANER_OFFSET_CHECKPOINT)
+    try:
+        return files.read_checkpoint(path)
+    except files.CheckpointError as err:
+        log.warning("ignoring damaged checkpoint: %s", err)
+        return {}
+
+
+def write_cleaner_checkpoint(data_dir: str, offsets: Mapping[tuple[str, int], int]) -> None:
+    """Replace the checkpoint atomically (Kafka's text format, ``files.write_checkpoint``)."""
+    files.write_checkpoint(os.path.join(data_dir, CLEANER_OFFSET_CHECKPOINT), offsets)
+
+
+def update_cleaner_checkpoint(data_dir: str, updates: Mapping[tuple[str, int], int] | None = None,
+                              remove: Iterable[tuple[str, int]] = ()) -> dict[tuple[str, int], int]:
+    """Set and drop entries (Kafka's ``updateCheckpoints``); returns the new content."""
+    offsets = read_cleaner_checkpoint(data_dir)
+    offsets.update(updates or {})
+    for key in remove:
+        offsets.pop(key, None)
+    write_cleaner_checkpoint(data_dir, offsets)
+    return offsets
