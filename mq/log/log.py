@@ -26,8 +26,8 @@ from mq.errors import ClosedError, CorruptIndexError, CorruptRecordError, Offset
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.policy import retention_deletable, roll_reason
-from mq.log.records import (HEADER, LOG_APPEND_TIME, MAGIC, MIN_BATCH_LENGTH,
-                            RECORD_BATCH_OVERHEAD, RecordBatch, iter_batches,
+from mq.log.records import (HEADER, MAGIC, MIN_BATCH_LENGTH,
+                            RECORD_BATCH_OVERHEAD, RecordBatch,
                             set_log_append_time, stamp_batch)
 from mq.log.segment import FetchSlice, LogSegment
 
