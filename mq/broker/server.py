@@ -245,8 +245,9 @@ class Broker:
         position): normally the active segment's end; in durable mode the high watermark can
         trail the log end, even into an older segment."""
         plog = part.log
+        # A compaction swap can keep the segment bases and count, so it counts too.
         shape = (plog.segments[0].base_offset, plog.active_segment.base_offset,
-                 len(plog.segments))
+                 len(plog.segments), plog.swap_count)
         if shape != part.shape:
             part.shape = shape
             part.generation += 1

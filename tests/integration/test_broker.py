@@ -20,7 +20,7 @@ from mq.client.connection import Connection
 from mq.errors import (BrokerUnavailableError, CorruptMessageError, InvalidRequestError,
                        MessageTooLargeError, UnknownTopicOrPartitionError)
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder, iter_batches
+from mq.log.records import BatchBuilder
 from mq.protocol.frames import encode_frame
 from mq.protocol.messages import PROTOCOL_VERSION, Api
 
