@@ -147,6 +147,9 @@ class Broker:
         self._next_retention = 0.0
         self._next_flush = 0.0
         self._signal_r, self._signal_w = os.pipe()
+        self._recv_buf = bytearray(_RECV_BYTES)
+        self._recv_view = memoryview(self._recv_buf)
+        self._sem_prefix = semaphore_prefix(self.data_dir)   # realpath + sha1: compute once
         self.generation = int(time.time() * 1000)
 
     # --- start --------------------------------------------------------------------------------
@@ -379,16 +382,18 @@ class Broker:
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, conn: _Conn) -> None:
+        # One preallocated buffer for every read (the loop is single-threaded): recv() would
+        # allocate, map and unmap 1 MiB per call even for a 60-byte Wait (~14 us vs ~2 us).
         try:
-            data = conn.sock.recv(_RECV_BYTES)
+            n = conn.sock.recv_into(self._recv_buf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self._close(conn)
             return
-        conn.reader.feed(data)
+        conn.reader.feed(self._recv_view[:n])
         try:
             for message in conn.reader.messages():
                 self._handle(conn, message)
@@ -503,7 +508,7 @@ class Broker:
         conn.greeted = True
         return response(req.api, req.request_id, 0, None, PROTOCOL_VERSION,
                         {"data_dir": self.data_dir, "generation": self.generation,
-                         "pid": os.getpid(), "semaphore_prefix": semaphore_prefix(self.data_dir),
+                         "pid": os.getpid(), "semaphore_prefix": self._sem_prefix,
                          "shm": self.state.name})
 
     def _api_produce(self, conn: _Conn, req: Request) -> list | None:
@@ -644,7 +649,7 @@ class Broker:
 
     def _api_wait(self, conn: _Conn, req: Request) -> None:
         name = req["semaphore"]
-        if not name.startswith(semaphore_prefix(self.data_dir)):
+        if not name.startswith(self._sem_prefix):
             raise InvalidRequestError(f"semaphore {name!r} is not one of this broker's")
         sem = conn.semaphores.get(name)
         if sem is None:

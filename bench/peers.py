@@ -1,0 +1,471 @@
+"""The peers bench/e2e.py measures mq against, on the same box in the same run: Redis Streams
+(redis-server over a Unix socket, AOF ``everysec``), NATS JetStream (file storage, loopback),
+and ``multiprocessing.Queue``. This module installs what is missing, starts and always stops
+the servers, and holds the peers' producer and consumer worker functions.
+
+Every worker has the signature of ``bench.harness.run_workers`` jobs: ``fn(start, **kw)``; it
+sets itself up, calls ``start()`` (the shared barrier), runs, and returns a dict with
+``t_first``/``t_end``/``t_last`` in ``perf_counter_ns``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.metadata
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+from bench.harness import cpu_seconds, new_hist, progress, quiet_gc
+
+REDIS_PIPELINE = 100          # XADD commands per round trip (throughput)
+REDIS_READ_COUNT = 500        # XREADGROUP COUNT
+NATS_GATHER = 100             # js.publish calls gathered per await (throughput)
+NATS_FETCH = 500              # pull consumer fetch(batch)
+
+_PIP = {"redis": "redis", "hiredis": "hiredis", "nats": "nats-py", "hdrh": "hdrhistogram"}
+_APT = {"redis-server": "redis-server", "nats-server": "nats-server"}
+
+
+# --- installation ---------------------------------------------------------------------------
+
+def ensure_installed() -> dict:
+    """apt-get install redis-server / nats-server and pip install redis, hiredis, nats-py,
+    hdrhistogram if missing (the `bench` extra). Returns the versions found."""
+    missing_bin = [b for b in _APT if shutil.which(b) is None and not os.path.exists(
+        f"/usr/sbin/{b}")]
+    if missing_bin:
+        pkgs = [_APT[b] for b in missing_bin]
+        progress(f"installing {' '.join(pkgs)} with apt-get")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        r = subprocess.run(["apt-get", "install", "-y", *pkgs], env=env, capture_output=True,
+                           check=False)
+        if r.returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=True)
+            subprocess.run(["apt-get", "install", "-y", *pkgs], env=env, capture_output=True,
+                           check=True)
+        # Debian's postinst may start redis-server as a service; we run our own instance and
+        # leave any system service as the package left it.
+    missing_py = []
+    for mod, pkg in _PIP.items():
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            missing_py.append(pkg)
+    if missing_py:
+        progress(f"installing {' '.join(missing_py)} with pip")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing_py], check=True)
+        importlib.invalidate_caches()
+    versions = {}
+    for pkg in ("redis", "hiredis", "nats-py", "hdrhistogram", "posix_ipc", "psutil"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    for b in _APT:
+        path = shutil.which(b) or f"/usr/sbin/{b}"
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=10, check=False).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            out = None
+        versions[b] = out
+    return versions
+
+
+# --- servers --------------------------------------------------------------------------------
+
+def _kill_group(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL it if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def redis_server(base: str) -> Iterator[dict]:
+    """redis-server on a Unix socket in a temp dir: ``appendonly yes``, ``appendfsync
+    everysec``, no TCP (``port 0``), no RDB snapshots (``save ""``: AOF is the durability);
+    everything else default. Yields {"socket", "pid", "dir"}; stopped on exit."""
+    import redis
+    d = tempfile.mkdtemp(prefix="redis-", dir=base)
+    sock = os.path.join(d, "redis.sock")
+    cmd = [shutil.which("redis-server") or "/usr/bin/redis-server", "--port", "0",
+           "--unixsocket", sock, "--unixsocketperm", "700", "--dir", d,
+           "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+           "--daemonize", "no", "--logfile", os.path.join(d, "redis.log")]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = redis.Redis(unix_socket_path=sock)
+                r.ping()
+                r.close()
+                break
+            except (redis.ConnectionError, FileNotFoundError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not start: "
+                                       + _tail(os.path.join(d, "redis.log"))) from None
+                time.sleep(0.05)
+        yield {"socket": sock, "pid": proc.pid, "dir": d}
+    finally:
+        _kill_group(proc)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _tail(path: str, n: int = 2000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def nats_server(base: str) -> Iterator[dict]:
+    """nats-server -js -sd <tmpdir> on 127.0.0.1 and a free port. Yields {"url", "pid",
+    "dir"}; stopped on exit."""
+    d = tempfile.mkdtemp(prefix="nats-", dir=base)
+    port = _free_port()
+    cmd = [shutil.which("nats-server") or "/usr/sbin/nats-server", "-js", "-sd", d,
+           "-a", "127.0.0.1", "-p", str(port)]
+    with open(os.path.join(d, "nats.log"), "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    if s.recv(4096).startswith(b"INFO"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("nats-server did not start: "
+                                   + _tail(os.path.join(d, "nats.log")))
+            time.sleep(0.05)
+        yield {"url": f"nats://127.0.0.1:{port}", "pid": proc.pid, "dir": d}
+    finally:
+        _kill_group(proc)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# --- multiprocessing.Queue ------------------------------------------------------------------
+
+def mpq_producer(start, queue, values: list[bytes], n: int) -> dict:
+    put = queue.put
+    k = len(values)
+    quiet_gc()
+    start()
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        put(values[i % k])
+    t1 = time.perf_counter_ns()
+    queue.close()
+    queue.join_thread()                       # every item handed to the pipe
+    return {"t_first": t0, "t_end": t1, "n": n}
+
+
+def mpq_consumer(start, queue, n: int) -> dict:
+    get = queue.get
+    nbytes = 0
+    quiet_gc()
+    start()
+    for _ in range(n):
+        nbytes += len(get())
+    return {"t_last": time.perf_counter_ns(), "n": n, "bytes": nbytes}
+
+
+# --- Redis Streams --------------------------------------------------------------------------
+
+def redis_setup(sock: str, key: str) -> None:
+    import redis
+    r = redis.Redis(unix_socket_path=sock)
+    r.delete(key)
+    r.xgroup_create(key, "g", id="0", mkstream=True)
+    r.close()
+
+
+def redis_teardown(sock: str, key: str) -> None:
+    import redis
+    r = redis.Redis(unix_socket_path=sock)
+    r.delete(key)
+    r.close()
+
+
+def redis_producer(start, sock: str, key: str, values: list[bytes], n: int) -> dict:
+    """XADD pipelined ``REDIS_PIPELINE`` per round trip (redis-py + hiredis)."""
+    import redis
+    r = redis.Redis(unix_socket_path=sock)
+    r.ping()
+    pipe = r.pipeline(transaction=False)
+    k = len(values)
+    quiet_gc()
+    start()
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        pipe.xadd(key, {b"v": values[i % k]})
+        if i % REDIS_PIPELINE == REDIS_PIPELINE - 1:
+            pipe.execute()
+    pipe.execute()
+    t1 = time.perf_counter_ns()
+    r.close()
+    return {"t_first": t0, "t_end": t1, "n": n}
+
+
+def redis_consumer(start, sock: str, key: str, n: int, timeout_s: float = 120.0) -> dict:
+    """XREADGROUP COUNT ``REDIS_READ_COUNT`` BLOCK 100 in group "g"; each batch's XACK goes in
+    one pipeline with the next XREADGROUP (one round trip per batch)."""
+    import redis
+    r = redis.Redis(unix_socket_path=sock)
+    r.ping()
+    got = nbytes = 0
+    streams = {key: ">"}
+    quiet_gc()
+    start()
+    deadline = time.monotonic() + timeout_s
+    ids: list = []
+    while got < n and time.monotonic() < deadline:
+        if ids:
+            pipe = r.pipeline(transaction=False)
+            pipe.xack(key, "g", *ids)
+            pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+            resp = pipe.execute()[1]
+        else:
+            resp = r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+        ids = []
+        for _, entries in resp or ():
+            for eid, fields in entries:
+                nbytes += len(fields[b"v"])
+                ids.append(eid)
+            got += len(entries)
+    t_last = time.perf_counter_ns()
+    if ids:
+        r.xack(key, "g", *ids)
+    r.close()
+    return {"t_last": t_last, "n": got, "bytes": nbytes}
+
+
+def redis_lat_producer(start, sock: str, key: str, size: int, rate: float, n: int) -> dict:
+    """Open loop: XADD one message per call (waits for each reply), 8-byte intended send
+    time first in the payload."""
+    import redis
+    r = redis.Redis(unix_socket_path=sock)
+    r.ping()
+    xadd = r.xadd
+    buf = bytearray(b"x" * size)
+    pack = struct.Struct("<q").pack_into
+
+    def send(t_i: int) -> None:
+        pack(buf, 0, t_i)
+        xadd(key, {b"v": bytes(buf)})
+    quiet_gc()
+    start()
+    res = paced_loop(send, rate, n)
+    r.close()
+    return res
+
+
+def redis_lat_consumer(start, sock: str, key: str, n: int, warm: int,
+                       timeout_s: float) -> dict:
+    import redis
+    r = redis.Redis(unix_socket_path=sock)
+    r.ping()
+    rec = LatencyRecorder(n, warm)
+    streams = {key: ">"}
+    quiet_gc()
+    start()
+    cpu0 = cpu_seconds()
+    deadline = time.monotonic() + timeout_s
+    ids: list = []
+    clock = time.perf_counter_ns
+    while rec.got < n and time.monotonic() < deadline:
+        if ids:
+            pipe = r.pipeline(transaction=False)
+            pipe.xack(key, "g", *ids)
+            pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+            resp = pipe.execute()[1]
+        else:
+            resp = r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+        now = clock()
+        ids = []
+        for _, entries in resp or ():
+            for eid, fields in entries:
+                rec.add(now, fields[b"v"])
+                ids.append(eid)
+    res = rec.result()
+    res["cpu_s"] = cpu_seconds() - cpu0
+    r.close()
+    return res
+
+
+# --- NATS JetStream -------------------------------------------------------------------------
+
+def nats_setup(url: str, stream: str) -> None:
+    async def main() -> None:
+        import nats
+        from nats.js.api import StorageType
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):
+            await js.delete_stream(stream)
+        await js.add_stream(name=stream, subjects=[f"{stream}.x"], storage=StorageType.FILE)
+        await nc.close()
+    asyncio.run(main())
+
+
+def nats_teardown(url: str, stream: str) -> None:
+    async def main() -> None:
+        import nats
+        nc = await nats.connect(url)
+        with contextlib.suppress(Exception):
+            await nc.jetstream().delete_stream(stream)
+        await nc.close()
+    asyncio.run(main())
+
+
+def nats_producer(start, url: str, stream: str, values: list[bytes], n: int) -> dict:
+    """``js.publish`` (waits for the PubAck) gathered ``NATS_GATHER`` at a time (nats-py)."""
+    async def main() -> dict:
+        import nats
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        subject = f"{stream}.x"
+        k = len(values)
+        quiet_gc()
+        start()
+        t0 = time.perf_counter_ns()
+        for i in range(0, n, NATS_GATHER):
+            await asyncio.gather(*[js.publish(subject, values[j % k])
+                                   for j in range(i, min(n, i + NATS_GATHER))])
+        t1 = time.perf_counter_ns()
+        await nc.close()
+        return {"t_first": t0, "t_end": t1, "n": n}
+    return asyncio.run(main())
+
+
+def nats_consumer(start, url: str, stream: str, n: int, timeout_s: float = 120.0) -> dict:
+    """Durable pull consumer, ``fetch(NATS_FETCH)``, AckAll policy: the last message of each
+    fetched batch is acked (which acks the batch)."""
+    async def main() -> dict:
+        import nats
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.api import AckPolicy, ConsumerConfig
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(f"{stream}.x", durable="c", stream=stream,
+                                      config=ConsumerConfig(ack_policy=AckPolicy.ALL))
+        got = nbytes = 0
+        quiet_gc()
+        start()
+        deadline = time.monotonic() + timeout_s
+        while got < n and time.monotonic() < deadline:
+            try:
+                msgs = await sub.fetch(NATS_FETCH, timeout=1.0)
+            except NatsTimeout:
+                continue
+            for m in msgs:
+                nbytes += len(m.data)
+            got += len(msgs)
+            if msgs:
+                await msgs[-1].ack()
+        t_last = time.perf_counter_ns()
+        await nc.close()
+        return {"t_last": t_last, "n": got, "bytes": nbytes}
+    return asyncio.run(main())
+
+
+# --- open-loop pacing and latency recording (shared with the mq workers) --------------------
+
+SPIN_NS = 200_000             # sleep until ~200 us before the intended time, then spin
+
+
+def paced_loop(send, rate: float, n: int) -> dict:
+    """Call ``send(t_i)`` at t_i = t0 + i/rate (open loop). ``t_i`` is the *intended* time,
+    which the payload carries, so a stall delays the receive time but not the intended time
+    and shows up in the histogram (no coordinated omission)."""
+    clock, sleep = time.perf_counter_ns, time.sleep
+    interval = 1e9 / rate
+    send_hist = new_hist()                    # how long each send() call took, µs
+    record = send_hist.record_value
+    t0 = clock() + 2_000_000
+    late = 0
+    for i in range(n):
+        t_i = t0 + int(i * interval)
+        now = clock()
+        if t_i - now > SPIN_NS:
+            sleep((t_i - now - SPIN_NS) / 1e9)
+            now = clock()
+        while now < t_i:
+            now = clock()
+        send(t_i)
+        done = clock()
+        record((done - now) // 1000 or 1)
+        if done - t_i > interval:
+            late += 1
+    t_end = clock()
+    return {"t_first": t0, "t_end": t_end, "n": n, "late_sends": late,
+            "send_rate": n / ((t_end - t0) / 1e9), "send_call_hist": send_hist.encode()}
+
+
+class LatencyRecorder:
+    """receive time - intended send time (first 8 bytes of the value) into an HdrHistogram in
+    µs; the first ``warm`` messages are left out (warm-up)."""
+
+    __slots__ = ("first_recv", "got", "hist", "n", "slices", "t_last", "warm")
+
+    def __init__(self, n: int, warm: int) -> None:
+        self.n, self.warm, self.got = n, warm, 0
+        self.hist = new_hist()
+        self.t_last = 0
+        self.first_recv = 0
+        self.slices = [[0, 0] for _ in range(10)]     # (sum us, count) per tenth: lag trend
+
+    def add(self, now: int, value) -> None:
+        i = self.got
+        self.got = i + 1
+        if i < self.warm:
+            return
+        if not self.first_recv:
+            self.first_recv = now
+        us = (now - _unpack_q(value)[0]) // 1000
+        self.hist.record_value(max(us, 1))
+        s = self.slices[min(9, (i * 10) // self.n)]
+        s[0] += us
+        s[1] += 1
+        self.t_last = now
+
+    def result(self) -> dict:
+        return {"hist": self.hist.encode(), "n": self.got, "t_last": self.t_last,
+                "first_recv": self.first_recv,
+                "trend_mean_us": [s[0] / s[1] if s[1] else None for s in self.slices]}
+
+
+_unpack_q = struct.Struct("<q").unpack_from
