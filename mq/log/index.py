@@ -193,6 +193,22 @@ class _Index:
     def _truncate_to_entries(self, n: int) -> None:
         self.entries = n
 
+    def _rel_at(self, slot: int) -> int:
+        raise NotImplementedError
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries with offset >= ``offset``."""
+        slot = floor_slot(self._rel_at, self.entries, offset - self.base_offset)
+        if slot < 0:
+            self._truncate_to_entries(0)
+        elif self._rel_at(slot) == offset - self.base_offset:
+            # Offsets may repeat in a time index: drop every entry at this offset.
+            while slot > 0 and self._rel_at(slot - 1) == offset - self.base_offset:
+                slot -= 1
+            self._truncate_to_entries(slot)
+        else:
+            self._truncate_to_entries(slot + 1)
+
     def _relative(self, offset: int) -> int:
         """``offset - base_offset``; raises ``InvalidOffsetError`` if it does not fit int32."""
         rel = offset - self.base_offset
@@ -265,15 +281,6 @@ class OffsetIndex(_Index):
         _OFFSET_ENTRY.pack_into(self._mmap, self.entries * 8, rel, position)
         self.entries += 1
 
-    def truncate_to(self, offset: int) -> None:
-        """Remove entries with offset >= ``offset``."""
-        slot = floor_slot(self._rel_at, self.entries, offset - self.base_offset)
-        if slot < 0:
-            self._truncate_to_entries(0)
-        elif self._rel_at(slot) == offset - self.base_offset:
-            self._truncate_to_entries(slot)
-        else:
-            self._truncate_to_entries(slot + 1)
 
     def sanity_check(self) -> None:
         """Raise ``CorruptIndexError`` if the file cannot be this segment's offset index."""
@@ -364,18 +371,6 @@ class TimeIndex(_Index):
         _TIME_ENTRY.pack_into(self._mmap, self.entries * 12, timestamp, rel)
         self.entries += 1
 
-    def truncate_to(self, offset: int) -> None:
-        """Remove entries with offset >= ``offset``."""
-        slot = floor_slot(self._rel_at, self.entries, offset - self.base_offset)
-        if slot < 0:
-            self._truncate_to_entries(0)
-        elif self._rel_at(slot) == offset - self.base_offset:
-            # Offsets may repeat in a time index; drop every entry at this offset.
-            while slot > 0 and self._rel_at(slot - 1) == offset - self.base_offset:
-                slot -= 1
-            self._truncate_to_entries(slot)
-        else:
-            self._truncate_to_entries(slot + 1)
 
     def sanity_check(self) -> None:
         """Raise ``CorruptIndexError`` if the file cannot be this segment's time index."""
