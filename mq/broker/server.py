@@ -122,6 +122,14 @@ class _Flusher(threading.Thread):
             os.write(self._notify_fd, b"\x01")
 
 
+def _post(sem: posix_ipc.Semaphore) -> None:
+    """Wake a consumer; one that already went away (semaphore unlinked) is no error."""
+    try:
+        sem.release()
+    except posix_ipc.Error:
+        pass
+
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -272,12 +280,10 @@ class Broker:
         hw = part.log.high_watermark
         keep = []
         for conn, sem, offset in part.waiters:
-            if offset < hw or conn.closing:
-                if not conn.closing:
-                    try:
-                        sem.release()
-                    except posix_ipc.Error:
-                        pass
+            if conn.closing:
+                continue
+            if offset < hw:
+                _post(sem)
             else:
                 keep.append((conn, sem, offset))
         part.waiters = keep
@@ -494,6 +500,13 @@ class Broker:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         return part
 
+    def _topic_info(self, name: str):
+        """The metadata of a user topic; internal topics are never in it."""
+        info = self.metadata.topics.get(name)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        return info
+
     def _api_handshake(self, conn: _Conn, req: Request) -> list:
         version = req["protocol_version"]
         if version not in SUPPORTED_VERSIONS:
@@ -556,8 +569,7 @@ class Broker:
             names = sorted(self.metadata.topics)
         topics = {}
         for name in names:
-            if name not in self.metadata.topics:
-                raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+            self._topic_info(name)
             topics[name] = self._topic_metadata(name)
         return response(req.api, req.request_id, 0, None, topics)
 
@@ -586,16 +598,12 @@ class Broker:
 
     def _api_delete_topics(self, conn: _Conn, req: Request) -> list:
         name = req["topic"]
-        if name in INTERNAL_TOPICS or name not in self.metadata.topics:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        self._topic_info(name)
         self.metadata.delete_topic(name)
         for key in [k for k in self.partitions if k[0] == name]:
             part = self.partitions.pop(key)
-            for conn_, sem, _ in part.waiters:
-                try:
-                    sem.release()           # let waiters notice the topic is gone
-                except posix_ipc.Error:
-                    pass
+            for _, sem, _ in part.waiters:
+                _post(sem)                  # let waiters notice the topic is gone
             self.state.publish(part.slot, PartitionState(-1, -1, -1, -1, -1, -1, -1))
             self._free_slots.append(part.slot)
             self._pending_flush.pop(part, None)
@@ -607,9 +615,7 @@ class Broker:
 
     def _api_create_partitions(self, conn: _Conn, req: Request) -> list:
         name, total = req["topic"], req["total"]
-        info = self.metadata.topics.get(name)
-        if info is None or name in INTERNAL_TOPICS:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        info = self._topic_info(name)
         if total <= info.partitions or total > MAX_PARTITIONS_PER_TOPIC:
             raise InvalidPartitionsError(f"topic {name!r} has {info.partitions} partitions; "
                                          f"the new total must be larger (got {total})")
@@ -622,17 +628,13 @@ class Broker:
 
     def _api_describe_configs(self, conn: _Conn, req: Request) -> list:
         name = req["topic"]
-        if name not in self.metadata.topics:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        info = self._topic_info(name)
         cfg = self.metadata.config_for(name, self.config.topic_defaults)
-        return response(req.api, req.request_id, 0, None, cfg.to_properties(),
-                        self.metadata.topics[name].config)
+        return response(req.api, req.request_id, 0, None, cfg.to_properties(), info.config)
 
     def _api_alter_configs(self, conn: _Conn, req: Request) -> list:
         name, changes = req["topic"], req["config"]
-        info = self.metadata.topics.get(name)
-        if info is None or name in INTERNAL_TOPICS:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        info = self._topic_info(name)
         cfg = LogConfig.from_properties({**info.config, **changes},
                                         self.config.topic_defaults)
         self.metadata.alter_config(name, changes)
@@ -670,7 +672,7 @@ class Broker:
                 part.waiters = [w for w in part.waiters if w[0] is not conn or w[1] is not sem]
                 part.waiters.append((conn, sem, offset))
         if ready:
-            sem.release()
+            _post(sem)
         return None
 
     # --- background work ----------------------------------------------------------------------
@@ -730,14 +732,7 @@ class Broker:
 
     def _shutdown(self) -> None:
         """Stop accepting, answer in-flight acks=all produces, flush, mark clean, exit."""
-        if self._listener is not None:
-            self._sel.unregister(self._listener)
-            self._listener.close()
-            self._listener = None
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
+        self._close_listener()
         self._end_of_round()
         while self._inflight_jobs:
             self._sel.select(1.0)
@@ -754,6 +749,21 @@ class Broker:
         self._close_resources()
         log.info("broker stopped cleanly")
 
+    def _close_listener(self) -> None:
+        """Stop accepting and remove the socket file (idempotent)."""
+        if self._listener is None:
+            return
+        try:
+            self._sel.unregister(self._listener)
+        except (KeyError, ValueError):
+            pass
+        self._listener.close()
+        self._listener = None
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
     def _close_resources(self) -> None:
         self._flusher.stop()
         if self._flusher.is_alive():
@@ -764,13 +774,7 @@ class Broker:
         if self.state is not None:
             self.state.close()
             self.state = None
-        if self._listener is not None:
-            self._listener.close()
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
-            self._listener = None
+        self._close_listener()
         for fd in (self._flush_r, self._flush_w, self._signal_r, self._signal_w):
             try:
                 os.close(fd)
