@@ -29,6 +29,16 @@ from bench.harness import cpu_seconds, new_hist, progress, quiet_gc
 
 REDIS_PIPELINE = 100          # XADD commands per round trip (throughput)
 REDIS_READ_COUNT = 500        # XREADGROUP COUNT
+
+
+def _redis_ack_and_read(r, key: str, streams: dict, ids: list):
+    """XACK the previous read's ids and XREADGROUP the next ones in one round trip."""
+    if not ids:
+        return r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+    pipe = r.pipeline(transaction=False)
+    pipe.xack(key, "g", *ids)
+    pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+    return pipe.execute()[1]
 NATS_GATHER = 100             # js.publish calls gathered per await (throughput)
 NATS_FETCH = 500              # pull consumer fetch(batch)
 
@@ -253,13 +263,7 @@ def redis_consumer(start, sock: str, key: str, n: int, timeout_s: float = 120.0)
     deadline = time.monotonic() + timeout_s
     ids: list = []
     while got < n and time.monotonic() < deadline:
-        if ids:
-            pipe = r.pipeline(transaction=False)
-            pipe.xack(key, "g", *ids)
-            pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
-            resp = pipe.execute()[1]
-        else:
-            resp = r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+        resp = _redis_ack_and_read(r, key, streams, ids)
         ids = []
         for _, entries in resp or ():
             for eid, fields in entries:
@@ -307,13 +311,7 @@ def redis_lat_consumer(start, sock: str, key: str, n: int, warm: int,
     ids: list = []
     clock = time.perf_counter_ns
     while rec.got < n and time.monotonic() < deadline:
-        if ids:
-            pipe = r.pipeline(transaction=False)
-            pipe.xack(key, "g", *ids)
-            pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
-            resp = pipe.execute()[1]
-        else:
-            resp = r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+        resp = _redis_ack_and_read(r, key, streams, ids)
         now = clock()
         ids = []
         for _, entries in resp or ():
