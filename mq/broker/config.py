@@ -24,6 +24,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from mq.broker.assignors import canonical_assignor
 from mq.log.config import ConfigError, LogConfig
 
 __all__ = ["BrokerConfig", "default_data_dir", "default_socket_path", "ConfigError"]
@@ -45,6 +46,13 @@ def default_socket_path(data_dir: str | None = None) -> str:
     return os.path.join(data_dir or default_data_dir(), "mq.sock")
 
 
+_POSITIVE_INTS = frozenset({
+    "retention_check_interval_ms", "flush_interval_ms", "max_request_bytes", "state_slots",
+    "cleaner_backoff_ms", "cleaner_dedupe_buffer_bytes", "offsets_retention_minutes",
+    "offsets_retention_check_interval_ms", "group_heartbeat_interval_ms",
+    "group_session_timeout_ms", "group_min_session_timeout_ms", "group_max_session_timeout_ms"})
+
+
 @dataclasses.dataclass(frozen=True)
 class BrokerConfig:
     data_dir: str = dataclasses.field(default_factory=default_data_dir)
@@ -56,6 +64,15 @@ class BrokerConfig:
     high_watermark: str = "written"               # "written" or "durable"
     max_request_bytes: int = 100 * 1024 * 1024    # socket.request.max.bytes
     state_slots: int = 4096                       # partitions the shared region can hold
+    cleaner_backoff_ms: int = 15_000              # log.cleaner.backoff.ms: idle cleaner sleep
+    cleaner_dedupe_buffer_bytes: int = 128 * 1024 * 1024   # log.cleaner.dedupe.buffer.size
+    offsets_retention_minutes: int = 10_080       # offsets.retention.minutes (7 days)
+    offsets_retention_check_interval_ms: int = 600_000   # offsets.retention.check.interval.ms
+    group_heartbeat_interval_ms: int = 5_000      # group.consumer.heartbeat.interval.ms
+    group_session_timeout_ms: int = 45_000        # group.consumer.session.timeout.ms
+    group_min_session_timeout_ms: int = 45        # group.consumer.min.session.timeout.ms
+    group_max_session_timeout_ms: int = 1_800_000  # group.consumer.max.session.timeout.ms
+    group_assignor: str = "sticky"                # default when members name none
     topic_defaults: LogConfig = dataclasses.field(default_factory=LogConfig)
     config_file: str | None = None
 
@@ -107,11 +124,15 @@ class BrokerConfig:
                 except ValueError:
                     raise ConfigError(f"socket_mode must be octal like \"0660\", got "
                                       f"{value!r}") from None
-            elif key in ("retention_check_interval_ms", "flush_interval_ms", "max_request_bytes",
-                         "state_slots"):
+            elif key in _POSITIVE_INTS:
                 if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                     raise ConfigError(f"{key} must be a positive integer, got {value!r}")
                 kwargs[key] = value
+            elif key == "group_assignor":
+                try:
+                    kwargs[key] = canonical_assignor(str(value))
+                except ValueError as err:
+                    raise ConfigError(f"group_assignor: {err}") from None
             elif key == "high_watermark":
                 if value not in ("written", "durable"):
                     raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "
