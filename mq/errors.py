@@ -152,6 +152,7 @@ _ERROR_TABLE = [
     ("UnknownTopicOrPartitionError", 3, False, "No such topic or partition."),
     ("RequestTimedOutError", 7, True, "The request did not complete in time."),
     ("MessageTooLargeError", 10, False, "The batch is larger than max.message.bytes."),
+    ("OffsetMetadataTooLargeError", 12, False, "The commit's metadata string is too long."),
     ("InvalidTopicError", 17, False, "The topic name is not valid."),
     ("RecordListTooLargeError", 18, False, "The request is larger than the broker accepts."),
     ("InvalidTimestampError", 32, False, "A timestamp is outside the accepted range."),
@@ -164,6 +165,20 @@ _ERROR_TABLE = [
     ("KafkaStorageError", 56, True, "The broker could not read or write its log."),
     ("UnsupportedCompressionTypeError", 76, False, "The batch uses a codec the broker refuses."),
     ("InvalidRecordError", 87, False, "A record is not valid for this topic."),
+    # consumer groups
+    ("InvalidGroupIdError", 24, False, "The group id is not valid."),
+    ("UnknownMemberIdError", 25, False, "The group does not know this member (rejoin)."),
+    ("InvalidSessionTimeoutError", 26, False, "The session timeout is outside the broker's "
+                                              "limits."),
+    ("NonEmptyGroupError", 68, False, "The group has live members."),
+    ("GroupIdNotFoundError", 69, False, "No such group."),
+    ("GroupMaxSizeReachedError", 81, False, "The group has as many members as allowed."),
+    ("FencedInstanceIdError", 82, False, "Another process took over this static member."),
+    ("FencedMemberEpochError", 110, False, "The member's epoch is fenced (rejoin)."),
+    ("UnreleasedInstanceIdError", 111, False, "The static member is still in use."),
+    ("UnsupportedAssignorError", 112, False, "No such partition assignor."),
+    ("StaleMemberEpochError", 113, True, "The member epoch is stale (heartbeat, then retry)."),
+    ("InvalidRegularExpressionError", 128, False, "The subscription pattern is not valid."),
     ("BrokerShuttingDownError", 1001, True, "The broker is stopping; retry after restart."),
 ]
 ERRORS_BY_CODE: dict[int, type] = {code: _broker_error(name, code, retriable, doc)

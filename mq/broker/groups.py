@@ -45,7 +45,9 @@ and the partitions they still own. Reported partitions that no one holds are gra
 rejoining member straight away and count as its current assignment for the sticky assignor, so
 members keep consuming through a broker restart. With ``restart_grace_ms`` the coordinator
 withholds, for that long after it starts, partitions no member has reported — a member that
-has not rejoined yet may still be consuming them.
+has not rejoined yet may still be consuming them. ``grace_groups`` limits that to the groups
+that existed before the restart (the broker passes those with committed offsets), so a new
+group is not kept waiting.
 
 Client contract (what the consumer must do for the invariant to hold end to end): report its
 owned partitions on every heartbeat (``None`` only when unchanged since its last report — the
@@ -249,7 +251,8 @@ class GroupCoordinator:
     return errors and effects as values; nothing here raises on bad client input."""
 
     def __init__(self, topics: dict[str, int] | None = None, *, now_ms: int = 0,
-                 restart_grace_ms: int = 0, default_assignor: str = "sticky",
+                 restart_grace_ms: int = 0, grace_groups: Collection[str] | None = None,
+                 default_assignor: str = "sticky",
                  heartbeat_interval_ms: int = 3_000, session_timeout_ms: int = 45_000,
                  rebalance_timeout_ms: int = 300_000, min_session_timeout_ms: int = 10,
                  max_session_timeout_ms: int = 1_800_000, max_group_size: int | None = None,
@@ -267,6 +270,8 @@ class GroupCoordinator:
         self._grace_until_ms: int | None = now_ms + restart_grace_ms if restart_grace_ms > 0 \
             else None
         self._fresh: set[TopicPartition] = set()     # created during the restart grace
+        # Groups the grace applies to (None: all) — those that can have been consuming before.
+        self._grace_groups = None if grace_groups is None else frozenset(grace_groups)
 
     # --- the heartbeat -------------------------------------------------------------------------
 
@@ -618,6 +623,8 @@ class GroupCoordinator:
         holder = group.holder.get(tp)
         if holder is not None:
             return holder == m.member_id
+        if self._grace_groups is not None and group.group_id not in self._grace_groups:
+            return True
         return self._grace_until_ms is None or tp in group.known_free or tp in self._fresh
 
     def _apply(self, group: _Group, m: _Member, nxt: _Next, now_ms: int) -> None:

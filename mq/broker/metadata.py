@@ -22,7 +22,7 @@ from mq.log.records import BatchBuilder
 __all__ = ["MetadataStore", "TopicInfo", "METADATA_TOPIC", "INTERNAL_TOPICS"]
 
 METADATA_TOPIC = "__cluster_metadata"
-INTERNAL_TOPICS = frozenset({METADATA_TOPIC})
+INTERNAL_TOPICS = frozenset({METADATA_TOPIC, "__consumer_offsets"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

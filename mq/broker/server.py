@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import os
 import selectors
@@ -30,6 +31,7 @@ import posix_ipc
 
 from mq import errors
 from mq.broker.config import BrokerConfig
+from mq.broker.group_apis import GroupApis
 from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
 from mq.broker.state import PartitionState, StateWriter, semaphore_prefix
 from mq.errors import (BrokerError, InvalidPartitionsError, InvalidRequestError,
@@ -56,6 +58,8 @@ class _Conn:
     sock: socket.socket
     pid: int
     reader: FrameReader
+    conn_id: int = 0
+    group_member: bool = False         # sent a group heartbeat: its close is a member leaving
     out: bytearray = dataclasses.field(default_factory=bytearray)
     greeted: bool = False
     closing: bool = False
@@ -130,7 +134,7 @@ def _post(sem: posix_ipc.Semaphore) -> None:
         pass
 
 
-class Broker:
+class Broker(GroupApis):
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.data_dir = config.data_dir
@@ -144,6 +148,8 @@ class Broker:
         self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._conns: dict[int, _Conn] = {}
+        self._conns_by_id: dict[int, _Conn] = {}
+        self._conn_ids = itertools.count(1)
         self._stop = False
         self._reload = False
         self._dirty: set[_Partition] = set()                 # HW moved this round
@@ -171,6 +177,7 @@ class Broker:
             self.metadata = MetadataStore(meta_log)
             self.state = StateWriter(self.data_dir, self.config.state_slots, self.generation)
             self._sync_partitions_with_metadata()
+            self._open_groups()
             self._listen()
         except BaseException:
             self._close_resources()
@@ -300,6 +307,7 @@ class Broker:
         while not self._stop:
             now = time.monotonic()
             timeout = max(0.0, min(self._next_retention, self._next_flush) - now)
+            timeout = min(timeout, self._group_deadline_s())
             for key, events in self._sel.select(timeout):
                 what = key.data
                 if what == "accept":
@@ -315,6 +323,7 @@ class Broker:
                     self._read(what)
                 if isinstance(what, _Conn) and events & selectors.EVENT_WRITE:
                     self._write(what)
+            self._group_timers()
             self._end_of_round()
             now = time.monotonic()
             if now >= self._next_flush:
@@ -383,8 +392,10 @@ class Broker:
             sock.setblocking(False)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             pid, _, _ = _PEERCRED.unpack(creds)
-            conn = _Conn(sock, pid, FrameReader(self.config.max_request_bytes))
+            conn = _Conn(sock, pid, FrameReader(self.config.max_request_bytes),
+                         next(self._conn_ids))
             self._conns[sock.fileno()] = conn
+            self._conns_by_id[conn.conn_id] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, conn: _Conn) -> None:
@@ -436,6 +447,7 @@ class Broker:
             return
         conn.closing = True
         self._conns.pop(conn.sock.fileno(), None)
+        self._conns_by_id.pop(conn.conn_id, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -447,6 +459,8 @@ class Broker:
         for sem in conn.semaphores.values():
             sem.close()
         conn.semaphores.clear()
+        if conn.group_member and not self._stop:
+            self._member_connection_closed(conn.conn_id)
 
     # --- requests -----------------------------------------------------------------------------
     def _handle(self, conn: _Conn, message: list) -> None:
@@ -541,16 +555,21 @@ class Broker:
         self._dirty.add(part)
         reply = response(req.api, req.request_id, 0, None, info.first_offset,
                          info.log_append_time, part.log.log_start_offset)
-        if acks == ACKS_ALL or not part.log.high_watermark_follows_log_end:
-            active = part.log.active_segment
-            self._pending_flush[part] = (part.log.log_end_offset, active.base_offset,
-                                         active.size)
-            if acks == ACKS_ALL:
-                self._pending_replies.append((conn, reply))
-            elif acks == 1:
-                return reply
+        if acks == ACKS_ALL:
+            self._ack_after_flush(part, conn, reply)
             return None
+        if not part.log.high_watermark_follows_log_end:
+            self._ack_after_flush(part)
         return reply if acks == 1 else None
+
+    def _ack_after_flush(self, part: _Partition, conn: _Conn | None = None,
+                         reply: list | None = None) -> None:
+        """Have this round's flush job fsync ``part`` (and send ``reply`` once it did)."""
+        active = part.log.active_segment
+        self._pending_flush[part] = (part.log.log_end_offset, active.base_offset, active.size)
+        self._dirty.add(part)
+        if conn is not None:
+            self._pending_replies.append((conn, reply))
 
     def _api_list_offsets(self, conn: _Conn, req: Request) -> list:
         part = self._partition(req["topic"], req["partition"])
@@ -593,6 +612,7 @@ class Broker:
         for p in range(count):
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
+        self._topic_partitions_changed(name, count)
         log.info("created topic %s with %d partition(s)", name, count)
         return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
 
@@ -610,6 +630,8 @@ class Broker:
             self._dirty.discard(part)
             self.logs.delete(*key)
         self.state.bump_metadata_version()
+        self._topic_partitions_changed(name, 0)
+        self._delete_topic_offsets(name)
         log.info("deleted topic %s", name)
         return response(req.api, req.request_id, 0, None)
 
@@ -624,6 +646,7 @@ class Broker:
         for p in range(info.partitions, total):
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
+        self._topic_partitions_changed(name, total)
         return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
 
     def _api_describe_configs(self, conn: _Conn, req: Request) -> list:

@@ -18,6 +18,20 @@ Schemas (fields after ``request_id``)::
     AlterConfigs    33  topic str, config {str: str}
     CreatePartitions 37 topic str, total int
     Wait          1000  semaphore str, [[topic str, partition int, offset int], ...]   (no reply)
+
+    OffsetCommit     8  group str, member_id str, member_epoch int,
+                        [[topic str, partition int, offset int, leader_epoch int, metadata str]]
+    OffsetFetch      9  group str, [[topic str, partition int], ...] | nil (nil: all)
+    ListGroups      16  (no fields)
+    DeleteGroups    42  group str
+    ConsumerGroupHeartbeat 68  group str, member_id str|nil, member_epoch int,
+                        instance_id str|nil, rebalance_timeout_ms int, session_timeout_ms int
+                        (-1: broker default), topics [str]|nil, pattern str|nil,
+                        assignor str|nil, owned [[topic str, partition int]]|nil
+    ConsumerGroupDescribe 69  group str
+
+The broker also *pushes* ``[68, 0, 0, nil]`` (request id 0, never used by a request) on a
+member's heartbeat connection when the member should heartbeat now: its assignment changed.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from typing import Any, Final
 from mq.errors import RemoteProtocolError
 
 __all__ = ["PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Api", "Request", "Response",
-           "check_request", "request", "response", "ACKS_ALL"]
+           "check_request", "request", "response", "ACKS_ALL", "PUSH_REQUEST_ID"]
 
 PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({1})
@@ -47,12 +61,22 @@ class Api(enum.IntEnum):
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    LIST_GROUPS = 16
+    DELETE_GROUPS = 42
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
     WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
 
 
 _STR_MAP = ("str_map",)
 _WAIT_LIST = ("wait_list",)
 _OPT_STR_LIST = ("opt_str_list",)
+_OPT_STR = ("opt_str",)
+_OPT_TP_LIST = ("opt_tp_list",)
+_COMMIT_LIST = ("commit_list",)
+PUSH_REQUEST_ID: Final = 0
 
 _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.HANDSHAKE: (("protocol_version", int), ("client_name", str), ("pid", int)),
@@ -66,6 +90,17 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.ALTER_CONFIGS: (("topic", str), ("config", _STR_MAP)),
     Api.CREATE_PARTITIONS: (("topic", str), ("total", int)),
     Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
+    Api.OFFSET_COMMIT: (("group", str), ("member_id", str), ("member_epoch", int),
+                        ("offsets", _COMMIT_LIST)),
+    Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST)),
+    Api.LIST_GROUPS: (),
+    Api.DELETE_GROUPS: (("group", str),),
+    Api.CONSUMER_GROUP_HEARTBEAT: (
+        ("group", str), ("member_id", _OPT_STR), ("member_epoch", int),
+        ("instance_id", _OPT_STR), ("rebalance_timeout_ms", int), ("session_timeout_ms", int),
+        ("topics", _OPT_STR_LIST), ("pattern", _OPT_STR), ("assignor", _OPT_STR),
+        ("owned", _OPT_TP_LIST)),
+    Api.CONSUMER_GROUP_DESCRIBE: (("group", str),),
 }
 
 ONE_WAY: Final = frozenset({Api.WAIT})
@@ -115,6 +150,16 @@ def _check(kind: Any, value: Any) -> bool:
     if kind is _OPT_STR_LIST:
         return value is None or (isinstance(value, list)
                                  and all(isinstance(t, str) for t in value))
+    if kind is _OPT_STR:
+        return value is None or isinstance(value, str)
+    if kind is _OPT_TP_LIST:
+        return value is None or (isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_int(p[1])
+            for p in value))
+    if kind is _COMMIT_LIST:
+        return isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 5 and isinstance(p[0], str) and _is_int(p[1])
+            and _is_int(p[2]) and _is_int(p[3]) and isinstance(p[4], str) for p in value)
     if kind is _WAIT_LIST:
         return isinstance(value, list) and all(
             isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)

@@ -1,0 +1,312 @@
+"""The broker's consumer-group and offset apis: the group coordinator and ``__consumer_offsets``
+wired to the event loop.
+
+``GroupCoordinator`` (``groups.py``) decides; this module feeds it requests, connection closes,
+dead pids and the clock, and turns its effects into pushes: a member whose assignment changed
+gets ``[68, 0, 0, nil]`` on its heartbeat connection and heartbeats at once. That, and noticing
+a dead member by its socket closing (or its pid gone, checked every ``_PID_CHECK_MS``), is why a
+killed consumer's partitions move within milliseconds instead of after a 45 s session timeout.
+
+Committed offsets go through ``OffsetStore`` into ``__consumer_offsets-<n>`` and are
+acknowledged after the fsync (like ``acks="all"``), so an acknowledged commit survives kill -9
+of the broker and even a power loss. The coordinator is not persisted: after a restart members
+rejoin with the partitions they still own; for groups that have committed offsets, partitions
+nobody reported are withheld for ``RESTART_GRACE_MS`` so a member that is still consuming has
+time to rejoin before anyone else is given its partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from mq import errors
+from mq.broker.groups import Effects, ErrorCode, GroupCoordinator, GroupState
+from mq.broker.offsets import OFFSETS_TOPIC, CommittedOffset, OffsetStore
+from mq.errors import InvalidRequestError
+from mq.log.config import LogConfig
+from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
+
+if TYPE_CHECKING:
+    from mq.broker.server import _Conn
+
+log = logging.getLogger("mq.broker")
+
+RESTART_GRACE_MS = 2_000
+OFFSET_METADATA_MAX_BYTES = 4096            # offset.metadata.max.bytes
+_PID_CHECK_MS = 100
+_OFFSETS_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024)}
+_PUSH = [int(Api.CONSUMER_GROUP_HEARTBEAT), PUSH_REQUEST_ID, 0, None]
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _raise_for(code: ErrorCode | None, message: str) -> None:
+    if code is not None:
+        raise errors.error_for_code(int(code), message)
+
+
+class GroupApis:
+    """Mixed into ``Broker``: uses its ``partitions``, ``logs``, ``metadata``, ``config``,
+    ``_conns``, ``_send``, ``_add_partition`` and ``_ack_after_flush``."""
+
+    coordinator: GroupCoordinator
+    offsets: OffsetStore
+
+    # --- start and timers ---------------------------------------------------------------------
+    def _open_groups(self) -> None:
+        """Open (or create) ``__consumer_offsets``, replay it, and start the coordinator."""
+        cfg = LogConfig.from_properties(_OFFSETS_CONFIG, self.config.topic_defaults)
+        count = max(1, sum(1 for plog in self.logs if plog.topic == OFFSETS_TOPIC))
+        logs = [self._add_partition(OFFSETS_TOPIC, p, cfg).log for p in range(count)]
+        self.offsets = OffsetStore(logs)
+        c = self.config
+        now = monotonic_ms()
+        self.coordinator = GroupCoordinator(
+            {name: info.partitions for name, info in self.metadata.topics.items()},
+            now_ms=now, restart_grace_ms=RESTART_GRACE_MS,
+            grace_groups=set(self.offsets.groups()), default_assignor=c.group_assignor,
+            heartbeat_interval_ms=c.group_heartbeat_interval_ms,
+            session_timeout_ms=c.group_session_timeout_ms,
+            min_session_timeout_ms=c.group_min_session_timeout_ms,
+            max_session_timeout_ms=c.group_max_session_timeout_ms)
+        self._next_pid_check = now + _PID_CHECK_MS
+        self._next_offsets_expiry = now + c.offsets_retention_check_interval_ms
+
+    def _group_deadline_s(self) -> float:
+        """Seconds until group work is due (for the loop's select timeout)."""
+        due = [self._next_offsets_expiry]
+        deadline = self.coordinator.next_deadline_ms()
+        if deadline is not None:
+            due += [deadline, self._next_pid_check]
+        return max(0.0, (min(due) - monotonic_ms()) / 1e3)
+
+    def _group_timers(self) -> None:
+        now = monotonic_ms()
+        deadline = self.coordinator.next_deadline_ms()
+        if deadline is not None and now >= deadline:
+            self._group_effects(self.coordinator.tick(now))
+        if now >= self._next_pid_check:
+            self._next_pid_check = now + _PID_CHECK_MS
+            self._check_member_pids(now)
+        if now >= self._next_offsets_expiry:
+            self._next_offsets_expiry = now + self.config.offsets_retention_check_interval_ms
+            self._expire_offsets()
+
+    def _check_member_pids(self, now: int) -> None:
+        """A member whose process is gone while its socket lives on (a forked child holds a
+        copy) is removed by pid."""
+        pids = {m.pid for g in self.coordinator.groups.values() for m in g.members.values()
+                if m.pid is not None and not m.departed}
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                self._group_effects(self.coordinator.member_died(pid, now))
+            except PermissionError:
+                pass                                   # alive, another user's
+
+    def _expire_offsets(self) -> None:
+        retention_ms = int(self.config.offsets_retention_minutes * 60_000)
+
+        def empty(group: str) -> bool:
+            return self.coordinator.group_state(group) in (GroupState.EMPTY, GroupState.DEAD)
+        for group in self.offsets.expired(wall_ms(), retention_ms, empty):
+            log.info("group %s: committed offsets expired (offsets.retention.minutes)", group)
+            self.coordinator.delete_group(group)
+            plog = self.offsets.delete(group, now_ms=wall_ms())
+            if plog is not None:
+                self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)])
+
+    # --- effects ------------------------------------------------------------------------------
+    def _group_effects(self, effects: Effects) -> None:
+        for gone in effects.removed:
+            log.info("group %s: member %s left (%s)", gone.group_id, gone.member_id, gone.reason)
+        for gone in effects.departed:
+            log.info("group %s: static member %s (%s) is away, partitions kept (%s)",
+                     gone.group_id, gone.member_id, gone.instance_id, gone.reason)
+        for wake in effects.wakeups:
+            conn = self._conns_by_id.get(wake.conn_id)
+            if conn is not None:
+                self._send(conn, _PUSH)
+
+    def _member_connection_closed(self, conn_id: Hashable) -> None:
+        self._group_effects(self.coordinator.connection_closed(conn_id, monotonic_ms()))
+
+    def _topic_partitions_changed(self, topic: str, count: int) -> None:
+        self._group_effects(self.coordinator.set_topic_partitions(topic, count))
+
+    # --- apis ---------------------------------------------------------------------------------
+    def _api_consumer_group_heartbeat(self, conn: _Conn, req: Request) -> list:
+        f = req.fields
+        if not f["group"]:
+            raise errors.InvalidGroupIdError("the group id must be a non-empty string")
+        conn.group_member = True
+        result = self.coordinator.heartbeat(
+            f["group"], f["member_id"], member_epoch=f["member_epoch"],
+            instance_id=f["instance_id"], subscription=f["topics"],
+            subscribed_pattern=f["pattern"], assignor=f["assignor"],
+            owned_partitions=f["owned"], now_ms=monotonic_ms(), pid=conn.pid,
+            conn_id=conn.conn_id,
+            rebalance_timeout_ms=None if f["rebalance_timeout_ms"] < 0
+            else f["rebalance_timeout_ms"],
+            session_timeout_ms=None if f["session_timeout_ms"] < 0
+            else f["session_timeout_ms"])
+        self._group_effects(result.effects)
+        if result.error is not None:
+            return response(req.api, req.request_id, int(result.error), result.error_message)
+        return response(req.api, req.request_id, 0, None, result.member_id, result.member_epoch,
+                        result.heartbeat_interval_ms, sorted(map(list, result.assignment)))
+
+    def _api_offset_commit(self, conn: _Conn, req: Request) -> None:
+        group, member_id, epoch = req["group"], req["member_id"], req["member_epoch"]
+        if not group:
+            raise errors.InvalidGroupIdError("the group id must be a non-empty string")
+        if epoch < 0 and not member_id:
+            live = self._live_members(group)
+            if live:
+                raise errors.NonEmptyGroupError(
+                    f"group {group!r} has {live} live member(s); stop them before changing "
+                    "its offsets")
+        _raise_for(self.coordinator.validate_commit(group, member_id, epoch),
+                   f"member {member_id!r} at epoch {epoch} may not commit for group {group!r}")
+        now = wall_ms()
+        items = []
+        for topic, partition, offset, leader_epoch, metadata in req["offsets"]:
+            self._partition(topic, partition)          # UnknownTopicOrPartition
+            if topic.startswith("__"):
+                raise InvalidRequestError(f"cannot commit offsets of internal topic {topic!r}")
+            if offset < 0:
+                raise InvalidRequestError(f"offset must be >= 0, got {offset} for "
+                                          f"{topic}-{partition}")
+            if len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                raise errors.OffsetMetadataTooLargeError(
+                    f"offset metadata is longer than {OFFSET_METADATA_MAX_BYTES} bytes")
+            items.append((topic, partition, CommittedOffset(offset, leader_epoch, metadata, now)))
+        if not items:
+            return response(req.api, req.request_id, 0, None)
+        plog = self.offsets.commit(group, items, now)
+        self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)],
+                              conn, response(req.api, req.request_id, 0, None))
+        return None
+
+    def _api_offset_fetch(self, conn: _Conn, req: Request) -> list:
+        group, wanted = req["group"], req["partitions"]
+        committed = self.offsets.offsets.get(group, {})
+        keys = sorted(committed) if wanted is None else [(t, p) for t, p in wanted]
+        rows = []
+        for key in keys:
+            c = committed.get(key)
+            rows.append([*key, -1, -1, "", -1] if c is None else
+                        [*key, c.offset, c.leader_epoch, c.metadata, c.commit_timestamp_ms])
+        return response(req.api, req.request_id, 0, None, rows)
+
+    def _api_list_groups(self, conn: _Conn, req: Request) -> list:
+        names = set(self.coordinator.groups) | set(self.offsets.offsets)
+        rows = []
+        for name in sorted(names):
+            state = self.coordinator.group_state(name)
+            if state is GroupState.DEAD:
+                state = GroupState.EMPTY                 # known only by its offsets
+            rows.append([name, state.value, self._live_members(name)])
+        return response(req.api, req.request_id, 0, None, rows)
+
+    def _api_consumer_group_describe(self, conn: _Conn, req: Request) -> list:
+        group = req["group"]
+        desc = self.coordinator.describe(group)
+        committed = self.offsets.offsets.get(group, {})
+        if desc.state is GroupState.DEAD and not committed:
+            raise errors.GroupIdNotFoundError(f"group {group!r} does not exist")
+        now = monotonic_ms()
+        owner = {}
+        members = []
+        for m in desc.members:
+            for tp in m.assigned | m.pending_revocation:
+                owner[tp] = m
+            members.append({
+                "member_id": m.member_id, "instance_id": m.instance_id, "pid": m.pid,
+                "member_epoch": m.member_epoch, "state": m.state.value, "away": m.departed,
+                "assignment": sorted(map(list, m.assigned)),
+                "pending_revocation": sorted(map(list, m.pending_revocation)),
+                "target": sorted(map(list, m.target)),
+                "topics": list(m.subscribed_topics or ()), "pattern": m.subscribed_pattern,
+                "assignor": m.assignor, "last_heartbeat_ms_ago": now - m.last_heartbeat_ms})
+        rows = []
+        for tp in sorted(set(committed) | set(owner)):
+            c = committed.get(tp)
+            m = owner.get(tp)
+            end, lag, lag_ms = self._lag(tp, None if c is None else c.offset)
+            rows.append({"topic": tp[0], "partition": tp[1],
+                         "committed_offset": None if c is None else c.offset,
+                         "metadata": None if c is None else c.metadata,
+                         "end_offset": end, "lag": lag, "lag_ms": lag_ms,
+                         "member_id": None if m is None else m.member_id,
+                         "pid": None if m is None else m.pid})
+        state = GroupState.EMPTY if desc.state is GroupState.DEAD else desc.state
+        return response(req.api, req.request_id, 0, None, {
+            "group": group, "state": state.value, "group_epoch": desc.group_epoch,
+            "assignment_epoch": desc.assignment_epoch, "assignor": desc.assignor,
+            "members": members, "offsets": rows})
+
+    def _api_delete_groups(self, conn: _Conn, req: Request) -> None:
+        group = req["group"]
+        code = self.coordinator.delete_group(group)
+        if code is ErrorCode.NON_EMPTY_GROUP:
+            raise errors.NonEmptyGroupError(f"group {group!r} has {self._live_members(group)} "
+                                            "live member(s); stop them first")
+        if code is ErrorCode.GROUP_ID_NOT_FOUND and group not in self.offsets.offsets:
+            raise errors.GroupIdNotFoundError(f"group {group!r} does not exist")
+        plog = self.offsets.delete(group, now_ms=wall_ms())
+        reply = response(req.api, req.request_id, 0, None)
+        if plog is None:
+            return reply
+        self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)], conn, reply)
+        return None
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _live_members(self, group: str) -> int:
+        g = self.coordinator.groups.get(group)
+        return 0 if g is None else sum(1 for m in g.members.values() if not m.departed)
+
+    def _lag(self, tp: tuple[str, int], committed: int | None
+             ) -> tuple[int | None, int | None, int | None]:
+        """(end offset, lag in records, age in ms of the oldest unconsumed record)."""
+        part = self.partitions.get(tp)
+        if part is None:
+            return None, None, None
+        plog = part.log
+        end = plog.high_watermark
+        if committed is None:
+            return end, None, None
+        lag = max(0, end - max(committed, plog.log_start_offset))
+        if lag == 0:
+            return end, 0, 0
+        try:
+            for batch in plog.batches(max(committed, plog.log_start_offset)):
+                if batch.is_control or batch.last_offset < committed:
+                    continue
+                first = next((r.timestamp for r in batch.records() if r.offset >= committed),
+                             None)
+                if first is not None:
+                    return end, lag, max(0, wall_ms() - first)
+        except (errors.MQError, OSError) as err:
+            log.debug("lag of %s-%d: %s", *tp, err)
+        return end, lag, None
+
+    def _delete_topic_offsets(self, topic: str) -> None:
+        """A deleted topic's committed offsets go too (Kafka does the same)."""
+        for group in list(self.offsets.groups()):
+            doomed = [tp for tp in self.offsets.offsets.get(group, {}) if tp[0] == topic]
+            if doomed:
+                plog = self.offsets.delete(group, doomed, now_ms=wall_ms())
+                if plog is not None:
+                    self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)])
