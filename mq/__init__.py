@@ -16,6 +16,7 @@ _LAZY = {
     "Consumer": "mq.client.consumer",
     "Record": "mq.client.consumer",
     "NoOffsetForPartitionError": "mq.client.consumer",
+    "ConsumerRebalanceListener": "mq.client.membership",
     "Admin": "mq.client.admin",
     "TopicPartition": "mq.client.types",
     "RecordMetadata": "mq.client.types",
@@ -24,7 +25,7 @@ _LAZY = {
 
 __all__ = [
     "Producer", "FutureRecordMetadata", "Consumer", "Admin", "TopicPartition", "Record",
-    "RecordMetadata", "NoOffsetForPartitionError", "testing", "errors", "MQError",
+    "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing", "errors", "MQError",
     "StorageError", "CorruptRecordError", "CorruptIndexError", "UnsupportedCodecError",
     "OffsetOutOfRangeError", "ClosedError", "BrokerError", "BrokerUnavailableError",
     "__version__",

@@ -1,10 +1,12 @@
-"""``mq.Admin``: topic operations (create, delete, list, describe, add partitions, configs)."""
+"""``mq.Admin``: topic operations (create, delete, list, describe, add partitions, configs) and
+consumer-group operations (list, describe, delete, read and reset committed offsets)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mq.client.connection import Connection
+from mq.client.types import TopicPartition
 from mq.protocol.messages import Api
 
 __all__ = ["Admin"]
@@ -50,6 +52,38 @@ class Admin:
     def delete_records(self, name: str, partition: int, before_offset: int) -> int:
         """Kafka's DeleteRecords: records below ``before_offset`` become unreadable."""
         return self._conn.call(Api.DELETE_RECORDS, name, partition, before_offset).fields[0]
+
+    # --- consumer groups ------------------------------------------------------------------------
+    def list_groups(self) -> list[dict]:
+        """``[{"group", "state", "members"}]``: groups with live members or committed
+        offsets. ``state``: Kafka's Empty, Reconciling or Stable."""
+        rows = self._conn.call(Api.LIST_GROUPS).fields[0]
+        return [{"group": g, "state": state, "members": n} for g, state, n in rows]
+
+    def describe_group(self, group: str) -> dict:
+        """``{"group", "state", "group_epoch", "assignment_epoch", "assignor", "members":
+        [{"member_id", "instance_id", "pid", "member_epoch", "state", "assignment", ...}],
+        "offsets": [{"topic", "partition", "committed_offset", "metadata", "end_offset", "lag",
+        "lag_ms", "member_id", "pid"}]}`` — ``lag_ms`` is the age of the oldest unconsumed
+        record. Raises ``GroupIdNotFoundError``."""
+        return self._conn.call(Api.CONSUMER_GROUP_DESCRIBE, group).fields[0]
+
+    def delete_group(self, group: str) -> None:
+        """Delete a group's committed offsets. Raises ``NonEmptyGroupError`` while it has live
+        members, ``GroupIdNotFoundError`` for an unknown group."""
+        self._conn.call(Api.DELETE_GROUPS, group)
+
+    def list_group_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The group's committed offsets (``{}`` for an unknown group)."""
+        rows = self._conn.call(Api.OFFSET_FETCH, group, None).fields[0]
+        return {TopicPartition(t, p): offset for t, p, offset, *_ in rows if offset >= 0}
+
+    def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        """Set committed offsets of a group without live members (an offset reset). Raises
+        ``NonEmptyGroupError`` while it has live members, ``UnknownTopicOrPartitionError``."""
+        items = [[tp[0], tp[1], int(offset), -1, ""] for tp, offset in offsets.items()]
+        if items:
+            self._conn.call(Api.OFFSET_COMMIT, group, "", -1, items)
 
     def close(self) -> None:
         self._conn.close()

@@ -115,6 +115,27 @@ class Connection:
             self._pending.clear()
             return out
 
+    def ready(self) -> list[Response]:
+        """Responses already received or readable now, without blocking."""
+        with self._recv_lock:
+            if not self._pending:
+                sock = self._ensure()
+                try:
+                    readable, _, _ = select.select([sock], [], [], 0)
+                except (OSError, ValueError) as err:
+                    raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+                if readable:
+                    self._receive(time.monotonic() + self.timeout)
+            out = list(self._pending.values())
+            self._pending.clear()
+            return out
+
+    def take_pushed(self, rid: int) -> bool:
+        """Remove a broker push (a frame with request id ``rid``) that arrived during an
+        earlier call; True if there was one."""
+        with self._recv_lock:
+            return self._pending.pop(rid, None) is not None
+
     def call(self, api: Api, *fields: Any, timeout: float | None = None) -> Response:
         return self.wait(self.send(api, *fields), timeout)
 

@@ -42,8 +42,9 @@ growing segment may be served from a ``pread`` copy). Pickling a record copies t
 
 Without a ``group_id``, topics given to the constructor are assigned whole: every partition,
 including partitions added later (a simple subscriber). ``assign()`` replaces that with a manual
-assignment. Consumer groups (subscriptions with a group, ``commit``, ``committed``) arrive with
-issue 4: the ``_membership`` hook below is where the group protocol plugs in.
+assignment. With a ``group_id``, topics (or ``pattern``) subscribe: the broker assigns each
+member its share and moves partitions when members come and go (``consumer_groups.py`` and
+``membership.py``); ``commit``/``committed`` store offsets in ``__consumer_offsets``.
 
 Never returned: records at or past the high watermark (the last stable offset with
 ``isolation_level="read_committed"``), and control batches (transaction markers), which only
@@ -56,7 +57,6 @@ import gc
 import logging
 import os
 import secrets
-import select
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -65,19 +65,20 @@ import posix_ipc
 
 from mq.broker.state import StateReader
 from mq.client.connection import Connection
+from mq.client.consumer_groups import ConsumerRebalanceListener, GroupConsumer
 from mq.client.types import TopicPartition
-from mq.errors import (BrokerUnavailableError, ClosedError, OffsetOutOfRangeError,
+from mq.errors import (BrokerUnavailableError, ClosedError, MQError, OffsetOutOfRangeError,
                        UnknownTopicOrPartitionError, error_for_code)
 from mq.log.reader import PartitionReader
 from mq.protocol.messages import Api
 
-__all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError"]
+__all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
+           "ConsumerRebalanceListener"]
 
 log = logging.getLogger(__name__)
 
 _LIVENESS_CHECK_S = 1.0           # a blocked consumer checks its connection this often
 _RECONNECT_BACKOFF_S = (0.05, 1.0)
-_GROUPS_LATER = "consumer groups arrive with issue 4"
 
 
 class Record(NamedTuple):
@@ -209,18 +210,15 @@ class _Session:
         self.name = name
         return sem
 
-    def alive(self) -> bool:
-        """False when the broker closed the connection. Raises error replies (to a WAIT)."""
+    def alive(self, on_reply) -> bool:
+        """False when the broker closed the connection; replies that arrived go to
+        ``on_reply`` (a WAIT's error, an async commit's answer)."""
         try:
-            readable, _, _ = select.select([self.conn.fileno()], [], [], 0)
-            if not readable:
-                return True
-            replies = self.conn.poll_any(0.05)
+            replies = self.conn.ready()
         except (BrokerUnavailableError, OSError, ValueError):
             return False
         for reply in replies:
-            if reply.error_code:
-                raise error_for_code(reply.error_code, reply.error_message or "")
+            on_reply(reply)
         return True
 
     def close(self) -> None:
@@ -237,20 +235,27 @@ class _Session:
         self.conn.close()
 
 
-class Consumer:
+class Consumer(GroupConsumer):
     """Read records from topic partitions. See the module docstring for the design.
 
-    ``*topics`` (without ``group_id``): assign every partition of them. ``auto_offset_reset``:
+    ``*topics`` (without ``group_id``): assign every partition of them. With ``group_id``:
+    subscribe (also ``pattern``, a regex over topic names) — see ``subscribe``; ``listener``
+    gets ``on_partitions_revoked/assigned/lost``; ``group_instance_id`` makes the member
+    static (a restart within ``session_timeout_ms`` gets its partitions back without a
+    rebalance); ``assignor``: "range", "roundrobin" or "sticky" (the broker's default);
+    ``max_poll_interval_ms``: leave the group when ``poll`` is not called for this long;
+    ``enable_auto_commit``: commit positions every ``auto_commit_interval_ms`` inside
+    ``poll``, before a revocation and on ``close``. ``auto_offset_reset``:
     where a partition without a position, or with one outside the log, starts ("earliest",
     "latest", or "none" to raise). ``max_poll_records``: records per ``poll`` by default.
     ``max_partition_fetch_bytes``: bytes of batches taken from one partition's map per read.
     ``value_bytes``/``key_deserializer``/``value_deserializer``: see the module docstring.
     ``consumer_timeout_ms``: iteration stops after this long without a record (default:
     never). ``check_crcs``: verify each batch's CRC-32C before decoding it (Kafka's default).
-    ``enable_auto_commit`` is accepted for groups (issue 4) and has no effect yet.
 
     Raises ``BrokerUnavailableError`` when no broker answers, ``UnknownTopicOrPartitionError``
-    for a topic that does not exist, ``NotImplementedError`` for group subscriptions;
+    for a topic that does not exist (without a group; a group may subscribe to a topic
+    before it exists);
     ``poll`` raises ``CorruptRecordError`` for a damaged batch (after returning the records
     before it).
     """
@@ -261,7 +266,11 @@ class Consumer:
                  max_partition_fetch_bytes: int = 1 << 20, value_bytes: bool = False,
                  key_deserializer=None, value_deserializer=None,
                  consumer_timeout_ms: float | None = None, request_timeout_ms: int = 30_000,
-                 check_crcs: bool = True) -> None:
+                 check_crcs: bool = True, pattern: str | None = None,
+                 listener: ConsumerRebalanceListener | None = None,
+                 group_instance_id: str | None = None, assignor: str | None = None,
+                 session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
+                 auto_commit_interval_ms: int = 5_000) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got "
                              f"{auto_offset_reset!r}")
@@ -270,9 +279,10 @@ class Consumer:
                              f"got {isolation_level!r}")
         if max_poll_records < 1 or max_partition_fetch_bytes < 1:
             raise ValueError("max_poll_records and max_partition_fetch_bytes must be positive")
-        if group_id is not None and topics:
-            raise NotImplementedError(f"subscribing with group_id={group_id!r}: "
-                                      f"{_GROUPS_LATER}; use assign() or no group_id for now")
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
+        if pattern is not None and group_id is None:
+            raise ValueError("a pattern subscription needs a group_id")
         self.group_id = group_id
         self.auto_offset_reset = auto_offset_reset
         self.enable_auto_commit = enable_auto_commit
@@ -291,8 +301,11 @@ class Consumer:
         self._fetches: dict[TopicPartition, _Fetch] = {}
         self._order: list[_Fetch] = []
         self._next_start = 0
-        self._subscribed: tuple[str, ...] = tuple(topics)
-        self._membership = None       # issue 4: the group protocol drives assign() from here
+        self._subscribed: tuple[str, ...] = tuple(topics) if group_id is None else ()
+        self._init_group(listener=listener, instance_id=group_instance_id, assignor=assignor,
+                         session_timeout_ms=session_timeout_ms,
+                         max_poll_interval_ms=max_poll_interval_ms,
+                         auto_commit_interval_ms=auto_commit_interval_ms)
         self._topics: dict[str, dict] = {}
         self._meta_version = -1
         self._it_records: list[Record] = []
@@ -304,7 +317,9 @@ class Consumer:
         self._generation = self._session.generation
         try:
             self._refresh_metadata()
-            if topics:
+            if group_id is not None and (topics or pattern is not None):
+                self.subscribe(topics, pattern)
+            elif topics:
                 missing = [t for t in topics if t not in self._topics]
                 if missing:
                     raise UnknownTopicOrPartitionError(f"unknown topic {missing[0]!r}")
@@ -321,6 +336,9 @@ class Consumer:
             raise ClosedError("consumer is closed")
         session = self._session
         if session is not None and session.pid != os.getpid():
+            if self._membership is not None:
+                raise MQError("a consumer in a group cannot be used in a forked child (the "
+                              "group knows the parent); create it after the fork")
             # A forked child: the parent's socket, map and semaphore stay the parent's.
             self._session = session = None
             self._reconnect_at = 0.0
@@ -412,6 +430,9 @@ class Consumer:
         """Read exactly these partitions (replacing the assignment, and the constructor's
         topics). Positions of partitions that stay assigned are kept. Raises
         ``UnknownTopicOrPartitionError`` for a partition that does not exist."""
+        if self._membership is not None:
+            raise ValueError(f"this consumer subscribes through group {self.group_id!r}; "
+                             "call unsubscribe() before assign()")
         tps = [TopicPartition(*tp) for tp in partitions]
         session = self._require_session()
         self._check_metadata(session)
@@ -589,6 +610,8 @@ class Consumer:
             session = self._live_session()
             if session is not None:
                 try:
+                    if self._membership is not None or self._async_commits:
+                        self._group_round(session)
                     out = self._fetch(session, max_records)
                 except BrokerUnavailableError:
                     self._lost()              # mid metadata refresh: reconnect and go on
@@ -766,9 +789,11 @@ class Consumer:
                 self._lost()
                 return
             session.armed = key
+        if self._group_changed():
+            return                            # the heartbeat thread's post may be drained
         if _block(session.sem, slice_s):
             session.armed = None              # something fired: arm afresh next time
-        elif not session.alive():
+        elif not session.alive(self._on_reply):
             self._lost()
 
     # --- iteration ------------------------------------------------------------------------------
@@ -829,13 +854,6 @@ class Consumer:
         self._it_iter.__setstate__(len(self._it_records))     # ends the running `yield from`
         self._set_iter(keep)
 
-    # --- groups (issue 4) -----------------------------------------------------------------------
-    def commit(self, offsets=None) -> None:
-        raise NotImplementedError(_GROUPS_LATER)
-
-    def committed(self, partition: TopicPartition):
-        raise NotImplementedError(_GROUPS_LATER)
-
     # --- lifecycle ------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -846,7 +864,11 @@ class Consumer:
         (their maps are unmapped when the last one is released). Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        try:
+            self._leave_group()
+            self._finish_async_commits(timeout=1.0)
+        finally:
+            self._closed = True
         session, self._session = self._session, None
         if session is not None:
             session.close()

@@ -811,19 +811,25 @@ def test_close_is_idempotent_and_final(broker):
     assert semaphore_names(broker) == []
 
 
-def test_arguments_and_groups_later(broker):
-    with pytest.raises(NotImplementedError, match="issue 4"):
-        Consumer("t", group_id="g", socket=broker.socket)
+def test_bad_arguments_and_group_less_commits(broker):
     with pytest.raises(ValueError):
         Consumer(socket=broker.socket, auto_offset_reset="smallest")
     with pytest.raises(ValueError):
         Consumer(socket=broker.socket, isolation_level="committed")
+    with pytest.raises(ValueError, match="group_id"):
+        Consumer(socket=broker.socket, pattern="t.*")
+    with pytest.raises(ValueError, match="group_id"):
+        Consumer("t", socket=broker.socket, group_id="")
+    with Consumer(socket=broker.socket) as consumer:
+        consumer.assign([T0])
+        with pytest.raises(ValueError, match="group_id"):
+            consumer.commit()
+    # A group-less consumer (assign() plus a group id) commits with epoch -1.
     with Consumer(group_id="g", socket=broker.socket) as consumer:
         consumer.assign([T0])
-        with pytest.raises(NotImplementedError, match="issue 4"):
-            consumer.commit()
-        with pytest.raises(NotImplementedError, match="issue 4"):
-            consumer.committed(T0)
+        assert consumer.committed(T0) is None
+        consumer.commit({T0: 3})
+        assert consumer.committed(T0) == 3
     with Consumer(socket=broker.socket, isolation_level="read_committed") as consumer:
         consumer.assign([T0])
         with Connection(broker.socket) as conn:

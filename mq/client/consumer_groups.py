@@ -1,0 +1,328 @@
+"""The group half of ``mq.Consumer``: subscription, reconciliation, commits.
+
+Mixed into ``Consumer``; it runs on the poll thread. ``Membership`` (``membership.py``) is the
+heartbeat thread. Each pass of ``poll`` first calls ``_group_round``: callbacks of finished
+async commits, a due auto-commit, and — when the heartbeat thread saw the assignment change —
+reconciliation: revoke (commit, ``on_partitions_revoked``, stop reading), then start the new
+partitions at their committed offsets (``on_partitions_assigned``); each step is reported to
+the broker at once, so a partition's next owner can start as soon as this one let go.
+
+Commits carry the member id and epoch; the broker rejects a commit from a fenced member. A
+commit whose epoch went stale while in flight (the member moved on meanwhile) is retried once
+the heartbeat thread has the new epoch, as Kafka's consumer does. Offsets committed are
+*positions*: the offset of the next record to process.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from mq import errors
+from mq.client.membership import ConsumerRebalanceListener, Membership
+from mq.client.types import TopicPartition
+from mq.protocol.messages import Api
+
+__all__ = ["GroupConsumer", "ConsumerRebalanceListener"]
+
+log = logging.getLogger("mq.client.consumer")
+
+_STALE_RETRIES = 5
+_EMPTY: frozenset[TopicPartition] = frozenset()
+CommitCallback = Callable[[dict[TopicPartition, int], Exception | None], None]
+
+
+class GroupConsumer:
+    """Group methods of ``Consumer`` (see the module doc)."""
+
+    def _init_group(self, *, listener, instance_id: str | None, assignor: str | None,
+                    session_timeout_ms: int, max_poll_interval_ms: int,
+                    auto_commit_interval_ms: int) -> None:
+        if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
+            raise ValueError("session_timeout_ms, max_poll_interval_ms and "
+                             "auto_commit_interval_ms must be positive")
+        self._listener = listener or ConsumerRebalanceListener()
+        self.group_instance_id = instance_id
+        self.assignor = assignor
+        self.session_timeout_ms = session_timeout_ms
+        self.max_poll_interval_ms = max_poll_interval_ms
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self._membership: Membership | None = None
+        self._seen_version = -1
+        self._async_commits: dict[int, tuple[dict[TopicPartition, int], CommitCallback | None]] \
+            = {}
+        self._last_committed: dict[TopicPartition, int] = {}
+        self._next_auto_commit = time.monotonic() + auto_commit_interval_ms / 1000
+
+    # --- subscription ---------------------------------------------------------------------------
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join (or change the subscription in) the consumer's group: the broker assigns
+        partitions of ``topics``, or of every topic whose name matches the regex ``pattern``
+        (full match; internal topics never match), including topics created later."""
+        self._check_open()
+        if self.group_id is None:
+            raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
+                             "constructor or use assign()")
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        if bool(topics) == (pattern is not None):
+            raise ValueError("subscribe to topic names or to a pattern (exactly one)")
+        if not all(isinstance(t, str) and t for t in topics):
+            raise ValueError("topic names must be non-empty strings")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from None
+        if listener is not None:
+            self._listener = listener
+        self._subscribed = ()
+        if self._membership is not None:
+            self._membership.subscribe(topics, pattern)
+            return
+        if self._fetches:
+            self._assign([])
+        self._membership = Membership(
+            self._socket, self.group_id, topics=topics, pattern=pattern,
+            instance_id=self.group_instance_id, assignor=self.assignor,
+            session_timeout_ms=self.session_timeout_ms,
+            max_poll_interval_ms=self.max_poll_interval_ms, request_timeout=self._timeout,
+            wake=self._wake_poll)
+        self._seen_version = -1
+        self._membership.start()
+
+    def unsubscribe(self) -> None:
+        """Leave the group (committing first with auto-commit) and drop every partition."""
+        self._check_open()
+        self._leave_group()
+        self._assign([])
+
+    def _leave_group(self) -> None:
+        m, self._membership = self._membership, None
+        if m is None:
+            return
+        owned = set(self._fetches)
+        try:
+            if self.enable_auto_commit and owned and self._session is not None:
+                self._commit_sync(self._changed_positions(owned), m)
+            if owned:
+                self._listener.on_partitions_revoked(owned)
+        except Exception as err:            # closing: report, never leave the group half-way
+            log.warning("group %s: while leaving: %s", self.group_id, err)
+        finally:
+            m.leave()
+
+    def _wake_poll(self) -> None:
+        """Called by the heartbeat thread: wake a poll blocked on the semaphore."""
+        session = self._session
+        sem = None if session is None else session.sem
+        if sem is not None:
+            try:
+                sem.release()
+            except Exception:            # closed meanwhile: nobody is waiting on it
+                pass
+
+    def _group_changed(self) -> bool:
+        m = self._membership
+        return m is not None and m.version != self._seen_version
+
+    # --- the poll-thread round ------------------------------------------------------------------
+    def _group_round(self, session) -> None:
+        if self._async_commits:
+            for reply in session.conn.ready():
+                self._on_reply(reply)
+        m = self._membership
+        if m is None:
+            return
+        m.polled()
+        if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = time.monotonic() + self.auto_commit_interval_ms / 1000
+            changed = self._changed_positions(self._fetches)
+            if changed:
+                self.commit_async(changed)
+        if m.version != self._seen_version:
+            self._reconcile(session, m)
+
+    def _reconcile(self, session, m: Membership) -> None:
+        with m.lock:
+            version, target, lost, error = m.version, m.target, m.lost, m.error
+        if error is not None:
+            raise error
+        failures: list[Exception] = []
+        owned = frozenset(self._fetches)
+        if lost:
+            self._drop(owned)
+            m.set_owned(_EMPTY, lost_handled=True)
+            if owned:
+                self._notify("on_partitions_lost", owned, failures)
+            owned = _EMPTY
+        revoked = owned - target
+        if revoked:
+            self._rewind_iterator(list(revoked))
+            if self.enable_auto_commit:
+                try:
+                    self._commit_sync(self._changed_positions(revoked), m)
+                except errors.MQError as err:
+                    log.warning("group %s: commit before revoking failed: %s", self.group_id,
+                                err)
+            self._notify("on_partitions_revoked", revoked, failures)
+            self._drop(revoked)
+            owned -= revoked
+            m.set_owned(owned)
+        added = target - owned
+        if added:
+            self._check_metadata(session)
+            added = frozenset(tp for tp in added if tp.topic in self._topics and
+                              tp.partition < self._topics[tp.topic]["partitions"])
+            committed = self._fetch_committed(session, added)
+            self._assign([f.tp for f in self._order] + sorted(added))
+            for tp in added:
+                if tp in committed:
+                    self._seek(self._fetches[tp], committed[tp])
+                    self._last_committed[tp] = committed[tp]
+            m.set_owned(owned | added)
+            self._notify("on_partitions_assigned", added, failures)
+        self._seen_version = version
+        if failures:
+            raise failures[0]
+
+    def _drop(self, tps: Iterable[TopicPartition]) -> None:
+        tps = set(tps)
+        self._rewind_iterator(list(tps))
+        self._assign([f.tp for f in self._order if f.tp not in tps])
+        for tp in tps:
+            self._last_committed.pop(tp, None)
+
+    def _notify(self, name: str, tps: frozenset[TopicPartition], failures: list) -> None:
+        try:
+            getattr(self._listener, name)(set(tps))
+        except Exception as err:           # raised from poll once reconciliation is done
+            log.exception("group %s: %s raised", self.group_id, name)
+            failures.append(err)
+
+    # --- commits --------------------------------------------------------------------------------
+    def _positions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Positions (next offset to return) of these partitions, where known."""
+        unyielded: dict[TopicPartition, int] = {}
+        for rec in self._unyielded():
+            unyielded.setdefault(TopicPartition(rec.topic, rec.partition), rec.offset)
+        out = {}
+        for tp in tps:
+            f = self._fetches.get(tp)
+            pos = unyielded.get(tp, None if f is None else f.position)
+            if pos is not None:
+                out[tp] = pos
+        return out
+
+    def _changed_positions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: pos for tp, pos in self._positions(tps).items()
+                if self._last_committed.get(tp) != pos}
+
+    def _commit_items(self, offsets: Mapping | None) -> tuple[dict[TopicPartition, int], list]:
+        if self.group_id is None:
+            raise ValueError("committing needs a group_id")
+        if offsets is None:
+            offsets = self._positions(self._fetches)
+        plain, items = {}, []
+        for tp, value in offsets.items():
+            tp = TopicPartition(*tp)
+            offset, metadata = (value, "") if isinstance(value, int) else \
+                (value[0], value[1] or "")
+            if not isinstance(offset, int) or offset < 0 or not isinstance(metadata, str):
+                raise ValueError(f"bad offset for {tp}: {value!r} (an int >= 0, or "
+                                 "(offset, metadata str))")
+            plain[tp] = offset
+            items.append([tp.topic, tp.partition, offset, -1, metadata])
+        return plain, items
+
+    def commit(self, offsets: Mapping | None = None) -> None:
+        """Commit offsets and wait until the broker has them on disk. Default: the position
+        of every assigned partition. ``offsets``: ``{tp: offset}`` or ``{tp: (offset,
+        metadata)}``. Raises the broker's error (``StaleMemberEpochError`` after retries,
+        ``UnknownMemberIdError``, ``NonEmptyGroupError`` for a group-less consumer of a group
+        with live members, ``UnknownTopicOrPartitionError``)."""
+        self._check_open()
+        plain, items = self._commit_items(offsets)
+        self._commit_items_sync(plain, items, self._membership)
+
+    def _commit_sync(self, offsets: dict[TopicPartition, int], m: Membership | None) -> None:
+        plain, items = self._commit_items(offsets)
+        self._commit_items_sync(plain, items, m)
+
+    def _commit_items_sync(self, plain: dict, items: list, m: Membership | None) -> None:
+        if not items:
+            return
+        session = self._require_session()
+        for attempt in range(_STALE_RETRIES + 1):
+            member_id, epoch = m.commit_identity() if m is not None else ("", -1)
+            rid = session.conn.send(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
+            reply = session.conn.wait_raw(rid)
+            if reply.error_code == errors.StaleMemberEpochError.code and m is not None and \
+                    attempt < _STALE_RETRIES:
+                m.wait_for_epoch_change(epoch, timeout=1.0)
+                continue
+            if reply.error_code:
+                raise errors.error_for_code(reply.error_code, reply.error_message or "")
+            self._last_committed.update(plain)
+            return
+
+    def commit_async(self, offsets: Mapping | None = None,
+                     callback: CommitCallback | None = None) -> None:
+        """Send a commit without waiting; ``callback(offsets, error_or_None)`` runs inside a
+        later ``poll``, ``commit`` or ``close``."""
+        self._check_open()
+        plain, items = self._commit_items(offsets)
+        if not items:
+            return
+        session = self._require_session()
+        m = self._membership
+        member_id, epoch = m.commit_identity() if m is not None else ("", -1)
+        rid = session.conn.send(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
+        self._async_commits[rid] = (plain, callback)
+
+    def _on_reply(self, reply) -> None:
+        """A reply that arrived outside a call: an async commit's, or a WAIT's error."""
+        pending = self._async_commits.pop(reply.request_id, None)
+        if pending is None:
+            if reply.error_code:
+                raise errors.error_for_code(reply.error_code, reply.error_message or "")
+            return
+        plain, callback = pending
+        err = errors.error_for_code(reply.error_code, reply.error_message or "") \
+            if reply.error_code else None
+        if err is None:
+            self._last_committed.update(plain)
+        elif callback is None:
+            log.warning("group %s: async commit failed: %s", self.group_id, err)
+        if callback is not None:
+            callback(plain, err)
+
+    def _finish_async_commits(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        session = self._session
+        while self._async_commits and session is not None and time.monotonic() < deadline:
+            try:
+                replies = session.conn.poll_any(max(0.0, deadline - time.monotonic()))
+            except errors.MQError:
+                break
+            for reply in replies:
+                self._on_reply(reply)
+
+    def committed(self, partition: TopicPartition) -> int | None:
+        """The group's committed offset for ``partition`` (None if it has none)."""
+        self._check_open()
+        if self.group_id is None:
+            raise ValueError("committed() needs a group_id")
+        tp = TopicPartition(*partition)
+        return self._fetch_committed(self._require_session(), [tp]).get(tp)
+
+    def _fetch_committed(self, session, tps: Iterable[TopicPartition]
+                         ) -> dict[TopicPartition, int]:
+        tps = list(tps)
+        if not tps:
+            return {}
+        rows = session.conn.call(Api.OFFSET_FETCH, self.group_id,
+                                 [[tp.topic, tp.partition] for tp in tps]).fields[0]
+        return {TopicPartition(t, p): offset for t, p, offset, *_ in rows if offset >= 0}
