@@ -48,7 +48,7 @@ def default_socket_path(data_dir: str | None = None) -> str:
 
 _POSITIVE_INTS = frozenset({
     "retention_check_interval_ms", "flush_interval_ms", "max_request_bytes", "state_slots",
-    "cleaner_backoff_ms", "cleaner_dedupe_buffer_bytes", "offsets_retention_minutes",
+    "cleaner_backoff_ms", "cleaner_dedupe_buffer_bytes",
     "offsets_retention_check_interval_ms", "group_heartbeat_interval_ms",
     "group_session_timeout_ms", "group_min_session_timeout_ms", "group_max_session_timeout_ms"})
 
@@ -66,7 +66,7 @@ class BrokerConfig:
     state_slots: int = 4096                       # partitions the shared region can hold
     cleaner_backoff_ms: int = 15_000              # log.cleaner.backoff.ms: idle cleaner sleep
     cleaner_dedupe_buffer_bytes: int = 128 * 1024 * 1024   # log.cleaner.dedupe.buffer.size
-    offsets_retention_minutes: int = 10_080       # offsets.retention.minutes (7 days)
+    offsets_retention_minutes: float = 10_080     # offsets.retention.minutes (7 days)
     offsets_retention_check_interval_ms: int = 600_000   # offsets.retention.check.interval.ms
     group_heartbeat_interval_ms: int = 5_000      # group.consumer.heartbeat.interval.ms
     group_session_timeout_ms: int = 45_000        # group.consumer.session.timeout.ms
@@ -127,6 +127,12 @@ class BrokerConfig:
             elif key in _POSITIVE_INTS:
                 if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                     raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+                kwargs[key] = value
+            elif key == "offsets_retention_minutes":
+                # A fraction is allowed (Kafka takes whole minutes): tests and short-lived
+                # setups want seconds.
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                    raise ConfigError(f"{key} must be a positive number, got {value!r}")
                 kwargs[key] = value
             elif key == "group_assignor":
                 try:
