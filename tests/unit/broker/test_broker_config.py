@@ -1,0 +1,40 @@
+"""Broker settings for groups, offsets and the cleaner: defaults and validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from mq.broker.config import BrokerConfig, ConfigError
+
+
+def test_group_and_offsets_defaults_follow_kafka():
+    cfg = BrokerConfig.from_mapping({})
+    assert cfg.offsets_retention_minutes == 7 * 24 * 60
+    assert cfg.group_session_timeout_ms == 45_000
+    assert cfg.group_heartbeat_interval_ms == 5_000
+    assert cfg.group_assignor == "sticky"
+    assert cfg.cleaner_backoff_ms == 15_000
+
+
+def test_assignor_aliases_are_canonical():
+    assert BrokerConfig.from_mapping({"group_assignor": "round-robin"}).group_assignor == \
+        "roundrobin"
+    assert BrokerConfig.from_mapping({"group_assignor": "uniform"}).group_assignor == "sticky"
+
+
+def test_fractional_offsets_retention():
+    assert BrokerConfig.from_mapping({"offsets_retention_minutes": 0.5}) \
+        .offsets_retention_minutes == 0.5
+
+
+@pytest.mark.parametrize("key,value", [
+    ("group_assignor", "fastest"),
+    ("offsets_retention_minutes", 0),
+    ("offsets_retention_minutes", "7"),
+    ("group_session_timeout_ms", -1),
+    ("cleaner_backoff_ms", True),
+    ("group_min_session_timeout_ms", 1.5),
+])
+def test_bad_values_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=key.split("_")[0]):
+        BrokerConfig.from_mapping({key: value})
