@@ -81,17 +81,19 @@ class GroupApis:
             max_session_timeout_ms=c.group_max_session_timeout_ms)
         self._next_pid_check = now + _PID_CHECK_MS
         self._next_offsets_expiry = now + c.offsets_retention_check_interval_ms
+        self._group_wakeup_ms = now
 
     def _group_deadline_s(self) -> float:
         """Seconds until group work is due (for the loop's select timeout)."""
-        due = [self._next_offsets_expiry]
-        deadline = self.coordinator.next_deadline_ms()
-        if deadline is not None:
-            due += [deadline, self._next_pid_check]
-        return max(0.0, (min(due) - monotonic_ms()) / 1e3)
+        return max(0.0, (self._group_wakeup_ms - monotonic_ms()) / 1e3)
 
     def _group_timers(self) -> None:
+        """Session and revocation timeouts, the pid check, offsets expiry. Runs every loop
+        round but does work only when something is due: the next due time is cached, and a
+        heartbeat pulls it in (``_group_activity``)."""
         now = monotonic_ms()
+        if now < self._group_wakeup_ms:
+            return
         deadline = self.coordinator.next_deadline_ms()
         if deadline is not None and now >= deadline:
             self._group_effects(self.coordinator.tick(now))
@@ -101,6 +103,14 @@ class GroupApis:
         if now >= self._next_offsets_expiry:
             self._next_offsets_expiry = now + self.config.offsets_retention_check_interval_ms
             self._expire_offsets()
+        due = [self._next_offsets_expiry]
+        deadline = self.coordinator.next_deadline_ms()
+        if deadline is not None:                       # members exist: check their pids
+            due += [deadline, self._next_pid_check]
+        self._group_wakeup_ms = min(due)
+
+    def _group_activity(self, now: int) -> None:
+        self._group_wakeup_ms = min(self._group_wakeup_ms, now + _PID_CHECK_MS)
 
     def _check_member_pids(self, now: int) -> None:
         """A member whose process is gone while its socket lives on (a forked child holds a
@@ -151,11 +161,13 @@ class GroupApis:
         if not f["group"]:
             raise errors.InvalidGroupIdError("the group id must be a non-empty string")
         conn.group_member = True
+        now = monotonic_ms()
+        self._group_activity(now)
         result = self.coordinator.heartbeat(
             f["group"], f["member_id"], member_epoch=f["member_epoch"],
             instance_id=f["instance_id"], subscription=f["topics"],
             subscribed_pattern=f["pattern"], assignor=f["assignor"],
-            owned_partitions=f["owned"], now_ms=monotonic_ms(), pid=conn.pid,
+            owned_partitions=f["owned"], now_ms=now, pid=conn.pid,
             conn_id=conn.conn_id,
             rebalance_timeout_ms=None if f["rebalance_timeout_ms"] < 0
             else f["rebalance_timeout_ms"],
