@@ -189,8 +189,9 @@ class GroupApis:
                 raise errors.NonEmptyGroupError(
                     f"group {group!r} has {live} live member(s); stop them before changing "
                     "its offsets")
-        _raise_for(self.coordinator.validate_commit(group, member_id, epoch),
-                   f"member {member_id!r} at epoch {epoch} may not commit for group {group!r}")
+        code = self.coordinator.validate_commit(group, member_id, epoch)
+        _raise_for(code, f"member {member_id!r} at epoch {epoch} may not commit for group "
+                         f"{group!r}: {code.name.lower().replace('_', ' ') if code else ''}")
         now = wall_ms()
         items = []
         for topic, partition, offset, leader_epoch, metadata in req["offsets"]:

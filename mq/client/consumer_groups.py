@@ -294,6 +294,10 @@ class GroupConsumer:
             if reply.error_code else None
         if err is None:
             self._last_committed.update(plain)
+        elif callback is None and isinstance(err, errors.StaleMemberEpochError):
+            # An auto-commit that crossed an epoch change: commit again at the next poll,
+            # with the epoch the heartbeat brought (positions only move forward).
+            self._next_auto_commit = time.monotonic()
         elif callback is None:
             log.warning("group %s: async commit failed: %s", self.group_id, err)
         if callback is not None:
