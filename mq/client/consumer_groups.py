@@ -51,8 +51,8 @@ class GroupConsumer:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self._membership: Membership | None = None
         self._seen_version = -1
-        self._async_commits: dict[int, tuple[dict[TopicPartition, int], CommitCallback | None]] \
-            = {}
+        # request id -> (offsets, callback, is an auto-commit)
+        self._async_commits: dict[int, tuple[dict, CommitCallback | None, bool]] = {}
         self._last_committed: dict[TopicPartition, int] = {}
         self._next_auto_commit = time.monotonic() + auto_commit_interval_ms / 1000
 
@@ -141,7 +141,7 @@ class GroupConsumer:
             self._next_auto_commit = time.monotonic() + self.auto_commit_interval_ms / 1000
             changed = self._changed_positions(self._fetches)
             if changed:
-                self.commit_async(changed)
+                self._send_commit(changed, None, auto=True)
         if m.version != self._seen_version:
             self._reconcile(session, m)
 
@@ -273,6 +273,10 @@ class GroupConsumer:
         """Send a commit without waiting; ``callback(offsets, error_or_None)`` runs inside a
         later ``poll``, ``commit`` or ``close``."""
         self._check_open()
+        self._send_commit(offsets, callback, auto=False)
+
+    def _send_commit(self, offsets: Mapping | None, callback: CommitCallback | None,
+                     auto: bool) -> None:
         plain, items = self._commit_items(offsets)
         if not items:
             return
@@ -280,7 +284,7 @@ class GroupConsumer:
         m = self._membership
         member_id, epoch = m.commit_identity() if m is not None else ("", -1)
         rid = session.conn.send(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
-        self._async_commits[rid] = (plain, callback)
+        self._async_commits[rid] = (plain, callback, auto)
 
     def _on_reply(self, reply) -> None:
         """A reply that arrived outside a call: an async commit's, or a WAIT's error."""
@@ -289,17 +293,18 @@ class GroupConsumer:
             if reply.error_code:
                 raise errors.error_for_code(reply.error_code, reply.error_message or "")
             return
-        plain, callback = pending
+        plain, callback, auto = pending
         err = errors.error_for_code(reply.error_code, reply.error_message or "") \
             if reply.error_code else None
         if err is None:
             self._last_committed.update(plain)
-        elif callback is None and isinstance(err, errors.StaleMemberEpochError):
+        elif auto and isinstance(err, errors.StaleMemberEpochError):
             # An auto-commit that crossed an epoch change: commit again at the next poll,
             # with the epoch the heartbeat brought (positions only move forward).
             self._next_auto_commit = time.monotonic()
         elif callback is None:
-            log.warning("group %s: async commit failed: %s", self.group_id, err)
+            log.warning("group %s: %scommit failed: %s", self.group_id,
+                        "auto-" if auto else "async ", err)
         if callback is not None:
             callback(plain, err)
 
