@@ -30,6 +30,7 @@ import time
 import posix_ipc
 
 from mq import errors
+from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.group_apis import GroupApis
 from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
@@ -37,6 +38,7 @@ from mq.broker.state import PartitionState, StateWriter, semaphore_prefix
 from mq.errors import (BrokerError, InvalidPartitionsError, InvalidRequestError,
                        RemoteProtocolError, UnknownTopicOrPartitionError)
 from mq.log import files
+from mq.log.cleaner import CleanerConfig
 from mq.log.config import ConfigError, LogConfig
 from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
@@ -158,6 +160,13 @@ class Broker(GroupApis):
         self._inflight_jobs = 0
         self._flush_r, self._flush_w = os.pipe()
         self._flusher = _Flusher(self._flush_w)
+        # The log cleaner thread (started once the logs are open); its swaps run on this
+        # loop through _calls.
+        self._calls = LoopCalls()
+        self._cleaner = BackgroundCleaner(
+            self._calls, lambda: list(self.logs or ()), self.data_dir,
+            config=CleanerConfig(dedupe_buffer_bytes=config.cleaner_dedupe_buffer_bytes),
+            backoff_ms=config.cleaner_backoff_ms, on_swapped=self._on_swapped)
         self._next_retention = 0.0
         self._next_flush = 0.0
         self._signal_r, self._signal_w = os.pipe()
@@ -183,6 +192,8 @@ class Broker(GroupApis):
             self._close_resources()
             raise
         self._flusher.start()
+        self._sel.register(self._calls, selectors.EVENT_READ, "calls")
+        self._cleaner.start()
         self._sel.register(self._flush_r, selectors.EVENT_READ, "flush")
         os.set_blocking(self._flush_r, False)
         for fd in (self._signal_r, self._signal_w):
@@ -314,6 +325,8 @@ class Broker(GroupApis):
                     self._accept()
                 elif what == "flush":
                     self._flush_done()
+                elif what == "calls":
+                    self._calls.run_pending()
                 elif what == "signal":
                     try:
                         os.read(self._signal_r, 4096)
@@ -613,6 +626,8 @@ class Broker(GroupApis):
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
         self._topic_partitions_changed(name, count)
+        if cfg.compact_enabled:
+            self._cleaner.wake()
         log.info("created topic %s with %d partition(s)", name, count)
         return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
 
@@ -628,6 +643,7 @@ class Broker(GroupApis):
             self._free_slots.append(part.slot)
             self._pending_flush.pop(part, None)
             self._dirty.discard(part)
+            self._cleaner.remove(part.log)      # waits for a pass over it to let go
             self.logs.delete(*key)
         self.state.bump_metadata_version()
         self._topic_partitions_changed(name, 0)
@@ -664,6 +680,8 @@ class Broker(GroupApis):
         for p in range(info.partitions):
             self.partitions[(name, p)].log.update_config(cfg)
         self.state.bump_metadata_version()
+        if cfg.compact_enabled:
+            self._cleaner.wake()
         return response(req.api, req.request_id, 0, None, cfg.to_properties())
 
     def _api_delete_records(self, conn: _Conn, req: Request) -> list:
@@ -699,6 +717,14 @@ class Broker(GroupApis):
         return None
 
     # --- background work ----------------------------------------------------------------------
+    def _on_swapped(self, plog: PartitionLog) -> None:
+        """After a compaction swap (run on this loop by the cleaner): republish the partition
+        at the end of the round, which bumps its segment-set generation so readers re-list.
+        The metadata log has no slot: nothing to publish."""
+        part = self.partitions.get((plog.topic, plog.partition))
+        if part is not None and part.log is plog:
+            self._dirty.add(part)
+
     def _periodic_flush(self, now: float) -> None:
         """Every ``flush_interval_ms``: fsync what acks=0/1 produces left in the page cache (in
         the flusher thread) and checkpoint recovery points, so an unclean restart re-validates
@@ -718,6 +744,8 @@ class Broker(GroupApis):
     def _retention(self) -> None:
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3
         for part in list(self.partitions.values()):
+            if self._cleaner.is_cleaning(part.log):
+                continue        # a pass reads its segments (Kafka skips it too): next check
             try:
                 if part.log.apply_retention():
                     self._dirty.add(part)
@@ -744,6 +772,7 @@ class Broker(GroupApis):
         for part in self.partitions.values():
             part.log.update_config(self.metadata.config_for(part.topic,
                                                             self.config.topic_defaults))
+        self._cleaner.wake()                    # the defaults may have turned compact on
         log.info("SIGHUP: configuration reloaded")
 
     # --- stopping -----------------------------------------------------------------------------
@@ -755,6 +784,7 @@ class Broker(GroupApis):
 
     def _shutdown(self) -> None:
         """Stop accepting, answer in-flight acks=all produces, flush, mark clean, exit."""
+        self._stop_cleaner()
         self._close_listener()
         self._end_of_round()
         while self._inflight_jobs:
@@ -787,7 +817,21 @@ class Broker(GroupApis):
         except FileNotFoundError:
             pass
 
+    def _stop_cleaner(self) -> None:
+        """Stop the log cleaner and wait for it, before the logs close (idempotent). This loop
+        runs no more calls: a swap the cleaner waits for is given up (its .cleaned files are
+        removed, the old segments stay) instead of deadlocking the join."""
+        self._cleaner.stop()
+        if self._cleaner.is_alive():
+            self._cleaner.join()
+        try:
+            self._sel.unregister(self._calls)
+        except (KeyError, ValueError):
+            pass
+        self._calls.close()
+
     def _close_resources(self) -> None:
+        self._stop_cleaner()
         self._flusher.stop()
         if self._flusher.is_alive():
             self._flusher.join()

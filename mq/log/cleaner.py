@@ -512,6 +512,15 @@ def _append(seg: LogSegment, data) -> None:
                offset_of_max_timestamp=batch.last_offset)
 
 
+def _active_meta(seg: LogSegment) -> SegmentMeta:
+    """What a pass needs of the active segment — its base and size — read from attributes.
+    A background cleaner runs ``clean`` off the appending thread, where ``seg.meta()`` could
+    create the segment's lazy index maps while an append creates them too, or ``fstat`` the
+    descriptor of an empty active segment that a roll has just closed."""
+    return SegmentMeta(base_offset=seg.base_offset, size_bytes=seg.size,
+                       next_offset=seg.base_offset, largest_timestamp=NO_TIMESTAMP)
+
+
 def clean(plog: PartitionLog, now_ms: int, config: CleanerConfig | None = None, *,
           first_dirty_offset: int | None = None, last_stable_offset: int | None = None,
           swap: Swap | None = None,
@@ -538,7 +547,7 @@ def clean(plog: PartitionLog, now_ms: int, config: CleanerConfig | None = None, 
     stop = should_stop or (lambda: False)
     install: Swap = swap or plog.replace_segments
     segments = list(plog.segments)
-    metas = [seg.meta() for seg in segments]
+    metas = [seg.meta() for seg in segments[:-1]] + [_active_meta(segments[-1])]
     first_dirty, _ = resolve_first_dirty_offset(first_dirty_offset, plog.log_start_offset,
                                                 plog.log_end_offset)
     lso = plog.high_watermark if last_stable_offset is None else last_stable_offset
