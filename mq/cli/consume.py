@@ -5,9 +5,17 @@ newline spans lines: use ``--format json`` for exact round trips of arbitrary by
 is one object per record per line; keys, values and header values are text when valid UTF-8,
 ``null`` when absent, else ``{"base64": ...}`` (as ``mq dump-log --json``).
 
-Initial positions are set explicitly at start (end of each partition by default), so records
-produced after ``mq consume`` started are never skipped; partitions added while it runs, and a
-position that retention deleted, are read from their beginning. Nothing is committed.
+Without ``--group``, initial positions are set explicitly at start (end of each partition by
+default), so records produced after ``mq consume`` started are never skipped; partitions added
+while it runs, and a position that retention deleted, are read from their beginning. Nothing is
+committed.
+
+With ``--group G`` it is a member of group G (Kafka's console consumer with --group): the broker
+assigns its partitions, each starts at the group's committed offset (else at the end, or the
+beginning with --from-beginning: Kafka's auto.offset.reset), positions are auto-committed, and
+a final commit on exit stores the position after the last *printed* record, so the next run of
+the group continues exactly there. For that, a stop signal only raises a flag checked between
+polls: a record that poll returned is always printed before the consumer stops.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import select
 import signal
 import sys
+import time
 
 from mq.cli import json_line
 from mq.cli.common import (
@@ -57,8 +66,14 @@ output:
 when it stops: after --max-messages N records; when no record arrives for --timeout-ms T
 (exit status 0 even if fewer than N came); otherwise it runs until Ctrl-C or SIGTERM, which
 print the records already read and exit with status 0 (as Kafka's console consumer does).
---group is reserved: consumer groups (committed offsets, shared partitions) arrive with
-issue 4; until then it is refused with exit status 2.
+
+with --group G: read as a member of consumer group G: the broker assigns this process its share
+of the partitions (shared with the group's other members), each starting at the group's
+committed offset; a partition without one starts at the end, or with --from-beginning at the
+beginning (Kafka's auto.offset.reset). Positions are committed every 5 s and on exit, after the
+last printed record, so the next 'mq consume TOPIC --group G' continues where this one stopped.
+--partition, --offset and --from-datetime do not apply to a group (use 'mq groups
+reset-offsets' to move its offsets).
 
 exit status: 0 as above; 1 for an unknown topic or partition, an offset out of range, no broker,
 or a topic deleted while reading; 2 for bad flags or a bad datetime.
@@ -67,7 +82,8 @@ examples:
   mq consume orders --from-beginning --max-messages 10
   mq consume orders --partition 2 --offset 1500 --print-offset --print-key
   mq consume orders --from-datetime 2024-05-01T12:00:00Z --timeout-ms 1000 --format json
-  mq consume orders --from-beginning --timeout-ms 500 | wc -l"""
+  mq consume orders --from-beginning --timeout-ms 500 | wc -l
+  mq consume orders --group billing --max-messages 100     (again: the next 100)"""
 
 
 def add_parser(subparsers) -> None:
@@ -76,7 +92,8 @@ def add_parser(subparsers) -> None:
                                    formatter_class=formatter)
     parser.add_argument("topic", metavar="TOPIC", help="topic to read")
     parser.add_argument("--group", metavar="G",
-                        help="consumer group (not available yet: arrives with issue 4)")
+                        help="read as a member of consumer group G, from its committed "
+                             "offsets, committing as it goes")
     parser.add_argument("--partition", type=non_negative_int, metavar="P",
                         help="read only partition P (default: every partition)")
     start = parser.add_mutually_exclusive_group()
@@ -167,9 +184,15 @@ def run(args: argparse.Namespace) -> int:
     from mq.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 
     if args.group is not None:
-        raise ValueError(f"--group {args.group}: consumer groups arrive with issue 4; for now "
-                         "consume without --group (nothing is committed; choose the start "
-                         "with --from-beginning, --offset or --from-datetime)")
+        if args.partition is not None:
+            raise ValueError("--group and --partition cannot be used together: the broker "
+                             "assigns a group member its partitions")
+        for flag, value in (("--offset", args.offset), ("--from-datetime", args.from_datetime)):
+            if value is not None:
+                raise ValueError(f"--group and {flag} cannot be used together: a group starts "
+                                 "at its committed offsets (move them with 'mq groups "
+                                 "reset-offsets')")
+        return _run_group(args, _renderer(args))
     if args.offset is not None and args.partition is None:
         raise ValueError("--offset needs --partition P (offsets belong to one partition)")
     start_ms = None
@@ -214,8 +237,41 @@ def run(args: argparse.Namespace) -> int:
             count, interrupted = _consume(consumer, args, render)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    _report(count, topic, interrupted)
+    return 0
+
+
+def _report(count: int, topic: str, interrupted: bool) -> None:
     sys.stderr.write(f"consumed {count} record{'' if count == 1 else 's'} from {topic}"
                      f"{' (interrupted)' if interrupted else ''}\n")
+
+
+def _run_group(args: argparse.Namespace, render) -> int:
+    """``--group``: subscribe, print, commit what was printed, leave the group."""
+    from mq.client.consumer import Consumer
+    from mq.errors import UnknownTopicOrPartitionError
+
+    topic = args.topic
+    stop: list[int] = []
+
+    def request_stop(signum, frame) -> None:
+        stop.append(signum)
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
+    try:
+        with Consumer(group_id=args.group, socket=args.socket, enable_auto_commit=True,
+                      auto_offset_reset="earliest" if args.from_beginning else "latest"
+                      ) as consumer:
+            # A group may subscribe to a topic that does not exist yet; here that is a typo.
+            if consumer.partitions_for_topic(topic) is None:
+                raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+            consumer.subscribe([topic])
+            count = _consume_group(consumer, args, render, stop)
+            consumer.commit()        # positions = after the last printed record
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _report(count, topic, bool(stop))
     return 0
 
 
@@ -245,6 +301,37 @@ def _consume(consumer, args: argparse.Namespace, render) -> tuple[int, bool]:
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_STOP_CHECK_MS = 200                  # --group: how often an idle poll looks at the stop flag
+
+
+def _consume_group(consumer, args: argparse.Namespace, render, stop: list) -> int:
+    """Like ``_consume``, but the stop signals only append to ``stop``, which is checked
+    between polls (so an idle poll waits at most 200 ms at a time): records that ``poll``
+    returned, and so moved the positions the final commit stores, are always printed.
+    Returns the number of records printed."""
+    limit, timeout_ms = args.max_messages, args.timeout_ms
+    out = sys.stdout.buffer
+    printed = [0]
+    idle_until = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while not stop and (limit is None or printed[0] < limit):
+        wait_ms: float = _STOP_CHECK_MS
+        if idle_until is not None:
+            wait_ms = min(wait_ms, max(0.0, (idle_until - time.monotonic()) * 1000))
+        want = 500 if limit is None else min(500, limit - printed[0])
+        batch = consumer.poll(timeout_ms=wait_ms, max_records=want)
+        # Kafka's consumer gives every assigned partition a position in poll; this one only
+        # the partitions it reads from. Without a position a partition is not committed, and
+        # the next run (auto.offset.reset=latest) would skip what arrived there meanwhile.
+        for tp in consumer.assignment():
+            consumer.position(tp)
+        if batch:
+            records = [r for rs in batch.values() for r in rs]
+            _emit(out, render(records), len(records), printed)
+            if timeout_ms is not None:
+                idle_until = time.monotonic() + timeout_ms / 1000
+        elif idle_until is not None and time.monotonic() >= idle_until:
+            break
+    return printed[0]
 
 
 def _emit(out, data: bytes, n: int, printed: list) -> None:

@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.produce",
     "mq.cli.consume",
     "mq.cli.offsets",
+    "mq.cli.groups",
     "mq.cli.dump_log",
     "mq.cli.log_check",
 )
@@ -52,6 +53,7 @@ examples:
   mq broker &                                   run a broker on the default data dir
   mq topics create orders --partitions 4
   seq 10 | mq produce orders && mq consume orders --from-beginning --max-messages 10
+  mq groups describe billing                    committed offsets, lag and members of a group
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log
   mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline
 

@@ -179,9 +179,14 @@ class GroupConsumer:
             committed = self._fetch_committed(session, added)
             self._assign([f.tp for f in self._order] + sorted(added))
             for tp in added:
+                f = self._fetches[tp]
                 if tp in committed:
-                    self._seek(self._fetches[tp], committed[tp])
+                    self._seek(f, committed[tp])
                     self._last_committed[tp] = committed[tp]
+                else:
+                    # Resolve now, as Kafka does: "latest" means the end at assignment time,
+                    # not whenever the partition is first read.
+                    self._reset(f, self._state(tp), None)
             m.set_owned(owned | added)
             self._notify("on_partitions_assigned", added, failures)
         self._seen_version = version
@@ -255,6 +260,8 @@ class GroupConsumer:
         if not items:
             return
         session = self._require_session()
+        if m is not None:
+            m.joined.wait(self._timeout)   # a member's commit needs its member id and epoch
         for attempt in range(_STALE_RETRIES + 1):
             member_id, epoch = m.commit_identity() if m is not None else ("", -1)
             rid = session.conn.send(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
