@@ -2,14 +2,17 @@
 
 It uses the broker already listening on the default socket (API.md's resolution) or starts one
 (``mq.testing.BrokerProcess``) on the default data dir, (re)creates the topic ``demo``, then runs
-two producer processes (``acks="all"`` and ``acks=1``) and two consumer processes (each assigned
-half of the partitions) at the same time, and reports what moved and how fast. A broker it
+two producer processes (``acks="all"`` and ``acks=1``) and two consumer processes (members of
+the consumer group ``mq-demo``: the broker gives each half of the partitions) at the same time,
+and reports what moved and how fast. A broker it
 started is stopped cleanly (SIGTERM) and its partitions checked with ``mq log check``; a broker
 that was already running is left alone. Processes are forked (``multiprocessing``); the workers
 ignore SIGINT so that Ctrl-C reaches only this process, which stops them and the broker.
 
 Consumers learn when they are done from the parent: once both producers have flushed, the
-parent reads each partition's end offset and sends every consumer its targets.
+parent reads each partition's end offset and sends every consumer the targets; a consumer is
+done when it reached them on the partitions the group gave it. Production starts only once the
+group is stable (each member owns its share), so no partition changes hands mid-run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mq.cli.common import formatter
 __all__ = ["add_parser", "run"]
 
 TOPIC = "demo"
+GROUP = "mq-demo"
 VALUE_BYTES = 100
 KEYS = 1000                       # distinct keys ("customer-0" .. "customer-999")
 SEGMENT_BYTES = 4 << 20           # small, so that 200k records roll a few segments
@@ -37,8 +41,9 @@ _ITEMS = ("keyboard", "monitor", "mouse", "laptop", "headset", "webcam", "dock")
 
 DESCRIPTION = """\
 Show mq at work: start a broker (or use the one already running), create the topic 'demo',
-run 2 producer processes (one with acks=all, one with acks=1) and 2 consumer processes (each
-reading half of the partitions) at the same time, and print records/s and MB/s per process,
+run 2 producer processes (one with acks=all, one with acks=1) and 2 consumer processes (members
+of the consumer group 'mq-demo', so the broker gives each half of the partitions) at the same
+time, and print records/s and MB/s per process,
 end-to-end totals and latency, and a few records. A broker the demo started is then stopped
 cleanly and its partition logs checked; the data stays in the data directory.
 
@@ -58,6 +63,7 @@ examples:
 afterwards (with a broker running, e.g. 'mq broker &'):
   mq topics describe demo
   mq consume demo --from-beginning --max-messages 5 --print-key
+  mq groups describe mq-demo
   mq dump-log --print-data ~/.local/state/mq/demo-0/00000000000000000000.log | head"""
 
 
@@ -114,21 +120,22 @@ def _produce(index: int, socket: str, acks, count: int, go, progress, results) -
         results.put(("error", "producer", index, f"{type(err).__name__}: {err}"))
 
 
-def _consume(index: int, socket: str, partitions: list[int], go, progress, targets_conn,
+def _consume(index: int, socket: str, share: int, go, progress, targets_conn,
              results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from mq.client.consumer import Consumer
-        from mq.client.types import TopicPartition
-        tps = [TopicPartition(TOPIC, p) for p in partitions]
         count = payload = 0
         latencies: list[int] = []
         samples: list[tuple] = []
-        with Consumer(socket=socket, auto_offset_reset="earliest") as consumer:
-            consumer.assign(tps)
-            consumer.seek_to_beginning()
-            results.put(("ready", "consumer", index, None))
-            go.wait()
+        with Consumer(TOPIC, group_id=GROUP, socket=socket,
+                      auto_offset_reset="earliest") as consumer:
+            while len(consumer.assignment()) != share or not go.is_set():
+                consumer.poll(timeout_ms=10)        # joins; nothing is produced before go
+                if len(consumer.assignment()) == share and not go.is_set():
+                    results.put(("ready", "consumer", index, None))
+                    go.wait()
+            tps = sorted(consumer.assignment())
             start = time.monotonic()
             targets = None
             while True:
@@ -153,6 +160,7 @@ def _consume(index: int, socket: str, partitions: list[int], go, progress, targe
             end = time.monotonic()
         latencies.sort()
         results.put(("done", "consumer", index, {
+            "partitions": [tp.partition for tp in tps],
             "records": count, "bytes": payload, "start": start, "end": end,
             "latency": [latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.99, 1.0)]
             if latencies else None, "samples": samples}))
@@ -265,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
         out(f"  export MQ_SOCKET={socket}\n")
     out(f"  mq topics describe {TOPIC}\n"
         f"  mq consume {TOPIC} --from-beginning --max-messages 5 --print-key --print-offset\n"
-        f"  mq offsets {TOPIC} --time earliest\n")
+        f"  mq offsets {TOPIC} --time earliest\n"
+        f"  mq groups describe {GROUP}\n")
     return 0
 
 
@@ -285,8 +294,8 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
     counts = [args.records // n_producers + (i < args.records % n_producers)
               for i in range(n_producers)]
     acks = ["all", 1]
-    assigned = [[p for p in range(args.partitions) if p % n_consumers == c]
-                for c in range(n_consumers)]
+    shares = [args.partitions // n_consumers + (c < args.partitions % n_consumers)
+              for c in range(n_consumers)]
     produced = [ctx.RawValue("q", 0) for _ in range(n_producers)]
     consumed = [ctx.RawValue("q", 0) for _ in range(n_consumers)]
     pipes = [ctx.Pipe(duplex=False) for _ in range(n_consumers)]
@@ -295,10 +304,10 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
                                  args=(i, socket, acks[i], counts[i], go, produced[i], results)))
     for c in range(n_consumers):
         procs.append(ctx.Process(target=_consume, name=f"mq-demo-consumer-{c}", daemon=True,
-                                 args=(c, socket, assigned[c], go, consumed[c], pipes[c][0],
+                                 args=(c, socket, shares[c], go, consumed[c], pipes[c][0],
                                        results)))
     progress.step(f"topic '{TOPIC}' with {args.partitions} partitions; starting "
-                  f"{n_producers} producers and {n_consumers} consumers")
+                  f"{n_producers} producers and {n_consumers} consumers (group '{GROUP}')")
     for p in procs:
         p.start()
 
@@ -344,7 +353,7 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
             with Admin(socket) as admin:
                 ends = [end for _, end in admin.describe_topic(TOPIC)["offsets"]]
             for c in range(n_consumers):
-                pipes[c][1].send({p: ends[p] for p in assigned[c]})
+                pipes[c][1].send(dict(enumerate(ends)))
             targets_sent = True
         p_total = sum(v.value for v in produced)
         c_total = sum(v.value for v in consumed)
@@ -355,7 +364,7 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
             raise MQError(f"no progress for {STALL_S:.0f} s (produced {p_total:,}, "
                           f"consumed {c_total:,})")
     progress.done()
-    return _report(args, done, acks, assigned)
+    return _report(args, done, acks)
 
 
 def _dead(procs: list, done: dict) -> list[tuple[str, int, int]]:
@@ -376,7 +385,7 @@ def _rate(stats: dict) -> str:
             f"{stats['bytes'] / 1e6 / seconds:7.1f} MB/s")
 
 
-def _report(args, done: dict, acks: list, assigned: list) -> str:
+def _report(args, done: dict, acks: list) -> str:
     producers = [done[k] for k in sorted(done) if k[0] == "producer"]
     consumers = [done[k] for k in sorted(done) if k[0] == "consumer"]
     lines = [(f"mq demo: {args.records:,} records ({VALUE_BYTES} B values, {KEYS} keys) "
@@ -385,7 +394,7 @@ def _report(args, done: dict, acks: list, assigned: list) -> str:
         label = f"producer {i} (acks={acks[i]})"
         lines.append(f"  {label:<30}{_rate(stats)}")
     for c, stats in enumerate(consumers):
-        parts = ",".join(map(str, assigned[c]))
+        parts = ",".join(map(str, stats["partitions"]))
         label = f"consumer {c} (partitions {parts})"
         lines.append(f"  {label:<30}{_rate(stats)}")
     start = min(s["start"] for s in producers + consumers)
