@@ -120,8 +120,7 @@ def _produce(index: int, socket: str, acks, count: int, go, progress, results) -
         results.put(("error", "producer", index, f"{type(err).__name__}: {err}"))
 
 
-def _consume(index: int, socket: str, share: int, go, progress, targets_conn,
-             results) -> None:
+def _consume(index: int, socket: str, go, progress, targets_conn, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from mq.client.consumer import Consumer
@@ -130,11 +129,16 @@ def _consume(index: int, socket: str, share: int, go, progress, targets_conn,
         samples: list[tuple] = []
         with Consumer(TOPIC, group_id=GROUP, socket=socket,
                       auto_offset_reset="earliest") as consumer:
-            while len(consumer.assignment()) != share or not go.is_set():
-                consumer.poll(timeout_ms=10)        # joins; nothing is produced before go
-                if len(consumer.assignment()) == share and not go.is_set():
-                    results.put(("ready", "consumer", index, None))
-                    go.wait()
+            results.put(("ready", "consumer", index, None))
+            # The parent sends the partitions the broker gave this member once the group is
+            # stable; poll (which reconciles; nothing is produced yet) until they are ours.
+            while not targets_conn.poll(0.01):
+                consumer.poll(timeout_ms=0)
+            expected = sorted(targets_conn.recv())
+            while sorted(tp.partition for tp in consumer.assignment()) != expected:
+                consumer.poll(timeout_ms=10)
+            results.put(("ready", "consumer", index, None))
+            go.wait()
             tps = sorted(consumer.assignment())
             start = time.monotonic()
             targets = None
@@ -294,8 +298,6 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
     counts = [args.records // n_producers + (i < args.records % n_producers)
               for i in range(n_producers)]
     acks = ["all", 1]
-    shares = [args.partitions // n_consumers + (c < args.partitions % n_consumers)
-              for c in range(n_consumers)]
     produced = [ctx.RawValue("q", 0) for _ in range(n_producers)]
     consumed = [ctx.RawValue("q", 0) for _ in range(n_consumers)]
     pipes = [ctx.Pipe(duplex=False) for _ in range(n_consumers)]
@@ -304,8 +306,7 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
                                  args=(i, socket, acks[i], counts[i], go, produced[i], results)))
     for c in range(n_consumers):
         procs.append(ctx.Process(target=_consume, name=f"mq-demo-consumer-{c}", daemon=True,
-                                 args=(c, socket, shares[c], go, consumed[c], pipes[c][0],
-                                       results)))
+                                 args=(c, socket, go, consumed[c], pipes[c][0], results)))
     progress.step(f"topic '{TOPIC}' with {args.partitions} partitions; starting "
                   f"{n_producers} producers and {n_consumers} consumers (group '{GROUP}')")
     for p in procs:
@@ -339,11 +340,19 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
             raise MQError(f"demo {role} {index} exited with status {status} before "
                           "reporting")
 
-    while ready < len(procs):
-        collect(0.5)
-        check_alive()
-        if time.monotonic() - last_change > STALL_S:
-            raise MQError(f"demo workers did not start within {STALL_S:.0f} s")
+    def wait_ready(count: int, what: str) -> None:
+        while ready < count:
+            collect(0.5)
+            check_alive()
+            if time.monotonic() - last_change > STALL_S:
+                raise MQError(f"demo workers did not {what} within {STALL_S:.0f} s")
+
+    wait_ready(len(procs), "start")
+    shares = _stable_shares(socket, args.partitions, [p.pid for p in procs[n_producers:]],
+                            check_alive)
+    for c in range(n_consumers):
+        pipes[c][1].send(shares[c])
+    wait_ready(len(procs) + n_consumers, "take their partitions")
     go.set()
     progress.step(f"producing {args.records:,} records of {VALUE_BYTES} B and consuming them")
     while len(done) < len(procs):
@@ -365,6 +374,28 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
                           f"consumed {c_total:,})")
     progress.done()
     return _report(args, done, acks)
+
+
+def _stable_shares(socket: str, partitions: int, pids: list[int], check_alive
+                   ) -> list[list[int]]:
+    """Wait until the group is stable with every consumer owning a share; return the shares
+    (partition numbers) in the order of ``pids``."""
+    from mq.client.admin import Admin
+    from mq.errors import GroupIdNotFoundError, MQError
+    deadline = time.monotonic() + STALL_S
+    with Admin(socket) as admin:
+        while time.monotonic() < deadline:
+            check_alive()
+            try:
+                desc = admin.describe_group(GROUP)
+            except GroupIdNotFoundError:
+                desc = {"state": "Dead", "members": []}
+            by_pid = {m["pid"]: [p for _, p in m["assignment"]] for m in desc["members"]}
+            if desc["state"] == "Stable" and sorted(by_pid) == sorted(pids) and \
+                    all(by_pid.values()) and sum(map(len, by_pid.values())) == partitions:
+                return [sorted(by_pid[pid]) for pid in pids]
+            time.sleep(0.01)
+    raise MQError(f"consumer group {GROUP!r} did not settle within {STALL_S:.0f} s")
 
 
 def _dead(procs: list, done: dict) -> list[tuple[str, int, int]]:
