@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -38,7 +39,6 @@ from bench import harness, peers
 from bench.harness import (
     KIB,
     MIB,
-    FamilyMeter,
     WorkerError,
     hist_stats,
     merge_hists,
@@ -757,18 +757,9 @@ def main(argv: list[str] | None = None) -> int:
                                   "cap_bytes_per_run": ctx.cap_bytes})
             fns = {"limits": run_limits, "throughput": run_throughput, "acks": run_acks,
                    "fanout": run_fanout, "latency": run_latency, "decode": run_decode}
-            contention = meta["contention"] = {}
-            for name in SECTIONS:
-                if name not in only:
-                    continue
-                meter = FamilyMeter()
-                res[name] = fns[name](ctx)
-                contention[name] = c = meter.stop()
-                if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
-                    progress(f"warning: during {name}, other processes used "
-                             f"{c['other_cpus']:.2f} CPUs and steal was {c['steal_cpus']:.2f} "
-                             f"(of {os.cpu_count()}): figures are noisier and lower than on an "
-                             "idle box")
+            harness.run_sections(SECTIONS, only,
+                                 {k: functools.partial(f, ctx) for k, f in fns.items()},
+                                 res, meta.setdefault("contention", {}))
         meta["loadavg_end"] = os.getloadavg()
         meta["wall_seconds"] = time.perf_counter() - t_start
         rows = build_table(res)

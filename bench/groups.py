@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import itertools
 import json
 import multiprocessing as mp
@@ -55,7 +56,7 @@ import time
 from array import array
 
 import mq
-from bench.harness import FamilyMeter, quiet_gc
+from bench.harness import quiet_gc, run_sections
 
 # --- goals and references -----------------------------------------------------------------------
 GOAL_FAILOVER_P99_MS = 100.0
@@ -962,18 +963,9 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"temp dir {base}; broker pid {broker.pid}")
         ctx = Ctx(args, base, broker)
         fns = {"failover": run_failover, "rebalance": run_rebalance, "commits": run_commits}
-        contention = meta["contention"] = {}
         try:
-            for name in SECTIONS:
-                if name not in only:
-                    continue
-                meter = FamilyMeter()
-                res[name] = fns[name](ctx)
-                contention[name] = c = meter.stop()
-                if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
-                    progress(f"warning: during {name}, other processes used "
-                             f"{c['other_cpus']:.2f} CPUs and steal was {c['steal_cpus']:.2f} "
-                             f"(of {os.cpu_count()}): figures are noisier than on an idle box")
+            run_sections(SECTIONS, only, {k: functools.partial(f, ctx) for k, f in fns.items()},
+                         res, meta.setdefault("contention", {}))
         finally:
             ctx.admin.close()
         res["truncated"] = ctx.truncated
@@ -992,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
         print("other processes' CPU use per section (of "
               f"{os.cpu_count()} CPUs): " + ", ".join(
                   f"{k} {v['other_cpus']:.2f} (steal {v['steal_cpus']:.2f})"
-                  for k, v in contention.items()))
+                  for k, v in meta["contention"].items()))
         for note in ctx.truncated:
             print(f"NOTE: {note}")
         print(format_table(rows))

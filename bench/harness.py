@@ -205,6 +205,22 @@ class FamilyMeter:
                 "loadavg_1m": os.getloadavg()[0]}
 
 
+def run_sections(sections: list[str], only: set[str], fns: dict[str, Callable[[], Any]],
+                 results: dict, contention: dict) -> None:
+    """Run each selected section under a ``FamilyMeter``; record its result and how much CPU
+    other processes took meanwhile, warning when that makes the figures noisy."""
+    for name in sections:
+        if name not in only:
+            continue
+        meter = FamilyMeter()
+        results[name] = fns[name]()
+        contention[name] = c = meter.stop()
+        if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
+            progress(f"warning: during {name}, other processes used {c['other_cpus']:.2f} "
+                     f"CPUs and steal was {c['steal_cpus']:.2f} (of {os.cpu_count()}): "
+                     "figures are noisier and lower than on an idle box")
+
+
 def process_cpu(pid: int) -> float:
     """On-CPU seconds of one process, all its threads: the sum of
     ``/proc/<pid>/task/*/schedstat`` run times (nanoseconds). psutil's ``cpu_times()`` comes in

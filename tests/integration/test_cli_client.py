@@ -21,57 +21,17 @@ import sys
 import time
 
 import pytest
+from cli_run import ENV, WAIT, Result, assert_one_error, mq_run, ok
 
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer
 from mq.client.producer import Producer
 
-WAIT = 60              # seconds: a generous bound for one command on a loaded 2-core box
-ENV = {k: v for k, v in os.environ.items()
-       if k not in ("MQ_SOCKET", "MQ_DATA_DIR", "XDG_STATE_HOME")}
-ENV["PYTHONIOENCODING"] = "utf-8"
 EXAMPLE_ISO = "2024-05-01T12:00:00Z"
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-class Result:
-    def __init__(self, proc: subprocess.CompletedProcess) -> None:
-        self.code = proc.returncode
-        self.raw = proc.stdout
-        self.out = proc.stdout.decode("utf-8", "replace")
-        self.err = proc.stderr.decode("utf-8", "replace")
-
-    def __repr__(self) -> str:
-        return f"exit {self.code}\nstdout: {self.out[-2000:]}\nstderr: {self.err[-2000:]}"
-
-
-def mq_run(*args, stdin: bytes = b"", env: dict | None = None, timeout: float = WAIT) -> Result:
-    proc = subprocess.run([sys.executable, "-m", "mq", *map(str, args)], input=stdin,
-                          capture_output=True, env=env or ENV, timeout=timeout, check=False)
-    return Result(proc)
-
-
-def ok(result: Result) -> Result:
-    assert result.code == 0, result
-    assert "Traceback" not in result.err, result
-    return result
-
-
-def assert_one_error(result: Result, *fragments: str, code: int | None = None) -> str:
-    """Non-zero exit (``code`` if given), exactly one ``mq: error:`` line, no traceback."""
-    assert result.code != 0, result
-    if code is not None:
-        assert result.code == code, result
-    assert "Traceback" not in result.out + result.err, result
-    lines = result.err.splitlines()
-    assert len(lines) == 1, result
-    assert lines[0].startswith("mq: error: "), result
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
-
 
 def can_connect(path: str) -> bool:
     sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
