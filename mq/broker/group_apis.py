@@ -10,9 +10,10 @@ killed consumer's partitions move within milliseconds instead of after a 45 s se
 Committed offsets go through ``OffsetStore`` into ``__consumer_offsets-<n>`` and are
 acknowledged after the fsync (like ``acks="all"``), so an acknowledged commit survives kill -9
 of the broker and even a power loss. The coordinator is not persisted: after a restart members
-rejoin with the partitions they still own; for groups that have committed offsets, partitions
-nobody reported are withheld for ``RESTART_GRACE_MS`` so a member that is still consuming has
-time to rejoin before anyone else is given its partitions.
+rejoin with the partitions they still own; for groups that had members when the broker went
+down (a group record in ``__consumer_offsets`` says so), partitions nobody reported are
+withheld for ``RESTART_GRACE_MS`` so a member that is still consuming has time to rejoin before
+anyone else is given its partitions.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class GroupApis:
         self.coordinator = GroupCoordinator(
             {name: info.partitions for name, info in self.metadata.topics.items()},
             now_ms=now, restart_grace_ms=RESTART_GRACE_MS,
-            grace_groups=set(self.offsets.groups()), default_assignor=c.group_assignor,
+            grace_groups=set(self.offsets.live_groups), default_assignor=c.group_assignor,
             heartbeat_interval_ms=c.group_heartbeat_interval_ms,
             session_timeout_ms=c.group_session_timeout_ms,
             min_session_timeout_ms=c.group_min_session_timeout_ms,
@@ -141,6 +142,7 @@ class GroupApis:
     def _group_effects(self, effects: Effects) -> None:
         for gone in effects.removed:
             log.info("group %s: member %s left (%s)", gone.group_id, gone.member_id, gone.reason)
+            self._mark_group(gone.group_id)
         for gone in effects.departed:
             log.info("group %s: static member %s (%s) is away, partitions kept (%s)",
                      gone.group_id, gone.member_id, gone.instance_id, gone.reason)
@@ -148,6 +150,12 @@ class GroupApis:
             conn = self._conns_by_id.get(wake.conn_id)
             if conn is not None:
                 self._send(conn, _PUSH)
+
+    def _mark_group(self, group: str) -> None:
+        """Keep the group record (``offsets.py``) in step with whether the group has
+        members."""
+        g = self.coordinator.groups.get(group)
+        self.offsets.mark_group(group, bool(g and g.members), g.epoch if g else 0, wall_ms())
 
     def _member_connection_closed(self, conn_id: Hashable) -> None:
         self._group_effects(self.coordinator.connection_closed(conn_id, monotonic_ms()))
@@ -174,6 +182,7 @@ class GroupApis:
             session_timeout_ms=None if f["session_timeout_ms"] < 0
             else f["session_timeout_ms"])
         self._group_effects(result.effects)
+        self._mark_group(f["group"])
         if result.error is not None:
             return response(req.api, req.request_id, int(result.error), result.error_message)
         return response(req.api, req.request_id, 0, None, result.member_id, result.member_epoch,

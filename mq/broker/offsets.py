@@ -7,6 +7,13 @@ Record formats are Kafka's (strings are int16 length + UTF-8, integers big-endia
                        int64 commit timestamp
     a null value (tombstone) deletes the committed offset
 
+    key   (version 3)  int16 3 | group string          Kafka's ConsumerGroupMetadataKey
+    value (version 0)  int16 0 | int32 group epoch      present while the group has members
+
+The group record says a group had live members: after a crash the broker cannot know who was
+consuming what, so for such groups it withholds unreported partitions for a grace period while
+members rejoin (``group_apis.py``). It is tombstoned when the last member goes.
+
 The partition of a group is Kafka's ``abs(java_string_hash(group)) % partitions``. The broker
 keeps every committed offset in a dict and rebuilds it by replaying the topic at start, so a
 commit survives kill -9 once its record is in the log (acked after an fsync, like
@@ -25,10 +32,12 @@ from mq.log.log import PartitionLog
 from mq.log.records import BatchBuilder
 
 __all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "decode_key",
+           "encode_group_key", "encode_group_value", "decode_group_key",
            "encode_value", "decode_value", "partition_for_group", "java_string_hash"]
 
 OFFSETS_TOPIC: Final = "__consumer_offsets"
 _KEY_VERSION: Final = 1
+_GROUP_KEY_VERSION: Final = 3
 _VALUE_VERSION: Final = 3
 _I16: Final = struct.Struct(">h")
 _I32: Final = struct.Struct(">i")
@@ -92,6 +101,25 @@ def decode_key(data: bytes) -> tuple[str, str, int] | None:
     return group, topic, partition
 
 
+def encode_group_key(group: str) -> bytes:
+    return _I16.pack(_GROUP_KEY_VERSION) + _string(group)
+
+
+def encode_group_value(epoch: int) -> bytes:
+    return _I16.pack(0) + _I32.pack(epoch)
+
+
+def decode_group_key(data: bytes) -> str | None:
+    """The group of a group record key (version 3); None for other versions."""
+    (version,) = _I16.unpack_from(data, 0)
+    if version != _GROUP_KEY_VERSION:
+        return None
+    group, pos = _read_string(data, 2)
+    if pos != len(data):
+        raise ValueError("trailing bytes after the group key")
+    return group
+
+
 def encode_value(value: CommittedOffset) -> bytes:
     return (_VALUE_HEAD.pack(_VALUE_VERSION, value.offset, value.leader_epoch)
             + _string(value.metadata) + _I64.pack(value.commit_timestamp_ms))
@@ -119,6 +147,7 @@ class OffsetStore:
     def __init__(self, logs: list[PartitionLog]) -> None:
         self.logs = logs
         self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+        self.live_groups: set[str] = set()        # groups whose record says "has members"
         for plog in logs:
             self._replay(plog)
 
@@ -132,6 +161,7 @@ class OffsetStore:
                 try:
                     key = decode_key(bytes(rec.key))
                     if key is None:
+                        self._replay_group_record(bytes(rec.key), rec.value is not None)
                         continue
                     group, topic, partition = key
                     if rec.value is None:
@@ -142,6 +172,33 @@ class OffsetStore:
                 except (ValueError, struct.error, UnicodeDecodeError) as err:
                     raise CorruptRecordError(plog.dir, rec.offset,
                                              f"bad __consumer_offsets record: {err}") from err
+
+    def _replay_group_record(self, key: bytes, present: bool) -> None:
+        group = decode_group_key(key)
+        if group is None:
+            return
+        if present:
+            self.live_groups.add(group)
+        else:
+            self.live_groups.discard(group)
+
+    def mark_group(self, group: str, live: bool, epoch: int, now_ms: int
+                   ) -> PartitionLog | None:
+        """Record that ``group`` has members (``live``) or no longer has; returns the log
+        written to, or None when nothing changed. Not flushed by itself: the record only
+        matters after a broker crash, which leaves the page cache intact."""
+        if (group in self.live_groups) == live:
+            return None
+        builder = BatchBuilder()
+        builder.append(now_ms, encode_group_key(group),
+                       encode_group_value(epoch) if live else None)
+        plog = self.log_for(group)
+        plog.append(builder.build())
+        if live:
+            self.live_groups.add(group)
+        else:
+            self.live_groups.discard(group)
+        return plog
 
     def _forget(self, group: str, tp: tuple[str, int]) -> None:
         group_offsets = self.offsets.get(group)

@@ -62,7 +62,12 @@ class Connection:
         self._reader = FrameReader()
         self._pending: dict[int, Response] = {}
         self._pid = os.getpid()
-        reply = self.call(Api.HANDSHAKE, PROTOCOL_VERSION, self.client_name, os.getpid())
+        try:
+            reply = self.call(Api.HANDSHAKE, PROTOCOL_VERSION, self.client_name, os.getpid())
+        except BaseException:
+            sock.close()                  # the broker went away between accept and reply
+            self._sock = None
+            raise
         self.broker_info = reply.fields[1]
 
     def _ensure(self) -> socket.socket:

@@ -605,6 +605,17 @@ class Consumer(GroupConsumer):
 
     def _poll(self, timeout_s: float | None, max_records: int
               ) -> dict[TopicPartition, list[Record]]:
+        m = self._membership
+        if m is None:
+            return self._poll_loop(timeout_s, max_records)
+        m.poll_started()
+        try:
+            return self._poll_loop(timeout_s, max_records)
+        finally:
+            m.poll_ended()
+
+    def _poll_loop(self, timeout_s: float | None, max_records: int
+                   ) -> dict[TopicPartition, list[Record]]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             session = self._live_session()

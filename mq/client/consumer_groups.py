@@ -51,8 +51,10 @@ class GroupConsumer:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self._membership: Membership | None = None
         self._seen_version = -1
-        # request id -> (offsets, callback, is an auto-commit)
-        self._async_commits: dict[int, tuple[dict, CommitCallback | None, bool]] = {}
+        # request id -> [offsets, callback, is an auto-commit, reply or None], in commit order:
+        # callbacks run in that order, as Kafka's do, though a failed commit is answered
+        # before an earlier one that waits for its fsync.
+        self._async_commits: dict[int, list] = {}
         self._last_committed: dict[TopicPartition, int] = {}
         self._next_auto_commit = time.monotonic() + auto_commit_interval_ms / 1000
 
@@ -136,7 +138,6 @@ class GroupConsumer:
         m = self._membership
         if m is None:
             return
-        m.polled()
         if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = time.monotonic() + self.auto_commit_interval_ms / 1000
             changed = self._changed_positions(self._fetches)
@@ -291,16 +292,25 @@ class GroupConsumer:
         m = self._membership
         member_id, epoch = m.commit_identity() if m is not None else ("", -1)
         rid = session.conn.send(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
-        self._async_commits[rid] = (plain, callback, auto)
+        self._async_commits[rid] = [plain, callback, auto, None]
 
     def _on_reply(self, reply) -> None:
         """A reply that arrived outside a call: an async commit's, or a WAIT's error."""
-        pending = self._async_commits.pop(reply.request_id, None)
+        pending = self._async_commits.get(reply.request_id)
         if pending is None:
             if reply.error_code:
                 raise errors.error_for_code(reply.error_code, reply.error_message or "")
             return
-        plain, callback, auto = pending
+        pending[3] = reply
+        while self._async_commits:
+            rid, first = next(iter(self._async_commits.items()))
+            if first[3] is None:
+                return                      # an earlier commit is still in flight
+            del self._async_commits[rid]
+            self._complete_commit(*first)
+
+    def _complete_commit(self, plain: dict, callback: CommitCallback | None, auto: bool,
+                         reply) -> None:
         err = errors.error_for_code(reply.error_code, reply.error_message or "") \
             if reply.error_code else None
         if err is None:

@@ -99,20 +99,29 @@ class Membership(threading.Thread):
         self.error: Exception | None = None
         self.joined = threading.Event()
         self.last_poll = time.monotonic()
+        self.in_poll = False
         self._interval = 1.0
+        self._hb_due = True             # heartbeat at the next turn of the loop
+        self._next_hb = 0.0
+        self._long_sleep = False
         self._stopping = False
         self._static_leave = instance_id is not None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._conn: Connection | None = None
         self._generation: int | None = None
         self._backoff = _RECONNECT_BACKOFF_S[0]
 
     # --- called by the poll thread ------------------------------------------------------------
     def heartbeat_now(self) -> None:
+        self._hb_due = True
+        self._poke()
+
+    def _poke(self) -> None:
         try:
             os.write(self._wake_w, b"h")
-        except OSError:
+        except OSError:                 # full (it is non-blocking) or closed: awake anyway
             pass
 
     def set_owned(self, owned: frozenset[TopicPartition], *, lost_handled: bool = False) -> None:
@@ -128,8 +137,17 @@ class Membership(threading.Thread):
             self._send_subscription = True
         self.heartbeat_now()
 
-    def polled(self) -> None:
+    def poll_started(self) -> None:
+        """The poll thread is inside ``poll``: waiting there counts as polling."""
         self.last_poll = time.monotonic()
+        self.in_poll = True
+
+    def poll_ended(self) -> None:
+        self.last_poll = time.monotonic()
+        self.in_poll = False
+        if self._long_sleep:            # sleeping as if polling went on: re-time the sleep
+            self._long_sleep = False
+            self._poke()
 
     def commit_identity(self) -> tuple[str, int]:
         with self.lock:
@@ -169,6 +187,10 @@ class Membership(threading.Thread):
                 if self._must_wait_for_poll_thread():
                     self._sleep(self._interval)
                     continue
+                if not self._hb_due and time.monotonic() < self._next_hb:
+                    self._sleep(self._until_next_check())
+                    continue
+                self._hb_due = False
                 try:
                     self._heartbeat()
                 except (errors.BrokerUnavailableError, TimeoutError, OSError) as err:
@@ -177,8 +199,9 @@ class Membership(threading.Thread):
                     continue
                 if self.error is not None:
                     return
-                if not self._conn.take_pushed(PUSH_REQUEST_ID):
-                    self._sleep(self._interval)
+                self._next_hb = time.monotonic() + self._interval
+                if self._conn.take_pushed(PUSH_REQUEST_ID):
+                    self._hb_due = True
             self._send_leave()
         except Exception as err:      # a bug: surface it in poll instead of dying silently
             log.exception("group %s: heartbeat thread failed", self.group_id)
@@ -201,6 +224,7 @@ class Membership(threading.Thread):
             self._send_subscription = True
         self._generation = generation
         self._conn = conn
+        self._hb_due = True
         self._backoff = _RECONNECT_BACKOFF_S[0]
         return True
 
@@ -209,9 +233,22 @@ class Membership(threading.Thread):
             self._conn.close()
             self._conn = None
 
+    def _until_next_check(self) -> float:
+        """Sleep until the next heartbeat, or until ``max_poll_interval_ms`` could run out.
+        While the poll thread is inside ``poll`` that cannot happen; ``poll_ended`` then
+        interrupts the sleep (``_long_sleep``) so it is timed again."""
+        now = time.monotonic()
+        wait = self._next_hb - now
+        self._long_sleep = True           # before looking at in_poll: no lost poke
+        if not self.in_poll:
+            self._long_sleep = False
+            wait = min(wait, self.last_poll + self.max_poll_interval_ms / 1000 - now + 0.001)
+        return max(0.001, wait)
+
     def _poll_interval_exceeded(self) -> bool:
         """``max_poll_interval_ms`` without a poll: leave, and rejoin once polled again."""
-        if (time.monotonic() - self.last_poll) * 1000 <= self.max_poll_interval_ms:
+        if self.in_poll or \
+                (time.monotonic() - self.last_poll) * 1000 <= self.max_poll_interval_ms:
             return False
         with self.lock:
             joined = self.epoch > 0
@@ -267,6 +304,7 @@ class Membership(threading.Thread):
                 log.info("group %s: %s; rejoining", self.group_id, message)
                 self._set_lost(message)
                 self.epoch = JOIN_EPOCH
+                self._hb_due = True           # rejoin at once (after the poll thread let go)
                 if code == errors.UnknownMemberIdError.code:
                     self.member_id = None
                 return
@@ -317,7 +355,8 @@ class Membership(threading.Thread):
             except OSError:
                 pass
         if self._conn is not None and len(readable) > (self._wake_r in readable):
+            self._hb_due = True                         # the push: heartbeat now
             try:
-                self._conn.poll_any(0.001)              # the push: heartbeat now
+                self._conn.poll_any(0.001)
             except errors.BrokerUnavailableError:
                 self._drop_connection()

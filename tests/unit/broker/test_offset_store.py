@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mq.broker.offsets import (CommittedOffset, OffsetStore, decode_key, decode_value,
-                               encode_key, encode_value, java_string_hash, partition_for_group)
+from mq.broker.offsets import (CommittedOffset, OffsetStore, decode_group_key, decode_key,
+                               decode_value, encode_group_key, encode_group_value, encode_key,
+                               encode_value, java_string_hash, partition_for_group)
 from mq.log.log import PartitionLog
 
 
@@ -99,3 +100,27 @@ def test_expiry_only_for_empty_groups_past_retention(tmp_path):
     expired = store.expired(now_ms=10_000, retention_ms=5000, is_empty=lambda g: g != "live")
     assert expired == ["old"]
     logs[0].close()
+
+
+def test_group_record_layout_is_kafkas_consumer_group_metadata():
+    assert encode_group_key("g") == b"\x00\x03\x00\x01g"
+    assert encode_group_value(7) == b"\x00\x00\x00\x00\x00\x07"
+    assert decode_group_key(b"\x00\x03\x00\x01g") == "g"
+    assert decode_group_key(encode_key("g", "t", 0)) is None
+
+
+def test_group_records_replay_and_are_written_only_on_change(tmp_path):
+    store, logs = open_store(tmp_path)
+    assert store.mark_group("a", True, 1, now_ms=1) is logs[partition_for_group("a", 3)]
+    assert store.mark_group("a", True, 2, now_ms=2) is None          # unchanged: no write
+    store.mark_group("b", True, 1, now_ms=3)
+    store.mark_group("b", False, 1, now_ms=4)                          # tombstone
+    store.commit("a", [("t", 0, CommittedOffset(3))], now_ms=5)
+    for plog in logs:
+        plog.close()
+    store, logs = open_store(tmp_path)
+    assert store.live_groups == {"a"}
+    assert store.committed("a", "t", 0).offset == 3
+    assert sum(len(list(plog.batches())) for plog in logs) == 4
+    for plog in logs:
+        plog.close()
