@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
+import time
 
 WAIT = 60              # seconds: a generous bound for one command on a loaded 2-core box
 ENV = {k: v for k, v in os.environ.items()
@@ -47,3 +49,26 @@ def assert_one_error(result: Result, *fragments: str, code: int | None = None) -
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+class Lines:
+    """Lines of a child's stdout read through ``select`` + ``os.read`` (a buffered reader
+    would hide lines it already holds from ``select``)."""
+
+    def __init__(self, stream) -> None:
+        self.fd = stream.fileno()
+        self.buf = b""
+
+    def next(self, timeout: float) -> bytes | None:
+        """The next line, or None if none is complete within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line + b"\n"

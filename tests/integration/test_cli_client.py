@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import select
 import signal
 import socket as socketlib
 import subprocess
@@ -21,7 +20,7 @@ import sys
 import time
 
 import pytest
-from cli_run import ENV, WAIT, Result, assert_one_error, mq_run, ok
+from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_run, ok
 
 import mq.testing
 from mq.client.admin import Admin
@@ -42,29 +41,6 @@ def can_connect(path: str) -> bool:
         return False
     finally:
         sock.close()
-
-
-class Lines:
-    """Lines of a child's stdout read through ``select`` + ``os.read`` (a buffered reader
-    would hide lines it already holds from ``select``)."""
-
-    def __init__(self, stream) -> None:
-        self.fd = stream.fileno()
-        self.buf = b""
-
-    def next(self, timeout: float) -> bytes | None:
-        """The next line, or None if none is complete within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                return None
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line + b"\n"
 
 
 def read_all(b, topic: str) -> list:

@@ -16,14 +16,13 @@ import contextlib
 import datetime as dt
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from cli_run import ENV, WAIT, Result, assert_one_error, mq_run, ok
+from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_run, ok
 
 import mq.testing
 from mq.cli.groups import clamp, parse_duration, parse_topic_spec
@@ -89,28 +88,6 @@ def member(b, group: str, topic: str, partitions: int):
         mq.testing.wait_for(owns_all, timeout=WAIT, message=f"a member of {group} owning "
                             f"{partitions} partitions")
         yield consumer
-
-
-class Lines:
-    """Lines of a child's stdout read through ``select`` + ``os.read`` (a buffered reader
-    would hide lines it already holds from ``select``)."""
-
-    def __init__(self, stream) -> None:
-        self.fd = stream.fileno()
-        self.buf = b""
-
-    def next(self, timeout: float) -> bytes | None:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                return None
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line + b"\n"
 
 
 @pytest.fixture
