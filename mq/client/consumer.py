@@ -664,6 +664,12 @@ class Consumer(GroupConsumer):
                 continue
             try:
                 records = self._take(session, f, want)
+            except UnknownTopicOrPartitionError:
+                if self._membership is not None:
+                    continue              # deleted: the group takes it away at once
+                if out:
+                    return out
+                raise
             except Exception:
                 if out:
                     return out            # positions moved past these: return them first;

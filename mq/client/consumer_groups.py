@@ -163,8 +163,10 @@ class GroupConsumer:
         if revoked:
             self._rewind_iterator(list(revoked))
             if self.enable_auto_commit:
+                self._check_metadata(session)
+                alive = [tp for tp in revoked if tp.topic in self._topics]   # not deleted
                 try:
-                    self._commit_sync(self._changed_positions(revoked), m)
+                    self._commit_sync(self._changed_positions(alive), m)
                 except errors.MQError as err:
                     log.warning("group %s: commit before revoking failed: %s", self.group_id,
                                 err)

@@ -476,6 +476,23 @@ def test_pattern_subscription_picks_up_topics_created_later(broker):
         assert describe(broker.socket)["members"][0]["pattern"] == "pat-.*"
 
 
+def test_a_deleted_topic_leaves_the_assignment_without_an_error(broker):
+    with Admin(broker.socket) as admin, Members(broker.socket) as m:
+        admin.create_topic("pat-keep", 2)
+        admin.create_topic("pat-gone", 2)
+        r = Recorder()
+        c = m.new(pattern=r"pat-.*", listener=r)
+        both = tps("pat-keep", 0, 1) | tps("pat-gone", 0, 1)
+        m.pump(c, until=lambda: c.assignment() == both)
+        produce(broker.socket, {tp: 2 for tp in both})
+        m.pump(c, until=lambda: len(m.records[c]) == 8)
+        admin.delete_topic("pat-gone")             # pump() fails if poll raises
+        m.pump(c, until=lambda: c.assignment() == tps("pat-keep", 0, 1))
+        assert r.all("revoked") == tps("pat-gone", 0, 1) and not r.all("lost")
+        c.commit()
+        assert offsets(broker.socket) == {tp: 2 for tp in tps("pat-keep", 0, 1)}
+
+
 def test_partitions_added_to_a_subscribed_topic_are_assigned(broker):
     with Admin(broker.socket) as admin, Members(broker.socket) as m:
         admin.create_topic("grow", 2)
