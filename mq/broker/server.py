@@ -11,11 +11,15 @@ as soon as it is in the page cache, which survives any process crash (kill -9 of
 included) and keeps end-to-end latency at a semaphore wake-up. With ``high_watermark =
 "durable"`` it follows the fsync'd offset instead, so consumers never see a record that a power
 loss could take back, at the cost of an fsync in every record's latency.
+
+This module holds the loop, connections, request dispatch, produce and the broker's lifecycle.
+``Broker`` mixes in the rest: group and offset apis (``group_apis.py``), topic administration
+apis (``topic_apis.py``), state publication and consumer wake-ups (``wakeups.py``), and group
+commit with the flusher thread (``flushing.py``).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import logging
@@ -24,7 +28,6 @@ import selectors
 import signal
 import socket
 import struct
-import threading
 import time
 
 import posix_ipc
@@ -32,12 +35,14 @@ import posix_ipc
 from mq import errors
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
+from mq.broker.flushing import Flushing, _Flusher, _FlushJob
 from mq.broker.group_apis import GroupApis
 from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
-from mq.broker.state import PartitionState, StateWriter, semaphore_prefix
+from mq.broker.state import StateWriter, semaphore_prefix
+from mq.broker.topic_apis import TopicApis
+from mq.broker.wakeups import Wakeups
 from mq.errors import (BrokerError, InvalidPartitionsError, InvalidRequestError,
                        RemoteProtocolError, UnknownTopicOrPartitionError)
-from mq.log import files
 from mq.log.cleaner import CleanerConfig
 from mq.log.config import ConfigError, LogConfig
 from mq.log.log import PartitionLog
@@ -52,7 +57,6 @@ log = logging.getLogger("mq.broker")
 
 _RECV_BYTES = 1 << 20
 _PEERCRED = struct.Struct("3i")
-MAX_PARTITIONS_PER_TOPIC = 10_000
 
 
 @dataclasses.dataclass(eq=False)
@@ -79,64 +83,7 @@ class _Partition:
     waiters: list = dataclasses.field(default_factory=list)   # [(conn, sem, offset)]
 
 
-@dataclasses.dataclass(eq=False)
-class _FlushJob:
-    fds: list[int]
-    targets: dict[_Partition, tuple[int, int, int]]   # -> (offset, active base, active size)
-    replies: list[tuple[_Conn, list]]
-    done: bool = False
-
-
-class _Flusher(threading.Thread):
-    """Runs fdatasync for the loop; one round covers every job queued before it started."""
-
-    def __init__(self, notify_fd: int) -> None:
-        super().__init__(name="mq-flusher", daemon=True)
-        self._notify_fd = notify_fd
-        self._cv = threading.Condition()
-        self._queue: list[_FlushJob] = []
-        self.finished: collections.deque[_FlushJob] = collections.deque()
-        self._stopping = False
-
-    def submit(self, job: _FlushJob) -> None:
-        with self._cv:
-            self._queue.append(job)
-            self._cv.notify()
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-
-    def run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._stopping:
-                    self._cv.wait()
-                if not self._queue and self._stopping:
-                    return
-                jobs, self._queue = self._queue, []
-            for fd in {fd for job in jobs for fd in job.fds}:
-                try:
-                    os.fdatasync(fd)
-                except OSError:
-                    log.exception("fdatasync failed")
-            for job in jobs:
-                for fd in job.fds:
-                    os.close(fd)
-                self.finished.append(job)
-            os.write(self._notify_fd, b"\x01")
-
-
-def _post(sem: posix_ipc.Semaphore) -> None:
-    """Wake a consumer; one that already went away (semaphore unlinked) is no error."""
-    try:
-        sem.release()
-    except posix_ipc.Error:
-        pass
-
-
-class Broker(GroupApis):
+class Broker(GroupApis, TopicApis, Wakeups, Flushing):
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.data_dir = config.data_dir
@@ -268,44 +215,6 @@ class Broker(GroupApis):
         self._listener = sock
         self._sel.register(sock, selectors.EVENT_READ, "accept")
 
-    # --- state publication and wake-ups -------------------------------------------------------
-    def _publish(self, part: _Partition) -> None:
-        """Write the partition's slot. The readable end is published as (segment base, byte
-        position): normally the active segment's end; in durable mode the high watermark can
-        trail the log end, even into an older segment."""
-        plog = part.log
-        # A compaction swap can keep the segment bases and count, so it counts too.
-        shape = (plog.segments[0].base_offset, plog.active_segment.base_offset,
-                 len(plog.segments), plog.swap_count)
-        if shape != part.shape:
-            part.shape = shape
-            part.generation += 1
-        hw = plog.high_watermark
-        if hw >= plog.log_end_offset:
-            seg = plog.active_segment
-            hw_base, hw_position = seg.base_offset, seg.size
-        else:
-            seg = plog.segments[plog._segment_for(hw)]
-            found = seg.translate_offset(hw)
-            hw_base, hw_position = seg.base_offset, (found.position if found else seg.size)
-        assert self.state is not None
-        self.state.publish(part.slot, PartitionState(
-            high_watermark=hw, last_stable_offset=hw, log_start_offset=plog.log_start_offset,
-            active_segment_base=hw_base, hw_position=hw_position,
-            segment_generation=part.generation, log_end_offset=plog.log_end_offset))
-
-    def _wake(self, part: _Partition) -> None:
-        hw = part.log.high_watermark
-        keep = []
-        for conn, sem, offset in part.waiters:
-            if conn.closing:
-                continue
-            if offset < hw:
-                _post(sem)
-            else:
-                keep.append((conn, sem, offset))
-        part.waiters = keep
-
     # --- the loop -----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT stop, SIGHUP reloads; the wake-up fd makes select return at once."""
@@ -370,26 +279,6 @@ class Broker(GroupApis):
         for conn in list(self._conns.values()):
             if conn.out:
                 self._write(conn)
-
-    def _flush_done(self) -> None:
-        try:
-            os.read(self._flush_r, 4096)
-        except BlockingIOError:
-            pass
-        while self._flusher.finished:
-            job = self._flusher.finished.popleft()
-            self._inflight_jobs -= 1
-            for part, (offset, base, size) in job.targets.items():
-                plog = part.log
-                if plog.closed:
-                    continue
-                plog.recovery_point = max(plog.recovery_point, min(offset, plog.log_end_offset))
-                if not plog.high_watermark_follows_log_end and offset > plog.high_watermark:
-                    plog.high_watermark = min(offset, plog.log_end_offset)
-                    self._publish(part)
-                    self._wake(part)
-            for conn, message in job.replies:
-                self._send(conn, message)
 
     # --- connections --------------------------------------------------------------------------
     def _accept(self) -> None:
@@ -527,13 +416,6 @@ class Broker(GroupApis):
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         return part
 
-    def _topic_info(self, name: str):
-        """The metadata of a user topic; internal topics are never in it."""
-        info = self.metadata.topics.get(name)
-        if info is None:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
-        return info
-
     def _api_handshake(self, conn: _Conn, req: Request) -> list:
         version = req["protocol_version"]
         if version not in SUPPORTED_VERSIONS:
@@ -575,146 +457,11 @@ class Broker(GroupApis):
             self._ack_after_flush(part)
         return reply if acks == 1 else None
 
-    def _ack_after_flush(self, part: _Partition, conn: _Conn | None = None,
-                         reply: list | None = None) -> None:
-        """Have this round's flush job fsync ``part`` (and send ``reply`` once it did)."""
-        active = part.log.active_segment
-        self._pending_flush[part] = (part.log.log_end_offset, active.base_offset, active.size)
-        self._dirty.add(part)
-        if conn is not None:
-            self._pending_replies.append((conn, reply))
-
     def _api_list_offsets(self, conn: _Conn, req: Request) -> list:
         part = self._partition(req["topic"], req["partition"])
         found = part.log.offset_for_timestamp(req["timestamp"])
         offset, ts = found if found is not None else (-1, -1)
         return response(req.api, req.request_id, 0, None, offset, ts)
-
-    def _topic_metadata(self, name: str) -> dict:
-        info = self.metadata.topics[name]
-        return {"id": info.topic_id, "partitions": info.partitions, "config": info.config,
-                "slots": [self.partitions[(name, p)].slot for p in range(info.partitions)]}
-
-    def _api_metadata(self, conn: _Conn, req: Request) -> list:
-        names = req["topics"]
-        if names is None:
-            names = sorted(self.metadata.topics)
-        topics = {}
-        for name in names:
-            self._topic_info(name)
-            topics[name] = self._topic_metadata(name)
-        return response(req.api, req.request_id, 0, None, topics)
-
-    def _api_create_topics(self, conn: _Conn, req: Request) -> list:
-        name, count, config = req["topic"], req["partitions"], req["config"]
-        if name.startswith("__"):
-            raise errors.InvalidTopicError("topic names starting with '__' are reserved")
-        try:
-            files.validate_topic_name(name)
-        except ValueError as err:
-            raise errors.InvalidTopicError(str(err)) from None
-        if name in self.metadata.topics:
-            raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
-        if not 1 <= count <= MAX_PARTITIONS_PER_TOPIC:
-            raise InvalidPartitionsError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, "
-                                         f"got {count}")
-        cfg = LogConfig.from_properties(config, self.config.topic_defaults)   # validates
-        if self._next_slot - len(self._free_slots) + count > self.config.state_slots:
-            raise InvalidPartitionsError("not enough state slots for this many partitions")
-        self.metadata.create_topic(name, count, config)
-        for p in range(count):
-            self._add_partition(name, p, cfg)
-        self.state.bump_metadata_version()
-        self._topic_partitions_changed(name, count)
-        if cfg.compact_enabled:
-            self._cleaner.wake()
-        log.info("created topic %s with %d partition(s)", name, count)
-        return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
-
-    def _api_delete_topics(self, conn: _Conn, req: Request) -> list:
-        name = req["topic"]
-        self._topic_info(name)
-        self.metadata.delete_topic(name)
-        for key in [k for k in self.partitions if k[0] == name]:
-            part = self.partitions.pop(key)
-            for _, sem, _ in part.waiters:
-                _post(sem)                  # let waiters notice the topic is gone
-            self.state.publish(part.slot, PartitionState(-1, -1, -1, -1, -1, -1, -1))
-            self._free_slots.append(part.slot)
-            self._pending_flush.pop(part, None)
-            self._dirty.discard(part)
-            self._cleaner.remove(part.log)      # waits for a pass over it to let go
-            self.logs.delete(*key)
-        self.state.bump_metadata_version()
-        self._topic_partitions_changed(name, 0)
-        self._delete_topic_offsets(name)
-        log.info("deleted topic %s", name)
-        return response(req.api, req.request_id, 0, None)
-
-    def _api_create_partitions(self, conn: _Conn, req: Request) -> list:
-        name, total = req["topic"], req["total"]
-        info = self._topic_info(name)
-        if total <= info.partitions or total > MAX_PARTITIONS_PER_TOPIC:
-            raise InvalidPartitionsError(f"topic {name!r} has {info.partitions} partitions; "
-                                         f"the new total must be larger (got {total})")
-        cfg = self.metadata.config_for(name, self.config.topic_defaults)
-        self.metadata.set_partitions(name, total)
-        for p in range(info.partitions, total):
-            self._add_partition(name, p, cfg)
-        self.state.bump_metadata_version()
-        self._topic_partitions_changed(name, total)
-        return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
-
-    def _api_describe_configs(self, conn: _Conn, req: Request) -> list:
-        name = req["topic"]
-        info = self._topic_info(name)
-        cfg = self.metadata.config_for(name, self.config.topic_defaults)
-        return response(req.api, req.request_id, 0, None, cfg.to_properties(), info.config)
-
-    def _api_alter_configs(self, conn: _Conn, req: Request) -> list:
-        name, changes = req["topic"], req["config"]
-        info = self._topic_info(name)
-        cfg = LogConfig.from_properties({**info.config, **changes},
-                                        self.config.topic_defaults)
-        self.metadata.alter_config(name, changes)
-        for p in range(info.partitions):
-            self.partitions[(name, p)].log.update_config(cfg)
-        self.state.bump_metadata_version()
-        if cfg.compact_enabled:
-            self._cleaner.wake()
-        return response(req.api, req.request_id, 0, None, cfg.to_properties())
-
-    def _api_delete_records(self, conn: _Conn, req: Request) -> list:
-        part = self._partition(req["topic"], req["partition"])
-        start = part.log.delete_records_before(req["offset"])
-        self._dirty.add(part)
-        return response(req.api, req.request_id, 0, None, start)
-
-    def _api_wait(self, conn: _Conn, req: Request) -> None:
-        name = req["semaphore"]
-        if not name.startswith(self._sem_prefix):
-            raise InvalidRequestError(f"semaphore {name!r} is not one of this broker's")
-        sem = conn.semaphores.get(name)
-        if sem is None:
-            try:
-                sem = posix_ipc.Semaphore(name)
-            except posix_ipc.Error as err:
-                raise InvalidRequestError(f"cannot open semaphore {name!r}: {err}") from None
-            conn.semaphores[name] = sem
-        ready = False
-        for topic, partition, offset in req["positions"]:
-            part = self.partitions.get((topic, partition))
-            if part is None or offset < part.log.high_watermark or \
-                    offset < part.log.log_start_offset:
-                ready = True
-            else:
-                # One waiter per (connection, semaphore) and partition: a WAIT re-armed after
-                # a timeout replaces the old entry instead of piling up (unbounded growth).
-                part.waiters = [w for w in part.waiters if w[0] is not conn or w[1] is not sem]
-                part.waiters.append((conn, sem, offset))
-        if ready:
-            _post(sem)
-        return None
 
     # --- background work ----------------------------------------------------------------------
     def _on_swapped(self, plog: PartitionLog) -> None:
@@ -724,22 +471,6 @@ class Broker(GroupApis):
         part = self.partitions.get((plog.topic, plog.partition))
         if part is not None and part.log is plog:
             self._dirty.add(part)
-
-    def _periodic_flush(self, now: float) -> None:
-        """Every ``flush_interval_ms``: fsync what acks=0/1 produces left in the page cache (in
-        the flusher thread) and checkpoint recovery points, so an unclean restart re-validates
-        at most about one interval of data and a power loss loses at most that much."""
-        self._next_flush = now + self.config.flush_interval_ms / 1e3
-        for part in self.partitions.values():
-            plog = part.log
-            if plog.log_end_offset > plog.recovery_point and part not in self._pending_flush:
-                active = plog.active_segment
-                self._pending_flush[part] = (plog.log_end_offset, active.base_offset,
-                                             active.size)
-        meta = self.metadata.log
-        if meta.log_end_offset > meta.recovery_point:
-            meta.flush()
-        self.logs.checkpoint()
 
     def _retention(self) -> None:
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3

@@ -1,0 +1,186 @@
+"""The producer's units of work: the open batch of each partition, one batch's life from its
+first record to its reply, and the futures ``send()`` returns, which read that outcome.
+
+A ``_Batch`` is filled and closed by the accumulator (``producer.py``) under the producer's
+lock and sent by the sender (``producer_io.py``). ``_finish`` gives it its outcome exactly once,
+outside that lock, and runs its futures' callbacks on the thread that finished it (normally the
+I/O thread; ``close()`` fails what is left).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mq.client.types import RecordMetadata
+from mq.log.records import BatchBuilder
+
+__all__ = ["FutureRecordMetadata"]
+
+log = logging.getLogger("mq.producer")
+
+
+class _Topic:
+    """Cached metadata of one topic plus the open batch of each partition."""
+
+    __slots__ = ("name", "num_partitions", "partitions", "open", "fetched", "batch_limit",
+                 "grow_limit")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.num_partitions = 0
+        self.partitions: list[int] = []
+        self.open: list[_Batch | None] = []
+        self.fetched = 0.0
+        self.batch_limit = 0         # min(batch_size, the topic's max.message.bytes)
+        self.grow_limit = 0          # min(max_request_size, max.message.bytes)
+
+    def update(self, num_partitions: int, batch_limit: int, grow_limit: int,
+               now: float) -> None:
+        self.batch_limit = batch_limit
+        self.grow_limit = max(grow_limit, batch_limit)
+        self.num_partitions = num_partitions
+        self.partitions = list(range(num_partitions))
+        if len(self.open) < num_partitions:
+            self.open.extend([None] * (num_partitions - len(self.open)))
+        self.fetched = now
+
+
+class _Batch:
+    """One batch of one partition, from its first record to its reply."""
+
+    __slots__ = ("topic", "partition", "info", "builder", "size", "created", "deadline", "data",
+                 "seq", "attempts", "not_before", "sent_at", "base_offset", "log_append_time",
+                 "error", "last_error", "done", "event", "callbacks", "lock")
+
+    def __init__(self, info: _Topic, partition: int, builder: BatchBuilder, now: float,
+                 linger_s: float, lock: threading.Lock) -> None:
+        self.topic = info.name
+        self.partition = partition
+        self.info = info
+        self.builder = builder
+        self.size = builder.size_in_bytes         # cached: read for every record
+        self.created = now
+        self.deadline = now + linger_s
+        self.data: bytearray | None = None
+        self.seq = 0
+        self.attempts = 0
+        self.not_before = 0.0
+        self.sent_at = 0.0
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.error: BaseException | None = None
+        self.last_error: BaseException | None = None
+        self.done = False
+        self.event = threading.Event()
+        self.callbacks: list | None = None
+        self.lock = lock
+
+
+class FutureRecordMetadata:
+    """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it."""
+
+    __slots__ = ("_batch", "_delta", "_ts")
+
+    def __init__(self, batch: _Batch, delta: int, timestamp_ms: int) -> None:
+        self._batch = batch
+        self._delta = delta
+        self._ts = timestamp_ms
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait for the outcome. Raises the failure (a ``BrokerError`` subclass,
+        ``BrokerUnavailableError``, ``ClosedError``...) or ``TimeoutError`` after ``timeout``
+        seconds."""
+        batch = self._batch
+        if not batch.done and not batch.event.wait(timeout):
+            raise TimeoutError(f"record for {batch.topic}-{batch.partition} not acknowledged "
+                               f"within {timeout} s")
+        if batch.error is not None:
+            raise batch.error
+        return self._metadata()
+
+    def _metadata(self) -> RecordMetadata:
+        b = self._batch
+        offset = b.base_offset + self._delta if b.base_offset >= 0 else -1
+        ts = b.log_append_time if b.log_append_time >= 0 else self._ts
+        return RecordMetadata(b.topic, b.partition, offset, ts)
+
+    @property
+    def is_done(self) -> bool:
+        return self._batch.done
+
+    def succeeded(self) -> bool:
+        return self._batch.done and self._batch.error is None
+
+    def failed(self) -> bool:
+        return self._batch.done and self._batch.error is not None
+
+    def exception(self) -> BaseException | None:
+        """The failure, or ``None`` (not done yet, or succeeded)."""
+        return self._batch.error if self._batch.done else None
+
+    @property
+    def attempts(self) -> int:
+        """How many times this record's batch was sent (more than 1: it was re-sent after an
+        error or a lost connection, so it may be in the log twice)."""
+        return self._batch.attempts
+
+    def add_callback(self, fn: Callable, *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, metadata, **kwargs)`` on success (at once if already done)."""
+        self._add(fn, args, kwargs, False)
+        return self
+
+    def add_errback(self, fn: Callable, *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, exception, **kwargs)`` on failure (at once if already failed)."""
+        self._add(fn, args, kwargs, True)
+        return self
+
+    def _add(self, fn: Callable, args: tuple, kwargs: dict, errback: bool) -> None:
+        batch = self._batch
+        with batch.lock:
+            if not batch.done:
+                if batch.callbacks is None:
+                    batch.callbacks = []
+                batch.callbacks.append((self, fn, args, kwargs, errback))
+                return
+        _run_callback(self, fn, args, kwargs, errback)
+
+    def __repr__(self) -> str:
+        b = self._batch
+        state = ("pending" if not b.done else f"failed: {b.error!r}" if b.error is not None
+                 else f"offset {self._metadata().offset}")
+        return f"<FutureRecordMetadata {b.topic}-{b.partition} {state}>"
+
+
+def _run_callback(fut: FutureRecordMetadata, fn: Callable, args: tuple, kwargs: dict,
+                  errback: bool) -> None:
+    batch = fut._batch
+    try:
+        if batch.error is None:
+            if not errback:
+                fn(*args, fut._metadata(), **kwargs)
+        elif errback:
+            fn(*args, batch.error, **kwargs)
+    except Exception:
+        log.exception("producer callback %r raised", fn)
+
+
+def _finish(batch: _Batch, base_offset: int, log_append_time: int,
+            error: BaseException | None) -> None:
+    """Resolve a batch's futures and run their callbacks (never under the producer lock)."""
+    with batch.lock:
+        if batch.done:
+            return
+        batch.base_offset = base_offset
+        batch.log_append_time = log_append_time
+        batch.error = error
+        batch.done = True
+        callbacks, batch.callbacks = batch.callbacks, None
+    batch.event.set()
+    batch.builder = None           # the records are sent; let their bytes go
+    batch.data = None
+    if callbacks:
+        for fut, fn, args, kwargs, errback in callbacks:
+            _run_callback(fut, fn, args, kwargs, errback)

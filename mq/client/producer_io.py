@@ -1,0 +1,378 @@
+"""The sending half of ``mq.Producer``: request pipelining, the I/O thread, retries, reconnects.
+
+Mixed into ``Producer`` (``producer.py``, which fills and closes batches). The I/O thread's loop
+(``_run``, ``_loop``, ``_reconnect``, ``_read``) takes the producer's lock itself; the other
+methods run under it and collect final outcomes in a ``finished`` list, resolved (``_finish``)
+once the lock is released.
+
+One daemon I/O thread per producer (Kafka's "sender", much reduced) blocks in ``poll`` on the
+socket and a wake-up pipe, with the GIL released; it never busy-polls. It reads responses and
+completes futures (so callbacks run on it), closes batches whose ``linger_ms`` ran out — records
+must leave within about ``linger_ms`` even if ``send()`` is never called again, which no
+thread-free design can promise — and it retries, reconnects and enforces timeouts. On 2 vCPUs a
+helper thread that needs the GIL while the caller is busy waits up to the 5 ms switch interval
+(see perf-anchors §5), so the design keeps the thread off the hot path: the caller sends its own
+batches, and when ``max_in_flight`` requests are outstanding and ``max_in_flight`` more batches
+are queued, ``send()`` waits on a condition — which hands the GIL to the I/O thread at once.
+
+Ordering, retries and reconnects
+--------------------------------
+Batches of one partition are sent in the order they were closed, on one connection, and the
+broker appends a connection's requests in order. A retriable error (``BrokerError.retriable``)
+re-queues the batch ahead of every later batch of its partition and mutes the partition: only
+the retry goes out (after ``retry_backoff_ms``, doubling up to 1 s), and nothing after it until
+it is acknowledged. Batches that were already in flight behind the failed one keep their
+outcome; a broker that cannot take one request (shutting down, storage error) fails the later
+ones too, so that does not reorder in practice, and ``max_in_flight=1`` rules it out (Kafka's
+advice for producers without idempotence). Non-retriable errors (unknown topic or partition,
+message too large, invalid request) fail the batch's futures with the broker's exception.
+
+If the connection is lost (broker killed or restarted, e.g. by systemd), the I/O thread
+reconnects with backoff and re-sends every batch that was in flight, in order (one at a time
+per partition until the first is acknowledged), counting one attempt each; a batch that
+exhausts ``retries`` fails with ``BrokerUnavailableError``, and any batch still undelivered
+``delivery_timeout_ms`` after it was created fails with the last error. The broker may have
+appended an in-flight batch whose reply was lost, so delivery is **at least once**: a re-sent
+batch can appear twice in the log (``future.attempts > 1`` tells which records were re-sent).
+A batch acknowledged with ``acks="all"`` was fsync'd before the reply and is never lost; with
+``acks=1`` it was in the page cache (survives a broker crash, not a power loss); with
+``acks=0`` nothing is acknowledged and futures resolve, with offset -1, as soon as the request
+is written to the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from typing import Any
+
+from mq.client.connection import Connection
+from mq.client.producer_batches import _Batch, _finish
+from mq.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    MQError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
+from mq.protocol.messages import Api
+
+__all__ = ["Sender"]
+
+log = logging.getLogger("mq.producer")
+
+_INF = float("inf")
+_MAX_BACKOFF_S = 1.0                       # Kafka's retry.backoff.max.ms
+
+
+class Sender:
+    """Sending methods of ``Producer`` (see the module doc)."""
+
+    # --- sending ------------------------------------------------------------------------------
+    def _pump(self, finished: list) -> None:
+        """Send queued batches, in order, while there is room in flight."""
+        ready = self._ready
+        conn = self._conn
+        if not ready or conn is None:
+            return
+        acks, limit, in_flight = self._acks, self._max_in_flight, self._in_flight
+        now = time.monotonic()
+        blocked: set | None = None
+        i = 0
+        muted = self._muted
+        while i < len(ready) and (acks == 0 or len(in_flight) < limit):
+            batch = ready[i]
+            if muted or self._retrying:
+                # A partition in retry sends only its retried batch, and nothing after it
+                # until that one is acknowledged; so do batches still in backoff.
+                tp = (batch.topic, batch.partition)
+                if blocked is not None and tp in blocked:
+                    i += 1
+                    continue
+                holder = muted.get(tp)
+                if (holder is not None and holder is not batch) or batch.not_before > now:
+                    if blocked is None:
+                        blocked = set()
+                    blocked.add(tp)
+                    i += 1
+                    continue
+                if batch.not_before:
+                    batch.not_before = 0.0
+                    self._retrying -= 1
+            del ready[i]
+            try:
+                rid = conn.send(Api.PRODUCE, batch.topic, batch.partition, acks, batch.data)
+            except MQError as err:
+                ready.insert(i, batch)
+                self._disconnected(conn, err, finished)
+                return
+            batch.attempts += 1
+            if acks == 0:
+                self._done(batch, -1, -1, None, finished)
+            else:
+                batch.sent_at = now
+                in_flight[rid] = batch
+                if now + self._request_timeout_s < self._helper_wake_at:
+                    self._helper_wake_at = now + self._request_timeout_s
+                    self._wake()                  # so the I/O thread watches the timeout
+
+    def _requeue(self, batch: _Batch, err: BaseException, backoff: float,
+                 finished: list) -> None:
+        """Retry ``batch`` (ahead of its partition's later batches) or fail it."""
+        batch.last_error = err
+        now = time.monotonic()
+        if batch.attempts > self._retries or now - batch.created > self._delivery_timeout_s:
+            self._done(batch, -1, -1, err, finished)
+            return
+        tp = (batch.topic, batch.partition)
+        holder = self._muted.get(tp)
+        if holder is None or batch.seq < holder.seq:
+            self._muted[tp] = batch
+        if backoff:
+            batch.not_before = now + backoff
+            self._retrying += 1
+        ready = self._ready
+        i = len(ready)
+        while i > 0 and ready[i - 1].seq > batch.seq:
+            i -= 1
+        ready.insert(i, batch)
+
+    def _disconnected(self, conn: Connection, err: BaseException, finished: list) -> None:
+        """The connection broke: close it and re-queue what was in flight (in order)."""
+        if conn is not self._conn:
+            return
+        log.warning("producer lost the broker connection: %s", err)
+        if not isinstance(err, BrokerUnavailableError):
+            err = BrokerUnavailableError(f"broker connection lost: {err}")
+        self._last_error = err
+        self._conn = None
+        self._fd = -1
+        conn.close()
+        for batch in self._in_flight.values():
+            self._requeue(batch, err, 0.0, finished)
+        self._in_flight.clear()
+        for rid in self._requests:
+            self._requests[rid] = err
+        self._reconnect_at = time.monotonic() + self._reconnect_backoff
+        self._cond.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\x01")
+        except (BlockingIOError, OSError):
+            pass                                  # full (already awake) or closed
+
+    # --- requests on the shared connection ---------------------------------------------------
+    def _request(self, deadline: float, api: Api, *fields: Any):
+        """One request on the producer's connection, under the lock. The I/O thread reads
+        every reply, so other threads wait for it to hand theirs over; the I/O thread itself
+        (a callback calling send()) reads inline."""
+        while self._conn is None:
+            remaining = deadline - time.monotonic()
+            if self._closed:
+                raise ClosedError("producer is closed")
+            if remaining <= 0:
+                raise BrokerUnavailableError(f"no connection to the broker at {self._socket} "
+                                             f"({self._last_error})")
+            self._cond.wait(remaining)            # notified on reconnect and close
+        conn = self._conn
+        if threading.get_ident() == self._helper_ident:
+            try:
+                return conn.call(api, *fields, timeout=max(0.0, deadline - time.monotonic()))
+            finally:
+                self._check_stash = True          # it may have kept others' replies
+        try:
+            rid = conn.send(api, *fields)
+        except MQError as err:                    # the I/O thread sees the EOF and reconnects
+            raise BrokerUnavailableError(f"cannot send {api.name}: {err}") from err
+        self._requests[rid] = None
+        try:
+            while self._requests[rid] is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no reply to {api.name} within "
+                                       f"{self._request_timeout_s} s")
+                self._cond.wait(remaining)
+            reply = self._requests[rid]
+        finally:
+            self._requests.pop(rid, None)
+        if isinstance(reply, BaseException):
+            raise BrokerUnavailableError(f"{api.name} failed: {reply}") from reply
+        if reply.error_code:
+            raise error_for_code(reply.error_code, reply.error_message or "")
+        return reply
+
+    # --- the I/O thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:                         # a bug: fail loudly, never hang callers
+            log.exception("producer I/O thread crashed")
+            self._shutdown()
+
+    def _loop(self) -> None:
+        poller, polled_fd = None, -2
+        while True:
+            finished: list = []
+            with self._lock:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                conn = self._conn
+                if conn is None and now >= self._reconnect_at:
+                    self._lock.release()
+                    try:
+                        conn = self._reconnect()
+                    finally:
+                        self._lock.acquire()
+                    if self._stopping:
+                        if conn is not None:
+                            conn.close()
+                        return
+                    if conn is not None:
+                        self._attach(conn)
+                        self._cond.notify_all()
+                    now = time.monotonic()
+                self._service(now, finished)
+                wake_at = self._next_wake(now)
+                self._helper_wake_at = wake_at
+                fd, conn, wake_r = self._fd, self._conn, self._wake_r
+                stash, self._check_stash = self._check_stash, False
+            for args in finished:
+                _finish(*args)
+            if stash and conn is not None:
+                self._read(conn, 0.0)
+            if fd != polled_fd:
+                poller = select.poll()
+                poller.register(wake_r, select.POLLIN)
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
+                polled_fd = fd
+            timeout = -1 if wake_at == _INF else max(0, int((wake_at - time.monotonic()) * 1e3
+                                                           + 0.999))
+            try:
+                events = poller.poll(timeout)     # releases the GIL; no busy polling
+            except OSError:
+                continue
+            for ready_fd, _ in events:
+                if ready_fd == wake_r:
+                    try:
+                        os.read(wake_r, 4096)
+                    except (BlockingIOError, OSError):
+                        pass
+                elif ready_fd == fd and conn is not None:
+                    self._read(conn, self._request_timeout_s)
+
+    def _reconnect(self) -> Connection | None:
+        try:
+            conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+        except (MQError, OSError) as err:
+            with self._lock:
+                self._last_error = err if isinstance(err, BrokerUnavailableError) else \
+                    BrokerUnavailableError(f"cannot reconnect: {err}")
+                self._reconnect_at = time.monotonic() + self._reconnect_backoff
+                self._reconnect_backoff = min(self._reconnect_backoff * 2, _MAX_BACKOFF_S)
+            return None
+        log.info("producer reconnected to %s", self._socket)
+        return conn
+
+    def _read(self, conn: Connection, timeout: float) -> None:
+        finished: list = []
+        try:
+            replies = conn.poll_any(timeout)
+        except (MQError, OSError) as err:
+            with self._lock:
+                self._disconnected(conn, err, finished)
+        else:
+            with self._lock:
+                if conn is self._conn:
+                    self._dispatch(replies, finished)
+                    self._service(time.monotonic(), finished)
+                    self._cond.notify_all()
+        for args in finished:
+            _finish(*args)
+
+    def _dispatch(self, replies: list, finished: list) -> None:
+        in_flight = self._in_flight
+        for reply in replies:
+            batch = in_flight.pop(reply.request_id, None)
+            if batch is None:
+                if reply.request_id in self._requests:
+                    self._requests[reply.request_id] = reply
+                elif reply.error_code:            # acks=0 requests are answered on error only
+                    log.warning("produce request failed (acks=0): %s",
+                                error_for_code(reply.error_code, reply.error_message or ""))
+                continue
+            if not reply.error_code:
+                self._done(batch, reply.fields[0], reply.fields[1], None, finished)
+                continue
+            err = error_for_code(reply.error_code, reply.error_message or "")
+            if err.retriable:
+                backoff = min(self._backoff_s * 2 ** max(batch.attempts - 1, 0), _MAX_BACKOFF_S)
+                self._requeue(batch, err, backoff, finished)
+            else:
+                if isinstance(err, UnknownTopicOrPartitionError):
+                    self._topics.pop(batch.topic, None)
+                self._done(batch, -1, -1, err, finished)
+
+    def _done(self, batch: _Batch, base_offset: int, log_append_time: int,
+              error: BaseException | None, finished: list) -> None:
+        """The batch's outcome is final: unmute its partition; resolve after the lock."""
+        self._incomplete.discard(batch)
+        tp = (batch.topic, batch.partition)
+        if self._muted.get(tp) is batch:
+            del self._muted[tp]
+        finished.append((batch, base_offset, log_append_time, error))
+
+    def _service(self, now: float, finished: list) -> None:
+        """Timeouts, then send: queued batches first, then lingered ones while there is room."""
+        if self._in_flight:
+            oldest = next(iter(self._in_flight.values()))
+            if now - oldest.sent_at > self._request_timeout_s and self._conn is not None:
+                self._disconnected(self._conn, RequestTimedOutError(
+                    f"no reply to a produce request for {oldest.topic}-{oldest.partition} "
+                    f"within {self._request_timeout_s} s"), finished)
+        if self._ready and (self._conn is None or self._retrying or self._muted):
+            for batch in [b for b in self._ready if now - b.created > self._delivery_timeout_s]:
+                self._ready.remove(batch)
+                if batch.not_before:
+                    self._retrying -= 1
+                self._done(batch, -1, -1, batch.last_error or self._last_error or
+                           RequestTimedOutError(f"not delivered within "
+                                                f"{self._delivery_timeout_s} s"), finished)
+        self._pump(finished)
+        room = self._max_in_flight - len(self._in_flight) - len(self._ready)
+        if self._open and (room > 0 or self._acks == 0):
+            expired = list(self._full)[:max(room, 0)]   # full ones first, then lingered ones
+            for batch in self._open:
+                if batch.deadline > now or (len(expired) >= room and self._acks != 0):
+                    break
+                if batch not in self._full:
+                    expired.append(batch)
+            for batch in expired:
+                self._close_batch(batch)
+            self._pump(finished)
+        self._cond.notify_all()                   # room for senders blocked in send()
+
+    def _next_wake(self, now: float) -> float:
+        wake = _INF
+        if self._open:
+            room = self._max_in_flight - len(self._in_flight) - len(self._ready)
+            if room > 0 or self._acks == 0:
+                wake = now if self._full else next(iter(self._open)).deadline
+        if self._in_flight:
+            wake = min(wake, next(iter(self._in_flight.values())).sent_at
+                       + self._request_timeout_s)
+        if self._conn is None:
+            wake = min(wake, self._reconnect_at)
+        if self._retrying or (self._ready and self._conn is None):
+            for batch in self._ready:
+                if batch.not_before > now:        # a past one waits for room, not time
+                    wake = min(wake, batch.not_before)
+                wake = min(wake, batch.created + self._delivery_timeout_s)
+        return wake
