@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -29,6 +30,22 @@ def mq_run(*args, stdin: bytes = b"", env: dict | None = None, timeout: float = 
     proc = subprocess.run([sys.executable, "-m", "mq", *map(str, args)], input=stdin,
                           capture_output=True, env=env or ENV, timeout=timeout, check=False)
     return Result(proc)
+
+
+@contextlib.contextmanager
+def mq_process(*args):
+    """``python -m mq ARGS`` running with stdout and stderr piped; killed on the way out if
+    the test did not end it (a failed assertion must not leave it running)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mq", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
 
 
 def ok(result: Result) -> Result:

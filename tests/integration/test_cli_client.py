@@ -15,12 +15,10 @@ import json
 import os
 import signal
 import socket as socketlib
-import subprocess
-import sys
 import time
 
 import pytest
-from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_run, ok
+from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_process, mq_run, ok
 
 import mq.testing
 from mq.client.admin import Admin
@@ -323,10 +321,7 @@ def test_consume_default_starts_at_the_end_and_follows(broker):
     with Producer(socket=broker.socket) as producer:
         for i in range(5):
             producer.send("f", b"old-%d" % i)
-    proc = subprocess.Popen([sys.executable, "-m", "mq", "consume", "f", "--partition", "0",
-                             "--socket", broker.socket], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ENV)
-    try:
+    with mq_process("consume", "f", "--partition", "0", "--socket", broker.socket) as proc:
         lines = []
         reader = Lines(proc.stdout)
         with Producer(socket=broker.socket) as producer:
@@ -349,10 +344,6 @@ def test_consume_default_starts_at_the_end_and_follows(broker):
         assert all(line.startswith(b"marker-") for line in lines[:-3])
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert err.decode() == f"consumed {len(lines)} records from f (interrupted)\n"
     assert out == b""
@@ -364,18 +355,11 @@ def test_consume_until_signal_exits_0(broker, sig):
     with Producer(socket=broker.socket) as producer:
         for i in range(20):
             producer.send("g", b"r%d" % i)
-    proc = subprocess.Popen([sys.executable, "-m", "mq", "consume", "g", "--from-beginning",
-                             "--socket", broker.socket], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ENV)
-    try:
+    with mq_process("consume", "g", "--from-beginning", "--socket", broker.socket) as proc:
         got = [proc.stdout.readline() for _ in range(20)]       # blocks until printed
         assert got == [b"r%d\n" % i for i in range(20)]
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0
     assert out == b"" and err == b"consumed 20 records from g (interrupted)\n"
 
@@ -588,10 +572,7 @@ def test_broker_command_serves_and_stops_cleanly(tmp_path, sig):
     sock = f"/tmp/mq-cli-{os.getpid()}-{sig.value}.sock"
     if len(str(tmp_path / "s.sock")) < 100:
         sock = str(tmp_path / "s.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "mq", "broker", "--data-dir",
-                             tmp_path / "data", "--socket", sock], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ENV)
-    try:
+    with mq_process("broker", "--data-dir", tmp_path / "data", "--socket", sock) as proc:
         mq.testing.wait_for(lambda: can_connect(sock) or proc.poll() is not None, WAIT,
                             message="the broker's socket")
         assert proc.poll() is None, proc.communicate()
@@ -599,10 +580,6 @@ def test_broker_command_serves_and_stops_cleanly(tmp_path, sig):
         ok(mq_run("produce", "live", "--socket", sock, stdin=b"one\ntwo\n"))
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     err = err.decode()
     assert "Traceback" not in err and "broker ready" in err and "stopped cleanly" in err

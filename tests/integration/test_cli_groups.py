@@ -17,12 +17,10 @@ import datetime as dt
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_run, ok
+from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_process, mq_run, ok
 
 import mq.testing
 from mq.cli.groups import clamp, parse_duration, parse_topic_spec
@@ -432,10 +430,7 @@ def test_consume_new_group_starts_at_the_end_and_commits_it(broker):
     stopped once the broker sees it own both partitions."""
     create(broker, "e", 2)
     produce(broker, "e", [b"old"] * 3, 0)
-    proc = subprocess.Popen([sys.executable, "-m", "mq", "consume", "e", "--group", "late",
-                             "--socket", broker.socket],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
-    try:
+    with mq_process("consume", "e", "--group", "late", "--socket", broker.socket) as proc:
         with Admin(broker.socket) as admin:
             def owns_both() -> bool:
                 try:
@@ -448,10 +443,6 @@ def test_consume_new_group_starts_at_the_end_and_commits_it(broker):
             mq.testing.wait_for(owns_both, timeout=WAIT, message="mq consume owning e")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert out == b"" and err == b"consumed 0 records from e (interrupted)\n"
     assert offsets(broker, "late") == {TP("e", 0): 3, TP("e", 1): 0}
@@ -465,19 +456,13 @@ def test_consume_new_group_starts_at_the_end_and_commits_it(broker):
 def test_consume_group_stops_on_signal_and_commits_what_it_printed(broker, sig):
     create(broker, "s")
     produce(broker, "s", [b"r%d" % i for i in range(10)], 0)
-    proc = subprocess.Popen([sys.executable, "-m", "mq", "consume", "s", "--group", "g",
-                             "--from-beginning", "--socket", broker.socket],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
-    try:
+    with mq_process("consume", "s", "--group", "g", "--from-beginning",
+                    "--socket", broker.socket) as proc:
         reader = Lines(proc.stdout)
         got = [reader.next(WAIT) for _ in range(10)]
         assert got == [b"r%d\n" % i for i in range(10)]
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert reader.buf + out == b"" and err == b"consumed 10 records from s (interrupted)\n"
     assert offsets(broker, "g") == {TP("s", 0): 10}
