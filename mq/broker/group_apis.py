@@ -28,7 +28,6 @@ from mq import errors
 from mq.broker.groups import Effects, ErrorCode, GroupCoordinator, GroupState
 from mq.broker.offsets import OFFSETS_TOPIC, CommittedOffset, OffsetStore
 from mq.errors import InvalidRequestError
-from mq.log.config import LogConfig
 from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
 
 if TYPE_CHECKING:
@@ -39,7 +38,6 @@ log = logging.getLogger("mq.broker")
 RESTART_GRACE_MS = 2_000
 OFFSET_METADATA_MAX_BYTES = 4096            # offset.metadata.max.bytes
 _PID_CHECK_MS = 100
-_OFFSETS_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024)}
 _PUSH = [int(Api.CONSUMER_GROUP_HEARTBEAT), PUSH_REQUEST_ID, 0, None]
 
 
@@ -66,7 +64,7 @@ class GroupApis:
     # --- start and timers ---------------------------------------------------------------------
     def _open_groups(self) -> None:
         """Open (or create) ``__consumer_offsets``, replay it, and start the coordinator."""
-        cfg = LogConfig.from_properties(_OFFSETS_CONFIG, self.config.topic_defaults)
+        cfg = self.metadata.config_for(OFFSETS_TOPIC, self.config.topic_defaults)
         count = max(1, sum(1 for plog in self.logs if plog.topic == OFFSETS_TOPIC))
         logs = [self._add_partition(OFFSETS_TOPIC, p, cfg).log for p in range(count)]
         self.offsets = OffsetStore(logs)

@@ -15,6 +15,7 @@ import uuid
 
 import msgpack
 
+from mq.broker.offsets import OFFSETS_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import BatchBuilder
@@ -22,7 +23,10 @@ from mq.log.records import BatchBuilder
 __all__ = ["MetadataStore", "TopicInfo", "METADATA_TOPIC", "INTERNAL_TOPICS"]
 
 METADATA_TOPIC = "__cluster_metadata"
-INTERNAL_TOPICS = frozenset({METADATA_TOPIC, "__consumer_offsets"})
+INTERNAL_TOPICS = frozenset({METADATA_TOPIC, OFFSETS_TOPIC})
+# The internal topics' fixed overrides of the broker's topic defaults (they have no record).
+_INTERNAL_CONFIG = {OFFSETS_TOPIC: {"cleanup.policy": "compact",
+                                    "segment.bytes": str(100 * 1024 * 1024)}}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,8 +66,11 @@ class MetadataStore:
             self.topics[name] = info
 
     def config_for(self, name: str, defaults: LogConfig) -> LogConfig:
+        """The topic's config: its overrides (an internal topic's fixed ones) over
+        ``defaults``."""
         info = self.topics.get(name)
-        return LogConfig.from_properties(info.config, defaults) if info else defaults
+        overrides = info.config if info else _INTERNAL_CONFIG.get(name)
+        return defaults if overrides is None else LogConfig.from_properties(overrides, defaults)
 
     def create_topic(self, name: str, partitions: int, config: dict[str, str]) -> TopicInfo:
         info = TopicInfo(name, uuid.uuid4().hex, partitions, dict(config))

@@ -185,6 +185,13 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self._publish(part)
         return part
 
+    def _check_free_slots(self, count: int) -> None:
+        """Before a topic change is recorded: ``count`` more partitions must fit the state
+        region (``_take_slot`` failing half-way would leave the metadata ahead of the
+        partitions, and the broker unable to start)."""
+        if self._next_slot - len(self._free_slots) + count > self.config.state_slots:
+            raise InvalidPartitionsError("not enough state slots for this many partitions")
+
     def _take_slot(self) -> int:
         if self._next_slot >= self.config.state_slots:
             raise InvalidPartitionsError(f"the broker's state region holds "

@@ -71,8 +71,7 @@ class TopicApis:
             raise InvalidPartitionsError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, "
                                          f"got {count}")
         cfg = LogConfig.from_properties(config, self.config.topic_defaults)   # validates
-        if self._next_slot - len(self._free_slots) + count > self.config.state_slots:
-            raise InvalidPartitionsError("not enough state slots for this many partitions")
+        self._check_free_slots(count)
         self.metadata.create_topic(name, count, config)
         for p in range(count):
             self._add_partition(name, p, cfg)
@@ -110,6 +109,7 @@ class TopicApis:
             raise InvalidPartitionsError(f"topic {name!r} has {info.partitions} partitions; "
                                          f"the new total must be larger (got {total})")
         cfg = self.metadata.config_for(name, self.config.topic_defaults)
+        self._check_free_slots(total - info.partitions)
         self.metadata.set_partitions(name, total)
         for p in range(info.partitions, total):
             self._add_partition(name, p, cfg)

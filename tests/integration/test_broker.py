@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.connection import Connection
-from mq.errors import (BrokerUnavailableError, CorruptMessageError, InvalidRequestError,
-                       MessageTooLargeError, UnknownTopicOrPartitionError)
+from mq.errors import (BrokerUnavailableError, CorruptMessageError, InvalidPartitionsError,
+                       InvalidRequestError, MessageTooLargeError, UnknownTopicOrPartitionError)
 from mq.log.log import PartitionLog
 from mq.log.records import BatchBuilder
 from mq.protocol.frames import encode_frame
@@ -244,6 +244,22 @@ def test_sighup_reloads_and_keeps_serving(tmp_path):
                                 message="the reload log line")
             admin.create_topic("after", 1)
             assert admin.describe_topic("after")["config"]["retention.ms"] == "1234"
+
+
+def test_partitions_beyond_the_state_slots_are_refused_before_anything_changes(tmp_path):
+    conf = tmp_path / "mq.toml"
+    conf.write_text("state_slots = 8\n")
+    with mq.testing.broker(tmp_path / "data", config_file=str(conf)) as b:
+        with Admin(b.socket) as admin:
+            admin.create_topic("t", 4)               # + __consumer_offsets-0: 5 slots used
+            with pytest.raises(InvalidPartitionsError, match="state slots"):
+                admin.create_partitions("t", 10)
+            assert admin.describe_topic("t")["partitions"] == 4
+        b.kill()
+        b.start()                                    # the metadata still matches the logs
+        with Admin(b.socket) as admin:
+            assert admin.describe_topic("t")["partitions"] == 4
+            admin.create_partitions("t", 7)
 
 
 def test_no_broker_gives_a_clear_error(tmp_path):

@@ -1,0 +1,25 @@
+"""Topic metadata: the config a topic gets, internal topics included."""
+
+from __future__ import annotations
+
+from mq.broker.metadata import MetadataStore
+from mq.broker.offsets import OFFSETS_TOPIC
+from mq.log.config import LogConfig
+from mq.log.log import PartitionLog
+
+
+def test_internal_topics_keep_their_fixed_config_over_any_defaults(tmp_path):
+    # A SIGHUP reload recomputes every partition's config from the (new) defaults: the
+    # offsets topic must stay compacted whatever they say.
+    plog = PartitionLog.open(str(tmp_path / "__cluster_metadata-0"))
+    try:
+        store = MetadataStore(plog)
+        defaults = LogConfig.from_properties({"cleanup.policy": "delete",
+                                              "segment.bytes": "1073741824"})
+        cfg = store.config_for(OFFSETS_TOPIC, defaults)
+        assert cfg.cleanup_policy == "compact" and cfg.segment_bytes == 100 * 1024 * 1024
+        store.create_topic("t", 1, {"retention.ms": "5"})
+        assert store.config_for("t", defaults).retention_ms == 5
+        assert store.config_for("unknown", defaults) is defaults
+    finally:
+        plog.close()
