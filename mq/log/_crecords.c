@@ -392,6 +392,20 @@ PyDoc_STRVAR(decode_records_doc,
     do { snprintf(msg, sizeof msg, __VA_ARGS__); why = msg; goto corrupt; } while (0)
 #define VARINT(lim, out) \
     do { if (read_varint(p, &pos, lim, out, &why) < 0) goto corrupt; } while (0)
+/* A length varint (-1: None), then that many bytes of the record as a zero-copy slice. */
+#define BYTES(dst, what) \
+    do { \
+        int64_t n_; \
+        VARINT(rec_end, &n_); \
+        if (n_ < -1 || n_ > rec_end - pos) \
+            CORRUPT("invalid " what " length %lld", (long long)n_); \
+        if (n_ == -1) \
+            dst = Py_NewRef(Py_None); \
+        else if ((dst = slice(mv, pos, pos + (Py_ssize_t)n_)) == NULL) \
+            goto fail; \
+        else \
+            pos += (Py_ssize_t)n_; \
+    } while (0)
 
 static PyObject *
 decode_records(PyObject *module, PyObject *args)
@@ -443,7 +457,7 @@ decode_records(PyObject *module, PyObject *args)
         goto fail;
 
     for (i = 0; i < count; i++) {
-        int64_t length, od, klen, vlen, hcount, tsd = 0;
+        int64_t length, od, hcount, tsd = 0;
         uint64_t tlo;
         unsigned thi;
         rec_start = pos;
@@ -461,32 +475,15 @@ decode_records(PyObject *module, PyObject *args)
         if (thi == 0)
             tsd = unzigzag(tlo);
         VARINT(rec_end, &od);
-
-        VARINT(rec_end, &klen);
-        if (klen < -1 || klen > rec_end - pos)
-            CORRUPT("invalid key length %lld", (long long)klen);
-        if (klen == -1)
-            key = Py_NewRef(Py_None);
-        else if ((key = slice(mv, pos, pos + (Py_ssize_t)klen)) == NULL)
-            goto fail;
-        pos += klen < 0 ? 0 : (Py_ssize_t)klen;
-
-        VARINT(rec_end, &vlen);
-        if (vlen < -1 || vlen > rec_end - pos)
-            CORRUPT("invalid value length %lld", (long long)vlen);
-        if (vlen == -1)
-            value = Py_NewRef(Py_None);
-        else if ((value = slice(mv, pos, pos + (Py_ssize_t)vlen)) == NULL)
-            goto fail;
-        pos += vlen < 0 ? 0 : (Py_ssize_t)vlen;
-
+        BYTES(key, "key");
+        BYTES(value, "value");
         VARINT(rec_end, &hcount);
         if (hcount < 0 || hcount > rec_end - pos)
             CORRUPT("invalid header count %lld", (long long)hcount);
         if (hcount > 0 && (headers = PyList_New((Py_ssize_t)hcount)) == NULL)
             goto fail;                           /* no headers: list created lazily, if asked */
         for (Py_ssize_t h = 0; h < (Py_ssize_t)hcount; h++) {
-            int64_t hklen, hvlen;
+            int64_t hklen;
             VARINT(rec_end, &hklen);
             if (hklen < 0 || hklen > rec_end - pos)
                 CORRUPT("invalid header key length %lld", (long long)hklen);
@@ -506,14 +503,7 @@ decode_records(PyObject *module, PyObject *args)
                 goto corrupt;
             }
             pos += (Py_ssize_t)hklen;
-            VARINT(rec_end, &hvlen);
-            if (hvlen < -1 || hvlen > rec_end - pos)
-                CORRUPT("invalid header value length %lld", (long long)hvlen);
-            if (hvlen == -1)
-                hval = Py_NewRef(Py_None);
-            else if ((hval = slice(mv, pos, pos + (Py_ssize_t)hvlen)) == NULL)
-                goto fail;
-            pos += hvlen < 0 ? 0 : (Py_ssize_t)hvlen;
+            BYTES(hval, "header value");
             PyObject *pair = PyTuple_New(2);
             if (pair == NULL)
                 goto fail;

@@ -294,12 +294,12 @@ def _open_index_check(seg: LogSegment, kind: str, report: Report, scan: SegmentS
                       untrimmed_is_problem: bool):
     """The checker for one of the segment's indexes, or None (no such file, or a length that
     is not whole entries); problems with the file itself go to ``scan.problems``."""
-    path = os.path.join(seg.dir, files.segment_name(seg.base_offset, kind) + seg.suffix)
     if not seg.index_file_exists(kind):
         # Not a problem: segments create their indexes lazily (a segment whose single batch
         # never earned an entry has no .index), and the broker rebuilds a missing one.
         return None
     index = seg.offset_index if kind == files.INDEX_SUFFIX else seg.time_index
+    path = index.path
     size = index.ENTRY.size
     if index.file_length % size:
         scan.problems.append(Problem(path, "index-corrupt", f"{path}: length "

@@ -505,9 +505,6 @@ def _write_cleaned(plog: PartitionLog, old: Sequence[LogSegment], recopy: _Recop
 
 def _append(seg: LogSegment, data) -> None:
     batch = RecordBatch(data)
-    if seg.offset_index.is_full or seg.time_index.is_full:
-        # Only possible when segment.index.bytes was lowered: a sparser index stays correct.
-        seg.bytes_since_last_index_entry = 0
     seg.append(data, last_offset=batch.last_offset, max_timestamp=batch.max_timestamp,
                offset_of_max_timestamp=batch.last_offset)
 

@@ -190,24 +190,20 @@ class _Index:
         self.resize(0)
         self.resize(self.max_index_size)
 
-    def _truncate_to_entries(self, n: int) -> None:
-        self.entries = n
-
     def _rel_at(self, slot: int) -> int:
         raise NotImplementedError
 
     def truncate_to(self, offset: int) -> None:
         """Remove entries with offset >= ``offset``."""
-        slot = floor_slot(self._rel_at, self.entries, offset - self.base_offset)
-        if slot < 0:
-            self._truncate_to_entries(0)
-        elif self._rel_at(slot) == offset - self.base_offset:
+        rel = offset - self.base_offset
+        slot = floor_slot(self._rel_at, self.entries, rel)
+        if slot >= 0 and self._rel_at(slot) == rel:
             # Offsets may repeat in a time index: drop every entry at this offset.
-            while slot > 0 and self._rel_at(slot - 1) == offset - self.base_offset:
+            while slot > 0 and self._rel_at(slot - 1) == rel:
                 slot -= 1
-            self._truncate_to_entries(slot)
+            self.entries = slot
         else:
-            self._truncate_to_entries(slot + 1)
+            self.entries = slot + 1         # -1 (nothing at or below): no entry left
 
     def _relative(self, offset: int) -> int:
         """``offset - base_offset``; raises ``InvalidOffsetError`` if it does not fit int32."""
@@ -280,7 +276,6 @@ class OffsetIndex(_Index):
         rel = self._relative(offset)
         _OFFSET_ENTRY.pack_into(self._mmap, self.entries * 8, rel, position)
         self.entries += 1
-
 
     def sanity_check(self) -> None:
         """Raise ``CorruptIndexError`` if the file cannot be this segment's offset index."""
@@ -370,7 +365,6 @@ class TimeIndex(_Index):
         rel = self._relative(offset)
         _TIME_ENTRY.pack_into(self._mmap, self.entries * 12, timestamp, rel)
         self.entries += 1
-
 
     def sanity_check(self) -> None:
         """Raise ``CorruptIndexError`` if the file cannot be this segment's time index."""

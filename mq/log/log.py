@@ -26,10 +26,8 @@ from mq.errors import ClosedError, CorruptIndexError, CorruptRecordError, Offset
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.policy import retention_deletable, roll_reason
-from mq.log.records import (HEADER, MAGIC, MIN_BATCH_LENGTH,
-                            RECORD_BATCH_OVERHEAD, RecordBatch,
-                            set_log_append_time, stamp_batch)
-from mq.log.segment import FetchSlice, LogSegment
+from mq.log.records import RecordBatch, set_log_append_time, stamp_batch
+from mq.log.segment import FetchSlice, LogSegment, scan_headers
 
 __all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
            "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
@@ -109,7 +107,11 @@ class PartitionLog:
         report = RecoveryReport()
         _finish_leftovers(directory, report)
         segments: list[LogSegment] = []
-        for name in sorted(os.listdir(directory)):
+        # The listing answers "does this file exist" below: nothing here creates or removes
+        # a segment's files before its own turn (one stat fewer per file at startup).
+        names = sorted(os.listdir(directory))
+        listed = set(names)
+        for name in names:
             parsed = files.parse_segment_name(name)
             if parsed is None or parsed[2]:
                 continue
@@ -117,8 +119,7 @@ class PartitionLog:
             if kind == files.LOG_SUFFIX:
                 segments.append(LogSegment(directory, base, config, now_ms=now_ms))
             elif kind in (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX):
-                if not os.path.exists(os.path.join(directory,
-                                                   files.segment_name(base, files.LOG_SUFFIX))):
+                if files.segment_name(base, files.LOG_SUFFIX) not in listed:
                     os.unlink(os.path.join(directory, name))
                     report.leftovers_removed.append(name)
         recover_from = 0 if clean_shutdown else recovery_point
@@ -129,8 +130,8 @@ class PartitionLog:
                 try:
                     # A missing time index is rebuilt like a missing offset index: an empty
                     # one would lose the segment's largest timestamp (retention, lookups).
-                    if seg.index_file_exists(files.INDEX_SUFFIX) and \
-                            seg.index_file_exists(files.TIMEINDEX_SUFFIX):
+                    if files.segment_name(seg.base_offset, files.INDEX_SUFFIX) in listed and \
+                            files.segment_name(seg.base_offset, files.TIMEINDEX_SUFFIX) in listed:
                         seg.load_index_state()
                         continue
                 except CorruptIndexError as err:
@@ -340,7 +341,7 @@ class PartitionLog:
         for seg in self.segments:
             if seg.next_offset <= self.log_start_offset or seg.size == 0:
                 continue
-            if seg.largest_timestamp < timestamp and seg.max_timestamp_so_far >= 0:
+            if 0 <= seg.max_timestamp_so_far < timestamp:    # its largest timestamp is below
                 continue
             found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
             if found is not None:
@@ -595,21 +596,15 @@ def _finish_leftovers(directory: str, report: RecoveryReport) -> None:
 
 def _next_offset_of(path: str, base: int) -> int:
     """Next offset after the last whole batch of a ``.log`` file (base if none), walking the
-    batch headers with ``pread`` — a 1 GiB swap file is never read into memory."""
+    batch headers (``segment.scan_headers``) up to garbage or a torn tail."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return base
     try:
-        size = os.fstat(fd).st_size
-        next_offset, pos = base, 0
-        while size - pos >= RECORD_BATCH_OVERHEAD:
-            (batch_base, length, _, magic, _, _, last_delta, *_) = HEADER.unpack(
-                os.pread(fd, RECORD_BATCH_OVERHEAD, pos))
-            if magic != MAGIC or length < MIN_BATCH_LENGTH or pos + 12 + length > size:
-                break                                # garbage or a torn tail
+        next_offset = base
+        for batch_base, _, last_delta, _ in scan_headers(fd, 0, os.fstat(fd).st_size):
             next_offset = batch_base + last_delta + 1
-            pos += 12 + length
         return next_offset
     finally:
         os.close(fd)

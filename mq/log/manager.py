@@ -158,8 +158,11 @@ class LogManager:
     # --- checkpoints and lifecycle ------------------------------------------------------------
     def checkpoint(self) -> None:
         """Write both checkpoint files from the logs' current state."""
+        self._write_checkpoints({k: lg.recovery_point for k, lg in self.logs.items()})
+
+    def _write_checkpoints(self, recovery_points: dict[tuple[str, int], int]) -> None:
         files.write_checkpoint(os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
-                               {k: lg.recovery_point for k, lg in self.logs.items()})
+                               recovery_points)
         files.write_checkpoint(
             os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
             {k: lg.log_start_offset for k, lg in self.logs.items()
@@ -183,13 +186,7 @@ class LogManager:
         try:
             for plog in self:
                 plog.close()
-            files.write_checkpoint(
-                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
-                {k: lg.log_end_offset for k, lg in self.logs.items()})
-            files.write_checkpoint(
-                os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
-                {k: lg.log_start_offset for k, lg in self.logs.items()
-                 if lg.log_start_offset > lg.segments[0].base_offset})
+            self._write_checkpoints({k: lg.log_end_offset for k, lg in self.logs.items()})
             files.atomic_write(os.path.join(self.data_dir, files.CLEAN_SHUTDOWN_FILE),
                                json.dumps({"version": 0, "brokerEpoch": 0}).encode())
         finally:

@@ -66,6 +66,7 @@ DEFAULT_MAX_MAPPED_SEGMENTS: Final = 16
 # The first 27 bytes of a batch header: baseOffset, batchLength, partitionLeaderEpoch, magic,
 # crc, attributes, lastOffsetDelta — all a scan needs.
 _SCAN: Final = struct.Struct(">qiibIhi")
+_FRAME: Final = struct.Struct(">qiib")        # the first 17 bytes: up to the magic
 _INDEX_ENTRY: Final = struct.Struct(">ii")
 
 
@@ -179,36 +180,22 @@ class _Segment:
         """``(base offset, size, last offset delta)`` of the whole batch at ``pos`` ending at or
         before ``limit``, or None at the end (nothing, or a torn tail, before ``limit``).
         Raises ``CorruptRecordError`` for bytes that cannot start a batch."""
-        if limit - pos < RECORD_BATCH_OVERHEAD:
-            if limit - pos >= HEADER_SIZE_UP_TO_MAGIC:
-                self._check_frame(pos, limit)
+        # Fewer bytes left than a header: only the frame (its first 17 bytes) can be checked.
+        need = _SCAN.size if limit - pos >= RECORD_BATCH_OVERHEAD else HEADER_SIZE_UP_TO_MAGIC
+        if limit - pos < need:
             return None
-        if pos + _SCAN.size <= self.mapped:
-            fields = _SCAN.unpack_from(self.view, pos)
+        if pos + need <= self.mapped:
+            buf, at = self.view, pos
         else:
-            raw = self.pread(pos, _SCAN.size)
-            if len(raw) < _SCAN.size:
+            buf, at = self.pread(pos, need), 0
+            if len(buf) < need:
                 return None
-            fields = _SCAN.unpack(raw)
-        base, length, _, magic, _, _, last_delta = fields
-        if length < MIN_BATCH_LENGTH or magic != MAGIC:
-            raise CorruptRecordError(self.path, pos, f"batch length {length} / magic {magic} "
-                                     "cannot start a RecordBatch v2")
-        size = LOG_OVERHEAD + length
-        if pos + size > limit:
+        if need < _SCAN.size:
+            _, length, _, magic = _FRAME.unpack_from(buf, at)
+            if length < MIN_BATCH_LENGTH or magic != MAGIC:
+                raise _bad_frame(self.path, pos, length, magic)
             return None
-        return base, size, last_delta
-
-    def _check_frame(self, pos: int, limit: int) -> None:
-        raw = bytes(self.view[pos:pos + HEADER_SIZE_UP_TO_MAGIC]) \
-            if pos + HEADER_SIZE_UP_TO_MAGIC <= self.mapped \
-            else self.pread(pos, HEADER_SIZE_UP_TO_MAGIC)
-        if len(raw) < HEADER_SIZE_UP_TO_MAGIC:
-            return
-        _, length, _, magic = struct.unpack(">qiib", raw)
-        if length < MIN_BATCH_LENGTH or magic != MAGIC:
-            raise CorruptRecordError(self.path, pos, f"batch length {length} / magic {magic} "
-                                     "cannot start a RecordBatch v2")
+        return _header_in(buf, at, at + limit - pos, self.path, pos)
 
 
 class PartitionReader:
@@ -458,19 +445,24 @@ class PartitionReader:
         return f"PartitionReader({self.dir!r}, segments={len(self._bases)})"
 
 
-def _header_in(buf: memoryview, pos: int, limit: int, path: str, file_pos: int
+def _header_in(buf, pos: int, limit: int, path: str, file_pos: int
                ) -> tuple[int, int, int] | None:
-    """``_Segment.header`` over an in-memory buffer (the pread tail)."""
+    """``_Segment.header`` over bytes in memory (a map, the pread tail): ``buf[pos]`` is byte
+    ``file_pos`` of the file."""
     if limit - pos < RECORD_BATCH_OVERHEAD:
         return None
     base, length, _, magic, _, _, last_delta = _SCAN.unpack_from(buf, pos)
     if length < MIN_BATCH_LENGTH or magic != MAGIC:
-        raise CorruptRecordError(path, file_pos, f"batch length {length} / magic {magic} "
-                                 "cannot start a RecordBatch v2")
+        raise _bad_frame(path, file_pos, length, magic)
     size = LOG_OVERHEAD + length
     if pos + size > limit:
         return None
     return base, size, last_delta
+
+
+def _bad_frame(path: str, pos: int, length: int, magic: int) -> CorruptRecordError:
+    return CorruptRecordError(path, pos, f"batch length {length} / magic {magic} cannot start "
+                              "a RecordBatch v2")
 
 
 def _inode(path: str) -> int | None:

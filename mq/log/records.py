@@ -284,11 +284,9 @@ class BatchRecord:
         self.headers = headers
 
     def __repr__(self) -> str:
-        def show(b):
-            return None if b is None else bytes(b)
         return (f"BatchRecord(offset={self.offset}, timestamp={self.timestamp}, "
-                f"key={show(self.key)!r}, value={show(self.value)!r}, "
-                f"headers={[(k, show(v)) for k, v in self.headers]!r})")
+                f"key={_b(self.key)!r}, value={_b(self.value)!r}, "
+                f"headers={[(k, _b(v)) for k, v in self.headers]!r})")
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, BatchRecord):
@@ -640,22 +638,16 @@ _ZERO: Final = _VARINT_CACHE[_SMALL]               # b"\x00"
 _ATTR0: Final = b"\x00"
 
 
-def _varint(value: int) -> bytes:
-    if -_SMALL <= value < _SMALL:
-        return _ENC[value + _SMALL]
-    return _encode_varint_slow(value)
-
-
 def _encode_headers(headers) -> bytes:
-    parts = [_varint(len(headers))]
+    parts = [encode_varint(len(headers))]
     for hkey, hval in headers:
         kb = hkey.encode("utf-8") if isinstance(hkey, str) else bytes(hkey)
-        parts.append(_varint(len(kb)))
+        parts.append(encode_varint(len(kb)))
         parts.append(kb)
         if hval is None:
             parts.append(_NULL)
         else:
-            parts.append(_varint(len(hval)))
+            parts.append(encode_varint(len(hval)))
             parts.append(bytes(hval))
     return b"".join(parts)
 

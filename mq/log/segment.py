@@ -211,14 +211,22 @@ class LogSegment:
         if max_timestamp > self.max_timestamp_so_far:
             self.max_timestamp_so_far = max_timestamp
             self.offset_of_max_timestamp_so_far = offset_of_max_timestamp
-        if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+        self._index_batch(last_offset, position, len(batch))
+        self._next_offset = last_offset + 1
+        return position
+
+    def _index_batch(self, last_offset: int, position: int, size: int) -> None:
+        """Kafka's rule, for append and recovery alike: an entry for the batch at ``position``
+        once more than ``index.interval.bytes`` went in since the last one. A full index
+        (``segment.index.bytes`` lowered since the segment was written; the roll rule keeps
+        the active segment's from filling) just stays sparser: lookups scan further."""
+        if self.bytes_since_last_index_entry > self.config.index_interval_bytes and \
+                not (self.offset_index.is_full or self.time_index.is_full):
             self.offset_index.append(last_offset, position)
             self.time_index.maybe_append(self.max_timestamp_so_far,
                                          self.offset_of_max_timestamp_so_far)
             self.bytes_since_last_index_entry = 0
-        self.bytes_since_last_index_entry += len(batch)
-        self._next_offset = last_offset + 1
-        return position
+        self.bytes_since_last_index_entry += size
 
     # --- read ---------------------------------------------------------------------------------
     def _pread(self, position: int, size: int) -> bytes:
@@ -226,20 +234,7 @@ class LogSegment:
 
     def _scan_headers(self, start: int, end: int | None = None
                       ) -> Iterator[tuple[int, int, int, int]]:
-        """(baseOffset, size, lastOffsetDelta, maxTimestamp) of each whole batch from
-        ``start``; stops at a torn or malformed tail (recovery deals with those)."""
-        end = self.size if end is None else end
-        pos = start
-        while end - pos >= _SCAN_BYTES:
-            head = self._pread(pos, _SCAN_BYTES)
-            if len(head) < _SCAN_BYTES:
-                return
-            base, length = _SCAN.unpack_from(head)
-            if length < MIN_BATCH_LENGTH or head[16] != MAGIC or pos + LOG_OVERHEAD + length > end:
-                return
-            size = LOG_OVERHEAD + length
-            yield base, size, _LAST_DELTA.unpack_from(head, 23)[0], _MAX_TS.unpack_from(head, 35)[0]
-            pos += size
+        return scan_headers(self._fd, start, self.size if end is None else end)
 
     def translate_offset(self, offset: int, starting_position: int = 0) -> OffsetPosition | None:
         """The first batch whose last offset is >= ``offset`` (index floor, then a scan of
@@ -359,15 +354,7 @@ class LogSegment:
                 if batch.max_timestamp > self.max_timestamp_so_far:
                     self.max_timestamp_so_far = batch.max_timestamp
                     self.offset_of_max_timestamp_so_far = batch.last_offset
-                if self.bytes_since_last_index_entry > self.config.index_interval_bytes and \
-                        not (self.offset_index.is_full or self.time_index.is_full):
-                    # A full index (segment.index.bytes lowered since the segment was written)
-                    # just stays sparser: lookups scan further, nothing valid is dropped.
-                    self.offset_index.append(batch.last_offset, valid)
-                    self.time_index.maybe_append(self.max_timestamp_so_far,
-                                                 self.offset_of_max_timestamp_so_far)
-                    self.bytes_since_last_index_entry = 0
-                self.bytes_since_last_index_entry += batch.size
+                self._index_batch(batch.last_offset, valid, batch.size)
                 valid += batch.size
                 next_offset = batch.next_offset
         except CorruptRecordError:
@@ -490,8 +477,7 @@ class LogSegment:
     def rename_suffix(self, new_suffix: str) -> None:
         """Rename every existing file of the segment from the current suffix to ``new_suffix``
         (e.g. ``""`` -> ``".deleted"``). Index files not yet created stay uncreated."""
-        for kind in (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX,
-                     files.TXNINDEX_SUFFIX):
+        for kind in files.SEGMENT_FILE_SUFFIXES:
             old = self._path(kind)
             new = os.path.join(self.dir, files.segment_name(self.base_offset, kind) + new_suffix)
             if kind == files.INDEX_SUFFIX and self._offset_index is not None:
@@ -505,19 +491,29 @@ class LogSegment:
 
     def delete(self) -> None:
         """Close and remove the segment's files (whatever suffix they carry now)."""
-        if not self.closed:
-            self.closed = True
-            for index in (self._offset_index, self._time_index):
-                if index is not None:
-                    index.close_without_trim()
-            os.close(self._fd)
-        files.remove_quietly(self._path(k) for k in (files.LOG_SUFFIX, files.INDEX_SUFFIX,
-                                                     files.TIMEINDEX_SUFFIX,
-                                                     files.TXNINDEX_SUFFIX))
+        self.close_without_index_changes()
+        files.remove_quietly(self._path(k) for k in files.SEGMENT_FILE_SUFFIXES)
 
     def __repr__(self) -> str:
         return (f"LogSegment(base_offset={self.base_offset}, size={self.size}, "
                 f"next_offset={self._next_offset}, suffix={self.suffix!r})")
+
+
+def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(baseOffset, size, lastOffsetDelta, maxTimestamp) of each whole batch of the ``.log``
+    open as ``fd`` in ``[start, end)``, one 43-byte ``pread`` a batch (a 1 GiB file is never
+    read whole); stops at a torn or malformed tail (recovery deals with those)."""
+    pos = start
+    while end - pos >= _SCAN_BYTES:
+        head = os.pread(fd, _SCAN_BYTES, pos)
+        if len(head) < _SCAN_BYTES:
+            return
+        base, length = _SCAN.unpack_from(head)
+        if length < MIN_BATCH_LENGTH or head[16] != MAGIC or pos + LOG_OVERHEAD + length > end:
+            return
+        size = LOG_OVERHEAD + length
+        yield base, size, _LAST_DELTA.unpack_from(head, 23)[0], _MAX_TS.unpack_from(head, 35)[0]
+        pos += size
 
 
 def read_frame_length(head: bytes) -> int | None:
