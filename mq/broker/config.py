@@ -78,11 +78,7 @@ class BrokerConfig:
 
     @property
     def socket_path(self) -> str:
-        if self.socket:
-            return self.socket
-        if os.environ.get("MQ_SOCKET"):
-            return os.environ["MQ_SOCKET"]
-        return os.path.join(self.data_dir, "mq.sock")
+        return self.socket or default_socket_path(self.data_dir)
 
     @classmethod
     def load(cls, path: str | None = None, **overrides: Any) -> BrokerConfig:

@@ -30,9 +30,8 @@ log = logging.getLogger("mq.broker")
 @dataclasses.dataclass(eq=False)
 class _FlushJob:
     fds: list[int]
-    targets: dict[_Partition, tuple[int, int, int]]   # -> (offset, active base, active size)
+    targets: dict[_Partition, int]        # -> the log end offset the fsync covers
     replies: list[tuple[_Conn, list]]
-    done: bool = False
 
 
 class _Flusher(threading.Thread):
@@ -84,8 +83,7 @@ class Flushing:
     def _ack_after_flush(self, part: _Partition, conn: _Conn | None = None,
                          reply: list | None = None) -> None:
         """Have this round's flush job fsync ``part`` (and send ``reply`` once it did)."""
-        active = part.log.active_segment
-        self._pending_flush[part] = (part.log.log_end_offset, active.base_offset, active.size)
+        self._pending_flush[part] = part.log.log_end_offset
         self._dirty.add(part)
         if conn is not None:
             self._pending_replies.append((conn, reply))
@@ -98,7 +96,7 @@ class Flushing:
         while self._flusher.finished:
             job = self._flusher.finished.popleft()
             self._inflight_jobs -= 1
-            for part, (offset, base, size) in job.targets.items():
+            for part, offset in job.targets.items():
                 plog = part.log
                 if plog.closed:
                     continue
@@ -118,9 +116,7 @@ class Flushing:
         for part in self.partitions.values():
             plog = part.log
             if plog.log_end_offset > plog.recovery_point and part not in self._pending_flush:
-                active = plog.active_segment
-                self._pending_flush[part] = (plog.log_end_offset, active.base_offset,
-                                             active.size)
+                self._pending_flush[part] = plog.log_end_offset
         meta = self.metadata.log
         if meta.log_end_offset > meta.recovery_point:
             meta.flush()

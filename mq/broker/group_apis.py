@@ -32,6 +32,7 @@ from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
 
 if TYPE_CHECKING:
     from mq.broker.server import _Conn
+    from mq.log.log import PartitionLog
 
 log = logging.getLogger("mq.broker")
 
@@ -56,7 +57,7 @@ def _raise_for(code: ErrorCode | None, message: str) -> None:
 
 class GroupApis:
     """Mixed into ``Broker``: uses its ``partitions``, ``logs``, ``metadata``, ``config``,
-    ``_conns``, ``_send``, ``_add_partition`` and ``_ack_after_flush``."""
+    ``_conns``, ``_send``, ``_add_partition``, ``_partition`` and ``_ack_after_flush``."""
 
     coordinator: GroupCoordinator
     offsets: OffsetStore
@@ -93,9 +94,7 @@ class GroupApis:
         now = monotonic_ms()
         if now < self._group_wakeup_ms:
             return
-        deadline = self.coordinator.next_deadline_ms()
-        if deadline is not None and now >= deadline:
-            self._group_effects(self.coordinator.tick(now))
+        self._group_effects(self.coordinator.tick(now))    # does nothing before a deadline
         if now >= self._next_pid_check:
             self._next_pid_check = now + _PID_CHECK_MS
             self._check_member_pids(now)
@@ -134,7 +133,7 @@ class GroupApis:
             self.coordinator.delete_group(group)
             plog = self.offsets.delete(group, now_ms=wall_ms())
             if plog is not None:
-                self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)])
+                self._flush_offsets(plog)
 
     # --- effects ------------------------------------------------------------------------------
     def _group_effects(self, effects: Effects) -> None:
@@ -145,7 +144,7 @@ class GroupApis:
             log.info("group %s: static member %s (%s) is away, partitions kept (%s)",
                      gone.group_id, gone.member_id, gone.instance_id, gone.reason)
         for wake in effects.wakeups:
-            conn = self._conns_by_id.get(wake.conn_id)
+            conn = self._conns.get(wake.conn_id)
             if conn is not None:
                 self._send(conn, _PUSH)
 
@@ -215,8 +214,7 @@ class GroupApis:
         if not items:
             return response(req.api, req.request_id, 0, None)
         plog = self.offsets.commit(group, items, now)
-        self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)],
-                              conn, response(req.api, req.request_id, 0, None))
+        self._flush_offsets(plog, conn, response(req.api, req.request_id, 0, None))
         return None
 
     def _api_offset_fetch(self, conn: _Conn, req: Request) -> list:
@@ -289,10 +287,16 @@ class GroupApis:
         reply = response(req.api, req.request_id, 0, None)
         if plog is None:
             return reply
-        self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)], conn, reply)
+        self._flush_offsets(plog, conn, reply)
         return None
 
     # --- helpers ------------------------------------------------------------------------------
+    def _flush_offsets(self, plog: PartitionLog, conn: _Conn | None = None,
+                       reply: list | None = None) -> None:
+        """Have this round's flush job fsync the ``__consumer_offsets`` log just written (and
+        send ``reply`` once it did)."""
+        self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)], conn, reply)
+
     def _live_members(self, group: str) -> int:
         g = self.coordinator.groups.get(group)
         return 0 if g is None else sum(1 for m in g.members.values() if not m.departed)
@@ -329,4 +333,4 @@ class GroupApis:
             if doomed:
                 plog = self.offsets.delete(group, doomed, now_ms=wall_ms())
                 if plog is not None:
-                    self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)])
+                    self._flush_offsets(plog)

@@ -18,7 +18,7 @@ import msgpack
 from mq.broker.offsets import OFFSETS_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
+from mq.log.records import build_batch
 
 __all__ = ["MetadataStore", "TopicInfo", "METADATA_TOPIC", "INTERNAL_TOPICS"]
 
@@ -54,11 +54,9 @@ class MetadataStore:
                                               dict(value["config"]))
 
     def _write(self, name: str, info: TopicInfo | None) -> None:
-        builder = BatchBuilder()
         value = None if info is None else msgpack.packb(
             {"id": info.topic_id, "partitions": info.partitions, "config": info.config})
-        builder.append(int(time.time() * 1000), name.encode(), value)
-        self.log.append(builder.build())
+        self.log.append(build_batch([(int(time.time() * 1000), name.encode(), value)]))
         self.log.flush()            # durable before the broker answers
         if info is None:
             self.topics.pop(name, None)

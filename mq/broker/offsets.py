@@ -29,7 +29,7 @@ from typing import Final
 
 from mq.errors import CorruptRecordError
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
+from mq.log.records import build_batch
 
 __all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "decode_key",
            "encode_group_key", "encode_group_value", "decode_group_key",
@@ -189,11 +189,8 @@ class OffsetStore:
         matters after a broker crash, which leaves the page cache intact."""
         if (group in self.live_groups) == live:
             return None
-        builder = BatchBuilder()
-        builder.append(now_ms, encode_group_key(group),
-                       encode_group_value(epoch) if live else None)
-        plog = self.log_for(group)
-        plog.append(builder.build())
+        plog = self._append(group, [(now_ms, encode_group_key(group),
+                                     encode_group_value(epoch) if live else None)])
         if live:
             self.live_groups.add(group)
         else:
@@ -210,16 +207,19 @@ class OffsetStore:
     def log_for(self, group: str) -> PartitionLog:
         return self.logs[partition_for_group(group, len(self.logs))]
 
+    def _append(self, group: str, records: list[tuple]) -> PartitionLog:
+        """Append ``(timestamp_ms, key, value)`` records as one batch to the group's log."""
+        plog = self.log_for(group)
+        plog.append(build_batch(records))
+        return plog
+
     def commit(self, group: str, offsets: Iterable[tuple[str, int, CommittedOffset]],
                now_ms: int) -> PartitionLog:
         """Append one batch with every offset of the commit (atomic: one batch), update the
         cache, and return the log the caller must flush before acknowledging."""
-        builder = BatchBuilder()
         items = list(offsets)
-        for topic, partition, value in items:
-            builder.append(now_ms, encode_key(group, topic, partition), encode_value(value))
-        plog = self.log_for(group)
-        plog.append(builder.build())
+        plog = self._append(group, [(now_ms, encode_key(group, topic, partition),
+                                     encode_value(value)) for topic, partition, value in items])
         group_offsets = self.offsets.setdefault(group, {})
         for topic, partition, value in items:
             group_offsets[(topic, partition)] = value
@@ -233,11 +233,8 @@ class OffsetStore:
                                                            if tp in current]
         if not doomed:
             return None
-        builder = BatchBuilder()
-        for topic, partition in doomed:
-            builder.append(now_ms, encode_key(group, topic, partition), None)
-        plog = self.log_for(group)
-        plog.append(builder.build())
+        plog = self._append(group, [(now_ms, encode_key(group, topic, partition), None)
+                                    for topic, partition in doomed])
         for tp in doomed:
             self._forget(group, tp)
         return plog

@@ -96,13 +96,13 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self.state: StateWriter | None = None
         self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
-        self._conns: dict[int, _Conn] = {}
-        self._conns_by_id: dict[int, _Conn] = {}
+        self._conns: dict[int, _Conn] = {}                   # by conn_id
+        self._unsent: set[_Conn] = set()                     # _send queued output this round
         self._conn_ids = itertools.count(1)
         self._stop = False
         self._reload = False
         self._dirty: set[_Partition] = set()                 # HW moved this round
-        self._pending_flush: dict[_Partition, tuple[int, int, int]] = {}
+        self._pending_flush: dict[_Partition, int] = {}      # -> log end offset to fsync
         self._pending_replies: list[tuple[_Conn, list]] = []
         self._inflight_jobs = 0
         self._flush_r, self._flush_w = os.pipe()
@@ -253,7 +253,6 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                 if isinstance(what, _Conn) and events & selectors.EVENT_WRITE:
                     self._write(what)
             self._group_timers()
-            self._end_of_round()
             now = time.monotonic()
             if now >= self._next_flush:
                 self._periodic_flush(now)
@@ -262,17 +261,21 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             if self._reload:
                 self._reload = False
                 self._reload_config()
+            self._end_of_round()
         self._shutdown()
 
     def _end_of_round(self) -> None:
-        """Once per loop round: one flush job for every acks=all append, then state
-        publication and wake-ups for partitions whose high watermark moved."""
+        """Once per loop round: one flush job for every acks=all append (and the periodic
+        flush), then state publication and wake-ups for partitions whose high watermark or
+        segments moved, then the replies queued this round."""
         if self._pending_flush:
             fds = []
             for part in self._pending_flush:
                 plog = part.log
-                for seg in plog.segments:
-                    if seg.next_offset > plog.recovery_point and not seg.closed:
+                for seg in reversed(plog.segments):    # the unflushed ones are a suffix
+                    if seg.next_offset <= plog.recovery_point:
+                        break
+                    if not seg.closed:
                         fds.append(seg.dup_fd())
             job = _FlushJob(fds, self._pending_flush, self._pending_replies)
             self._pending_flush, self._pending_replies = {}, []
@@ -283,8 +286,9 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             if part.waiters:
                 self._wake(part)
         self._dirty.clear()
-        for conn in list(self._conns.values()):
-            if conn.out:
+        while self._unsent:    # a write that closes a member's conn may push to others
+            unsent, self._unsent = self._unsent, set()
+            for conn in unsent:
                 self._write(conn)
 
     # --- connections --------------------------------------------------------------------------
@@ -303,8 +307,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             pid, _, _ = _PEERCRED.unpack(creds)
             conn = _Conn(sock, pid, FrameReader(self.config.max_request_bytes),
                          next(self._conn_ids))
-            self._conns[sock.fileno()] = conn
-            self._conns_by_id[conn.conn_id] = conn
+            self._conns[conn.conn_id] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _read(self, conn: _Conn) -> None:
@@ -333,6 +336,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         if conn.closing:
             return
         conn.out += encode_frame(message)
+        self._unsent.add(conn)
 
     def _write(self, conn: _Conn) -> None:
         if conn.closing:
@@ -355,8 +359,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         if conn.closing:
             return
         conn.closing = True
-        self._conns.pop(conn.sock.fileno(), None)
-        self._conns_by_id.pop(conn.conn_id, None)
+        self._conns.pop(conn.conn_id, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -404,10 +407,9 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             log.exception("error handling %s from pid %d", req.api.name, conn.pid)
             reply = response(req.api, req.request_id, errors.UnknownServerError.code,
                              f"{type(err).__name__}: {err}")
-        if reply is not None and req.api not in ONE_WAY:
+        # One-way requests still hear about errors.
+        if reply is not None and (req.api not in ONE_WAY or reply[2] != 0):
             self._send(conn, reply)
-        elif reply is not None and reply[2] != 0:
-            self._send(conn, reply)            # one-way requests still hear about errors
 
     def _dispatch(self, conn: _Conn, req: Request) -> list | None:
         handler = getattr(self, f"_api_{req.api.name.lower()}")
@@ -416,11 +418,9 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
     def _partition(self, topic: str, partition: int) -> _Partition:
         part = self.partitions.get((topic, partition))
         if part is None:
-            if topic in self.metadata.topics:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} has no partition {partition} "
-                    f"(it has {self.metadata.topics[topic].partitions})")
-            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+            info = self._topic_info(topic)             # raises for an unknown topic
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} "
+                                               f"(it has {info.partitions})")
         return part
 
     def _api_handshake(self, conn: _Conn, req: Request) -> list:
@@ -480,20 +480,20 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             self._dirty.add(part)
 
     def _retention(self) -> None:
+        """Apply retention; ``_end_of_round`` publishes the partitions it changed."""
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3
+        changed = False
         for part in list(self.partitions.values()):
             if self._cleaner.is_cleaning(part.log):
                 continue        # a pass reads its segments (Kafka skips it too): next check
             try:
                 if part.log.apply_retention():
                     self._dirty.add(part)
+                    changed = True
             except Exception:
                 log.exception("retention failed for %s-%d", part.topic, part.partition)
-        if self._dirty:
+        if changed:
             self.logs.checkpoint()
-            for part in self._dirty:
-                self._publish(part)
-            self._dirty.clear()
 
     def _reload_config(self) -> None:
         try:

@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mq import errors
+from mq.broker.metadata import TopicInfo
 from mq.broker.state import PartitionState
 from mq.broker.wakeups import _post
 from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
@@ -32,29 +33,26 @@ MAX_PARTITIONS_PER_TOPIC = 10_000
 
 class TopicApis:
     """Mixed into ``Broker``: uses its ``partitions``, ``logs``, ``metadata``, ``config``,
-    ``state``, ``_cleaner``, ``_add_partition``, ``_partition`` and the group apis'
-    ``_topic_partitions_changed`` and ``_delete_topic_offsets``."""
+    ``state``, ``_cleaner``, ``_add_partition``, ``_check_free_slots``, ``_partition`` and
+    the group apis' ``_topic_partitions_changed`` and ``_delete_topic_offsets``."""
 
-    def _topic_info(self, name: str):
+    def _topic_info(self, name: str) -> TopicInfo:
         """The metadata of a user topic; internal topics are never in it."""
         info = self.metadata.topics.get(name)
         if info is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         return info
 
-    def _topic_metadata(self, name: str) -> dict:
-        info = self.metadata.topics[name]
+    def _topic_metadata(self, info: TopicInfo) -> dict:
         return {"id": info.topic_id, "partitions": info.partitions, "config": info.config,
-                "slots": [self.partitions[(name, p)].slot for p in range(info.partitions)]}
+                "slots": [self.partitions[(info.name, p)].slot
+                          for p in range(info.partitions)]}
 
     def _api_metadata(self, conn: _Conn, req: Request) -> list:
         names = req["topics"]
         if names is None:
             names = sorted(self.metadata.topics)
-        topics = {}
-        for name in names:
-            self._topic_info(name)
-            topics[name] = self._topic_metadata(name)
+        topics = {name: self._topic_metadata(self._topic_info(name)) for name in names}
         return response(req.api, req.request_id, 0, None, topics)
 
     def _api_create_topics(self, conn: _Conn, req: Request) -> list:
@@ -72,7 +70,7 @@ class TopicApis:
                                          f"got {count}")
         cfg = LogConfig.from_properties(config, self.config.topic_defaults)   # validates
         self._check_free_slots(count)
-        self.metadata.create_topic(name, count, config)
+        info = self.metadata.create_topic(name, count, config)
         for p in range(count):
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
@@ -80,7 +78,7 @@ class TopicApis:
         if cfg.compact_enabled:
             self._cleaner.wake()
         log.info("created topic %s with %d partition(s)", name, count)
-        return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
+        return response(req.api, req.request_id, 0, None, self._topic_metadata(info))
 
     def _api_delete_topics(self, conn: _Conn, req: Request) -> list:
         name = req["topic"]
@@ -110,12 +108,12 @@ class TopicApis:
                                          f"the new total must be larger (got {total})")
         cfg = self.metadata.config_for(name, self.config.topic_defaults)
         self._check_free_slots(total - info.partitions)
-        self.metadata.set_partitions(name, total)
+        grown = self.metadata.set_partitions(name, total)
         for p in range(info.partitions, total):
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
         self._topic_partitions_changed(name, total)
-        return response(req.api, req.request_id, 0, None, self._topic_metadata(name))
+        return response(req.api, req.request_id, 0, None, self._topic_metadata(grown))
 
     def _api_describe_configs(self, conn: _Conn, req: Request) -> list:
         name = req["topic"]

@@ -95,4 +95,3 @@ class Wakeups:
                 part.waiters.append((conn, sem, offset))
         if ready:
             _post(sem)
-        return None
