@@ -25,10 +25,10 @@ _LAZY = {
 
 __all__ = [
     "Producer", "FutureRecordMetadata", "Consumer", "Admin", "TopicPartition", "Record",
-    "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing", "errors", "MQError",
-    "StorageError", "CorruptRecordError", "CorruptIndexError", "UnsupportedCodecError",
-    "OffsetOutOfRangeError", "ClosedError", "BrokerError", "BrokerUnavailableError",
-    "__version__",
+    "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing",
+    "errors", "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
+    "UnsupportedCodecError", "OffsetOutOfRangeError", "ClosedError", "BrokerError",
+    "BrokerUnavailableError", "__version__",
 ]
 
 

@@ -3,6 +3,7 @@ consumer-group operations (list, describe, delete, read and reset committed offs
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from mq.client.connection import Connection
@@ -10,6 +11,15 @@ from mq.client.types import TopicPartition
 from mq.protocol.messages import Api
 
 __all__ = ["Admin"]
+
+
+def fetch_committed(conn: Connection, group: str, partitions: Iterable[TopicPartition] | None
+                    ) -> dict[TopicPartition, int]:
+    """OffsetFetch: ``group``'s committed offsets of ``partitions`` (None: all); partitions
+    without one are left out. (Shared with ``Consumer.committed``.)"""
+    wanted = None if partitions is None else [[tp.topic, tp.partition] for tp in partitions]
+    rows = conn.call(Api.OFFSET_FETCH, group, wanted).fields[0]
+    return {TopicPartition(t, p): offset for t, p, offset, *_ in rows if offset >= 0}
 
 
 class Admin:
@@ -32,13 +42,16 @@ class Admin:
     def describe_topic(self, name: str) -> dict:
         """``{"name", "id", "partitions", "config" (effective), "overrides", "offsets":
         [(start, end), ...]}``."""
-        meta = self._conn.call(Api.METADATA, [name]).fields[0][name]
-        effective, overrides = self._conn.call(Api.DESCRIBE_CONFIGS, name).fields
-        offsets = []
-        for p in range(meta["partitions"]):
-            start = self._conn.call(Api.LIST_OFFSETS, name, p, -2).fields[0]
-            end = self._conn.call(Api.LIST_OFFSETS, name, p, -1).fields[0]
-            offsets.append((start, end))
+        conn = self._conn
+        meta = conn.call(Api.METADATA, [name]).fields[0][name]
+        # The rest in one round trip, not 1 + 2 per partition: requests pipeline and replies
+        # are matched by id (after an error, the replies left unread are never looked at).
+        configs = conn.send(Api.DESCRIBE_CONFIGS, name)
+        bounds = [conn.send(Api.LIST_OFFSETS, name, p, which)
+                  for p in range(meta["partitions"]) for which in (-2, -1)]
+        effective, overrides = conn.wait(configs).fields
+        ends = [conn.wait(rid).fields[0] for rid in bounds]
+        offsets = list(zip(ends[::2], ends[1::2]))
         return {"name": name, "id": meta["id"], "partitions": meta["partitions"],
                 "config": effective, "overrides": overrides, "offsets": offsets}
 
@@ -75,8 +88,7 @@ class Admin:
 
     def list_group_offsets(self, group: str) -> dict[TopicPartition, int]:
         """The group's committed offsets (``{}`` for an unknown group)."""
-        rows = self._conn.call(Api.OFFSET_FETCH, group, None).fields[0]
-        return {TopicPartition(t, p): offset for t, p, offset, *_ in rows if offset >= 0}
+        return fetch_committed(self._conn, group, None)
 
     def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
         """Set committed offsets of a group without live members (an offset reset). Raises

@@ -23,6 +23,8 @@ from mq.protocol.messages import PROTOCOL_VERSION, Api, Response, request
 
 __all__ = ["Connection", "resolve_socket"]
 
+_RECV_BYTES = 1 << 16
+
 
 def resolve_socket(socket_path: str | None) -> str:
     """``socket_path``, else ``$MQ_SOCKET``, else ``<data dir>/mq.sock`` (API.md)."""
@@ -41,6 +43,10 @@ class Connection:
         self._closed = False
         self._sock: socket.socket | None = None
         self._pid = -1
+        # One buffer for every read (reads hold _recv_lock): recv(1 MiB) would allocate, map
+        # and unmap 1 MiB per reply (~14 us vs ~2 us, bench/RESULTS.md); replies are small.
+        self._recv_buf = bytearray(_RECV_BYTES)
+        self._recv_view = memoryview(self._recv_buf)
         self.broker_info: dict[str, Any] = {}
         self._connect()
 
@@ -122,18 +128,7 @@ class Connection:
 
     def ready(self) -> list[Response]:
         """Responses already received or readable now, without blocking."""
-        with self._recv_lock:
-            if not self._pending:
-                sock = self._ensure()
-                try:
-                    readable, _, _ = select.select([sock], [], [], 0)
-                except (OSError, ValueError) as err:
-                    raise BrokerUnavailableError(f"broker connection lost: {err}") from None
-                if readable:
-                    self._receive(time.monotonic() + self.timeout)
-            out = list(self._pending.values())
-            self._pending.clear()
-            return out
+        return self.poll_any(0.0)
 
     def take_pushed(self, rid: int) -> bool:
         """Remove a broker push (a frame with request id ``rid``) that arrived during an
@@ -146,24 +141,23 @@ class Connection:
 
     def _receive(self, deadline: float) -> None:
         sock = self._ensure()
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("no response from the broker in time")
         # Wait with select, not sock.settimeout: a socket timeout would also govern a
-        # concurrent sendall() from another thread and could cut a frame in half.
+        # concurrent sendall() from another thread and could cut a frame in half. A deadline
+        # already passed still looks once (select with 0), so ``ready()`` is ``poll_any(0)``.
         try:
-            readable, _, _ = select.select([sock], [], [], remaining)
+            readable, _, _ = select.select([sock], [], [],
+                                           max(0.0, deadline - time.monotonic()))
         except (OSError, ValueError) as err:
             raise BrokerUnavailableError(f"broker connection lost: {err}") from None
         if not readable:
             raise TimeoutError("no response from the broker in time")
         try:
-            data = sock.recv(1 << 20)
+            n = sock.recv_into(self._recv_buf)
         except OSError as err:
             raise BrokerUnavailableError(f"broker connection lost: {err}") from None
-        if not data:
+        if not n:
             raise BrokerUnavailableError("the broker closed the connection")
-        self._reader.feed(data)
+        self._reader.feed(self._recv_view[:n])
         try:
             for message in self._reader.messages():
                 reply = Response.from_message(message)

@@ -222,9 +222,11 @@ class Consumer(Fetcher, GroupConsumer):
                                                f"{tp.partition}")
         return info["slots"][tp.partition]
 
-    def _state(self, tp: TopicPartition):
-        """A consistent slot snapshot for ``tp``; raises ``UnknownTopicOrPartitionError``."""
-        session = self._require_session()
+    def _state(self, tp: TopicPartition, session: _Session | None = None):
+        """A consistent slot snapshot for ``tp`` (``session``: the live one, if the caller has
+        it); raises ``UnknownTopicOrPartitionError``."""
+        if session is None:
+            session = self._require_session()
         while True:
             self._check_metadata(session)
             st = session.state.read(self._slot(tp))
@@ -331,12 +333,11 @@ class Consumer(Fetcher, GroupConsumer):
         resolves a missing position with ``auto_offset_reset``."""
         self._check_open()
         f = self._fetch_of(partition)
-        for rec in self._unyielded():
-            if rec.partition == f.tp.partition and rec.topic == f.tp.topic:
-                return rec.offset
-        if f.position is None:
+        position = self._positions([f.tp]).get(f.tp)
+        if position is None:
             self._reset(f, self._state(f.tp), None)
-        return f.position
+            position = f.position
+        return position
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]
                           ) -> dict[TopicPartition, int]:
@@ -463,7 +464,7 @@ class Consumer(Fetcher, GroupConsumer):
             if self._read_committed:
                 # Wake when data arrives past the high watermark: the last stable offset only
                 # moves when a marker is appended.
-                offset = max(offset, self._state(f.tp).high_watermark)
+                offset = max(offset, self._state(f.tp, session).high_watermark)
             positions.append([f.tp.topic, f.tp.partition, offset])
         key = tuple(map(tuple, positions))
         if positions and key != session.armed:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from mq import errors
+from mq.client.admin import fetch_committed
 from mq.client.membership import ConsumerRebalanceListener, Membership
 from mq.client.types import TopicPartition
 from mq.protocol.messages import Api
@@ -252,14 +253,10 @@ class GroupConsumer:
         ``UnknownMemberIdError``, ``NonEmptyGroupError`` for a group-less consumer of a group
         with live members, ``UnknownTopicOrPartitionError``)."""
         self._check_open()
-        plain, items = self._commit_items(offsets)
-        self._commit_items_sync(plain, items, self._membership)
+        self._commit_sync(offsets, self._membership)
 
-    def _commit_sync(self, offsets: dict[TopicPartition, int], m: Membership | None) -> None:
+    def _commit_sync(self, offsets: Mapping | None, m: Membership | None) -> None:
         plain, items = self._commit_items(offsets)
-        self._commit_items_sync(plain, items, m)
-
-    def _commit_items_sync(self, plain: dict, items: list, m: Membership | None) -> None:
         if not items:
             return
         session = self._require_session()
@@ -267,14 +264,13 @@ class GroupConsumer:
             m.joined.wait(self._timeout)   # a member's commit needs its member id and epoch
         for attempt in range(_STALE_RETRIES + 1):
             member_id, epoch = m.commit_identity() if m is not None else ("", -1)
-            rid = session.conn.send(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
-            reply = session.conn.wait_raw(rid)
-            if reply.error_code == errors.StaleMemberEpochError.code and m is not None and \
-                    attempt < _STALE_RETRIES:
+            try:
+                session.conn.call(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
+            except errors.StaleMemberEpochError:
+                if m is None or attempt >= _STALE_RETRIES:
+                    raise
                 m.wait_for_epoch_change(epoch, timeout=1.0)
                 continue
-            if reply.error_code:
-                raise errors.error_for_code(reply.error_code, reply.error_message or "")
             self._last_committed.update(plain)
             return
 
@@ -349,8 +345,4 @@ class GroupConsumer:
     def _fetch_committed(self, session, tps: Iterable[TopicPartition]
                          ) -> dict[TopicPartition, int]:
         tps = list(tps)
-        if not tps:
-            return {}
-        rows = session.conn.call(Api.OFFSET_FETCH, self.group_id,
-                                 [[tp.topic, tp.partition] for tp in tps]).fields[0]
-        return {TopicPartition(t, p): offset for t, p, offset, *_ in rows if offset >= 0}
+        return fetch_committed(session.conn, self.group_id, tps) if tps else {}

@@ -198,9 +198,9 @@ class Fetcher:
             try:
                 session = _Session(self._socket, self._timeout)
             except BrokerUnavailableError as err:
+                log.debug("broker unavailable, retrying in %.2fs: %s", self._backoff, err)
                 self._reconnect_at = time.monotonic() + self._backoff
                 self._backoff = min(self._backoff * 2, _RECONNECT_BACKOFF_S[1])
-                log.debug("broker unavailable, retrying in %.2fs: %s", self._backoff, err)
                 return None
             self._session = session
             self._backoff = _RECONNECT_BACKOFF_S[0]
@@ -319,7 +319,7 @@ class Fetcher:
 
     def _read_more(self, session: _Session, f: _Fetch) -> bool:
         """Read batches at the position from the map; False when nothing is readable."""
-        st = self._state(f.tp)
+        st = self._state(f.tp, session)
         if f.offset is None:
             self._reset(f, st, None)
         elif f.offset < st.log_start_offset or f.offset > st.log_end_offset:
@@ -334,7 +334,7 @@ class Fetcher:
                                     generation=st.segment_generation)
         except OffsetOutOfRangeError:
             # The segment went (retention) between the state snapshot and the read.
-            st = self._state(f.tp)
+            st = self._state(f.tp, session)
             self._reset(f, st, f.offset)
             return False
         while batches and batches[-1].base_offset >= bound:

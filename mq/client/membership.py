@@ -220,8 +220,7 @@ class Membership(threading.Thread):
                 # The same broker saw our connection close: it removed us, and others may
                 # own our partitions now.
                 self._set_lost("the heartbeat connection was lost")
-            self.epoch = JOIN_EPOCH
-            self._send_subscription = True
+            self.epoch = JOIN_EPOCH             # a join sends the subscription
         self._generation = generation
         self._conn = conn
         self._hb_due = True
@@ -259,7 +258,6 @@ class Membership(threading.Thread):
             with self.lock:
                 self._set_lost("max_poll_interval_ms passed without a poll")
                 self.epoch = JOIN_EPOCH
-                self._send_subscription = True
         self._sleep(min(self._interval, 0.5))
         return True
 
@@ -357,6 +355,6 @@ class Membership(threading.Thread):
         if self._conn is not None and len(readable) > (self._wake_r in readable):
             self._hb_due = True                         # the push: heartbeat now
             try:
-                self._conn.poll_any(0.001)
+                self._conn.ready()
             except errors.BrokerUnavailableError:
                 self._drop_connection()
