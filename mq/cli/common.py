@@ -1,5 +1,6 @@
-"""What the client commands (``topics``, ``produce``, ``consume``, ``offsets``, ``demo``) share:
-the ``--socket`` option, ``key=value`` parsing and ISO 8601 datetimes.
+"""What the commands share: the client commands' ``--socket`` option (also before a subcommand:
+``mq topics --socket S list``), the partitions of a topic, ``key=value`` parsing, ISO 8601
+datetimes and integer argument types; the offline tools' one-error-per-item loop.
 
 Parsers raise ``ValueError`` with a one-line message; ``mq.cli.main`` prints it as
 ``mq: error: ...`` and exits 2 (a bad argument).
@@ -9,16 +10,26 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+from collections.abc import Callable, Iterable
+
+from mq.cli import PROG, print_error
+from mq.errors import MQError
 
 __all__ = [
     "DATETIME_HELP",
     "SOCKET_HELP",
+    "add_command_group",
     "add_socket_argument",
     "formatter",
+    "integer",
     "non_negative_int",
     "parse_datetime",
     "parse_key_values",
+    "plural",
     "positive_int",
+    "run_each",
+    "socket_of",
+    "topic_partitions",
 ]
 
 SOCKET_HELP = ("broker socket (default: $MQ_SOCKET, else <data dir>/mq.sock, the data dir being "
@@ -42,9 +53,67 @@ def add_socket_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
 
 
+def add_command_group(subparsers, name: str, commands: str, **kwargs):
+    """Add ``mq NAME``, a command with subcommands (``mq topics``, ``mq groups``), and return
+    the subparsers to add them to. It takes ``--socket`` before the subcommand too (read it
+    with ``socket_of``); without a subcommand it is a usage error listing ``commands``."""
+    parser = subparsers.add_parser(name, formatter_class=formatter, **kwargs)
+    # Its own dest: the subcommand's --socket default would overwrite the value.
+    parser.add_argument("--socket", dest="outer_socket", metavar="PATH", help=SOCKET_HELP)
+
+    def no_command(args: argparse.Namespace) -> int:
+        raise ValueError(f"no {name} command given: {commands} (see '{PROG} {name} --help')")
+    parser.set_defaults(run=no_command)
+    return parser.add_subparsers(title="commands", metavar="COMMAND", dest=f"{name}_command")
+
+
+def socket_of(args: argparse.Namespace) -> str | None:
+    """``--socket`` after the subcommand, else before it (``add_command_group``)."""
+    return args.socket or getattr(args, "outer_socket", None)
+
+
+def topic_partitions(consumer, topic: str, wanted: Iterable[int] | None = None) -> list:
+    """``TopicPartition``s of ``topic``, sorted: every partition, or those in ``wanted``.
+    Raises ``UnknownTopicOrPartitionError`` for an unknown topic or partition."""
+    from mq.client.types import TopicPartition
+    from mq.errors import UnknownTopicOrPartitionError
+    existing = consumer.partitions_for_topic(topic)
+    if existing is None:
+        raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+    chosen = sorted(existing if wanted is None else wanted)
+    for p in chosen:
+        if p not in existing:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {p} (it has {len(existing)})")
+    return [TopicPartition(topic, p) for p in chosen]
+
+
+def run_each(items: Iterable, check: Callable[..., bool]) -> int:
+    """``check(item)`` for every item (the offline tools' files and directories); it returns
+    False for a failed item. An expected error (``MQError``, ``OSError``) fails its item as
+    one ``mq: error:`` line and the next item still runs. Exit status 1 if any failed."""
+    failed = False
+    for item in items:
+        try:
+            ok = check(item)
+        except BrokenPipeError:
+            raise                                   # main() exits quietly
+        except (MQError, OSError) as err:
+            print_error(err)
+            ok = False
+        failed |= not ok
+    return 1 if failed else 0
+
+
+def plural(n: int, word: str) -> str:
+    """``1 record``, ``2 records``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def parse_datetime(text: str) -> int:
-    """Milliseconds since the epoch for an ISO 8601 datetime; naive means local time.
-    Raises ``ValueError`` with a one-line message naming the text."""
+    """Milliseconds since the epoch for an ISO 8601 datetime; naive means local time, and a
+    time before the epoch means 0 (the start of every log). Raises ``ValueError`` with a
+    one-line message naming the text."""
     try:
         moment = _dt.datetime.fromisoformat(text.strip())
     except ValueError:
@@ -52,7 +121,7 @@ def parse_datetime(text: str) -> int:
                          "2024-05-01T12:00:00Z") from None
     if moment.tzinfo is None:
         moment = moment.astimezone()          # naive: this machine's local time
-    return (moment - _EPOCH) // _MS           # exact integer arithmetic, no float rounding
+    return max(0, (moment - _EPOCH) // _MS)   # exact integer arithmetic, no float rounding
 
 
 def parse_key_values(pairs: list[str] | None, option: str) -> dict[str, str]:
@@ -67,11 +136,16 @@ def parse_key_values(pairs: list[str] | None, option: str) -> dict[str, str]:
     return out
 
 
-def _int(text: str, low: int, what: str) -> int:
+def integer(text: str) -> int:
+    """argparse type: any integer (``--shift-by`` goes both ways)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+
+
+def _int(text: str, low: int, what: str) -> int:
+    value = integer(text)
     if value < low:
         raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
     return value

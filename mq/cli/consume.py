@@ -33,9 +33,11 @@ from mq.cli.common import (
     formatter,
     non_negative_int,
     parse_datetime,
+    plural,
     positive_int,
+    topic_partitions,
 )
-from mq.cli.dump_log import json_bytes
+from mq.cli.dump_log import json_bytes, timestamp_type_name
 
 __all__ = ["add_parser", "record_json", "run"]
 
@@ -131,8 +133,7 @@ _NULL = b"null"
 def record_json(r) -> dict:
     """The ``--format json`` object for one record."""
     return {"topic": r.topic, "partition": r.partition, "offset": r.offset,
-            "timestamp": r.timestamp_ms,
-            "timestampType": "LogAppendTime" if r.timestamp_type == 1 else "CreateTime",
+            "timestamp": r.timestamp_ms, "timestampType": timestamp_type_name(r.timestamp_type),
             "key": json_bytes(r.key), "value": json_bytes(r.value),
             "headers": [{"key": k, "value": json_bytes(v)} for k, v in r.headers]}
 
@@ -153,8 +154,7 @@ def _renderer(args: argparse.Namespace):
         """Kafka's DefaultMessageFormatter: tab-separated fields, then the value."""
         parts = []
         if args.print_timestamp:
-            kind = "LogAppendTime" if r.timestamp_type == 1 else "CreateTime"
-            parts.append(f"{kind}:{r.timestamp_ms}".encode())
+            parts.append(f"{timestamp_type_name(r.timestamp_type)}:{r.timestamp_ms}".encode())
         if args.print_partition:
             parts.append(f"Partition:{r.partition}".encode())
         if args.print_offset:
@@ -180,8 +180,7 @@ def _terminate(signum, frame):
 
 def run(args: argparse.Namespace) -> int:
     from mq.client.consumer import Consumer
-    from mq.client.types import TopicPartition
-    from mq.errors import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+    from mq.errors import OffsetOutOfRangeError
 
     if args.group is not None:
         if args.partition is not None:
@@ -195,9 +194,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_group(args, _renderer(args))
     if args.offset is not None and args.partition is None:
         raise ValueError("--offset needs --partition P (offsets belong to one partition)")
-    start_ms = None
-    if args.from_datetime is not None:
-        start_ms = max(0, parse_datetime(args.from_datetime))
+    start_ms = None if args.from_datetime is None else parse_datetime(args.from_datetime)
     render = _renderer(args)
     topic = args.topic
     previous = signal.signal(signal.SIGTERM, _terminate)
@@ -208,12 +205,7 @@ def run(args: argparse.Namespace) -> int:
         # the initial positions are set explicitly below.
         with Consumer(topic, socket=args.socket, auto_offset_reset="earliest") as consumer:
             if args.partition is not None:
-                partitions = consumer.partitions_for_topic(topic) or set()
-                if args.partition not in partitions:
-                    raise UnknownTopicOrPartitionError(
-                        f"topic {topic!r} has no partition {args.partition} (it has "
-                        f"{len(partitions)})")
-                consumer.assign([TopicPartition(topic, args.partition)])
+                consumer.assign(topic_partitions(consumer, topic, [args.partition]))
             tps = sorted(consumer.assignment())
             if args.from_beginning or args.offset == "earliest":
                 consumer.seek_to_beginning()
@@ -242,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(count: int, topic: str, interrupted: bool) -> None:
-    sys.stderr.write(f"consumed {count} record{'' if count == 1 else 's'} from {topic}"
+    sys.stderr.write(f"consumed {plural(count, 'record')} from {topic}"
                      f"{' (interrupted)' if interrupted else ''}\n")
 
 

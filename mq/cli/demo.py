@@ -416,6 +416,12 @@ def _rate(stats: dict) -> str:
             f"{stats['bytes'] / 1e6 / seconds:7.1f} MB/s")
 
 
+def _total(stats: list[dict], start: float) -> dict:
+    """``_rate``'s input for several processes together, timed from ``start``."""
+    return {"records": sum(s["records"] for s in stats), "bytes": sum(s["bytes"] for s in stats),
+            "start": start, "end": max(s["end"] for s in stats)}
+
+
 def _report(args, done: dict, acks: list) -> str:
     producers = [done[k] for k in sorted(done) if k[0] == "producer"]
     consumers = [done[k] for k in sorted(done) if k[0] == "consumer"]
@@ -429,12 +435,7 @@ def _report(args, done: dict, acks: list) -> str:
         label = f"consumer {c} (partitions {parts})"
         lines.append(f"  {label:<30}{_rate(stats)}")
     start = min(s["start"] for s in producers + consumers)
-    end_p = max(s["end"] for s in producers)
-    end_c = max(s["end"] for s in consumers)
-    total_p = {"records": sum(s["records"] for s in producers),
-               "bytes": sum(s["bytes"] for s in producers), "start": start, "end": end_p}
-    total_c = {"records": sum(s["records"] for s in consumers),
-               "bytes": sum(s["bytes"] for s in consumers), "start": start, "end": end_c}
+    total_p, total_c = _total(producers, start), _total(consumers, start)
     lines.append(f"  {'all producers':<30}{_rate(total_p)}")
     lines.append(f"  {'end to end (all consumed)':<30}{_rate(total_c)}")
     lat = [s["latency"] for s in consumers if s["latency"]]

@@ -16,8 +16,9 @@ import struct
 import sys
 from collections.abc import Callable
 
-from mq.cli import json_line, print_error
-from mq.errors import CorruptIndexError, CorruptRecordError, MQError, StorageError
+from mq.cli import json_line
+from mq.cli.common import run_each
+from mq.errors import CorruptIndexError, CorruptRecordError, StorageError
 from mq.log import files
 from mq.log.check import Problem, index_entries, scan_segment
 from mq.log.config import LogConfig
@@ -25,7 +26,7 @@ from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.records import LOG_APPEND_TIME, RecordBatch
 from mq.log.segment import LogSegment
 
-__all__ = ["Dumper", "add_parser", "run"]
+__all__ = ["Dumper", "add_parser", "json_bytes", "run", "timestamp_type_name"]
 
 _CONFIG = LogConfig()
 _CONTROL_KEY = struct.Struct(">hh")
@@ -109,17 +110,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     dumper = Dumper(print_data=args.print_data, deep_iteration=args.deep_iteration,
                     verify_index_only=args.verify_index_only, as_json=args.json)
-    failed = False
-    for path in args.files:
-        try:
-            ok = dumper.dump(path)
-        except BrokenPipeError:
-            raise                                   # main() exits quietly
-        except (MQError, OSError) as err:
-            print_error(err)
-            ok = False
-        failed |= not ok
-    return 1 if failed else 0
+    return run_each(args.files, dumper.dump)
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -140,6 +131,11 @@ def json_bytes(data):
         return {"base64": base64.b64encode(raw).decode("ascii")}
 
 
+def timestamp_type_name(timestamp_type: int) -> str:
+    """Kafka's name of a batch's (or record's) timestamp type."""
+    return "LogAppendTime" if timestamp_type == LOG_APPEND_TIME else "CreateTime"
+
+
 def _bool(flag: bool) -> str:
     return "true" if flag else "false"
 
@@ -148,7 +144,6 @@ def batch_line(batch: RecordBatch, valid: bool) -> str:
     """Kafka's DumpLogSegments line for one batch."""
     horizon = (f"OptionalLong[{batch.delete_horizon_ms}]" if batch.has_delete_horizon
                else "OptionalLong.empty")
-    ts_type = "LogAppendTime" if batch.timestamp_type == LOG_APPEND_TIME else "CreateTime"
     return (f"baseOffset: {batch.base_offset} lastOffset: {batch.last_offset} "
             f"count: {batch.records_count} baseSequence: {batch.base_sequence} "
             f"lastSequence: {batch.last_sequence} producerId: {batch.producer_id} "
@@ -156,7 +151,8 @@ def batch_line(batch: RecordBatch, valid: bool) -> str:
             f"partitionLeaderEpoch: {batch.partition_leader_epoch} "
             f"isTransactional: {_bool(batch.is_transactional)} "
             f"isControl: {_bool(batch.is_control)} deleteHorizonMs: {horizon} "
-            f"position: {batch.position} {ts_type}: {batch.max_timestamp} size: {batch.size} "
+            f"position: {batch.position} {timestamp_type_name(batch.timestamp_type)}: "
+            f"{batch.max_timestamp} size: {batch.size} "
             f"magic: {batch.magic} compresscodec: {batch.compression_name} crc: {batch.crc} "
             f"isvalid: {_bool(valid)}")
 
@@ -176,13 +172,13 @@ def _control_text(record) -> str:
 
 def record_line(batch: RecordBatch, record, print_data: bool) -> str:
     """Kafka's ``| offset: ...`` line for one record of ``batch``."""
-    ts_type = "LogAppendTime" if batch.timestamp_type == LOG_APPEND_TIME else "CreateTime"
     key_size = -1 if record.key is None else len(record.key)
     value_size = -1 if record.value is None else len(record.value)
     sequence = (-1 if batch.base_sequence < 0
                 else (batch.base_sequence + record.offset - batch.base_offset) & 0x7FFFFFFF)
     header_keys = ",".join(k for k, _ in record.headers)
-    line = (f"| offset: {record.offset} {ts_type}: {record.timestamp} keySize: {key_size} "
+    line = (f"| offset: {record.offset} {timestamp_type_name(batch.timestamp_type)}: "
+            f"{record.timestamp} keySize: {key_size} "
             f"valueSize: {value_size} sequence: {sequence} headerKeys: [{header_keys}]")
     if batch.is_control:
         line += _control_text(record)

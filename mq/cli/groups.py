@@ -23,11 +23,15 @@ from decimal import Decimal
 from mq.cli import json_line
 from mq.cli.common import (
     DATETIME_HELP,
-    SOCKET_HELP,
+    add_command_group,
     add_socket_argument,
     formatter,
+    integer,
     non_negative_int,
     parse_datetime,
+    plural,
+    socket_of,
+    topic_partitions,
 )
 
 __all__ = ["add_parser", "clamp", "parse_duration", "parse_topic_spec", "run_delete",
@@ -113,14 +117,10 @@ examples:
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("groups", help="list, describe, delete consumer groups; "
-                                                  "reset their offsets",
-                                   description=DESCRIPTION, epilog=EPILOG,
-                                   formatter_class=formatter)
-    # Also before the command (mq groups --socket S list), as for mq topics.
-    parser.add_argument("--socket", dest="groups_socket", metavar="PATH", help=SOCKET_HELP)
-    parser.set_defaults(run=_no_command)
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="groups_command")
+    commands = add_command_group(subparsers, "groups", "list, describe, delete or reset-offsets",
+                                 help="list, describe, delete consumer groups; reset their "
+                                      "offsets",
+                                 description=DESCRIPTION, epilog=EPILOG)
 
     lst = commands.add_parser("list", help="groups with their state and live member count",
                               description="Print every consumer group with its state and "
@@ -165,7 +165,7 @@ def add_parser(subparsers) -> None:
     scenario.add_argument("--to-latest", action="store_true", help="reset to the log end offset")
     scenario.add_argument("--to-offset", type=non_negative_int, metavar="N",
                           help="reset to offset N (clamped into the log)")
-    scenario.add_argument("--shift-by", type=_integer, metavar="N",
+    scenario.add_argument("--shift-by", type=integer, metavar="N",
                           help="move the committed offset by N (negative: back)")
     scenario.add_argument("--to-datetime", type=_datetime, metavar="ISO",
                           help="reset to the first record at or after ISO (ISO 8601)")
@@ -176,11 +176,6 @@ def add_parser(subparsers) -> None:
     mode.add_argument("--execute", action="store_true", help="apply the plan")
     add_socket_argument(reset)
     reset.set_defaults(run=run_reset_offsets)
-
-
-def _no_command(args: argparse.Namespace) -> int:
-    raise ValueError("no groups command given: list, describe, delete or reset-offsets "
-                     "(see 'mq groups --help')")
 
 
 # --- argument parsing (pure) ------------------------------------------------------------------
@@ -246,14 +241,6 @@ _datetime = _argument_type(parse_datetime)
 _duration = _argument_type(parse_duration)
 
 
-def _integer(text: str) -> int:
-    """argparse type: any integer (``--shift-by`` goes both ways)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-
-
 # --- output -----------------------------------------------------------------------------------
 
 def _cell(value) -> str:
@@ -273,19 +260,11 @@ def _lag_seconds(lag_ms: int | None) -> float | None:
     return None if lag_ms is None else lag_ms / 1000
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 # --- commands ---------------------------------------------------------------------------------
-
-def _socket(args: argparse.Namespace) -> str | None:
-    return args.socket or getattr(args, "groups_socket", None)
-
 
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(_socket(args))
+    return Admin(socket_of(args))
 
 
 def _live(members: list[dict]) -> list[dict]:
@@ -294,18 +273,17 @@ def _live(members: list[dict]) -> list[dict]:
     return [m for m in members if not m.get("away")]
 
 
-def _live_member_count(admin, group: str) -> int:
-    from mq.errors import GroupIdNotFoundError
+def _refuse_if_live(admin, group: str, cause: BaseException | None = None) -> None:
+    """Raise ``NonEmptyGroupError`` (from ``cause``) naming how many live members ``group``
+    has, if it has any."""
+    from mq.errors import GroupIdNotFoundError, NonEmptyGroupError
     try:
-        return len(_live(admin.describe_group(group)["members"]))
+        live = len(_live(admin.describe_group(group)["members"]))
     except GroupIdNotFoundError:
-        return 0
-
-
-def _has_live_members(group: str, live: int):
-    from mq.errors import NonEmptyGroupError
-    return NonEmptyGroupError(f"group {group!r} has {live} live member(s); stop them first "
-                              "(consumers must leave the group)")
+        return
+    if live:
+        raise NonEmptyGroupError(f"group {group!r} has {live} live member(s); stop them first "
+                                 "(consumers must leave the group)") from cause
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -333,7 +311,7 @@ def run_describe(args: argparse.Namespace) -> int:
         return 0
     live = _live(desc["members"])
     if live:
-        status = (f"Consumer group {group!r}: {desc['state']}, {_plural(len(live), 'member')}, "
+        status = (f"Consumer group {group!r}: {desc['state']}, {plural(len(live), 'member')}, "
                   f"group epoch {desc['group_epoch']}, assignor {desc['assignor']}.")
     else:
         status = f"Consumer group {group!r} has no active members."
@@ -367,9 +345,7 @@ def run_delete(args: argparse.Namespace) -> int:
         try:
             admin.delete_group(args.group)
         except NonEmptyGroupError as err:
-            live = _live_member_count(admin, args.group)
-            if live:
-                raise _has_live_members(args.group, live) from err
+            _refuse_if_live(admin, args.group, err)
             raise
     sys.stdout.write(f"Deleted consumer group {args.group!r}.\n")
     return 0
@@ -380,21 +356,18 @@ def run_reset_offsets(args: argparse.Namespace) -> int:
     from mq.errors import NonEmptyGroupError
 
     group = args.group
-    with _admin(args) as admin, Consumer(socket=_socket(args)) as consumer:
+    with _admin(args) as admin, Consumer(socket=socket_of(args)) as consumer:
         if args.execute:
-            live = _live_member_count(admin, group)
-            if live:
-                raise _has_live_members(group, live)
-        tps = _partitions(consumer, args.topic)
+            _refuse_if_live(admin, group)
+        tps = sorted({tp for topic, wanted in args.topic
+                      for tp in topic_partitions(consumer, topic, wanted)})
         committed = admin.list_group_offsets(group)
         new = _new_offsets(args, consumer, tps, committed)
         if args.execute:
             try:
                 admin.alter_group_offsets(group, new)
             except NonEmptyGroupError as err:          # a member joined since the check
-                live = _live_member_count(admin, group)
-                if live:
-                    raise _has_live_members(group, live) from err
+                _refuse_if_live(admin, group, err)
                 raise
     sys.stdout.write(_table(("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"),
                             ((group, tp.topic, tp.partition, committed.get(tp), new[tp])
@@ -402,23 +375,6 @@ def run_reset_offsets(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stderr.write("Dry run: nothing changed (run again with --execute to apply).\n")
     return 0
-
-
-def _partitions(consumer, specs: list[tuple[str, tuple[int, ...] | None]]) -> list:
-    """The partitions ``--topic`` names, sorted. Raises ``UnknownTopicOrPartitionError``."""
-    from mq.client.types import TopicPartition
-    from mq.errors import UnknownTopicOrPartitionError
-    out = set()
-    for topic, wanted in specs:
-        existing = consumer.partitions_for_topic(topic)
-        if existing is None:
-            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
-        for p in existing if wanted is None else wanted:
-            if p not in existing:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} has no partition {p} (it has {len(existing)})")
-            out.add(TopicPartition(topic, p))
-    return sorted(out)
 
 
 def _new_offsets(args: argparse.Namespace, consumer, tps: list, committed: dict) -> dict:

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from mq.cli import json_line, print_error
-from mq.errors import MQError
+from mq.cli.common import plural, run_each
 from mq.log.check import CheckResult, RepairResult, check_partition, repair_partition
 
 __all__ = ["add_parser", "run"]
@@ -76,20 +76,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    failed = False
-    for directory in args.dirs:
-        try:
-            if args.repair:
-                ok = _repair(directory, args.json)
-            else:
-                ok = _check(directory, args.json)
-        except BrokenPipeError:
-            raise                                   # main() exits quietly
-        except (MQError, OSError) as err:
-            print_error(err)
-            ok = False
-        failed |= not ok
-    return 1 if failed else 0
+    action = _repair if args.repair else _check
+    return run_each(args.dirs, lambda directory: action(directory, args.json))
 
 
 def _print_problems(directory: str, result: CheckResult, as_json: bool) -> None:
@@ -106,9 +94,8 @@ def _check(directory: str, as_json: bool) -> bool:
         if not as_json:
             sys.stdout.write(f"{directory}: OK: {result.summary()}\n")
         return True
-    n = len(result.problems)
-    print_error(f"{directory}: {n} problem{'s' * (n != 1)} found; 'mq log check --repair "
-                f"{directory}' recovers it as the broker would (stop the broker first)")
+    print_error(f"{directory}: {plural(len(result.problems), 'problem')} found; 'mq log check "
+                f"--repair {directory}' recovers it as the broker would (stop the broker first)")
     return False
 
 
@@ -139,6 +126,6 @@ def _repair(directory: str, as_json: bool) -> bool:
             write(f"{directory}: OK: {after.summary()}\n")
     if after.clean:
         return True
-    n = len(after.problems)
-    print_error(f"{directory}: {n} problem{'s' * (n != 1)} remain that --repair cannot fix")
+    print_error(f"{directory}: {plural(len(after.problems), 'problem')} remain that --repair "
+                "cannot fix")
     return False

@@ -1,9 +1,8 @@
 """Entry point of the ``mq`` command (``mq = "mq.cli.main:main"``; also ``python -m mq``).
 
 Subcommands are modules listed in ``COMMAND_MODULES``; each exposes ``add_parser(subparsers)``,
-which adds its parser with a ``run(args) -> int`` default. Adding ``broker``, ``topics``,
-``produce``, ``consume``, ``offsets`` or ``groups`` means writing ``mq/cli/<name>.py`` and
-listing it here.
+which adds its parser with a ``run(args) -> int`` default. Adding a command means writing
+``mq/cli/<name>.py`` and listing it here.
 
 Exit status: what ``run`` returns; 2 for usage errors (bad flags, bad values: ``ValueError``);
 1 for expected errors (``MQError``, ``OSError``: missing file, permission denied, ...), each

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mq.cli.common import DATETIME_HELP, add_socket_argument, formatter, non_negative_int
+from mq.cli.common import (
+    DATETIME_HELP,
+    add_socket_argument,
+    formatter,
+    non_negative_int,
+    parse_datetime,
+    topic_partitions,
+)
 
 __all__ = ["add_parser", "parse_time", "run"]
 
@@ -44,7 +51,6 @@ def add_parser(subparsers) -> None:
 def parse_time(text: str) -> int | str:
     """``"earliest"``, ``"latest"`` or milliseconds since the epoch (>= 0). Raises
     ``ValueError`` for anything else."""
-    from mq.cli.common import parse_datetime
     word = text.strip().lower()
     if word in ("earliest", "-2"):
         return "earliest"
@@ -52,27 +58,16 @@ def parse_time(text: str) -> int | str:
         return "latest"
     if word.isdigit() and len(word) != 8:      # eight digits read as ISO 8601's YYYYMMDD
         return int(word)
-    return max(0, parse_datetime(text))
+    return parse_datetime(text)
 
 
 def run(args: argparse.Namespace) -> int:
     from mq.client.consumer import Consumer
-    from mq.client.types import TopicPartition
-    from mq.errors import UnknownTopicOrPartitionError
 
     when = parse_time(args.time)
-    topic = args.topic
     with Consumer(socket=args.socket) as consumer:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions is None:
-            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
-        if args.partition is not None:
-            if args.partition not in partitions:
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} has no partition {args.partition} (it has "
-                    f"{len(partitions)})")
-            partitions = {args.partition}
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = topic_partitions(consumer, args.topic,
+                               None if args.partition is None else [args.partition])
         consumer.assign(tps)
         if when == "earliest":
             offsets = consumer.beginning_offsets(tps)

@@ -13,7 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mq.cli.common import add_socket_argument, formatter, non_negative_int, parse_key_values
+from mq.cli.common import (
+    add_socket_argument,
+    formatter,
+    non_negative_int,
+    parse_key_values,
+    plural,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -133,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         producer.close(timeout=10)        # after flush(): at once; on an error: bounded
     produced = sent - failed[0]
-    records = f"{produced} record{'' if produced == 1 else 's'}"
+    records = plural(produced, "record")
     if failed[1] is not None:
         raise MQError(f"{failed[0]} of {sent} records to {topic} failed "
                       f"({type(failed[1]).__name__}: {failed[1]})"

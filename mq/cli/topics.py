@@ -7,11 +7,13 @@ import sys
 
 from mq.cli import json_line
 from mq.cli.common import (
-    SOCKET_HELP,
+    add_command_group,
     add_socket_argument,
     formatter,
     parse_key_values,
+    plural,
     positive_int,
+    socket_of,
 )
 
 __all__ = ["add_parser", "run_alter", "run_create", "run_delete", "run_describe", "run_list"]
@@ -67,14 +69,10 @@ examples:
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("topics", help="create, list, describe, alter, delete topics",
-                                   description=DESCRIPTION, epilog=EPILOG,
-                                   formatter_class=formatter)
-    # Also before the command (mq topics --socket S list): its own dest, since a command's
-    # default would overwrite the value.
-    parser.add_argument("--socket", dest="topics_socket", metavar="PATH", help=SOCKET_HELP)
-    parser.set_defaults(run=_no_command)
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="topics_command")
+    commands = add_command_group(subparsers, "topics",
+                                 "create, list, describe, alter or delete",
+                                 help="create, list, describe, alter, delete topics",
+                                 description=DESCRIPTION, epilog=EPILOG)
 
     create = commands.add_parser("create", help="create a topic",
                                  description="Create a topic with N partitions and optional "
@@ -130,14 +128,9 @@ def add_parser(subparsers) -> None:
     delete.set_defaults(run=run_delete)
 
 
-def _no_command(args: argparse.Namespace) -> int:
-    raise ValueError("no topics command given: create, list, describe, alter or delete "
-                     "(see 'mq topics --help')")
-
-
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(args.socket or getattr(args, "topics_socket", None))
+    return Admin(socket_of(args))
 
 
 def run_create(args: argparse.Namespace) -> int:
@@ -145,8 +138,7 @@ def run_create(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         meta = admin.create_topic(args.name, args.partitions, config)
     count = meta.get("partitions", args.partitions)
-    sys.stdout.write(f"Created topic {args.name} with {count} partition"
-                     f"{'' if count == 1 else 's'}.\n")
+    sys.stdout.write(f"Created topic {args.name} with {plural(count, 'partition')}.\n")
     return 0
 
 
