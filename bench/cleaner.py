@@ -24,7 +24,6 @@ See bench/README.md ("Cleaner") for the method and how to read the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import selectors
@@ -34,8 +33,20 @@ import tempfile
 import threading
 import time
 
-from bench.storage import (MIB, T0_MS, CpuMeter, format_table, hot_loop, machine_facts,
-                           make_values, progress, summary, wait_idle)
+from bench.harness import (
+    MIB,
+    CpuMeter,
+    Rows,
+    format_table,
+    machine_facts,
+    mm,
+    rotated,
+    summary,
+    wait_idle,
+    warn_if_busy,
+    write_json,
+)
+from bench.storage import T0_MS, hot_loop, make_values, progress
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
@@ -155,7 +166,7 @@ def run(base: str, total: int, segment_bytes: int, runs: int) -> dict:
     for r in range(runs):
         copy = os.path.join(base, f"run-{r}", "bench-0")
         shutil.copytree(template, copy)
-        order = ["raw", "cleaner"] if r % 2 == 0 else ["cleaner", "raw"]
+        order = rotated(["raw", "cleaner"], r)
         progress(f"run {r + 1}/{runs} (order {', '.join(order)})")
         for side in order:
             if side == "raw":
@@ -179,23 +190,18 @@ def run(base: str, total: int, segment_bytes: int, runs: int) -> dict:
 
 
 def build_table(res: dict) -> list[dict]:
-    def mm(s: dict, fmt: str = "{:.1f}") -> str:
-        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
     size = res["log"]["cleanable_bytes"] / MIB
     r = res["ratio"]
     written = res["cleaner"]["passes"][0]["bytes_written"] / MIB
-    return [
-        {"benchmark": f"raw sequential read {size:.0f} MiB (limit)",
-         "figure": mm(res["raw_read"], "{:.0f}"), "unit": "MB/s", "ratio": "-", "goal": "-",
-         "met": "-"},
-        {"benchmark": f"BackgroundCleaner pass {size:.0f} MiB, 10% keys",
-         "figure": mm(res["cleaner"]), "unit": "MB/s",
-         "ratio": f"{r['median']:.3f}x raw ({r['min']:.3f}-{r['max']:.3f})", "goal": "-",
-         "met": "-"},
-        {"benchmark": "  clean() alone: recopied / pass time (Kafka's)",
-         "figure": mm(res["clean_pass"]), "unit": "MB/s",
-         "ratio": f"{written:.1f} MiB written", "goal": "-", "met": "-"},
-    ]
+    rows = Rows()
+    rows.add(f"raw sequential read {size:.0f} MiB (limit)", mm(res["raw_read"], "{:.0f}".format),
+             "MB/s")
+    rows.add(f"BackgroundCleaner pass {size:.0f} MiB, 10% keys",
+             mm(res["cleaner"], "{:.1f}".format), "MB/s",
+             f"{r['median']:.3f}x raw ({r['min']:.3f}-{r['max']:.3f})")
+    rows.add("  clean() alone: recopied / pass time (Kafka's)",
+             mm(res["clean_pass"], "{:.1f}".format), "MB/s", f"{written:.1f} MiB written")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     segment_bytes = (4 if args.quick else 16) * MIB
     base = tempfile.mkdtemp(prefix="mq-bench-cleaner-", dir=args.dir)
     try:
-        idle = wait_idle(args.wait_idle) if args.wait_idle > 0 else None
+        idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
         res: dict = {"meta": machine_facts(base),
                      "params": {"quick": args.quick, "runs": args.runs, "log_bytes": total,
                                 "segment_bytes": segment_bytes, "value_bytes": VALUE_BYTES,
@@ -224,14 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         meter = CpuMeter()
         res.update(run(base, total, segment_bytes, args.runs))
         res["meta"]["contention"] = c = meter.stop()
-        if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
-            progress(f"warning: other processes used {c['other_cpus']:.2f} CPUs, steal "
-                     f"{c['steal_cpus']:.2f}: figures are noisier and lower than when idle")
+        warn_if_busy(c, progress=progress)
         res["table"] = rows = build_table(res)
-        if os.path.dirname(args.out):
-            os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.out, res)
         print(f"# mq cleaner benchmark: other CPUs {c['other_cpus']:.2f}, steal "
               f"{c['steal_cpus']:.2f}, load {c['loadavg_1m']:.1f}; JSON in {args.out}")
         print(format_table(rows))

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import functools
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -39,15 +38,24 @@ from bench import harness, peers
 from bench.harness import (
     KIB,
     MIB,
+    Rows,
     WorkerError,
+    format_table,
     hist_stats,
+    machine_facts,
     merge_hists,
+    mm,
     percentiles,
+    print_contention,
     process_cpu,
     progress,
     quiet_gc,
+    rotated,
+    run_percentiles,
     run_workers,
     summary,
+    wait_idle,
+    write_json,
 )
 
 # --- goals (perf-anchors.md §9, as set for this suite) -----------------------------------------
@@ -267,12 +275,10 @@ def run_throughput(ctx: Ctx) -> dict:
             w = one_throughput(ctx, system, values, n0)
             warm[system] = w
             counts[system] = int(min(cap, max(1000, w["rate"] * ctx.target_s)))
-        per: dict = {s: [] for s in SYSTEMS}
-        per["raw"] = []
+        per: dict = {s: [] for s in [*SYSTEMS, "raw"]}
         raw_bytes = counts["mq"] * size
-        order0 = SYSTEMS + ["raw"]
         for r in range(ctx.runs):
-            order = order0[r % len(order0):] + order0[:r % len(order0)]
+            order = rotated([*SYSTEMS, "raw"], r)
             progress(f"throughput {label}: run {r + 1}/{ctx.runs} ({', '.join(order)}; "
                      + ", ".join(f"{s} {counts[s]}" for s in SYSTEMS) + " records)")
             for system in order:
@@ -331,7 +337,7 @@ def run_acks(ctx: Ctx) -> dict:
     n = int(max(40_000, w["rate"] * ctx.target_s)) // 4 * 4
     per: dict = {"all": [], "1": []}
     for r in range(ctx.runs):
-        order = ["all", "1"] if r % 2 == 0 else ["1", "all"]
+        order = rotated(list(per), r)
         progress(f"acks: run {r + 1}/{ctx.runs} ({n} records, 4 producers, order {order})")
         for a in order:
             per[a].append(one_ingest(ctx, "all" if a == "all" else 1, values, n))
@@ -376,7 +382,7 @@ def run_fanout(ctx: Ctx) -> dict:
     n = int(max(40_000, w["delivery_min"] * ctx.target_s))
     per: dict = {"1": [], "4": []}
     for r in range(ctx.runs):
-        order = ["1", "4"] if r % 2 == 0 else ["4", "1"]
+        order = rotated(list(per), r)
         progress(f"fan-out: run {r + 1}/{ctx.runs} ({n} records, order {order})")
         for k in order:
             per[k].append(one_fanout(ctx, int(k), values, n))
@@ -441,8 +447,7 @@ def run_latency(ctx: Ctx) -> dict:
     for rate in (1000, 10000):
         per: dict = {s: [] for s in systems}
         for r in range(ctx.runs):
-            k = r % len(systems)
-            order = systems[k:] + systems[:k]
+            order = rotated(systems, r)
             progress(f"latency {rate}/s: run {r + 1}/{ctx.runs} ({seconds:g} s + "
                      f"{warm_s} s warm-up each, order {order})")
             for s in order:
@@ -451,8 +456,7 @@ def run_latency(ctx: Ctx) -> dict:
         for s, runs in per.items():
             merged = merge_hists([x["hist"] for x in runs])
             entry[s] = {"merged": hist_stats(merged),
-                        "p50_us_runs": summary([x["stats"]["p50_us"] for x in runs]),
-                        "p99_us_runs": summary([x["stats"]["p99_us"] for x in runs]),
+                        **run_percentiles([x["stats"] for x in runs]),
                         "achieved_rate": summary([x["achieved_rate"] for x in runs]),
                         "saturated_runs": sum(x["saturated"] for x in runs)}
         for key, side in (("p50_ratio_vs_redis", "mq"),
@@ -502,7 +506,7 @@ def run_decode(ctx: Ctx) -> dict:
                                         **MQ_THROUGHPUT))], ctx.timeout)
         per: dict = {"poll": [], "poll+touch": []}
         for r in range(ctx.runs):
-            order = ["poll", "poll+touch"] if r % 2 == 0 else ["poll+touch", "poll"]
+            order = rotated(list(per), r)
             progress(f"decode: run {r + 1}/{ctx.runs} (order {order})")
             for v in order:
                 (out,), _, _ = run_workers([(_decode_run, {
@@ -532,20 +536,21 @@ def run_limits(ctx: Ctx) -> dict:
     for r in range(ctx.runs):
         progress(f"limits: run {r + 1}/{ctx.runs} (100 x fdatasync after 4 KiB; semaphore "
                  f"round trips: tight, same CPU, paced 1 kHz)")
-        fs.append(harness.fdatasync_samples(ctx.base, 100))
-        kinds = list(SEM_KINDS)
-        for k in kinds[r % 3:] + kinds[:r % 3]:
+        fs.append([ns / 1000 for ns in harness.fdatasync_ns(ctx.base, 100)])
+        for k in rotated(list(SEM_KINDS), r):
             kw, counts = SEM_KINDS[k]
             sems[k].append(harness.sem_round_trips(counts[0 if ctx.quick else 1], **kw))
-    out = {"fdatasync_4k": {"merged": percentiles([v for run in fs for v in run]),
-                            "p50_us_runs": summary([percentiles(x)["p50_us"] for x in fs]),
-                            "p99_us_runs": summary([percentiles(x)["p99_us"] for x in fs])}}
+    out = {"fdatasync_4k": _spread(fs)}
     for k, runs in sems.items():
-        out[k] = {"merged": percentiles([v for run in runs for v in run]),
-                  "p50_us_runs": summary([percentiles(x)["p50_us"] for x in runs]),
-                  "p99_us_runs": summary([percentiles(x)["p99_us"] for x in runs]),
-                  "round_trips_per_run": len(runs[0]), "options": SEM_KINDS[k][0]}
+        out[k] = {**_spread(runs), "round_trips_per_run": len(runs[0]),
+                  "options": SEM_KINDS[k][0]}
     return out
+
+
+def _spread(runs: list[list[float]]) -> dict:
+    """Percentiles (µs) of every run's samples together, and how the runs' p50 and p99 vary."""
+    return {"merged": percentiles([v for run in runs for v in run]),
+            **run_percentiles([percentiles(x) for x in runs])}
 
 
 # --- table --------------------------------------------------------------------------------------
@@ -553,10 +558,6 @@ def run_limits(ctx: Ctx) -> dict:
 def _rate(v: float) -> str:
     return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k" if v >= 1e4 \
         else f"{v / 1e3:.1f} k"
-
-
-def _mm(s: dict, fmt) -> str:
-    return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
 
 
 def _ratio(s: dict, what: str) -> str:
@@ -568,11 +569,8 @@ def _us(v: float) -> str:
 
 
 def build_table(res: dict) -> list[dict]:
-    rows = []
-
-    def row(bench, figure, unit, ratio="-", goal="-", met="-"):
-        rows.append({"benchmark": bench, "figure": figure, "unit": unit, "ratio": ratio,
-                     "goal": goal, "met": met})
+    rows = Rows()
+    row = rows.add
 
     def yes(ok: bool) -> str:
         return "yes" if ok else "NO"
@@ -584,7 +582,7 @@ def build_table(res: dict) -> list[dict]:
                  "nats": "NATS JetStream"}
         for label, e in tp["sizes"].items():
             for s in SYSTEMS:
-                fig = _mm(e["rate"][s], _rate) + f" = {e['mb_s'][s]['median']:.0f} MB/s"
+                fig = mm(e["rate"][s], _rate) + f" = {e['mb_s'][s]['median']:.0f} MB/s"
                 ratio = goal = met = "-"
                 if s != "mq":
                     r = e["ratio"][s]
@@ -596,21 +594,21 @@ def build_table(res: dict) -> list[dict]:
             r = e["ratio"]["raw"]
             g = label == "64KiB"
             row(f"1->1 {label} raw page-cache write (limit)",
-                _mm(e["mb_s"]["raw"], lambda v: f"{v:.0f}"), "MB/s",
+                mm(e["mb_s"]["raw"], "{:.0f}".format), "MB/s",
                 _ratio(r, "(mq MB/s / this)"),
                 f"mq >= {GOAL_VS_RAW_64K:g}x" if g else "-",
                 yes(r["median"] >= GOAL_VS_RAW_64K) if g else "-")
     ak = res.get("acks")
     if ak:
-        row("4 producers acks=1 ingest, 100 B", _mm(ak["rate"]["1"], _rate), "rec/s")
-        row('4 producers acks="all" ingest, 100 B', _mm(ak["rate"]["all"], _rate), "rec/s",
+        row("4 producers acks=1 ingest, 100 B", mm(ak["rate"]["1"], _rate), "rec/s")
+        row('4 producers acks="all" ingest, 100 B', mm(ak["rate"]["all"], _rate), "rec/s",
             _ratio(ak["ratio"], "acks=1"), f">= {GOAL_ACKS_ALL:g}x acks=1",
             yes(ak["ratio"]["median"] >= GOAL_ACKS_ALL))
     fo = res.get("fanout")
     if fo:
         for k in ("1", "4"):
             row(f"fan-out 1->{k} delivery per consumer (slowest)",
-                _mm(fo["delivery_min"][k], _rate), "rec/s")
+                mm(fo["delivery_min"][k], _rate), "rec/s")
         for k in ("1", "4"):
             b = fo["broker_cpu_s"][k]
             per_rec = summary([x["broker_cpu_us_per_record"] for x in fo["runs"][k]])
@@ -620,7 +618,7 @@ def build_table(res: dict) -> list[dict]:
                 goal = f"<= {GOAL_FANOUT_CPU:g}x 1 consumer"
                 met = yes(fo["cpu_ratio"]["median"] <= GOAL_FANOUT_CPU)
             row(f"fan-out 1->{k} broker CPU ({fo['n'] / 1e3:.0f} k records)",
-                _mm(b, lambda v: f"{v:.3f}") + f" = {per_rec['median']:.2f} us/rec", "s",
+                mm(b, "{:.3f}".format) + f" = {per_rec['median']:.2f} us/rec", "s",
                 ratio, goal, met)
     sem_p50 = lim["sem_rtt"]["merged"]["p50_us"] if lim else None
     lt = res.get("latency")
@@ -669,7 +667,7 @@ def build_table(res: dict) -> list[dict]:
         for v in ("poll", "poll+touch"):
             s = dc["rate"][v]
             g = v == "poll"
-            row(f"consume from map, 100 B, {dc['n'] / 1e6:g} M records ({v})", _mm(s, _rate),
+            row(f"consume from map, 100 B, {dc['n'] / 1e6:g} M records ({v})", mm(s, _rate),
                 "rec/s", f"{s['median'] / GOAL_DECODE:.2f}x goal" if g else "-",
                 ">= 2 M rec/s" if g else "-", yes(s["median"] >= GOAL_DECODE) if g else "-")
     if lim:
@@ -722,7 +720,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     versions = peers.ensure_installed()
     import mq.testing
-    from bench.storage import machine_facts, wait_idle
 
     idle = wait_idle(args.wait_idle) if args.wait_idle > 0 else None
     base = tempfile.mkdtemp(prefix="mq-e2e-", dir=args.dir)
@@ -757,28 +754,18 @@ def main(argv: list[str] | None = None) -> int:
                                   "cap_bytes_per_run": ctx.cap_bytes})
             fns = {"limits": run_limits, "throughput": run_throughput, "acks": run_acks,
                    "fanout": run_fanout, "latency": run_latency, "decode": run_decode}
-            harness.run_sections(SECTIONS, only,
-                                 {k: functools.partial(f, ctx) for k, f in fns.items()},
+            harness.run_sections({k: functools.partial(f, ctx) for k, f in fns.items()}, only,
                                  res, meta.setdefault("contention", {}))
         meta["loadavg_end"] = os.getloadavg()
         meta["wall_seconds"] = time.perf_counter() - t_start
-        rows = build_table(res)
-        res["table"] = rows
-        out_dir = os.path.dirname(args.out)
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1, default=_json_default)
-        from bench.storage import format_table
+        rows = res["table"] = build_table(res)
+        write_json(args.out, res, default=_json_default)
         print(f"mq end-to-end benchmarks - {meta['date_utc']}, Python {meta['python']}, "
               f"{meta['cpus_usable']} CPUs ({meta['cpu_model']}), {meta['kernel']}, temp dir on "
               f"{meta['data_dir_mount']['fstype']} {meta['data_dir_mount']['device']}; "
               f"{args.runs} runs{' (quick)' if args.quick else ''}; loadavg "
               f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}")
-        print("other processes' CPU use per section (of "
-              f"{os.cpu_count()} CPUs): " + ", ".join(
-                  f"{k} {v['other_cpus']:.2f} (steal {v['steal_cpus']:.2f})"
-                  for k, v in meta["contention"].items()))
+        print_contention(meta["contention"])
         print(format_table(rows))
         print(f"JSON: {args.out} ({meta['wall_seconds']:.0f} s)")
     finally:

@@ -40,7 +40,6 @@ import collections
 import contextlib
 import functools
 import itertools
-import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -56,7 +55,21 @@ import time
 from array import array
 
 import mq
-from bench.harness import quiet_gc, run_sections
+from bench.harness import (
+    Rows,
+    format_table,
+    machine_facts,
+    mm,
+    pct,
+    print_contention,
+    progress_printer,
+    quiet_gc,
+    rotated,
+    run_sections,
+    sched_ns,
+    wait_idle,
+    write_json,
+)
 
 # --- goals and references -----------------------------------------------------------------------
 GOAL_FAILOVER_P99_MS = 100.0
@@ -73,39 +86,16 @@ TPUT_MAX_RECORDS = 2000                # poll(max_records=) in the rebalance sec
 BUCKET_NS = 50_000_000                 # 50 ms
 
 CTX = mp.get_context("forkserver")
-_START = time.monotonic()
 _clock = time.monotonic_ns
 _ts = struct.Struct("<q")
 _ids = itertools.count()
 
 
-def progress(msg: str) -> None:
-    print(f"[groups {time.monotonic() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
+progress = progress_printer("groups")
 
 
 def _ms(ns: float) -> float:
     return ns / 1e6
-
-
-def pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(p / 100 * len(s)))]
-
-
-def sched_ns(pid: int) -> tuple[int, int]:
-    """(on-CPU ns, ns runnable but waiting for a CPU) of a process, all its threads, from
-    ``/proc/<pid>/task/*/schedstat``; (0, 0) once it is gone."""
-    run = wait = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    fields = f.read().split()
-                run += int(fields[0])
-                wait += int(fields[1])
-    except OSError:
-        pass
-    return run, wait
 
 
 def dist(values: list[float]) -> dict:
@@ -487,6 +477,10 @@ class Ctx:
         self.admin.create_topic(name, partitions)
         return name
 
+    def drop(self, topic: str) -> None:
+        with contextlib.suppress(Exception):
+            self.admin.delete_topic(topic)
+
     def out_of_time(self, what: str) -> bool:
         if time.monotonic() < self.deadline:
             return False
@@ -592,8 +586,7 @@ def failover_trials(ctx: Ctx, n_members: int) -> dict:
                      f"not {ctx.args.rate:.0f}")
     finally:
         fleet.close()
-        with contextlib.suppress(Exception):
-            ctx.admin.delete_topic(topic)
+        ctx.drop(topic)
     fo = [t["failover_ms"] for t in trials]
     return {"members": n_members, "partitions": PARTITIONS, "rate": ctx.args.rate,
             "produced": done[2], "produce_seconds": done[3], "consumer_options": opts,
@@ -746,8 +739,7 @@ def run_rebalance(ctx: Ctx) -> dict:
                          + (f"; BACKLOG RAN OUT ({r['backlog_ran_out']})"
                             if r["backlog_ran_out"] else ""))
     finally:
-        with contextlib.suppress(Exception):
-            ctx.admin.delete_topic(topic)
+        ctx.drop(topic)
     for event in ("join", "kill", "close"):
         rs = [r for r in out["trials"] if r["event"] == event and not r["backlog_ran_out"]]
         if rs:
@@ -791,10 +783,9 @@ def run_commits(ctx: Ctx) -> dict:
     try:
         _, ctrl = fleet.start_other("committer", committer_main,
                                     (ctx.socket, topic, f"cg-{secrets.token_hex(2)}"))
-        kinds = ["raw", "sync", "async"]
         for r in range(runs):
             progress(f"commits: run {r + 1}/{runs}")
-            for kind in kinds[r % 3:] + kinds[:r % 3]:
+            for kind in rotated(["raw", "sync", "async"], r):
                 if kind == "raw":
                     res["raw"].append(raw_fsync_rate(ctx.broker.data_dir, seconds))
                     continue
@@ -804,8 +795,7 @@ def run_commits(ctx: Ctx) -> dict:
         ctrl.send(("stop",))
     finally:
         fleet.close()
-        with contextlib.suppress(Exception):
-            ctx.admin.delete_topic(topic)
+        ctx.drop(topic)
     for k in ("sync", "async", "raw"):
         res[f"{k}_rate"] = dist([x["rate"] for x in res[k]])
     for k in ("sync", "async"):
@@ -822,18 +812,13 @@ def _d(d: dict, fmt="{:.1f}") -> str:
 
 
 def build_table(res: dict) -> list[dict]:
-    rows = []
-
-    def row(bench, figure, unit, ratio="-", goal="-", met="-"):
-        rows.append({"benchmark": bench, "figure": figure, "unit": unit, "ratio": ratio,
-                     "goal": goal, "met": met})
+    rows = Rows()
+    row = rows.add
+    f0, f2 = "{:.0f}".format, "{:.2f}".format
 
     def vs_kafka(p99: float) -> str:
         return (f"p99 = {p99 / KAFKA_SESSION_TIMEOUT_MS:.5f}x Kafka session timeout "
                 f"(1/{KAFKA_SESSION_TIMEOUT_MS / p99:.0f})")
-
-    def mm(d: dict, fmt="{:.2f}") -> str:
-        return f"{fmt.format(d['median'])} ({fmt.format(d['min'])}-{fmt.format(d['max'])})"
 
     fos = res.get("failover") or {}
     for n, fo in fos.items():
@@ -887,7 +872,7 @@ def build_table(res: dict) -> list[dict]:
                 f"{e['window_rate']['median'] / 1e6:.2f} M/s over "
                 f"{e['window_ms']['median']:.0f} ms; steady {e['steady_rate']['median'] / 1e6:.2f}"
                 " M/s", "rec/s",
-                f"{mm(r)}x steady; worst 50 ms {mm(e['worst_bucket_ratio'])}x",
+                f"{mm(r, f2)}x steady; worst 50 ms {mm(e['worst_bucket_ratio'], f2)}x",
                 f">= {GOAL_REBALANCE_RATIO:g}x steady",
                 "yes" if r["median"] >= GOAL_REBALANCE_RATIO else "NO")
     cm = res.get("commits")
@@ -900,9 +885,9 @@ def build_table(res: dict) -> list[dict]:
                 p99 = [x["p99_us"] for x in cm["sync"]]
                 extra = (f"; latency p50 {statistics.median(lat):.0f} us, p99 "
                          f"{statistics.median(p99):.0f} us")
-            row(f"commits/s, one partition, {what}", mm(cm[f"{k}_rate"], "{:.0f}") + extra,
-                "commits/s", f"{mm(cm[f'{k}_vs_fsync'])}x fdatasync rate")
-        row("write 128 B + fdatasync in the data dir (limit)", mm(cm["raw_rate"], "{:.0f}"),
+            row(f"commits/s, one partition, {what}", mm(cm[f"{k}_rate"], f0) + extra,
+                "commits/s", f"{mm(cm[f'{k}_vs_fsync'], f2)}x fdatasync rate")
+        row("write 128 B + fdatasync in the data dir (limit)", mm(cm["raw_rate"], f0),
             "fsyncs/s")
     return rows
 
@@ -946,8 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     # Not bench.groups itself: each child runs it as __mp_main__ (runpy warns if the server
     # had imported it under its own name). Its imports are what cost.
     CTX.set_forkserver_preload(["mq.client.consumer", "mq.client.producer", "bench.harness"])
-    from bench.storage import format_table, machine_facts, wait_idle
-    idle = wait_idle(args.wait_idle) if args.wait_idle > 0 else None
+    idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
     base = tempfile.mkdtemp(prefix="mq-groups-", dir=args.dir)
     broker = None
     t_start = time.monotonic()
@@ -964,27 +948,21 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Ctx(args, base, broker)
         fns = {"failover": run_failover, "rebalance": run_rebalance, "commits": run_commits}
         try:
-            run_sections(SECTIONS, only, {k: functools.partial(f, ctx) for k, f in fns.items()},
-                         res, meta.setdefault("contention", {}))
+            run_sections({k: functools.partial(f, ctx) for k, f in fns.items()}, only, res,
+                         meta.setdefault("contention", {}), progress=progress)
         finally:
             ctx.admin.close()
         res["truncated"] = ctx.truncated
         meta["loadavg_end"] = os.getloadavg()
         meta["wall_seconds"] = time.monotonic() - t_start
         rows = res["table"] = build_table(res)
-        if os.path.dirname(args.out):
-            os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.out, res)
         print(f"mq consumer-group benchmarks - {meta['date_utc']}, Python {meta['python']}, "
               f"{meta['cpus_usable']} CPUs ({meta['cpu_model']}), {meta['kernel']}, data dir on "
               f"{meta['data_dir_mount']['fstype']} {meta['data_dir_mount']['device']}"
               f"{' (quick)' if args.quick else ''}; loadavg {meta['loadavg_start'][0]:.2f} -> "
               f"{meta['loadavg_end'][0]:.2f}")
-        print("other processes' CPU use per section (of "
-              f"{os.cpu_count()} CPUs): " + ", ".join(
-                  f"{k} {v['other_cpus']:.2f} (steal {v['steal_cpus']:.2f})"
-                  for k, v in meta["contention"].items()))
+        print_contention(meta["contention"])
         for note in ctx.truncated:
             print(f"NOTE: {note}")
         print(format_table(rows))

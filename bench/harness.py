@@ -1,7 +1,9 @@
-"""Machinery shared by the multi-process benchmarks (bench/e2e.py): worker processes started
-together behind a barrier, CPU meters that count a whole process family, HdrHistogram helpers,
-payloads, and the physical limits measured in the same run (raw page-cache write, fdatasync,
-a bare POSIX-semaphore round trip between two processes).
+"""Machinery shared by the benchmarks (bench/storage.py, e2e.py, groups.py, cleaner.py):
+progress lines, summaries and percentiles, CPU meters (this process, or a whole process family)
+with the wait for an idle box, the machine's facts, the result table and JSON; for the
+multi-process ones also worker processes started together behind a barrier, HdrHistogram
+helpers, payloads, and the physical limits measured in the same run (raw page-cache write,
+fdatasync, a bare POSIX-semaphore round trip between two processes).
 
 Timestamps everywhere are ``time.perf_counter_ns()``: CLOCK_MONOTONIC on Linux, one clock for
 the whole system, so a time taken in one process can be subtracted from one taken in another.
@@ -10,21 +12,30 @@ the whole system, so a time taken in one process can be subtracted from one take
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
+import importlib
+import importlib.metadata
+import importlib.util
+import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import platform
 import secrets
 import statistics
+import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import posix_ipc
 import psutil
+
+from mq.log import records as _records
 
 try:  # pip install hdrhistogram (the `bench` extra)
     from hdrh.histogram import HdrHistogram
@@ -43,13 +54,26 @@ CTX = mp.get_context("fork")
 _START = time.monotonic()
 
 
-def progress(msg: str) -> None:
-    print(f"[e2e {time.monotonic() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
+def progress_printer(tag: str) -> Callable[[str], None]:
+    """A ``progress(msg)`` writing ``[TAG  seconds since start] msg`` lines on stderr."""
+    def progress(msg: str) -> None:
+        print(f"[{tag} {time.monotonic() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    return progress
+
+
+progress = progress_printer("e2e")
 
 
 def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "runs": list(values)}
+
+
+def rotated(items: Sequence, r: int) -> list:
+    """Run ``r``'s order of ``items``: rotated by one each run, so that no side of a comparison
+    always goes first."""
+    k = r % len(items)
+    return [*items[k:], *items[:k]]
 
 
 def quiet_gc() -> None:
@@ -157,7 +181,7 @@ def run_workers(jobs: list[tuple[Callable, dict]], timeout: float,
     return results, started, ended
 
 
-# --- CPU of the whole process family, and of everyone else ------------------------------------
+# --- CPU: this process (or its whole family), and everyone else ---------------------------------
 
 def _proc_cpu(p: psutil.Process) -> float:
     c = p.cpu_times()
@@ -168,77 +192,125 @@ def _busy(t) -> float:
     return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
 
 
-class FamilyMeter:
-    """CPUs used by other sessions' processes during a section: system-wide busy time minus
-    this process and all its descendants (workers, broker, redis-server, nats-server), plus
-    the hypervisor's steal. Like bench.storage.CpuMeter, but the servers here are long-lived
-    children, which that meter (own + *waited* children) would count as neighbours."""
+class CpuMeter:
+    """What else ran on the box during a section: CPUs used by other processes and the
+    hypervisor's steal, from system-wide busy time minus this process's (and its waited
+    children's) CPU time. The box has 2 vCPUs shared with other work; a figure taken while
+    others used a CPU is noisier and lower, so each section records this next to its numbers."""
+
+    OWN = "own_cpus"
 
     def __init__(self) -> None:
         self._me = psutil.Process()
         self._t = time.monotonic()
         self._sys = psutil.cpu_times()
-        self._start = self._family()
+        self._start: Any = self._own()
 
-    def _family(self) -> dict[int, float]:
+    def _own(self) -> Any:
+        return _proc_cpu(self._me)
+
+    def _own_since_start(self) -> float:
+        return self._own() - self._start
+
+    def stop(self) -> dict:
+        wall = time.monotonic() - self._t
+        now = psutil.cpu_times()
+        own = self._own_since_start()
+        other = _busy(now) - _busy(self._sys) - own
+        steal = getattr(now, "steal", 0) - getattr(self._sys, "steal", 0)
+        return {"wall_s": wall, self.OWN: own / wall, "other_cpus": max(other, 0.0) / wall,
+                "steal_cpus": steal / wall, "loadavg_1m": os.getloadavg()[0]}
+
+
+class FamilyMeter(CpuMeter):
+    """A ``CpuMeter`` whose own time is this process and all its descendants (workers, broker,
+    redis-server, nats-server): those servers are long-lived children, which ``CpuMeter`` (own
+    + *waited* children) would count as neighbours."""
+
+    OWN = "family_cpus"
+
+    def _own(self) -> dict[int, float]:
         out = {}
-        try:
-            out[self._me.pid] = _proc_cpu(self._me)
-        except psutil.Error:
-            pass
-        for p in self._me.children(recursive=True):
+        for p in (self._me, *self._me.children(recursive=True)):
             try:
                 out[p.pid] = _proc_cpu(p)
             except psutil.Error:
                 pass
         return out
 
-    def stop(self) -> dict:
-        wall = time.monotonic() - self._t
-        now_sys = psutil.cpu_times()
-        fam = self._family()
-        own = sum(v - self._start.get(pid, 0.0) for pid, v in fam.items())
-        other = _busy(now_sys) - _busy(self._sys) - own
-        steal = getattr(now_sys, "steal", 0) - getattr(self._sys, "steal", 0)
-        return {"wall_s": wall, "family_cpus": own / wall,
-                "other_cpus": max(other, 0.0) / wall, "steal_cpus": steal / wall,
-                "loadavg_1m": os.getloadavg()[0]}
+    def _own_since_start(self) -> float:
+        return sum(v - self._start.get(pid, 0.0) for pid, v in self._own().items())
 
 
-def run_sections(sections: list[str], only: set[str], fns: dict[str, Callable[[], Any]],
-                 results: dict, contention: dict) -> None:
-    """Run each selected section under a ``FamilyMeter``; record its result and how much CPU
-    other processes took meanwhile, warning when that makes the figures noisy."""
-    for name in sections:
+def warn_if_busy(c: dict, what: str = "", progress: Callable[[str], None] = progress) -> None:
+    """Warn when other processes (> 0.2 CPUs) or steal (> 0.1) made the figures noisy."""
+    if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
+        progress(f"warning: {what}other processes used {c['other_cpus']:.2f} CPUs and steal "
+                 f"was {c['steal_cpus']:.2f} (of {os.cpu_count()}): figures are noisier and "
+                 "lower than on an idle box")
+
+
+def wait_idle(limit_s: float, threshold: float = 0.25, window_s: float = 5.0,
+              progress: Callable[[str], None] = progress) -> dict:
+    """Wait (up to ``limit_s``) for a ``window_s`` window in which other processes use less
+    than ``threshold`` CPUs. Returns what was seen; never fails."""
+    deadline = time.monotonic() + limit_s
+    seen = []
+    while True:
+        meter = CpuMeter()
+        time.sleep(window_s)
+        c = meter.stop()
+        seen.append(round(c["other_cpus"], 2))
+        if c["other_cpus"] < threshold:
+            progress(f"box idle enough: other processes used {c['other_cpus']:.2f} CPUs")
+            return {"idle": True, "waited_windows": seen}
+        if time.monotonic() >= deadline:
+            progress(f"still busy after {limit_s:.0f} s (other CPUs {c['other_cpus']:.2f}); "
+                     "running anyway")
+            return {"idle": False, "waited_windows": seen}
+        progress(f"waiting for an idle box: other processes use {c['other_cpus']:.2f} CPUs")
+
+
+def run_sections(sections: dict[str, Callable[[], Any]], only: Collection[str], results: dict,
+                 contention: dict, meter: type[CpuMeter] = FamilyMeter,
+                 progress: Callable[[str], None] = progress) -> None:
+    """Run each section named in ``only``, in ``sections``' order, under ``meter``; record its
+    result and how much CPU other processes took meanwhile, warning when that makes the
+    figures noisy."""
+    for name, fn in sections.items():
         if name not in only:
             continue
-        meter = FamilyMeter()
-        results[name] = fns[name]()
-        contention[name] = c = meter.stop()
-        if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
-            progress(f"warning: during {name}, other processes used {c['other_cpus']:.2f} "
-                     f"CPUs and steal was {c['steal_cpus']:.2f} (of {os.cpu_count()}): "
-                     "figures are noisier and lower than on an idle box")
+        m = meter()
+        results[name] = fn()
+        contention[name] = c = m.stop()
+        warn_if_busy(c, f"during {name}, ", progress)
+
+
+def sched_ns(pid: int) -> tuple[int, int]:
+    """(on-CPU ns, ns runnable but waiting for a CPU) of a process, all its threads, from
+    ``/proc/<pid>/task/*/schedstat``; (0, 0) once it is gone."""
+    run = wait = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    fields = f.read().split()
+                run += int(fields[0])
+                wait += int(fields[1])
+    except OSError:
+        pass
+    return run, wait
 
 
 def process_cpu(pid: int) -> float:
-    """On-CPU seconds of one process, all its threads: the sum of
-    ``/proc/<pid>/task/*/schedstat`` run times (nanoseconds). psutil's ``cpu_times()`` comes in
-    clock ticks (10 ms), too coarse for a broker that uses 40 ms in a short run; it is the
-    fallback when schedstat is unavailable. (A thread that exited during the interval drops
-    out of the sum; the broker's two threads live as long as it does.)"""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-        return total / 1e9
-    except (OSError, ValueError):
-        c = psutil.Process(pid).cpu_times()
-        return c.user + c.system
+    """On-CPU seconds of one process, all its threads: ``sched_ns`` (schedstat run times).
+    psutil's ``cpu_times()`` comes in clock ticks (10 ms), too coarse for a broker that uses
+    40 ms in a short run; it is the fallback when /proc has no tasks to read. (A thread that
+    exited during the interval drops out of the sum; the broker's two threads live as long as
+    it does.)"""
+    if not os.path.isdir(f"/proc/{pid}/task"):
+        return process_cpu_ticks(pid)
+    return sched_ns(pid)[0] / 1e9
 
 
 def process_cpu_ticks(pid: int) -> float:
@@ -319,8 +391,9 @@ def prefault(directory: str, total: int) -> None:
         raw_write(directory, min(total, 1 << 30))
 
 
-def fdatasync_samples(directory: str, samples: int, warmup: int = 5) -> list[float]:
-    """µs of ``fdatasync`` after each 4 KiB append to a fresh file (bench.storage's method)."""
+def fdatasync_ns(directory: str, samples: int, warmup: int = 5) -> list[int]:
+    """ns of ``fdatasync`` after each 4 KiB append to a fresh file, the first ``warmup`` left
+    out."""
     path = os.path.join(directory, f"fsync-{secrets.token_hex(4)}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
     block = os.urandom(4096)
@@ -332,7 +405,7 @@ def fdatasync_samples(directory: str, samples: int, warmup: int = 5) -> list[flo
             os.fdatasync(fd)
             dt = time.perf_counter_ns() - t
             if i >= warmup:
-                out.append(dt / 1000)
+                out.append(dt)
     finally:
         os.close(fd)
         os.unlink(path)
@@ -405,10 +478,141 @@ def sem_round_trips(n: int, warmup: int | None = None, same_cpu: bool = False,
     return [v / 1000 for v in out]
 
 
+# --- percentiles ------------------------------------------------------------------------------
+
+def pct(values: list[float], p: float) -> float:
+    """The ``p``-th percentile of ``values`` (nearest rank, from below)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
 def percentiles(samples: list[float]) -> dict:
     s = sorted(samples)
+    return {"count": len(s), "p50_us": pct(s, 50), "p99_us": pct(s, 99),
+            "p99_9_us": pct(s, 99.9), "max_us": s[-1], "mean_us": sum(s) / len(s)}
 
-    def q(p: float) -> float:
-        return s[min(len(s) - 1, int(p / 100 * len(s)))]
-    return {"count": len(s), "p50_us": q(50), "p99_us": q(99), "p99_9_us": q(99.9),
-            "max_us": s[-1], "mean_us": sum(s) / len(s)}
+
+def run_percentiles(per_run: list[dict]) -> dict:
+    """How the runs' p50 and p99 (``p50_us``, ``p99_us``) spread, as summaries."""
+    return {"p50_us_runs": summary([s["p50_us"] for s in per_run]),
+            "p99_us_runs": summary([s["p99_us"] for s in per_run])}
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _mount_of(path: str) -> dict:
+    path = os.path.realpath(path)
+    best = ("", "?", "?", "?")
+    for line in (_read("/proc/mounts") or "").splitlines():
+        dev, mnt, fstype, opts = line.split()[:4]
+        if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
+            best = (dev, mnt, fstype, opts)
+    return {"device": best[0], "mount": best[1], "fstype": best[2], "options": best[3]}
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def decoder_state() -> dict:
+    """Which codec paths this process uses: the optional C decoder (``_decode_records_c``) and,
+    where records.py has one, the C record encoder (``_encode_record_c``)."""
+    try:
+        importlib.import_module("mq.log._crecords")
+        present = True
+    except ImportError:
+        present = False
+    return {"crecords_importable": present,
+            "c_decoder_active": getattr(_records, "_decode_records_c", None) is not None,
+            "c_encoder_active": getattr(_records, "_encode_record_c", None) is not None,
+            "MQ_PURE_PYTHON": os.environ.get("MQ_PURE_PYTHON")}
+
+
+def machine_facts(base: str) -> dict:
+    cpuinfo = _read("/proc/cpuinfo") or ""
+    model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
+                  if ln.startswith("model name")), platform.processor())
+    meminfo = _read("/proc/meminfo") or ""
+    mem_kb = next((int(ln.split()[1]) for ln in meminfo.splitlines()
+                   if ln.startswith("MemTotal")), 0)
+    versions = {}
+    for pkg in ("crc32c", "lz4", "hdrhistogram", "zstandard", "cramjam"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    so = getattr(importlib.util.find_spec("mq.log._crecords"), "origin", None) \
+        if importlib.util.find_spec("mq.log._crecords") else None
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0], "implementation": platform.python_implementation(),
+        "kernel": platform.release(), "cpu_model": model, "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)), "mem_gib": round(mem_kb / 1024 / 1024, 1),
+        "data_dir": base, "data_dir_mount": _mount_of(base),
+        "vm_dirty": {k: _read(f"/proc/sys/vm/{k}") for k in (
+            "dirty_ratio", "dirty_background_ratio", "dirty_bytes", "dirty_background_bytes",
+            "dirty_expire_centisecs")},
+        "loadavg_start": os.getloadavg(), "packages": versions,
+        "git_head": _git("rev-parse", "HEAD"),
+        "git_dirty_files": (_git("status", "--porcelain") or "").splitlines(),
+        "crecords_so": so, "decoder": decoder_state(),
+    }
+
+
+# --- the report -------------------------------------------------------------------------------
+
+COLUMNS = [("benchmark", "benchmark"), ("figure", "figure: median (min-max)"), ("unit", "unit"),
+           ("ratio", "ratio vs peer/limit"), ("goal", "goal"), ("met", "met?")]
+
+
+class Rows(list):
+    """The result table: one dict per row, keyed by ``COLUMNS``."""
+
+    def add(self, benchmark: str, figure: str, unit: str, ratio: str = "-", goal: str = "-",
+            met: str = "-") -> None:
+        self.append({"benchmark": benchmark, "figure": figure, "unit": unit, "ratio": ratio,
+                     "goal": goal, "met": met})
+
+
+def mm(s: dict, fmt: Callable[[float], str]) -> str:
+    """A ``summary`` as ``median (min-max)``."""
+    return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
+
+
+def format_table(rows: list[dict]) -> str:
+    widths = [max(len(title), *(len(r[key]) for r in rows)) for key, title in COLUMNS]
+    lines = ["| " + " | ".join(t.ljust(w) for (_, t), w in zip(COLUMNS, widths, strict=True))
+             + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    for r in rows:
+        cells = (r[k].ljust(w) for (k, _), w in zip(COLUMNS, widths, strict=True))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def print_contention(contention: dict) -> None:
+    """The line saying how much CPU other processes used during each section."""
+    if contention:
+        print(f"other processes' CPU use per section (of {os.cpu_count()} CPUs): "
+              + ", ".join(f"{k} {v['other_cpus']:.2f} (steal {v['steal_cpus']:.2f})"
+                          for k, v in contention.items()))
+
+
+def write_json(path: str, res: dict, default: Callable[[Any], Any] | None = None) -> None:
+    """Every raw number to ``path`` (its directory made if missing)."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1, default=default)

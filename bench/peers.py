@@ -29,16 +29,6 @@ from bench.harness import cpu_seconds, new_hist, progress, quiet_gc
 
 REDIS_PIPELINE = 100          # XADD commands per round trip (throughput)
 REDIS_READ_COUNT = 500        # XREADGROUP COUNT
-
-
-def _redis_ack_and_read(r, key: str, streams: dict, ids: list):
-    """XACK the previous read's ids and XREADGROUP the next ones in one round trip."""
-    if not ids:
-        return r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
-    pipe = r.pipeline(transaction=False)
-    pipe.xack(key, "g", *ids)
-    pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
-    return pipe.execute()[1]
 NATS_GATHER = 100             # js.publish calls gathered per await (throughput)
 NATS_FETCH = 500              # pull consumer fetch(batch)
 
@@ -228,6 +218,16 @@ def redis_teardown(sock: str, key: str) -> None:
     r = redis.Redis(unix_socket_path=sock)
     r.delete(key)
     r.close()
+
+
+def _redis_ack_and_read(r, key: str, streams: dict, ids: list):
+    """XACK the previous read's ids and XREADGROUP the next ones in one round trip."""
+    if not ids:
+        return r.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+    pipe = r.pipeline(transaction=False)
+    pipe.xack(key, "g", *ids)
+    pipe.xreadgroup("g", "c", streams, count=REDIS_READ_COUNT, block=100)
+    return pipe.execute()[1]
 
 
 def redis_producer(start, sock: str, key: str, values: list[bytes], n: int) -> dict:

@@ -17,15 +17,10 @@ import argparse
 import bisect
 import contextlib
 import cProfile
-import datetime
 import gc
-import importlib
-import importlib.metadata
-import importlib.util
 import io
 import json
 import os
-import platform
 import pstats
 import random
 import shutil
@@ -36,9 +31,25 @@ import sys
 import tempfile
 import time
 
-import psutil
-
-from mq.log import records as _records
+from bench.harness import (
+    KIB,
+    MIB,
+    CpuMeter,
+    Rows,
+    decoder_state,
+    fdatasync_ns,
+    format_table,
+    machine_facts,
+    mm,
+    print_contention,
+    progress_printer,
+    rotated,
+    run_percentiles,
+    run_sections,
+    summary,
+    wait_idle,
+    write_json,
+)
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import GZIP, LZ4, NONE, BatchBuilder, RecordBatch, crc32c
@@ -48,18 +59,12 @@ try:  # HdrHistogram (pip install hdrhistogram); sorted lists otherwise
 except ImportError:  # pragma: no cover - depends on the environment
     HdrHistogram = None
 
-KIB = 1024
-MIB = 1024 * 1024
 GIB = 1024 * MIB
 T0_MS = 1_700_000_000_000          # record timestamps start here (2023-11-14)
 GOAL_CODEC_RATE = 1_000_000        # records/s, 100 B, each way, one process
 GOAL_APPEND_RATIO = 0.8            # PartitionLog.append MB/s / raw os.write MB/s
 
-_START = time.monotonic()
-
-
-def progress(msg: str) -> None:
-    print(f"[bench {time.monotonic() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
+progress = progress_printer("bench")
 
 
 @contextlib.contextmanager
@@ -75,60 +80,6 @@ def hot_loop():
         if was_enabled:
             gc.enable()
         gc.unfreeze()
-
-
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": list(values)}
-
-
-class CpuMeter:
-    """What else ran on the box during a section: CPUs used by other processes and the
-    hypervisor's steal, from system-wide minus this process's (and waited children's) CPU time.
-    The box has 2 vCPUs shared with other work; a figure taken while others used a CPU is
-    noisier and lower, so each section records this next to its numbers."""
-
-    def __init__(self) -> None:
-        self._proc = psutil.Process()
-        self._t = time.monotonic()
-        self._sys = psutil.cpu_times()
-        self._own = self._own_cpu()
-
-    def _own_cpu(self) -> float:
-        c = self._proc.cpu_times()
-        return c.user + c.system + c.children_user + c.children_system
-
-    def stop(self) -> dict:
-        wall = time.monotonic() - self._t
-        now = psutil.cpu_times()
-
-        def busy(t):
-            return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
-        own = self._own_cpu() - self._own
-        other = busy(now) - busy(self._sys) - own
-        steal = getattr(now, "steal", 0) - getattr(self._sys, "steal", 0)
-        return {"wall_s": wall, "own_cpus": own / wall, "other_cpus": max(other, 0.0) / wall,
-                "steal_cpus": steal / wall, "loadavg_1m": os.getloadavg()[0]}
-
-
-def wait_idle(limit_s: float, threshold: float = 0.25, window_s: float = 5.0) -> dict:
-    """Wait (up to ``limit_s``) for a ``window_s`` window in which other processes use less
-    than ``threshold`` CPUs. Returns what was seen; never fails."""
-    deadline = time.monotonic() + limit_s
-    seen = []
-    while True:
-        meter = CpuMeter()
-        time.sleep(window_s)
-        c = meter.stop()
-        seen.append(round(c["other_cpus"], 2))
-        if c["other_cpus"] < threshold:
-            progress(f"box idle enough: other processes used {c['other_cpus']:.2f} CPUs")
-            return {"idle": True, "waited_windows": seen}
-        if time.monotonic() >= deadline:
-            progress(f"still busy after {limit_s:.0f} s (other CPUs {c['other_cpus']:.2f}); "
-                     "running anyway")
-            return {"idle": False, "waited_windows": seen}
-        progress(f"waiting for an idle box: other processes use {c['other_cpus']:.2f} CPUs")
 
 
 # --- record payloads ------------------------------------------------------------------------
@@ -271,20 +222,6 @@ def bench_decode(case, runs: int, target_s: float) -> dict:
     return _run_codec_case(work, info, case, runs, target_s)
 
 
-def decoder_state() -> dict:
-    """Which codec paths this process uses: the optional C decoder (``_decode_records_c``) and,
-    where records.py has one, the C record encoder (``_encode_record_c``)."""
-    try:
-        importlib.import_module("mq.log._crecords")
-        present = True
-    except ImportError:
-        present = False
-    return {"crecords_importable": present,
-            "c_decoder_active": getattr(_records, "_decode_records_c", None) is not None,
-            "c_encoder_active": getattr(_records, "_encode_record_c", None) is not None,
-            "MQ_PURE_PYTHON": os.environ.get("MQ_PURE_PYTHON")}
-
-
 def _codec_pass(runs: int, target_s: float, where: str = "") -> dict:
     state = decoder_state()
     out: dict = {"decoder": state, "encode": {}, "decode": {}}
@@ -395,7 +332,7 @@ def run_append(base: str, total: int, runs: int) -> dict:
         sides = ["raw_os_write", "log_append", "log_append_copy"]
         times: dict[str, list[float]] = {s: [] for s in sides}
         for r in range(runs):
-            order = sides[r % 3:] + sides[:r % 3]     # rotate, so no side always goes first
+            order = rotated(sides, r)
             progress(f"append {label}: run {r + 1}/{runs} ({nbytes / MIB:.0f} MiB per side, "
                      f"order {', '.join(order)})")
             for side in order:
@@ -539,17 +476,8 @@ def run_lookup(base: str, total: int, segment_bytes: int, runs: int, per_run: in
                 if r:
                     lat[kind].append(one.stats())
                     merged[kind].samples.extend(one.samples)
-        out = {"log": info, "runs": runs, "lookups_per_run": per_run, "kinds": {}}
-        for kind in kinds:
-            m = merged[kind].stats()
-            per = lat[kind]
-            out["kinds"][kind] = {
-                "merged": m,
-                "per_run": [{k: v for k, v in s.items() if k != "hdr_encoded"} for s in per],
-                "p50_us_runs": summary([s["p50_us"] for s in per]),
-                "p99_us_runs": summary([s["p99_us"] for s in per]),
-                "samples_ns": merged[kind].samples,
-            }
+        out = {"log": info, "runs": runs, "lookups_per_run": per_run,
+               "kinds": {kind: _latency_runs(lat[kind], merged[kind]) for kind in kinds}}
     finally:
         log.recovery_point = log.log_end_offset   # page cache only; the data goes now
         log.close()
@@ -557,94 +485,26 @@ def run_lookup(base: str, total: int, segment_bytes: int, runs: int, per_run: in
     return out
 
 
+def _latency_runs(per: list[dict], merged: Latencies) -> dict:
+    """Every run's samples merged, each run's stats (without its encoded histogram) and how
+    their p50 and p99 spread."""
+    return {"merged": merged.stats(),
+            "per_run": [{k: v for k, v in s.items() if k != "hdr_encoded"} for s in per],
+            **run_percentiles(per), "samples_ns": merged.samples}
+
+
 # --- 4. fdatasync ---------------------------------------------------------------------------
 
 def run_fsync(base: str, runs: int, samples: int) -> dict:
-    block = os.urandom(4 * KIB)
     per = []
     merged = Latencies()
     for r in range(runs):
         progress(f"fdatasync: run {r + 1}/{runs} ({samples} x 4 KiB append + fdatasync)")
-        path = os.path.join(base, f"fsync-{r}.bin")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         one = Latencies()
-        try:
-            for i in range(samples + 5):           # the first 5 are a discarded warm-up
-                os.write(fd, block)
-                t = time.perf_counter_ns()
-                os.fdatasync(fd)
-                dt = time.perf_counter_ns() - t
-                if i >= 5:
-                    one.add(dt)
-        finally:
-            os.close(fd)
-            os.unlink(path)
+        one.samples = fdatasync_ns(base, samples)      # after a discarded warm-up of 5
         per.append(one.stats())
         merged.samples.extend(one.samples)
-    return {"merged": merged.stats(),
-            "per_run": [{k: v for k, v in s.items() if k != "hdr_encoded"} for s in per],
-            "p50_us_runs": summary([s["p50_us"] for s in per]),
-            "p99_us_runs": summary([s["p99_us"] for s in per]),
-            "samples_ns": merged.samples}
-
-
-# --- machine facts --------------------------------------------------------------------------
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _mount_of(path: str) -> dict:
-    path = os.path.realpath(path)
-    best = ("", "?", "?", "?")
-    for line in (_read("/proc/mounts") or "").splitlines():
-        dev, mnt, fstype, opts = line.split()[:4]
-        if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
-            best = (dev, mnt, fstype, opts)
-    return {"device": best[0], "mount": best[1], "fstype": best[2], "options": best[3]}
-
-
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def machine_facts(base: str) -> dict:
-    cpuinfo = _read("/proc/cpuinfo") or ""
-    model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
-                  if ln.startswith("model name")), platform.processor())
-    meminfo = _read("/proc/meminfo") or ""
-    mem_kb = next((int(ln.split()[1]) for ln in meminfo.splitlines()
-                   if ln.startswith("MemTotal")), 0)
-    versions = {}
-    for pkg in ("crc32c", "lz4", "hdrhistogram", "zstandard", "cramjam"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    so = getattr(importlib.util.find_spec("mq.log._crecords"), "origin", None) \
-        if importlib.util.find_spec("mq.log._crecords") else None
-    return {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0], "implementation": platform.python_implementation(),
-        "kernel": platform.release(), "cpu_model": model, "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)), "mem_gib": round(mem_kb / 1024 / 1024, 1),
-        "data_dir": base, "data_dir_mount": _mount_of(base),
-        "vm_dirty": {k: _read(f"/proc/sys/vm/{k}") for k in (
-            "dirty_ratio", "dirty_background_ratio", "dirty_bytes", "dirty_background_bytes",
-            "dirty_expire_centisecs")},
-        "loadavg_start": os.getloadavg(), "packages": versions,
-        "git_head": _git("rev-parse", "HEAD"),
-        "git_dirty_files": (_git("status", "--porcelain") or "").splitlines(),
-        "crecords_so": so, "decoder": decoder_state(),
-    }
+    return _latency_runs(per, merged)
 
 
 # --- table ----------------------------------------------------------------------------------
@@ -653,16 +513,9 @@ def _rate(v: float) -> str:
     return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
 
 
-def _mm(s: dict, fmt) -> str:
-    return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
-
-
 def build_table(res: dict) -> list[dict]:
-    rows = []
-
-    def row(bench, figure, unit, ratio="-", goal="-", met="-"):
-        rows.append({"benchmark": bench, "figure": figure, "unit": unit, "ratio": ratio,
-                     "goal": goal, "met": met})
+    rows = Rows()
+    row = rows.add
 
     codec = res.get("codec")
     if codec:
@@ -678,18 +531,18 @@ def build_table(res: dict) -> list[dict]:
                         ratio = f"{s['median'] / GOAL_CODEC_RATE:.2f}x goal"
                     else:
                         ratio = "-"
-                    row(f"{op} {name} [{path}]", _mm(s, _rate), "rec/s", ratio,
+                    row(f"{op} {name} [{path}]", mm(s, _rate), "rec/s", ratio,
                         ">= 1 M rec/s" if goal else "-",
                         ("yes" if s["median"] >= GOAL_CODEC_RATE else "NO") if goal else "-")
     app = res.get("append")
     if app:
         for label, a in app.items():
-            row(f"raw os.write {label} (limit)", _mm(a["raw_os_write"], lambda v: f"{v:.0f}"),
+            row(f"raw os.write {label} (limit)", mm(a["raw_os_write"], "{:.0f}".format),
                 "MB/s")
             for side, what in (("log_append", "append"), ("log_append_copy", "append+copy")):
                 r = a[f"{side}_ratio"]
                 goal = side == "log_append"
-                row(f"log {what} {label}", _mm(a[side], lambda v: f"{v:.0f}"), "MB/s",
+                row(f"log {what} {label}", mm(a[side], "{:.0f}".format), "MB/s",
                     f"{r['median']:.2f}x raw ({r['min']:.2f}-{r['max']:.2f})",
                     f">= {GOAL_APPEND_RATIO}x raw" if goal else "-",
                     ("yes" if r["median"] >= GOAL_APPEND_RATIO else "NO") if goal else "-")
@@ -709,18 +562,6 @@ def build_table(res: dict) -> list[dict]:
                 f"p50 {fmt(m['p50_us'])} / p99 {fmt(m['p99_us'])} / max {fmt(m['max_us'])}",
                 "us", f"p50 runs {k['p50_us_runs']['min']:.1f}-{k['p50_us_runs']['max']:.1f}")
     return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    cols = [("benchmark", "benchmark"), ("figure", "figure: median (min-max)"), ("unit", "unit"),
-            ("ratio", "ratio vs peer/limit"), ("goal", "goal"), ("met", "met?")]
-    widths = [max(len(title), *(len(r[key]) for r in rows)) for key, title in cols]
-    lines = ["| " + " | ".join(t.ljust(w) for (_, t), w in zip(cols, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    for r in rows:
-        cells = (r[k].ljust(w) for (k, _), w in zip(cols, widths, strict=True))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # --- profiling ------------------------------------------------------------------------------
@@ -798,39 +639,25 @@ def main(argv: list[str] | None = None) -> int:
             "lookups_per_run": 2000 if args.quick else 5000,
             "fsync_samples_per_run": 100,
         }
-        idle = wait_idle(args.wait_idle) if args.wait_idle > 0 else None
+        idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
         res: dict = {"meta": machine_facts(base), "params": params}
         res["meta"]["wait_idle"] = idle
         progress(f"data dir {base}; decoder {res['meta']['decoder']}")
         t = time.perf_counter()
-        sections = [("codec", lambda: run_codec(args.runs, target_s)),
-                    ("fsync", lambda: run_fsync(base, args.runs,
-                                                params["fsync_samples_per_run"])),
-                    ("append", lambda: run_append(base, params["append_total_bytes"],
-                                                  args.runs)),
-                    ("lookup", lambda: run_lookup(base, params["lookup_log_bytes"],
-                                                  params["lookup_segment_bytes"], args.runs,
-                                                  params["lookups_per_run"]))]
+        sections = {"codec": lambda: run_codec(args.runs, target_s),
+                    "fsync": lambda: run_fsync(base, args.runs,
+                                               params["fsync_samples_per_run"]),
+                    "append": lambda: run_append(base, params["append_total_bytes"],
+                                                 args.runs),
+                    "lookup": lambda: run_lookup(base, params["lookup_log_bytes"],
+                                                 params["lookup_segment_bytes"], args.runs,
+                                                 params["lookups_per_run"])}
         contention = res["meta"]["contention"] = {}
-        for name, fn in sections:
-            if name not in only:
-                continue
-            meter = CpuMeter()
-            res[name] = fn()
-            contention[name] = c = meter.stop()
-            if c["other_cpus"] > 0.2 or c["steal_cpus"] > 0.1:
-                progress(f"warning: during {name}, other processes used {c['other_cpus']:.2f} "
-                         f"CPUs and steal was {c['steal_cpus']:.2f} CPUs (of "
-                         f"{os.cpu_count()}): figures are noisier and lower than on an idle box")
+        run_sections(sections, only, res, contention, meter=CpuMeter, progress=progress)
         res["meta"]["loadavg_end"] = os.getloadavg()
         res["meta"]["wall_seconds"] = time.perf_counter() - t
-        rows = build_table(res)
-        res["table"] = rows
-        out_dir = os.path.dirname(args.out)
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+        rows = res["table"] = build_table(res)
+        write_json(args.out, res)
         m = res["meta"]
         dec = m["decoder"]
         pure_sub = " ([pure] rows from a MQ_PURE_PYTHON=1 subprocess)" \
@@ -842,10 +669,7 @@ def main(argv: list[str] | None = None) -> int:
               f"C encoder {'active' if dec['c_encoder_active'] else 'inactive'}{pure_sub}; "
               f"{args.runs} runs{' (quick)' if args.quick else ''}; loadavg "
               f"{m['loadavg_start'][0]:.2f} -> {m['loadavg_end'][0]:.2f}")
-        if contention:
-            print(f"other processes' CPU use per section (of {os.cpu_count()} CPUs): "
-                  + ", ".join(f"{k} {v['other_cpus']:.2f} (steal {v['steal_cpus']:.2f})"
-                              for k, v in contention.items()))
+        print_contention(contention)
         print(format_table(rows))
         print(f"JSON: {args.out} ({m['wall_seconds']:.0f} s)")
     finally:
