@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import select
 import subprocess
@@ -46,6 +48,23 @@ def mq_process(*args):
             proc.wait()
         for stream in (proc.stdout, proc.stderr):
             stream.close()
+
+
+def json_lines(result: Result) -> list[dict]:
+    """stdout as JSON Lines: one object a line."""
+    return [json.loads(line) for line in result.out.splitlines()]
+
+
+def json_value(data) -> str | dict | None:
+    """A key, value or header value as the CLI's ``--json`` shows it: the text if it is UTF-8,
+    else ``{"base64": ...}``; None for null."""
+    if data is None:
+        return None
+    raw = bytes(data)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(raw).decode()}
 
 
 def ok(result: Result) -> Result:

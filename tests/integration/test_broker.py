@@ -11,6 +11,7 @@ import sys
 import msgpack
 import psutil
 import pytest
+from brokers import broker_with, create_topic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,11 +27,10 @@ from mq.protocol.messages import PROTOCOL_VERSION, Api
 
 
 @pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic("t", 2)
-        yield b
+def broker(broker):
+    """The conftest broker with topic ``t`` of 2 partitions."""
+    create_topic(broker, "t", 2)
+    return broker
 
 
 def batch(*values, key=None):
@@ -169,8 +169,7 @@ def test_bad_crc_never_reaches_the_log(broker):
 
 
 def test_oversized_batch_is_refused(broker):
-    with Admin(broker.socket) as admin:
-        admin.create_topic("small", 1, {"max.message.bytes": "200"})
+    create_topic(broker, "small", 1, {"max.message.bytes": "200"})
     with Connection(broker.socket) as c, pytest.raises(MessageTooLargeError):
         c.call(Api.PRODUCE, "small", 0, 1, batch(b"x" * 500))
 
@@ -221,8 +220,7 @@ def test_well_framed_nonsense_gets_answers_not_crashes(broker, api, fields):
 def test_sigterm_is_a_clean_shutdown(tmp_path):
     b = mq.testing.BrokerProcess(str(tmp_path / "data")).start()
     try:
-        with Admin(b.socket) as admin:
-            admin.create_topic("t", 1)
+        create_topic(b, "t", 1)
         with Connection(b.socket) as c:
             c.call(Api.PRODUCE, "t", 0, 1, batch(b"a"))
         assert b.stop() == 0
@@ -247,9 +245,7 @@ def test_sighup_reloads_and_keeps_serving(tmp_path):
 
 
 def test_partitions_beyond_the_state_slots_are_refused_before_anything_changes(tmp_path):
-    conf = tmp_path / "mq.toml"
-    conf.write_text("state_slots = 8\n")
-    with mq.testing.broker(tmp_path / "data", config_file=str(conf)) as b:
+    with broker_with(tmp_path, state_slots=8) as b:
         with Admin(b.socket) as admin:
             admin.create_topic("t", 4)               # + __consumer_offsets-0: 5 slots used
             with pytest.raises(InvalidPartitionsError, match="state slots"):
@@ -285,8 +281,7 @@ def test_kill_9_under_acks_all_loses_nothing_acknowledged(tmp_path):
     """Producers in other processes send with acks=all while the broker is SIGKILLed; after
     a restart every acknowledged record is present exactly once and in order."""
     with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic("d", 1)
+        create_topic(b, "d", 1)
         acked_path = tmp_path / "acked.txt"
         with subprocess.Popen([sys.executable, "-c", _ACKS_ALL_PRODUCER, b.socket,
                                str(acked_path)], stdout=subprocess.PIPE) as child:

@@ -11,21 +11,20 @@ each with a timeout.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
 import socket as socketlib
 import time
 
 import pytest
-from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_process, mq_run, ok
+from brokers import create_topic
+from cli_run import (ENV, WAIT, Lines, Result, assert_one_error, json_lines, json_value,
+                     mq_process, mq_run, ok)
 
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer
 from mq.client.producer import Producer
-
-EXAMPLE_ISO = "2024-05-01T12:00:00Z"
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -56,39 +55,16 @@ def read_all(b, topic: str) -> list:
 
 
 def as_json(r) -> dict:
-    def j(v):
-        if v is None:
-            return None
-        v = bytes(v)
-        try:
-            return v.decode("utf-8")
-        except UnicodeDecodeError:
-            import base64
-            return {"base64": base64.b64encode(v).decode()}
+    """A consumer record as ``mq consume --format json`` prints it."""
     return {"topic": r.topic, "partition": r.partition, "offset": r.offset,
             "timestamp": r.timestamp_ms,
             "timestampType": "LogAppendTime" if r.timestamp_type else "CreateTime",
-            "key": j(r.key), "value": j(r.value),
-            "headers": [{"key": k, "value": j(v)} for k, v in r.headers]}
-
-
-def json_lines(result: Result) -> list[dict]:
-    return [json.loads(line) for line in result.out.splitlines()]
+            "key": json_value(r.key), "value": json_value(r.value),
+            "headers": [{"key": k, "value": json_value(v)} for k, v in r.headers]}
 
 
 def by_position(objs: list[dict]) -> list[dict]:
     return sorted(objs, key=lambda o: (o["partition"], o["offset"]))
-
-
-def create(b, name: str, partitions: int = 1, config: dict | None = None) -> None:
-    with Admin(b.socket) as admin:
-        admin.create_topic(name, partitions, config)
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +72,7 @@ def shared(tmp_path_factory):
     """One broker per xdist worker for the error cases (they change nothing): topic ``t``
     with 2 partitions holding 3 records."""
     with mq.testing.broker(tmp_path_factory.mktemp("errors") / "data") as b:
-        create(b, "t", 2)
+        create_topic(b, "t", 2)
         with Producer(socket=b.socket) as producer:
             for i in range(3):
                 producer.send("t", b"v%d" % i, partition=0)
@@ -185,7 +161,7 @@ def test_topics_create_list_describe_alter_delete(broker):
 
 def test_topics_list_empty_and_socket_from_environment(broker):
     assert ok(mq_run("topics", "list", "--socket", broker.socket)).out == ""
-    create(broker, "envtopic")
+    create_topic(broker, "envtopic")
     result = ok(mq_run("topics", "list", env={**ENV, "MQ_SOCKET": broker.socket}))
     assert result.out == "envtopic\n"
     # The data dir's socket is the default when $MQ_SOCKET is unset.
@@ -202,7 +178,7 @@ LINES = [b"k1:hello", b"k2:world", b"k1:again", b"k3:with:colons", b"k4:", b"k5:
 
 def test_produce_with_keys_and_headers_then_consume_text_and_json(broker):
     s = broker.socket
-    create(broker, "t", 3)
+    create_topic(broker, "t", 3)
     stdin = b"\n".join(LINES) + b"\r\n"           # CRLF on the last line is stripped too
     result = ok(mq_run("produce", "t", "--key-separator", ":", "--header", "source=cli",
                        "--header", "trace=42", "--socket", s, stdin=stdin))
@@ -239,7 +215,7 @@ def test_produce_with_keys_and_headers_then_consume_text_and_json(broker):
 
 
 def test_consume_prints_null_key_value_and_header_values(broker):
-    create(broker, "n")
+    create_topic(broker, "n")
     with Producer(socket=broker.socket) as producer:
         producer.send("n", None, key=None, headers=[("h", None)])
         producer.send("n", b"v", key=b"k")
@@ -254,7 +230,7 @@ def test_consume_prints_null_key_value_and_header_values(broker):
 
 @pytest.mark.parametrize("acks", ["0", "1", "all", "-1"])
 def test_produce_acks(broker, acks):
-    create(broker, "a", 2)
+    create_topic(broker, "a", 2)
     lines = [b"line-%d" % i for i in range(500)] + [b""]     # an empty line: an empty value
     result = ok(mq_run("produce", "a", "--acks", acks, "--partition", "1",
                        "--socket", broker.socket, stdin=b"\n".join(lines) + b"\n"))
@@ -269,7 +245,7 @@ def test_produce_acks(broker, acks):
 
 @pytest.mark.parametrize("codec", ["gzip", "lz4"])
 def test_produce_compressed(broker, codec):
-    create(broker, "c")
+    create_topic(broker, "c")
     stdin = b"".join(b"compressible value %d\n" % (i % 3) for i in range(300))
     ok(mq_run("produce", "c", "--compression", codec, "--socket", broker.socket, stdin=stdin))
     assert b"".join(r.value + b"\n" for r in read_all(broker, "c")) == stdin
@@ -279,13 +255,13 @@ def test_produce_compressed(broker, codec):
 
 
 def test_produce_empty_stdin(broker):
-    create(broker, "e")
+    create_topic(broker, "e")
     result = ok(mq_run("produce", "e", "--socket", broker.socket, stdin=b""))
     assert result.err == "produced 0 records to e\n"
 
 
 def test_consume_offset_with_partition(broker):
-    create(broker, "o", 2)
+    create_topic(broker, "o", 2)
     with Producer(socket=broker.socket) as producer:
         for i in range(10):
             producer.send("o", b"p1-%d" % i, partition=1)
@@ -317,7 +293,7 @@ def test_consume_offset_with_partition(broker):
 def test_consume_default_starts_at_the_end_and_follows(broker):
     """Without a start flag only records produced after the start print. Readiness: a marker
     is produced until the consumer prints it (each attempt waits on its stdout, no sleep)."""
-    create(broker, "f", 2)
+    create_topic(broker, "f", 2)
     with Producer(socket=broker.socket) as producer:
         for i in range(5):
             producer.send("f", b"old-%d" % i)
@@ -351,7 +327,7 @@ def test_consume_default_starts_at_the_end_and_follows(broker):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_consume_until_signal_exits_0(broker, sig):
-    create(broker, "g")
+    create_topic(broker, "g")
     with Producer(socket=broker.socket) as producer:
         for i in range(20):
             producer.send("g", b"r%d" % i)
@@ -367,7 +343,7 @@ def test_consume_until_signal_exits_0(broker, sig):
 def test_consume_from_datetime_and_offsets_by_time_match_brute_force(broker):
     """Records with chosen, partly out-of-order timestamps; for each query time, every
     partition starts at the first offset (in log order) whose timestamp is >= the time."""
-    create(broker, "ts", 3, {"retention.ms": "-1"})
+    create_topic(broker, "ts", 3, {"retention.ms": "-1"})
     base = int(dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC).timestamp() * 1000)
     steps = [0, 1000, 2000, 1500, 3000, 3000, 2500, 7000, 4000, 9000, 8000, 12000]
     with Producer(socket=broker.socket, linger_ms=0) as producer:
@@ -414,7 +390,7 @@ def test_consume_from_datetime_and_offsets_by_time_match_brute_force(broker):
 
 
 def test_offsets_earliest_latest(broker):
-    create(broker, "off", 3)
+    create_topic(broker, "off", 3)
     with Producer(socket=broker.socket) as producer:
         for p, n in enumerate((4, 0, 7)):
             for i in range(n):
@@ -433,7 +409,7 @@ def test_offsets_earliest_latest(broker):
 
 
 def test_produce_too_large_line_stops_after_flushing_the_records_before_it(broker):
-    create(broker, "big", 1, {"max.message.bytes": "2000"})
+    create_topic(broker, "big", 1, {"max.message.bytes": "2000"})
     stdin = b"a\nb\n" + b"x" * 5000 + b"\nc\n"
     line = assert_one_error(mq_run("produce", "big", "--socket", broker.socket, stdin=stdin),
                             "line 3 is too large", "max.message.bytes 2000",
@@ -443,7 +419,7 @@ def test_produce_too_large_line_stops_after_flushing_the_records_before_it(broke
 
 
 def test_produce_line_without_separator_stops(broker):
-    create(broker, "sep")
+    create_topic(broker, "sep")
     line = assert_one_error(mq_run("produce", "sep", "--key-separator", "=", "--socket",
                                    broker.socket, stdin=b"k=v\nno separator\nk=w\n"),
                             "line 2 has no key separator '='", code=1)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import signal
 import time
 
 import pytest
-from cli_run import ENV, WAIT, Lines, Result, assert_one_error, mq_process, mq_run, ok
+from brokers import create_topic
+from cli_run import (ENV, WAIT, Lines, Result, assert_one_error, json_lines, mq_process,
+                     mq_run, ok)
 
 import mq.testing
 from mq.cli.groups import clamp, parse_duration, parse_topic_spec
@@ -39,19 +40,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def json_lines(result: Result) -> list[dict]:
-    return [json.loads(line) for line in result.out.splitlines()]
-
-
 def table(text: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of a whitespace-aligned table (cells hold no spaces)."""
     lines = text.splitlines()
     return lines[0].split(), [line.split() for line in lines[1:]]
-
-
-def create(b, name: str, partitions: int = 1, config: dict | None = None) -> None:
-    with Admin(b.socket) as admin:
-        admin.create_topic(name, partitions, config)
 
 
 def produce(b, topic: str, values, partition: int = 0, timestamp_ms=None) -> None:
@@ -86,12 +78,6 @@ def member(b, group: str, topic: str, partitions: int):
         mq.testing.wait_for(owns_all, timeout=WAIT, message=f"a member of {group} owning "
                             f"{partitions} partitions")
         yield consumer
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
 
 
 # --- pure parsers -----------------------------------------------------------------------------
@@ -142,7 +128,7 @@ def test_top_level_help_lists_groups():
 def test_describe_lag_text_and_json(broker):
     """7 + 5 records, 3 + 5 committed by a live member: lag 4 and 0; the lag of partition 0 in
     seconds is the age of record 3, produced with a timestamp a minute ago."""
-    create(broker, "o", 2)
+    create_topic(broker, "o", 2)
     t0 = now_ms() - 60_000
     produce(broker, "o", [b"a%d" % i for i in range(7)], 0, [t0 + i for i in range(7)])
     produce(broker, "o", [b"b%d" % i for i in range(5)], 1)
@@ -191,7 +177,7 @@ def test_describe_lag_text_and_json(broker):
 
 
 def test_describe_lists_assigned_partitions_without_offsets(broker):
-    create(broker, "fresh", 3)
+    create_topic(broker, "fresh", 3)
     produce(broker, "fresh", [b"x", b"y"], 2)
     with member(broker, "new", "fresh", 3):
         rows = json_lines(ok(mq_run("groups", "describe", "new", "--json",
@@ -207,7 +193,7 @@ def test_list(broker):
     s = broker.socket
     assert ok(mq_run("groups", "list", "--socket", s)).out == ""
     assert ok(mq_run("groups", "list", "--json", "--socket", s)).out == ""
-    create(broker, "l", 2)
+    create_topic(broker, "l", 2)
     with Admin(s) as admin:
         admin.alter_group_offsets("idle", {TP("l", 0): 0})
     with member(broker, "busy", "l", 2):
@@ -226,7 +212,7 @@ def test_list(broker):
 
 def test_delete_refused_with_live_members_then_deleted(broker):
     s = broker.socket
-    create(broker, "d", 2)
+    create_topic(broker, "d", 2)
     with member(broker, "g", "d", 2) as consumer:
         consumer.commit({TP("d", 0): 0})
         assert_one_error(mq_run("groups", "delete", "g", "--socket", s),
@@ -253,8 +239,8 @@ def resets(tmp_path_factory):
     offsets [2, 10) (0 and 1 deleted), 2 h old up to offset 4 and 1 min old from 5; partition 1
     holds 4 records, 2 h old; partition 2 is empty. Topic q: 3 records, 2 h old."""
     with mq.testing.broker(tmp_path_factory.mktemp("resets") / "data") as b:
-        create(b, "r", 3, {"retention.ms": "-1"})
-        create(b, "q", 1, {"retention.ms": "-1"})
+        create_topic(b, "r", 3, {"retention.ms": "-1"})
+        create_topic(b, "q", 1, {"retention.ms": "-1"})
         now = now_ms()
         old, recent = now - 7_200_000, now - 60_000
         produce(b, "r", [b"%d" % i for i in range(10)], 0, [old] * 5 + [recent] * 5)
@@ -334,7 +320,7 @@ def test_reset_offsets_of_a_new_group_creates_it(resets):
 def test_reset_to_datetime_matches_brute_force(broker):
     """Partly out-of-order timestamps; for each time T every partition is reset to the first
     offset (in log order) whose timestamp is >= T, or to its end when there is none."""
-    create(broker, "ts", 2, {"retention.ms": "-1"})
+    create_topic(broker, "ts", 2, {"retention.ms": "-1"})
     base = int(dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC).timestamp() * 1000)
     steps = [0, 1000, 2000, 1500, 3000, 3000, 2500, 7000, 4000, 9000, 8000, 12000]
     for p in range(2):
@@ -374,7 +360,7 @@ def test_reset_to_datetime_matches_brute_force(broker):
 
 def test_reset_refused_while_a_member_is_live(broker):
     s = broker.socket
-    create(broker, "busy", 2)
+    create_topic(broker, "busy", 2)
     produce(broker, "busy", [b"x"] * 4, 0)
     with member(broker, "g", "busy", 2) as consumer:
         consumer.commit({TP("busy", 0): 1})
@@ -400,7 +386,7 @@ def consume_group(b, topic: str, group: str, *args) -> Result:
 
 
 def test_consume_group_continues_where_it_stopped(broker):
-    create(broker, "c", 2)
+    create_topic(broker, "c", 2)
     produce(broker, "c", [b"a%d" % i for i in range(6)], 0)
     produce(broker, "c", [b"b%d" % i for i in range(4)], 1)
     first = consume_group(broker, "c", "g", "--from-beginning", "--max-messages", "4")
@@ -428,7 +414,7 @@ def test_consume_new_group_starts_at_the_end_and_commits_it(broker):
     auto.offset.reset=latest) and commits that position, also for partitions it read
     nothing from: records produced after the run are the next run's. The first run is
     stopped once the broker sees it own both partitions."""
-    create(broker, "e", 2)
+    create_topic(broker, "e", 2)
     produce(broker, "e", [b"old"] * 3, 0)
     with mq_process("consume", "e", "--group", "late", "--socket", broker.socket) as proc:
         with Admin(broker.socket) as admin:
@@ -454,7 +440,7 @@ def test_consume_new_group_starts_at_the_end_and_commits_it(broker):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_consume_group_stops_on_signal_and_commits_what_it_printed(broker, sig):
-    create(broker, "s")
+    create_topic(broker, "s")
     produce(broker, "s", [b"r%d" % i for i in range(10)], 0)
     with mq_process("consume", "s", "--group", "g", "--from-beginning",
                     "--socket", broker.socket) as proc:
@@ -477,7 +463,7 @@ def shared(tmp_path_factory):
     """One broker per xdist worker for the error cases (they change nothing): topic t with 2
     partitions holding 3 records in partition 0; group g with offset 1 committed for t-0."""
     with mq.testing.broker(tmp_path_factory.mktemp("errors") / "data") as b:
-        create(b, "t", 2)
+        create_topic(b, "t", 2)
         produce(b, "t", [b"v0", b"v1", b"v2"], 0)
         with Admin(b.socket) as admin:
             admin.alter_group_offsets("g", {TP("t", 0): 1})

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import json_value
 
 from mq.cli.main import main
 from mq.log.config import LogConfig
@@ -94,20 +95,11 @@ def read_records(directory: Path) -> list[dict]:
         for batch in iter_batches(path.read_bytes()):
             batch.validate()
             for r in batch.records():
-                out.append({"offset": r.offset, "timestamp": r.timestamp, "key": as_json(r.key),
-                            "value": as_json(r.value),
-                            "headers": [{"key": k, "value": as_json(v)} for k, v in r.headers]})
+                out.append({"offset": r.offset, "timestamp": r.timestamp,
+                            "key": json_value(r.key), "value": json_value(r.value),
+                            "headers": [{"key": k, "value": json_value(v)}
+                                        for k, v in r.headers]})
     return out
-
-
-def as_json(data):
-    if data is None:
-        return None
-    raw = bytes(data)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(raw).decode()}
 
 
 def flip_byte(path: Path, position: int) -> None:
@@ -144,13 +136,14 @@ def write_partition(directory: Path, batches: int = 24) -> list[dict]:
             info = plog.append(builder.build())
             for j, (ts, key, value, headers) in enumerate(pending):
                 expected.append({"offset": info.first_offset + j, "timestamp": ts,
-                                 "key": as_json(key), "value": as_json(value),
-                                 "headers": [{"key": k, "value": as_json(v)} for k, v in headers]})
+                                 "key": json_value(key), "value": json_value(value),
+                                 "headers": [{"key": k, "value": json_value(v)}
+                                             for k, v in headers]})
         info = plog.append(control_batch(CONTROL_COMMIT, producer_id=42, producer_epoch=3,
                                          coordinator_epoch=5, timestamp_ms=2_000_000))
         expected.append({"offset": info.first_offset, "timestamp": 2_000_000,
-                         "key": as_json(b"\x00\x00\x00\x01"),
-                         "value": as_json(b"\x00\x00\x00\x00\x00\x05"), "headers": []})
+                         "key": json_value(b"\x00\x00\x00\x01"),
+                         "value": json_value(b"\x00\x00\x00\x00\x00\x05"), "headers": []})
     return expected
 
 

@@ -17,13 +17,12 @@ import itertools
 import os
 import random
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from cli_run import mq_run
 
 import mq
 import mq.testing
@@ -105,6 +104,22 @@ class Writer:
         self.producer.close()
 
 
+def burst(b, count: int, *, seq: int = 0, tombstones: list[bytes] | None = None,
+          filler: bool = False) -> dict[bytes, bytes | None]:
+    """A new ``Writer``'s ``count`` updates numbered from ``seq``, then ``tombstones`` and, if
+    asked, filler; returns what it acknowledged (key -> latest value) and closes it."""
+    writer = Writer(b)
+    writer.seq = seq
+    writer.updates(count)
+    if tombstones:
+        writer.tombstones(tombstones)
+    if filler:
+        writer.filler()
+    acked = writer.snapshot()
+    writer.close()
+    return acked
+
+
 def read_pass(consumer: mq.Consumer, timeout_s: float = 30.0
               ) -> list[tuple[int, bytes, bytes | None]]:
     """Everything from the log start to the end offset as of the pass's end: reads until
@@ -159,11 +174,7 @@ def cleaner_passes(b) -> int:
 def test_the_cleaner_keeps_the_latest_record_of_each_key(tmp_path, policy):
     with compacting_broker(tmp_path) as b:
         create(b, **{"cleanup.policy": policy})
-        writer = Writer(b)
-        writer.updates(3000)
-        writer.filler()
-        expected = writer.snapshot()
-        writer.close()
+        expected = burst(b, 3000, filler=True)
         wait_for(lambda: compacted(read_all(b), expected), timeout=SETTLE_S,
                  message="one record per key with its latest value")
         rows = read_all(b)
@@ -176,12 +187,7 @@ def test_the_cleaner_keeps_the_latest_record_of_each_key(tmp_path, policy):
 def test_tombstones_disappear_after_delete_retention_ms(tmp_path):
     with compacting_broker(tmp_path) as b:
         create(b, **{"delete.retention.ms": "1000"})
-        writer = Writer(b)
-        writer.updates(500)
-        writer.tombstones(KEYS[:5])
-        writer.filler()
-        expected = writer.snapshot()
-        writer.close()
+        expected = burst(b, 500, tombstones=KEYS[:5], filler=True)
         # Gone only after a second pass at least 1 s after the first kept them.
         wait_for(lambda: compacted(read_all(b), expected), timeout=SETTLE_S,
                  message="tombstoned keys gone, the others at their latest value")
@@ -265,11 +271,7 @@ def test_kill_9_while_cleaning_keeps_every_latest_value(tmp_path):
         caught_mid_pass = cycles = 0
         while cycles < 6 or caught_mid_pass < 2:
             assert cycles < 40, f"only {caught_mid_pass} kill(s) during a pass"
-            writer = Writer(b)
-            writer.seq = cycles * 100_000
-            writer.updates(2000)
-            writer.close()
-            acked.update(writer.snapshot())
+            acked.update(burst(b, 2000, seq=cycles * 100_000))
             time.sleep(rng.uniform(0.0, 0.06))    # the kill moment, not a wait: see the doc
             b.kill()
             caught_mid_pass += any(name.endswith((".cleaned", ".swap"))
@@ -280,11 +282,9 @@ def test_kill_9_while_cleaning_keeps_every_latest_value(tmp_path):
             assert latest(rows) == acked, f"after kill {cycles}"
             cycles += 1
         b.stop()
-        check = subprocess.run([sys.executable, "-m", "mq", "log", "check",
-                                str(partition_dir)], capture_output=True, text=True, timeout=120,
-                               check=False)
-        assert check.returncode == 0, check.stdout + check.stderr
-        assert ": OK:" in check.stdout
+        check = mq_run("log", "check", partition_dir, timeout=120)
+        assert check.code == 0, check
+        assert ": OK:" in check.out
 
 
 def test_deleting_a_topic_while_it_is_cleaned_breaks_nothing(tmp_path):
@@ -295,16 +295,10 @@ def test_deleting_a_topic_while_it_is_cleaned_breaks_nothing(tmp_path):
         with mq.Admin(socket=b.socket) as admin:
             for _ in range(6):
                 create(b)
-                writer = Writer(b)
-                writer.updates(1000)
-                writer.close()
+                burst(b, 1000)
                 admin.delete_topic(TOPIC)
             create(b)
-        writer = Writer(b)
-        writer.updates(1000)
-        writer.filler()
-        expected = writer.snapshot()
-        writer.close()
+        expected = burst(b, 1000, filler=True)
         wait_for(lambda: compacted(read_all(b), expected), timeout=SETTLE_S,
                  message="the topic created again to be compacted")
         assert b.proc.poll() is None
@@ -317,11 +311,7 @@ def test_sigterm_while_cleaning_stops_cleanly(tmp_path):
         create(b)
         acked: dict[bytes, bytes | None] = {}
         for cycle in range(4):
-            writer = Writer(b)
-            writer.seq = cycle * 100_000
-            writer.updates(1000)
-            writer.close()
-            acked.update(writer.snapshot())
+            acked.update(burst(b, 1000, seq=cycle * 100_000))
             assert b.stop(timeout=30) == 0, b.stderr()[-3000:]
             assert os.path.exists(tmp_path / "data" / ".kafka_cleanshutdown")
             assert not [n for n in os.listdir(tmp_path / "data" / f"{TOPIC}-0")

@@ -18,6 +18,7 @@ import time
 
 import psutil
 import pytest
+from brokers import broker_with, create_topic
 
 import mq.client.consumer as consumer_module
 import mq.testing
@@ -46,17 +47,10 @@ LONG_LIVENESS_S = 60.0
 # --- helpers ------------------------------------------------------------------------------------
 
 @pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic("t", 2)
-        yield b
-
-
-def broker_with(tmp_path, **settings):
-    conf = tmp_path / "mq.toml"
-    conf.write_text("".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in settings.items()))
-    return mq.testing.broker(tmp_path / "data", config_file=str(conf))
+def broker(broker):
+    """The conftest broker with topic ``t`` of 2 partitions."""
+    create_topic(broker, "t", 2)
+    return broker
 
 
 def produce(conn: Connection, tp: TopicPartition, values, *, key=None, headers=(),
@@ -329,8 +323,7 @@ def test_damaged_batch_raises_after_the_records_before_it(broker):
 
 
 def test_log_append_time_topic(broker):
-    with Admin(broker.socket) as admin:
-        admin.create_topic("lat", 1, {"message.timestamp.type": "LogAppendTime"})
+    create_topic(broker, "lat", 1, {"message.timestamp.type": "LogAppendTime"})
     before = int(time.time() * 1000)
     tp = TopicPartition("lat", 0)
     with Connection(broker.socket) as conn:
@@ -476,8 +469,7 @@ def test_never_returns_records_past_the_high_watermark(broker, monkeypatch):
 
 def test_durable_high_watermark_mode_never_runs_ahead(tmp_path):
     with broker_with(tmp_path, high_watermark="durable") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic("t", 1)
+        create_topic(b, "t", 1)
         producer = Child(_many_batches, b.socket, b"d")
         try:
             with Consumer(socket=b.socket) as consumer:
@@ -583,10 +575,9 @@ def test_broker_keeps_one_waiter_per_consumer_and_partition(tmp_path):
 
 def test_retention_under_a_reader_resumes_at_the_new_log_start(tmp_path):
     with broker_with(tmp_path, retention_check_interval_ms=50) as b:
-        with Admin(b.socket) as admin:
-            # Timestamps here are from 1970: only retention.bytes may delete.
-            admin.create_topic("t", 1, {"segment.bytes": "1000", "retention.bytes": "2000",
-                                        "retention.ms": "-1", "file.delete.delay.ms": "0"})
+        # Timestamps here are from 1970: only retention.bytes may delete.
+        create_topic(b, "t", 1, {"segment.bytes": "1000", "retention.bytes": "2000",
+                                 "retention.ms": "-1", "file.delete.delay.ms": "0"})
         with Connection(b.socket) as conn, Consumer(socket=b.socket) as consumer:
             consumer.assign([T0])
             produce(conn, T0, [b"first-%d" % i for i in range(5)])

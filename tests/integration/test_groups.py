@@ -20,6 +20,7 @@ import time
 import warnings
 
 import pytest
+from brokers import broker_with, create_topic
 from group_workers import read_events, reap, spawn_worker, stop_worker, wait_ready
 
 import mq.testing
@@ -47,19 +48,11 @@ T4 = tps("t", 0, 1, 2, 3)
 
 # --- brokers, members, records ------------------------------------------------------------------
 
-def broker_with(tmp_path, **settings):
-    """A broker with these config keys (TOML) on its own data dir and socket."""
-    conf = tmp_path / "mq.toml"
-    conf.write_text("".join(f"{k} = {v!r}\n" for k, v in settings.items()))
-    return mq.testing.broker(tmp_path / "data", config_file=str(conf))
-
-
 @pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic("t", 4)
-        yield b
+def broker(broker):
+    """The conftest broker with topic ``t`` of 4 partitions."""
+    create_topic(broker, "t", 4)
+    return broker
 
 
 # A broker whose members heartbeat every 100 ms and may use short session timeouts.
@@ -69,8 +62,7 @@ FAST = {"group_heartbeat_interval_ms": 100, "group_min_session_timeout_ms": 100}
 @pytest.fixture
 def fast_broker(tmp_path):
     with broker_with(tmp_path, **FAST) as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic("t", 4)
+        create_topic(b, "t", 4)
         yield b
 
 

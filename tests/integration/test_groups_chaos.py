@@ -28,6 +28,7 @@ import os
 import time
 
 import pytest
+from brokers import create_topic
 from group_workers import read_events, reap, spawn_worker, stop_worker, wait_ready
 
 import mq.testing
@@ -194,14 +195,36 @@ def cleanup():
         reap(proc)
 
 
+def start_producer(tmp_path, cleanup, socket: str, topic: str, partitions: int, count: int):
+    """The ``produce`` worker (``count`` records at 1000/s, acks=all), started; returns it and
+    the file it writes the acknowledged sequence numbers to."""
+    acked_path = tmp_path / "acked.json"
+    producer = spawn_worker("produce", socket=socket, topic=topic, partitions=partitions,
+                            count=count, rate=1000, out=str(acked_path))
+    cleanup(producer)
+    wait_ready(producer)
+    return producer, acked_path
+
+
+def all_acked_and_consumed(producer, acked_path, count: int, workers) -> list[int]:
+    """Wait for the producer to exit with all ``count`` records acknowledged, then for the
+    workers to have consumed every one; returns the acknowledged sequence numbers."""
+    assert producer.wait(TIMEOUT * 2) == 0
+    acked = json.loads(acked_path.read_text())
+    assert len(acked) == count
+    mq.testing.wait_for(lambda: set(consumed_values(workers)) >= set(map(str, acked)),
+                        timeout=TIMEOUT, interval=0.05,
+                        message="every record to be consumed")
+    return acked
+
+
 # --- members killed and replaced ----------------------------------------------------------------
 
 def test_killed_members_are_replaced_and_no_partition_is_shared(tmp_path, cleanup):
     topic, partitions, count = "chaos", 6, 4000
     every = [TopicPartition(topic, p) for p in range(partitions)]
     with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic(topic, partitions)
+        create_topic(b, topic, partitions)
         made = 0
         workers: list[Worker] = []
 
@@ -217,12 +240,8 @@ def test_killed_members_are_replaced_and_no_partition_is_shared(tmp_path, cleanu
             wait_ready(w.proc)
         wait_settled(b.socket, live, every)
 
-        acked_path = tmp_path / "acked.json"
-        producer = spawn_worker("produce", socket=b.socket, topic=topic,
-                                partitions=partitions, count=count, rate=1000,
-                                out=str(acked_path))
-        cleanup(producer)
-        wait_ready(producer)
+        producer, acked_path = start_producer(tmp_path, cleanup, b.socket, topic, partitions,
+                                              count)
 
         for victims in (1, 1, 2, 1):
             seen = len(consumed_values(workers))
@@ -239,12 +258,7 @@ def test_killed_members_are_replaced_and_no_partition_is_shared(tmp_path, cleanu
             live += fresh
             wait_settled(b.socket, live, every)
 
-        assert producer.wait(TIMEOUT * 2) == 0
-        acked = json.loads(acked_path.read_text())
-        assert len(acked) == count
-        mq.testing.wait_for(lambda: set(consumed_values(workers)) >= set(map(str, acked)),
-                            timeout=TIMEOUT, interval=0.05,
-                            message="every record to be consumed")
+        acked = all_acked_and_consumed(producer, acked_path, count, workers)
         for w in live:
             assert stop_worker(w.proc) == 0
     assert_no_overlap(ownership(workers))
@@ -260,8 +274,7 @@ def test_killed_members_are_replaced_and_no_partition_is_shared(tmp_path, cleanu
 def test_each_consumer_resumes_exactly_at_the_previous_commit(tmp_path, cleanup):
     topic, partitions, per_partition, k = "cycles", 3, 20, 12
     with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic(topic, partitions)
+        create_topic(b, topic, partitions)
         with mq.Producer(socket=b.socket, acks="all", linger_ms=0) as p:
             for i in range(per_partition * partitions):
                 p.send(topic, value=str(i).encode(), partition=i % partitions)
@@ -299,20 +312,15 @@ def test_acknowledged_commits_survive_broker_kills(tmp_path, cleanup):
     topic, partitions, count = "durable", 4, 3000
     every = [TopicPartition(topic, p) for p in range(partitions)]
     with mq.testing.broker(tmp_path / "data") as b:
-        with Admin(b.socket) as admin:
-            admin.create_topic(topic, partitions)
+        create_topic(b, topic, partitions)
         workers = [Worker(tmp_path, n, b.socket, topic, commit="sync", max_records=20)
                    for n in range(2)]
         for w in workers:
             cleanup(w.proc)
             wait_ready(w.proc)
         wait_settled(b.socket, workers, every)
-        acked_path = tmp_path / "acked.json"
-        producer = spawn_worker("produce", socket=b.socket, topic=topic,
-                                partitions=partitions, count=count, rate=1000,
-                                out=str(acked_path))
-        cleanup(producer)
-        wait_ready(producer)
+        producer, acked_path = start_producer(tmp_path, cleanup, b.socket, topic, partitions,
+                                              count)
 
         def commits() -> list[dict]:
             return [e for w in workers for e in w.read() if e["kind"] == "commit"]
@@ -339,12 +347,7 @@ def test_acknowledged_commits_survive_broker_kills(tmp_path, cleanup):
                 for w in workers), timeout=TIMEOUT, interval=0.05,
                 message="both members to commit again")
 
-        assert producer.wait(TIMEOUT * 2) == 0
-        acked = json.loads(acked_path.read_text())
-        assert len(acked) == count
-        mq.testing.wait_for(lambda: set(consumed_values(workers)) >= set(map(str, acked)),
-                            timeout=TIMEOUT, interval=0.05,
-                            message="every record to be consumed")
+        acked = all_acked_and_consumed(producer, acked_path, count, workers)
         wait_settled(b.socket, workers, every)
         for w in workers:
             assert stop_worker(w.proc) == 0

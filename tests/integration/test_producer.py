@@ -15,6 +15,7 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from brokers import create_topic
 
 import mq.testing
 from mq.client.admin import Admin
@@ -31,12 +32,6 @@ WAIT = 30        # seconds: generous bound for any single wait on a loaded 2-cor
 
 # --- helpers ----------------------------------------------------------------------------------
 
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
-
-
 @pytest.fixture(autouse=True)
 def _close_leftover_producers():
     """A failing test must not leave a producer whose exit-time flush waits for a dead
@@ -45,11 +40,6 @@ def _close_leftover_producers():
     from mq.client import producer as producer_module
     for producer in list(producer_module._LIVE):
         producer.close(timeout=1)
-
-
-def create_topic(b, name: str, partitions: int = 1, config: dict | None = None) -> None:
-    with Admin(socket=b.socket) as admin:
-        admin.create_topic(name, partitions=partitions, config=config)
 
 
 def end_offsets(b, topic: str) -> list[int]:

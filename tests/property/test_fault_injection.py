@@ -4,8 +4,8 @@ A template partition (several small segments, mixed codecs, sparse indexes, non-
 timestamps) is built once and cleanly closed; every case copies it, damages the copy — a torn
 active ``.log`` at every byte of its last batches, flipped bytes, a zero-filled tail, garbage or
 missing ``.index``/``.timeindex`` files, random bytes appended, leftovers of an interrupted
-swap — and opens it after an "unclean shutdown" (``recovery_point=0``), and where the CLI is
-there also repairs it with ``mq log check --repair``. The rule checked (reference §4):
+swap — and opens it after an "unclean shutdown" (``recovery_point=0``); the ``*_repaired_by_cli``
+cases repair it with ``mq log check --repair`` instead. The rule checked (reference §4):
 exactly the batches entirely before the first damaged byte survive, every later segment is
 dropped, every offset and timestamp lookup matches brute force over the survivors, indexes are
 rebuilt identically, and appends continue at the right offset.
@@ -35,7 +35,6 @@ from mq.log.segment import LogSegment
 CFG = LogConfig(segment_bytes=700, index_interval_bytes=90, segment_index_bytes=4096)
 NOW = 1_700_000_000_000
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HAVE_CLI = os.path.exists(os.path.join(REPO, "mq", "cli", "main.py"))
 # Scratch copies live on tmpfs when there is one: these tests reopen and close logs hundreds of
 # times, and each close fsyncs (durability is not what they test — the damage is made by hand).
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -227,9 +226,8 @@ def verify(log: PartitionLog, lay: Layout, kept: list[Batch], bases: list[int],
 def append_continues(directory: str, lay: Layout, kept: list[Batch], bases: list[int],
                      log_start_offset: int = 0) -> None:
     """After recovery a clean reopen holds the same data and an append continues it."""
-    log = PartitionLog.open(directory, CFG, clean_shutdown=True, recovery_point=0,
-                            log_start_offset=log_start_offset, now_ms=NOW)
-    try:
+    with PartitionLog.open(directory, CFG, clean_shutdown=True, recovery_point=0,
+                           log_start_offset=log_start_offset, now_ms=NOW) as log:
         assert not log.recovery_report.bytes_truncated
         verify(log, lay, kept, bases, log_start_offset)
         leo = log.log_end_offset
@@ -242,8 +240,6 @@ def append_continues(directory: str, lay: Layout, kept: list[Batch], bases: list
         assert got == [(leo, NOW + 5, b"after", b"recovery", []),
                        (leo + 1, NOW + 6, None, b"second", [])]
         assert log.offset_for_timestamp(NOW + 6) == (leo + 1, NOW + 6)
-    finally:
-        log.close()
 
 
 def same_files_for_intact_segments(directory: str, lay: Layout, upto_seg: int) -> None:
@@ -262,12 +258,9 @@ def recover_and_check(scratch: Scratch, lay: Layout, seg: int | None, position: 
     clean and append."""
     kept = survivors(lay, seg, position)
     bases = list(lay.bases if seg is None else lay.bases[:seg + 1])
-    log = PartitionLog.open(scratch.dir, CFG, clean_shutdown=False, recovery_point=0,
-                            log_start_offset=log_start_offset, now_ms=NOW)
-    try:
+    with PartitionLog.open(scratch.dir, CFG, clean_shutdown=False, recovery_point=0,
+                           log_start_offset=log_start_offset, now_ms=NOW) as log:
         verify(log, lay, kept, bases, log_start_offset)
-    finally:
-        log.close()
     same_files_for_intact_segments(scratch.dir, lay, len(lay.bases) if seg is None else seg)
     if seg is not None:
         # The damaged segment keeps exactly its valid prefix, and its rebuilt offset index
@@ -284,19 +277,14 @@ def recover_and_check(scratch: Scratch, lay: Layout, seg: int | None, position: 
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    if os.path.exists(os.path.join(REPO, "mq", "__main__.py")):
-        cmd = [sys.executable, "-m", "mq", *args]
-    else:   # the console script's entry point, with the same argv
-        cmd = [sys.executable, "-c", "import sys; from mq.cli.main import main; "
-               "sys.argv[0] = 'mq'; sys.exit(main())", *args]
+    """``python -m mq ARGS`` from this checkout."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "mq", *args], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=REPO)
 
 
 def repair_with_cli_and_check(scratch: Scratch, lay: Layout, seg: int | None,
                               position: int | None) -> None:
-    if not HAVE_CLI:
-        return
     kept = survivors(lay, seg, position)
     bases = list(lay.bases if seg is None else lay.bases[:seg + 1])
     done = cli("log", "check", "--repair", scratch.dir)
@@ -304,15 +292,12 @@ def repair_with_cli_and_check(scratch: Scratch, lay: Layout, seg: int | None,
     assert "Traceback" not in done.stderr
     again = cli("log", "check", scratch.dir)
     assert again.returncode == 0, (again.stdout, again.stderr)
-    log = PartitionLog.open(scratch.dir, CFG, clean_shutdown=True, now_ms=NOW)
-    try:
+    with PartitionLog.open(scratch.dir, CFG, clean_shutdown=True, now_ms=NOW) as log:
         # The data needs nothing more (a missing index is not a problem `check` reports, so
         # the broker may still rebuild one at open).
         report = log.recovery_report
         assert not report.bytes_truncated and not report.segments_dropped, report
         verify(log, lay, kept, bases)
-    finally:
-        log.close()
     append_continues(scratch.dir, lay, kept, bases)
 
 
@@ -338,7 +323,6 @@ def test_torn_active_segment_at_every_byte(layout, from_end):
                 raise AssertionError(f"{name} truncated to {cut} bytes: {err}") from err
 
 
-@pytest.mark.skipif(not HAVE_CLI, reason="mq/cli/main.py is not there yet")
 @pytest.mark.parametrize("from_end,into", [(1, 1), (1, 17), (2, 40), (3, 61)])
 def test_torn_active_segment_repaired_by_cli(layout, from_end, into):
     last = len(layout.bases) - 1
@@ -378,13 +362,11 @@ def test_flipped_leader_epoch_is_not_corruption(layout):
     batch = layout.seg_batches(1)[0]
     with Scratch(layout) as s:
         damage(s.path(layout.log_name(1)), batch.position + 12, b"\x00\x00\x00\x07")
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0, now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0,
+                               now_ms=NOW) as log:
             verify(log, layout, list(layout.batches), list(layout.bases))
             first = next(iter_batches(log.read(batch.base_offset).data))
             assert first.partition_leader_epoch == 7
-        finally:
-            log.close()
 
 
 @settings(max_examples=25, deadline=None,
@@ -409,7 +391,6 @@ def test_random_garbage_from_a_random_byte_to_the_end_of_a_segment(layout, data)
             recover_and_check(s, layout, seg, diff)
 
 
-@pytest.mark.skipif(not HAVE_CLI, reason="mq/cli/main.py is not there yet")
 @pytest.mark.parametrize("seg,batch_no,where", [(0, 1, 30), (1, 0, 9), (2, 1, 16)])
 def test_flipped_byte_repaired_by_cli(layout, seg, batch_no, where):
     batch = layout.seg_batches(seg)[batch_no]
@@ -458,7 +439,6 @@ def test_zero_filled_tail_overwrites_last_batches(layout):
                 raise AssertionError(f"{name}: {length} zero bytes at {start}: {err}") from err
 
 
-@pytest.mark.skipif(not HAVE_CLI, reason="mq/cli/main.py is not there yet")
 def test_zero_filled_tail_repaired_by_cli(layout):
     last = len(layout.bases) - 1
     batch = layout.seg_batches(last)[-2]
@@ -506,11 +486,8 @@ def test_broken_index_files_are_rebuilt(layout, kinds, how, clean):
         if not clean:
             recover_and_check(s, layout, None, None)
             return
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=True, now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=True, now_ms=NOW) as log:
             verify(log, layout, list(layout.batches), list(layout.bases))
-        finally:
-            log.close()
         if how != "empty" or kinds != "index":
             # An empty offset index passes every check (a segment may have no entries), so it
             # stays empty; everything else must have been rebuilt exactly.
@@ -531,7 +508,6 @@ def test_random_garbage_in_index_files(layout, data):
         recover_and_check(s, layout, None, None)
 
 
-@pytest.mark.skipif(not HAVE_CLI, reason="mq/cli/main.py is not there yet")
 @pytest.mark.parametrize("how", ["delete", "ones"])
 def test_broken_index_repaired_by_cli(layout, how):
     with Scratch(layout) as s:
@@ -565,7 +541,6 @@ def test_random_bytes_appended_to_active_log_and_index(layout, log_tail, index_t
         recover_and_check(s, layout, None, None)
 
 
-@pytest.mark.skipif(not HAVE_CLI, reason="mq/cli/main.py is not there yet")
 def test_random_bytes_appended_repaired_by_cli(layout):
     last = len(layout.bases) - 1
     with Scratch(layout) as s:
@@ -585,12 +560,9 @@ def test_corruption_below_log_start_offset_leaves_one_empty_segment(layout):
     batch = layout.seg_batches(0)[1]
     with Scratch(layout) as s:
         damage(s.path(layout.log_name(0)), batch.position + 30, b"\xee")
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0,
-                                log_start_offset=lso, now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0,
+                               log_start_offset=lso, now_ms=NOW) as log:
             verify(log, layout, [], [lso], log_start_offset=lso)
-        finally:
-            log.close()
         append_continues(s.dir, layout, [], [lso], log_start_offset=lso)
 
 
@@ -601,14 +573,11 @@ def test_unclean_open_above_the_recovery_point_only_checks_the_tail(layout):
     batch = layout.seg_batches(last)[-1]
     with Scratch(layout) as s:
         os.truncate(s.path(layout.log_name(last)), batch.position + 5)
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=False,
-                                recovery_point=layout.bases[last], now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False,
+                               recovery_point=layout.bases[last], now_ms=NOW) as log:
             assert log.recovery_report.segments_recovered == 1
             verify(log, layout, survivors(layout, last, batch.position + 5),
                    list(layout.bases))
-        finally:
-            log.close()
 
 
 def test_crash_again_right_after_a_recovery(layout):
@@ -625,17 +594,14 @@ def test_crash_again_right_after_a_recovery(layout):
             crashed = os.path.join(s.root, f"crashed-{clean_first}", "topic-0")
             shutil.copytree(s.dir, crashed)       # the page cache, as a crash leaves it
             log.close()
-            again = PartitionLog.open(crashed, CFG, clean_shutdown=False, recovery_point=leo,
-                                      now_ms=NOW)
-            try:
+            with PartitionLog.open(crashed, CFG, clean_shutdown=False, recovery_point=leo,
+                                   now_ms=NOW) as again:
                 report = again.recovery_report
                 assert report.segments_recovered == 1 and report.indexes_rebuilt == 0, report
                 assert not report.changed, report
                 verify(again, layout, survivors(layout, len(layout.bases) - 1,
                                                 layout.seg_batches(len(layout.bases) - 1)[-1]
                                                 .position), list(layout.bases))
-            finally:
-                again.close()
 
 
 def test_crash_after_a_clean_restart_with_entryless_indexes():
@@ -658,15 +624,12 @@ def test_crash_after_a_clean_restart_with_entryless_indexes():
         crashed = os.path.join(root, "crashed", "topic-0")
         shutil.copytree(directory, crashed)
         log.close()
-        again = PartitionLog.open(crashed, cfg, clean_shutdown=False, recovery_point=leo,
-                                  now_ms=NOW)
-        try:
+        with PartitionLog.open(crashed, cfg, clean_shutdown=False, recovery_point=leo,
+                               now_ms=NOW) as again:
             report = again.recovery_report
             assert report.segments_recovered == 1 and report.indexes_rebuilt == 0, report
             assert again.log_end_offset == leo
             assert again.offset_for_timestamp(NOW + 5) == (5, NOW + 5)
-        finally:
-            again.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -761,15 +724,12 @@ def test_crash_during_segment_split(layout, phase, recovery):
                     shutil.copy(s.path(name), s.path(name + ".deleted"))
                 put(old_base, "")
                 put(new_base, "")
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=False,
-                                recovery_point=0 if recovery == "all" else layout.bases[-1],
-                                now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False,
+                               recovery_point=0 if recovery == "all" else layout.bases[-1],
+                               now_ms=NOW) as log:
             assert not log.recovery_report.bytes_truncated
             assert not log.recovery_report.segments_dropped
             verify(log, layout, list(layout.batches), expected_bases)
-        finally:
-            log.close()
         append_continues(s.dir, layout, list(layout.batches), expected_bases)
 
 
@@ -791,11 +751,9 @@ def test_crash_during_compaction_swap(layout, phase):
                     os.rename(s.path(name), s.path(name + ".deleted"))
         expected = list(layout.bases) if phase == "cleaned" else \
             [b for b in layout.bases if b != b2]
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0, now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0,
+                               now_ms=NOW) as log:
             verify(log, layout, list(layout.batches), expected)
-        finally:
-            log.close()
 
 
 def test_crash_during_retention_delete(layout):
@@ -805,8 +763,6 @@ def test_crash_during_retention_delete(layout):
         for name in _segment_names(layout.bases[0]):
             os.rename(s.path(name), s.path(name + ".deleted"))
         kept = [b for b in layout.batches if b.seg > 0]
-        log = PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0, now_ms=NOW)
-        try:
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=0,
+                               now_ms=NOW) as log:
             verify(log, layout, kept, list(layout.bases[1:]), log_start_offset=layout.bases[1])
-        finally:
-            log.close()

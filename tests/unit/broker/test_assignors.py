@@ -28,10 +28,6 @@ def tps(spec: str) -> set[tuple[str, int]]:
     return out
 
 
-def as_spec(assignment: dict) -> dict[str, str]:
-    return {m: " ".join(f"{t}p{p}" for t, p in sorted(v)) for m, v in assignment.items()}
-
-
 # --- Kafka's examples ----------------------------------------------------------------------------
 
 def test_range_kafka_javadoc_example():

@@ -7,7 +7,7 @@ as ``PartitionLog.append`` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from mq.log.records import BatchBuilder, RecordBatch
 from mq.log.segment import LogSegment
@@ -33,21 +33,14 @@ def empty_batch(*, base_offset: int = 0) -> bytearray:
     return BatchBuilder(base_offset=base_offset).build()
 
 
-def batch_size(offsets: int = 1, **kwargs) -> int:
-    return len(make_batch(offsets, **kwargs))
-
-
 def append_to_segment(seg: LogSegment, batch: bytes | bytearray) -> int:
     """Append one or more concatenated batches with their own offsets (``LogSegment.append``
     takes the facts ``PartitionLog.append`` would compute); returns the start position."""
-    view = memoryview(bytes(batch))
-    pos, last_offset, max_ts, offset_of_max = 0, -1, -1, -1
-    while pos < len(view):
-        parsed = RecordBatch(view[pos:])
+    last_offset, max_ts, offset_of_max = -1, -1, -1
+    for parsed in _batches(batch):
         last_offset = parsed.last_offset
         if parsed.max_timestamp > max_ts:
             max_ts, offset_of_max = parsed.max_timestamp, parsed.last_offset
-        pos += parsed.size
     if offset_of_max < 0:
         offset_of_max = last_offset
     return seg.append(bytes(batch), last_offset=last_offset, max_timestamp=max_ts,
@@ -63,25 +56,22 @@ def append_single_records(seg: LogSegment, offsets: Iterable[int], *, ts_of=lamb
             for o in offsets]
 
 
-def offsets_of(data: bytes) -> list[int]:
-    """Every record offset in a byte string of whole batches."""
-    out = []
+def _batches(data: bytes | bytearray) -> Iterator[RecordBatch]:
+    """Each batch of a byte string of whole batches (a partial one raises
+    ``CorruptRecordError``)."""
     view = memoryview(bytes(data))
     pos = 0
     while pos < len(view):
         batch = RecordBatch(view[pos:])
-        out += [rec.offset for rec in batch.records()]
+        yield batch
         pos += batch.size
-    return out
+
+
+def offsets_of(data: bytes) -> list[int]:
+    """Every record offset in a byte string of whole batches."""
+    return [rec.offset for batch in _batches(data) for rec in batch.records()]
 
 
 def batch_bases(data: bytes) -> list[int]:
     """The base offset of each batch in a byte string of whole batches."""
-    out = []
-    view = memoryview(bytes(data))
-    pos = 0
-    while pos < len(view):
-        batch = RecordBatch(view[pos:])
-        out.append(batch.base_offset)
-        pos += batch.size
-    return out
+    return [batch.base_offset for batch in _batches(data)]
