@@ -18,6 +18,7 @@ group is stable (each member owns its share), so no partition changes hands mid-
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import multiprocessing
 import os
@@ -85,6 +86,18 @@ def add_parser(subparsers) -> None:
 
 # --- worker processes -------------------------------------------------------------------------
 
+def _worker_signals() -> None:
+    """Ctrl-C reaches only the parent, which stops the workers; and a worker dies with the
+    parent (Linux's PR_SET_PDEATHSIG), so a demo killed with SIGKILL leaves none behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass                                                         # not Linux
+    if os.getppid() == 1:
+        os._exit(1)                     # the parent died before the line above
+
+
 def _value(producer: int, seq: int) -> bytes:
     text = (f'{{"producer": {producer}, "seq": {seq}, "item": "{_ITEMS[seq % len(_ITEMS)]}", '
             f'"qty": {1 + seq % 5}}}')
@@ -92,7 +105,7 @@ def _value(producer: int, seq: int) -> bytes:
 
 
 def _produce(index: int, socket: str, acks, count: int, go, progress, results) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_signals()
     try:
         from mq.client.producer import Producer
         failed: list = []
@@ -121,7 +134,7 @@ def _produce(index: int, socket: str, acks, count: int, go, progress, results) -
 
 
 def _consume(index: int, socket: str, go, progress, targets_conn, results) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_signals()
     try:
         from mq.client.consumer import Consumer
         count = payload = 0

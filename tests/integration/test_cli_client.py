@@ -16,6 +16,7 @@ import signal
 import socket as socketlib
 import time
 
+import psutil
 import pytest
 from brokers import create_topic
 from cli_run import (ENV, WAIT, Lines, Result, assert_one_error, json_lines, json_value,
@@ -605,6 +606,18 @@ def test_demo_starts_and_stops_its_broker(tmp_path, how):
     assert "Traceback" not in result.err
     assert os.path.exists(data_dir / ".kafka_cleanshutdown")
     assert not os.path.exists(data_dir / "mq.sock")
+
+
+def test_demo_killed_leaves_no_worker_behind(broker):
+    with mq_process("demo", "--socket", broker.socket, "--records", "100000000") as proc:
+        demo = psutil.Process(proc.pid)
+        mq.testing.wait_for(lambda: len(demo.children()) == 4, timeout=WAIT,
+                            message="the demo's 4 workers")
+        workers = demo.children()
+        proc.kill()
+        proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=WAIT)
+    assert alive == []
 
 
 def test_demo_uses_a_running_broker_and_recreates_its_topic(broker):
