@@ -616,7 +616,7 @@ def test_demo_killed_leaves_no_worker_behind(broker):
         workers = demo.children()
         proc.kill()
         proc.wait()
-        gone, alive = psutil.wait_procs(workers, timeout=WAIT)
+        _, alive = psutil.wait_procs(workers, timeout=WAIT)
     assert alive == []
 
 
