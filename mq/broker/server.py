@@ -438,7 +438,8 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         return response(req.api, req.request_id, 0, None, PROTOCOL_VERSION,
                         {"data_dir": self.data_dir, "generation": self.generation,
                          "pid": os.getpid(), "semaphore_prefix": self._sem_prefix,
-                         "shm": self.state.name})
+                         "shm": self.state.name,
+                         "max_request_bytes": self.config.max_request_bytes})
 
     def _api_produce(self, conn: _Conn, req: Request) -> list | None:
         topic, acks = req["topic"], req["acks"]
