@@ -63,7 +63,10 @@ class BrokerProcess:
                                          stderr=err, env=env)
         os.close(w)
         try:
-            ready, _, _ = select.select([r], [], [], timeout)
+            # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE).
+            poller = select.poll()
+            poller.register(r, select.POLLIN)
+            ready = poller.poll(max(0, int(timeout * 1000)))
             line = os.read(r, 64) if ready else b""
         finally:
             os.close(r)

@@ -326,6 +326,14 @@ def _consume_group(consumer, args: argparse.Namespace, render, stop: list) -> in
     return printed[0]
 
 
+def _wait_writable(out) -> None:
+    """Block until ``out`` takes more bytes (poll, not select: select() fails for a
+    descriptor >= 1024)."""
+    poller = select.poll()
+    poller.register(out.fileno(), select.POLLOUT)
+    poller.poll()
+
+
 def _emit(out, data: bytes, n: int, printed: list) -> None:
     """Write all of ``data`` and add ``n`` to ``printed[0]``, with stop signals held back."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
@@ -334,7 +342,7 @@ def _emit(out, data: bytes, n: int, printed: list) -> None:
         while view:
             written = out.write(view)             # a raw FileIO may write part of it
             if written is None:                   # non-blocking stdout, full: wait
-                select.select([], [out], [])
+                _wait_writable(out)
                 continue
             view = view[written:]
         out.flush()

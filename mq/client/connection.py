@@ -9,6 +9,7 @@ opens its own (the parent's socket is never shared). Thread-safe: one lock per d
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import select
 import socket
@@ -21,9 +22,18 @@ from mq.errors import BrokerUnavailableError, ClosedError, RemoteProtocolError, 
 from mq.protocol.frames import FrameReader, encode_frame
 from mq.protocol.messages import PROTOCOL_VERSION, Api, Response, request
 
-__all__ = ["Connection", "resolve_socket"]
+__all__ = ["Connection", "poll_ms", "resolve_socket"]
 
 _RECV_BYTES = 1 << 16
+_MAX_POLL_MS = 1 << 30                   # about 12 days; longer waits are waits forever
+
+
+def poll_ms(seconds: float) -> int:
+    """A ``poll()`` timeout in milliseconds for ``seconds``: rounded up, so that a wait never
+    ends early and spins; 0 for a time already passed; -1 (forever) for a very long one."""
+    if seconds * 1000 >= _MAX_POLL_MS:
+        return -1
+    return max(0, math.ceil(seconds * 1000))
 
 
 def resolve_socket(socket_path: str | None) -> str:
@@ -65,6 +75,11 @@ class Connection:
             raise BrokerUnavailableError(f"cannot connect to {self.socket_path}: "
                                          f"{err.strerror}") from None
         self._sock = sock
+        # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE), which any
+        # socket of a process with many open files has. One poller per socket, used under
+        # _recv_lock.
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
         self._reader = FrameReader()
         self._pending: dict[int, Response] = {}
         self._pid = os.getpid()
@@ -141,12 +156,12 @@ class Connection:
 
     def _receive(self, deadline: float) -> None:
         sock = self._ensure()
-        # Wait with select, not sock.settimeout: a socket timeout would also govern a
+        # Wait with poll, not sock.settimeout: a socket timeout would also govern a
         # concurrent sendall() from another thread and could cut a frame in half. A deadline
-        # already passed still looks once (select with 0), so ``ready()`` is ``poll_any(0)``.
+        # already passed still looks once (poll with 0), so ``ready()`` is ``poll_any(0)``.
+        # POLLHUP and POLLERR count as readable: recv then reports the end or the error.
         try:
-            readable, _, _ = select.select([sock], [], [],
-                                           max(0.0, deadline - time.monotonic()))
+            readable = self._poller.poll(poll_ms(deadline - time.monotonic()))
         except (OSError, ValueError) as err:
             raise BrokerUnavailableError(f"broker connection lost: {err}") from None
         if not readable:

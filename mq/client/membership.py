@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from mq import errors
-from mq.client.connection import Connection
+from mq.client.connection import Connection, poll_ms
 from mq.client.types import TopicPartition
 from mq.protocol.messages import PUSH_REQUEST_ID, Api
 
@@ -342,9 +342,14 @@ class Membership(threading.Thread):
 
     def _sleep(self, seconds: float) -> None:
         """Until ``seconds`` pass, the broker pushes, or the poll thread asks."""
-        fds = [self._wake_r] + ([self._conn.fileno()] if self._conn is not None else [])
+        conn_fd = self._conn.fileno() if self._conn is not None else -1
+        # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE).
         try:
-            readable, _, _ = select.select(fds, [], [], seconds)
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            if conn_fd >= 0:
+                poller.register(conn_fd, select.POLLIN)
+            readable = {fd for fd, _ in poller.poll(poll_ms(seconds))}
         except (OSError, ValueError):
             return
         if self._wake_r in readable:
@@ -352,7 +357,7 @@ class Membership(threading.Thread):
                 os.read(self._wake_r, 4096)
             except OSError:
                 pass
-        if self._conn is not None and len(readable) > (self._wake_r in readable):
+        if self._conn is not None and conn_fd in readable:
             self._hb_due = True                         # the push: heartbeat now
             try:
                 self._conn.ready()
