@@ -20,6 +20,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "ClosedError",
     "LogDirLockedError",
+    "LogWriteError",
 ]
 
 
@@ -101,6 +102,24 @@ class ClosedError(MQError):
 
 class LogDirLockedError(StorageError):
     """Another process holds the data directory's lock."""
+
+
+class LogWriteError(StorageError):
+    """Writing a partition's files failed: no space left, quota exceeded, an I/O error, a
+    short write. Nothing the failed call was writing was stored (the files are as before it).
+
+    ``offline`` says the log takes no more writes until a restart recovers it: an fsync
+    failed (the page cache may have dropped what it could not write, so nothing written since
+    the last good fsync can be vouched for), or the files could not be put back as they were.
+    Otherwise (a space error, contained) the same write can succeed once space returns. The
+    broker answers either with Kafka's retriable ``KAFKA_STORAGE_ERROR``."""
+
+    def __init__(self, message: str, offline: bool = False) -> None:
+        self.offline = offline
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.offline))
 
 
 # --- protocol errors (sans-I/O layer) ---------------------------------------------------------

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from mq.errors import StorageError
+from mq.log import diskio
 
 __all__ = [
     "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TXNINDEX_SUFFIX", "SNAPSHOT_SUFFIX",
@@ -100,29 +101,29 @@ def fsync_dir(path: str) -> None:
     """Make a directory's entries (creates, renames, unlinks) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        diskio.ops.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_all(fd: int, data) -> None:
-    """``os.write`` until every byte is written (a regular-file write can be short)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
+
+    On any failure (a full disk, an I/O error) the temp file is removed and ``path`` keeps
+    its old content; the ``OSError`` propagates."""
     tmp = path + TMP_SUFFIX
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    ops = diskio.ops
     try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            diskio.write_fully(fd, data, 0)
+            ops.fsync(fd)
+        finally:
+            ops.close(fd)
+        ops.replace(tmp, path)
+    except BaseException:
+        remove_quietly([tmp])
+        raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
@@ -170,8 +171,10 @@ def read_checkpoint(path: str) -> dict[tuple[str, int], int]:
 
 
 def remove_quietly(paths: Iterable[str]) -> None:
+    """Unlink each path that exists; other errors (an injected or real I/O error) are left to
+    recovery, which removes leftovers at the next open."""
     for p in paths:
         try:
             os.unlink(p)
-        except FileNotFoundError:
+        except OSError:
             pass

@@ -11,10 +11,15 @@ position. A time-index entry says "the largest timestamp seen up to here is T, f
 the batch ending at offset O".
 
 A new file is preallocated to ``floor(max_index_size / entry) * entry`` zero bytes (sparse on
-disk) and mapped read-write; an existing file is assumed full of entries (entries =
-length / entry), which is why indexes are trimmed to their entries when a segment rolls or
-closes. The time index keeps its last slot for the final entry written at roll/close, so it is
-"full" one entry early.
+disk) and mapped; an existing file is assumed full of entries (entries = length / entry), which
+is why indexes are trimmed to their entries when a segment rolls or closes. The time index keeps
+its last slot for the final entry written at roll/close, so it is "full" one entry early.
+
+Entries are written with ``pwrite`` (through ``diskio``), never through the map, which is
+read-only even in the broker: on a full disk, a store into a sparse page of a shared map is a
+``SIGBUS`` that kills the process, while ``pwrite`` fails with ``ENOSPC``. An entry counts
+(``entries`` grows) only once its bytes are written; a failed write leaves the count, and the
+stale bytes past it are overwritten by the next entry or trimmed at close.
 
 Invariants: offsets strictly increase in ``.index``; offsets and timestamps never decrease in
 ``.timeindex``. Lookups return the largest entry whose key is <= the target (``floor``).
@@ -28,6 +33,7 @@ import struct
 from typing import Final
 
 from mq.errors import CorruptIndexError, IndexFullError, InvalidOffsetError
+from mq.log import diskio
 
 __all__ = ["OffsetIndex", "TimeIndex", "floor_slot", "DEFAULT_MAX_INDEX_SIZE"]
 
@@ -89,21 +95,36 @@ class _Index:
 
     # --- file and map management --------------------------------------------------------------
     def _open(self) -> None:
-        exists = os.path.exists(self.path)
-        flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
-        self._fd = os.open(self.path, flags, 0o644)
-        length = os.fstat(self._fd).st_size
+        if not self.writable:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            length = os.fstat(self._fd).st_size
+            self.entries = length // self._entry_size
+            self._map(length)
+            return
         # Only a file created here is preallocated (Kafka's AbstractIndex): an existing empty
         # file is a trimmed index without entries. Growing it would leave an inactive segment
         # with a mapped run of zero "entries" that a crash turns into a corrupt index.
-        new = not exists
-        if new and self.writable:
-            length = self._round(self.max_index_size)
-            os.ftruncate(self._fd, length)
-            self.entries = 0
-        else:
-            self.entries = length // self._entry_size
-        self._map(length)
+        new = not os.path.exists(self.path)
+        self._fd = diskio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            if new:
+                length = self._round(self.max_index_size)
+                diskio.ops.ftruncate(self._fd, length)
+                self.entries = 0
+            else:
+                length = os.fstat(self._fd).st_size
+                self.entries = length // self._entry_size
+            self._map(length)
+        except BaseException:
+            # A created file left empty would read as a trimmed index with no room.
+            diskio.ops.close(self._fd)
+            self._fd = -1
+            if new:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+            raise
 
     def _round(self, size: int) -> int:
         return size - size % self._entry_size
@@ -113,8 +134,7 @@ class _Index:
         if length == 0:
             self._mmap = None
             return
-        access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
-        self._mmap = mmap.mmap(self._fd, length, access=access)
+        self._mmap = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ)
 
     def _unmap(self) -> None:
         if self._mmap is not None:
@@ -139,8 +159,13 @@ class _Index:
         new_length = self._round(new_size)
         if new_length == self._length:
             return False
-        self._unmap()
-        os.ftruncate(self._fd, new_length)
+        old_length = self._length
+        self._unmap()        # a map past a shrunk end would fault on access
+        try:
+            diskio.ops.ftruncate(self._fd, new_length)
+        except BaseException:
+            self._map(old_length)
+            raise
         self._map(new_length)
         self.entries = min(self.entries, self.max_entries)
         return True
@@ -150,8 +175,8 @@ class _Index:
             self.resize(self.size_in_bytes)
 
     def flush(self) -> None:
-        if self._mmap is not None and self.writable:
-            self._mmap.flush()
+        if self._fd >= 0 and self.writable:
+            diskio.ops.fdatasync(self._fd)
 
     def close(self) -> None:
         """Trim to the entries, unmap and close. Idempotent."""
@@ -160,14 +185,12 @@ class _Index:
         try:
             self.trim_to_valid_size()
         finally:
-            self._unmap()
-            os.close(self._fd)
-            self._fd = -1
+            self.close_without_trim()
 
     def close_without_trim(self) -> None:
         if self._fd >= 0:
             self._unmap()
-            os.close(self._fd)
+            diskio.ops.close(self._fd)
             self._fd = -1
 
     def delete(self) -> None:
@@ -179,8 +202,12 @@ class _Index:
 
     def rename(self, new_path: str) -> None:
         if os.path.exists(self.path):
-            os.rename(self.path, new_path)
+            diskio.ops.rename(self.path, new_path)
         self.path = new_path
+
+    def _write_slot(self, slot: int, entry: bytes) -> None:
+        """Write one entry's bytes; raises ``OSError`` with ``entries`` unchanged."""
+        diskio.write_fully(self._fd, entry, slot * self._entry_size)
 
     def reset(self) -> None:
         """Drop every entry and grow back to the maximum size (used before a rebuild)."""
@@ -274,7 +301,7 @@ class OffsetIndex(_Index):
             raise InvalidOffsetError(f"{self.path}: offset {offset} is not larger than the "
                                      f"last indexed offset {self.last_offset}")
         rel = self._relative(offset)
-        _OFFSET_ENTRY.pack_into(self._mmap, self.entries * 8, rel, position)
+        self._write_slot(self.entries, _OFFSET_ENTRY.pack(rel, position))
         self.entries += 1
 
     def sanity_check(self) -> None:
@@ -363,7 +390,7 @@ class TimeIndex(_Index):
         if self.entries >= self.max_entries:
             raise IndexFullError(f"{self.path}: time index has no slot left")
         rel = self._relative(offset)
-        _TIME_ENTRY.pack_into(self._mmap, self.entries * 12, timestamp, rel)
+        self._write_slot(self.entries, _TIME_ENTRY.pack(timestamp, rel))
         self.entries += 1
 
     def sanity_check(self) -> None:

@@ -10,6 +10,16 @@ Invariants:
 - open recovers: leftovers are finished or removed, every batch after the recovery point is
   validated (after an unclean shutdown), the log is truncated at the first torn or invalid
   batch and every later segment is dropped; broken or missing indexes are rebuilt.
+
+Write failures (``../shared/reference/write-failures.md``): every write goes through
+``diskio``, and a call that fails leaves the files and this object as before it, then raises
+``LogWriteError``. A space error (``ENOSPC``, ``EDQUOT``) is contained that way and the log
+stays writable: the same append succeeds once space returns. Anything else takes the log
+*offline* (``offline`` holds why): an fsync that failed (its data may be gone from the page
+cache while the kernel reports later fsyncs as clean: PostgreSQL's "fsyncgate"), any other
+errno, or a failure that could not be put back (a torn tail). An offline log still serves reads
+but refuses every write without touching the disk, and its close writes nothing, so the next
+open recovers it from disk, from its last good fsync (Kafka's offline log dir).
 """
 
 from __future__ import annotations
@@ -22,8 +32,9 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from mq.errors import ClosedError, CorruptIndexError, CorruptRecordError, OffsetOutOfRangeError
-from mq.log import files
+from mq.errors import (ClosedError, CorruptIndexError, CorruptRecordError, LogWriteError,
+                       OffsetOutOfRangeError)
+from mq.log import diskio, files
 from mq.log.config import LogConfig
 from mq.log.policy import retention_deletable, roll_reason
 from mq.log.records import RecordBatch, set_log_append_time, stamp_batch
@@ -87,6 +98,8 @@ class PartitionLog:
         self.recovery_report = report
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.closed = False
+        self.offline: str | None = None       # why the log refuses writes, once it does
+        self.write_failures = 0               # failed writes, contained or not
         name = os.path.basename(os.path.normpath(directory))
         parsed = files.parse_partition_dir(name)
         self.topic, self.partition = parsed if parsed else (name, 0)
@@ -103,7 +116,7 @@ class PartitionLog:
         holding the recovery point to the end is validated batch by batch.
         """
         config = config or LogConfig()
-        os.makedirs(directory, exist_ok=True)
+        diskio.ops.makedirs(directory)
         report = RecoveryReport()
         _finish_leftovers(directory, report)
         segments: list[LogSegment] = []
@@ -185,13 +198,44 @@ class PartitionLog:
         if self.closed:
             raise ClosedError(f"{self.dir}: log is closed")
 
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.offline is not None:
+            raise LogWriteError(f"{self.topic}-{self.partition} is offline ({self.offline}); "
+                                "it takes writes again after a broker restart recovers it",
+                                offline=True)
+
+    def _write_failed(self, what: str, err: OSError, *, contained: bool = True
+                      ) -> LogWriteError:
+        """Count a failed write and decide whether the log stays writable; returns the error
+        to raise. ``contained``: the failed call put everything back as it was."""
+        self.write_failures += 1
+        reason = f"{what} failed: {err.strerror or err}"
+        if not contained or not diskio.is_space_error(err) or self.active_segment.torn:
+            self.take_offline(reason)
+            return LogWriteError(f"{self.topic}-{self.partition}: {reason}; the partition is "
+                                 "offline until a broker restart recovers it", offline=True)
+        log.warning("%s: %s; nothing was written", self.dir, reason)
+        return LogWriteError(f"{self.topic}-{self.partition}: {reason}; nothing was written")
+
+    def take_offline(self, reason: str) -> None:
+        """Refuse every write from now on (see the module doc); idempotent."""
+        if self.offline is None:
+            self.offline = reason
+            log.error("%s: offline: %s. It serves reads but takes no writes until a restart "
+                      "recovers it from disk", self.dir, reason)
+
     def update_config(self, config: LogConfig) -> None:
         """Apply a changed topic config (alter-config, broker start): rolls, retention and
         index sizes follow it from now on."""
         self.config = config
         for seg in self.segments:
             seg.config = config
-        self.active_segment.resize_indexes(config.segment_index_bytes)
+        if self.offline is None:
+            try:
+                self.active_segment.resize_indexes(config.segment_index_bytes)
+            except OSError as err:     # the index keeps its old size: only sparser or smaller
+                log.warning("%s: index not resized: %s", self.dir, err)
 
     def _segment_for(self, offset: int) -> int:
         """Index of the segment whose base is the floor of ``offset`` (or 0)."""
@@ -205,10 +249,11 @@ class PartitionLog:
         With ``assign_offsets`` the batch's baseOffset becomes the log end offset (stamped in
         place — neither it nor the leader epoch is covered by the CRC). Without it (recovery
         tools, tests of replicated appends) the batch keeps its offsets, which must be >= the
-        log end offset. Raises ``CorruptRecordError`` for an invalid batch and ``ValueError``
-        for one that breaks the topic's limits.
+        log end offset. Raises ``CorruptRecordError`` for an invalid batch, ``ValueError``
+        for one that breaks the topic's limits and ``LogWriteError`` when it could not be
+        stored (then nothing of it was).
         """
-        self._check_open()
+        self._check_writable()
         buf = batch if isinstance(batch, bytearray) else bytearray(batch)
         parsed = RecordBatch(buf)
         parsed.validate()
@@ -237,9 +282,12 @@ class PartitionLog:
             now_ms = _now_ms() if now_ms is None else now_ms
             set_log_append_time(buf, now_ms)
             max_ts = log_append_time = now_ms
-        self._maybe_roll(len(buf), max_ts, base_offset, last_offset, now_ms)
-        self.active_segment.append(buf, last_offset=last_offset, max_timestamp=max_ts,
-                                   offset_of_max_timestamp=last_offset)
+        try:
+            self._maybe_roll(len(buf), max_ts, base_offset, last_offset, now_ms)
+            self.active_segment.append(buf, last_offset=last_offset, max_timestamp=max_ts,
+                                       offset_of_max_timestamp=last_offset)
+        except OSError as err:
+            raise self._write_failed("append", err) from err
         if self.high_watermark_follows_log_end:
             self.high_watermark = last_offset + 1
         return AppendInfo(base_offset, last_offset, max_ts, log_append_time,
@@ -264,8 +312,12 @@ class PartitionLog:
     def roll(self, new_base_offset: int | None = None, *, reason: str = "requested",
              now_ms: int | None = None) -> LogSegment:
         """Close the active segment for appends and start a new one (never a second empty
-        segment: rolling an empty active segment at the same base returns it)."""
-        self._check_open()
+        segment: rolling an empty active segment at the same base returns it).
+
+        Raises ``OSError`` with the log as before when the new segment cannot be created or
+        the old one's final index entry written; a failed directory fsync after that takes
+        the log offline (the roll stands in memory, maybe not on disk)."""
+        self._check_writable()
         # Never below the log end offset (Kafka's LocalLog.roll): the new segment must not
         # overlap the offsets already stored in the active one.
         base = self.log_end_offset if new_base_offset is None else max(new_base_offset,
@@ -273,8 +325,18 @@ class PartitionLog:
         active = self.active_segment
         if active.size == 0 and active.base_offset == base:
             return active
-        active.on_become_inactive()
+        # The new segment first, then the old one's final index entries: either failing
+        # leaves the old segment active and as it was.
         seg = LogSegment(self.dir, base, self.config, now_ms=now_ms)
+        try:
+            active.on_become_inactive()
+        except BaseException:
+            seg.delete()
+            try:
+                active.resize_indexes(self.config.segment_index_bytes)
+            except OSError:
+                pass       # it stays trimmed: rolls early at its next index entry
+            raise
         if active.size == 0:
             # An empty segment at a lower base would only shadow the new one.
             active.delete()
@@ -282,9 +344,17 @@ class PartitionLog:
             self._bases.pop()
         self.segments.append(seg)
         self._bases.append(base)
-        files.fsync_dir(self.dir)
+        self._fsync_dir("roll")
         log.debug("%s: rolled to segment %d (%s)", self.dir, base, reason)
         return seg
+
+    def _fsync_dir(self, what: str) -> None:
+        """fsync this directory; a failure takes the log offline (never retried)."""
+        try:
+            files.fsync_dir(self.dir)
+        except OSError as err:
+            raise self._write_failed(f"{what}: directory fsync", err,
+                                     contained=False) from err
 
     # --- read ---------------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int = 1 << 20, *, max_offset: int | None = None,
@@ -367,33 +437,42 @@ class PartitionLog:
 
     # --- truncation and log start -------------------------------------------------------------
     def truncate_to(self, offset: int) -> None:
-        """Remove ``offset`` and everything after it (whole batches)."""
-        self._check_open()
+        """Remove ``offset`` and everything after it (whole batches). A failure half-way
+        takes the log offline (a restart's recovery finishes from disk)."""
+        self._check_writable()
         if offset >= self.log_end_offset:
             return
         if offset < self.active_segment.base_offset and offset <= self.segments[0].base_offset:
             self.truncate_fully_and_start_at(offset)
             return
-        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
-            self.segments.pop().delete()
-            self._bases.pop()
-        self.active_segment.truncate_to(offset)
-        self.active_segment.resize_indexes(self.config.segment_index_bytes)
-        self.high_watermark = min(self.high_watermark, self.log_end_offset)
-        self.recovery_point = min(self.recovery_point, self.log_end_offset)
-        self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
-        files.fsync_dir(self.dir)
+        try:
+            while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+                self.segments.pop().delete()
+                self._bases.pop()
+            self.active_segment.truncate_to(offset)
+            self.active_segment.resize_indexes(self.config.segment_index_bytes)
+        except OSError as err:
+            raise self._write_failed("truncate", err, contained=False) from err
+        finally:
+            self.high_watermark = min(self.high_watermark, self.log_end_offset)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+        self._fsync_dir("truncate")
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at ``offset``."""
-        self._check_open()
+        self._check_writable()
         for seg in self.segments:
             seg.delete()
-        seg = LogSegment(self.dir, offset, self.config)
+        try:
+            seg = LogSegment(self.dir, offset, self.config)
+        except OSError as err:
+            raise self._write_failed("truncate", err, contained=False) from err
+        finally:
+            self.log_start_offset = self.recovery_point = self.high_watermark = offset
         self.segments = [seg]
         self._bases = [offset]
-        self.log_start_offset = self.recovery_point = self.high_watermark = offset
-        files.fsync_dir(self.dir)
+        self._fsync_dir("truncate")
 
     def delete_records_before(self, offset: int) -> int:
         """Kafka's DeleteRecords: move the log start offset up to ``offset`` (<= the high
@@ -411,8 +490,11 @@ class PartitionLog:
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Delete the segments Kafka's rules allow (see ``policy.retention_deletable``);
         returns how many. Files are renamed ``.deleted`` now and removed after
-        ``file.delete.delay.ms`` (``delete_expired_files``)."""
+        ``file.delete.delay.ms`` (``delete_expired_files``). An offline log is left alone.
+        Raises ``LogWriteError`` when the active segment must roll first and cannot."""
         self._check_open()
+        if self.offline is not None:
+            return 0
         now_ms = _now_ms() if now_ms is None else now_ms
         metas = [s.meta() for s in self.segments]
         count, reason = retention_deletable(metas, log_start_offset=self.log_start_offset,
@@ -421,14 +503,25 @@ class PartitionLog:
         if count == 0:
             return 0
         if count == len(self.segments):
-            self.roll(now_ms=now_ms)   # never delete the active segment: roll past it first
+            try:
+                self.roll(now_ms=now_ms)   # never delete the active segment: roll past it
+            except OSError as err:
+                raise self._write_failed("retention roll", err) from err
         doomed, self.segments = self.segments[:count], self.segments[count:]
         self._bases = self._bases[count:]
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         for seg in doomed:
-            seg.rename_suffix(files.DELETED_SUFFIX)
+            try:
+                seg.rename_suffix(files.DELETED_SUFFIX)
+            except OSError as err:
+                # It goes anyway (delete() removes it under whatever name it has now); a
+                # crash before that leaves a segment below the log start offset, which the
+                # checkpointed log start hides and the next retention pass deletes.
+                self.write_failures += 1
+                log.warning("%s: segment %d not renamed for deletion: %s", self.dir,
+                            seg.base_offset, err)
             self._pending_deletes.append((now_ms + self.config.file_delete_delay_ms, seg))
-        files.fsync_dir(self.dir)
+        self._fsync_dir("retention")
         log.info("%s: retention (%s) deleted %d segment(s); log start offset %d",
                  self.dir, reason, count, self.log_start_offset)
         self.delete_expired_files(now_ms)
@@ -480,17 +573,24 @@ class PartitionLog:
                 new.next_offset <= old[-1].base_offset:
             raise ValueError(f"{self.dir}: {new!r} cannot replace segments "
                              f"{[s.base_offset for s in old]}")
-        new.rename_suffix(files.SWAP_SUFFIX)
-        files.fsync_dir(self.dir)
-        bases = {seg.base_offset for seg in old}
-        for deadline, seg in [p for p in self._pending_deletes if p[1].base_offset in bases]:
-            seg.delete()             # its .deleted names are about to be reused
-            self._pending_deletes.remove((deadline, seg))
-        for seg in old:
-            seg.rename_suffix(files.DELETED_SUFFIX)
-        files.fsync_dir(self.dir)
-        new.rename_suffix("")
-        files.fsync_dir(self.dir)
+        self._check_writable()
+        try:
+            new.rename_suffix(files.SWAP_SUFFIX)
+            files.fsync_dir(self.dir)
+            bases = {seg.base_offset for seg in old}
+            for deadline, seg in [p for p in self._pending_deletes
+                                  if p[1].base_offset in bases]:
+                seg.delete()             # its .deleted names are about to be reused
+                self._pending_deletes.remove((deadline, seg))
+            for seg in old:
+                seg.rename_suffix(files.DELETED_SUFFIX)
+            files.fsync_dir(self.dir)
+            new.rename_suffix("")
+            files.fsync_dir(self.dir)
+        except OSError as err:
+            # Half-way through the renames: the files say how far it got, and the next open
+            # finishes or undoes it (see above); until then no more writes.
+            raise self._write_failed("compaction swap", err, contained=False) from err
         self.segments[i:i + len(old)] = [new]
         self._bases[i:i + len(old)] = [new.base_offset]
         self.swap_count += 1
@@ -501,15 +601,24 @@ class PartitionLog:
     # --- durability and lifecycle -------------------------------------------------------------
     def flush(self, up_to_offset: int | None = None) -> None:
         """fdatasync every segment holding data below ``up_to_offset`` (default: all) and
-        advance the recovery point."""
-        self._check_open()
+        advance the recovery point. A failed fsync takes the log offline and raises
+        ``LogWriteError``: it is never retried, and the recovery point stays."""
+        self._check_writable()
         target = self.log_end_offset if up_to_offset is None else up_to_offset
         if target <= self.recovery_point:
             return
-        for seg in self.segments:
-            if seg.next_offset > self.recovery_point and seg.base_offset < target:
-                seg.flush()
+        try:
+            for seg in self.segments:
+                if seg.next_offset > self.recovery_point and seg.base_offset < target:
+                    seg.flush()
+        except OSError as err:
+            raise self.fsync_failed(err) from err
         self.recovery_point = target
+
+    def fsync_failed(self, err: OSError) -> LogWriteError:
+        """An fsync of this log's files failed (here or in the broker's flusher thread):
+        offline, never retried. Returns the error to raise or report."""
+        return self._write_failed("fsync", err, contained=False)
 
     def verify(self) -> list[str]:
         """Problems found without changing anything (``mq log check``)."""
@@ -519,18 +628,32 @@ class PartitionLog:
         return problems
 
     def close(self) -> None:
-        """Flush, write final index entries, trim indexes, close files. Idempotent."""
+        """Flush, write final index entries, trim indexes, close files. Idempotent.
+
+        Never raises for a write failure: an offline log (or one whose last flush fails now)
+        is closed leaving its files exactly as they are, for the next open's recovery, and
+        every failure shows in ``write_failures``."""
         if self.closed:
             return
-        try:
-            self.flush()
-        finally:
-            self.closed = True
-            for seg in self.segments:
+        if self.offline is None:
+            try:
+                self.flush()
+            except LogWriteError:
+                pass                   # offline now: logged, counted
+        self.closed = True
+        for seg in self.segments:
+            if self.offline is not None:
+                seg.close_without_index_changes()
+                continue
+            try:
                 seg.close()
-            for _, seg in self._pending_deletes:
-                seg.delete()
-            self._pending_deletes = []
+            except OSError as err:     # its final index entry or trim: recovery rebuilds
+                self.write_failures += 1
+                log.warning("%s: segment %d closed without its final index entries: %s",
+                            self.dir, seg.base_offset, err)
+        for _, seg in self._pending_deletes:
+            seg.delete()
+        self._pending_deletes = []
 
     def __enter__(self) -> PartitionLog:
         return self

@@ -8,6 +8,13 @@ loading must count as unclean); read ``recovery-point-offset-checkpoint`` and
 Close sequence: flush and close every log, write both checkpoints (recovery point = log end),
 then write the marker, fsynced. Checkpoints are written atomically (temp, fsync, rename, fsync
 dir), so a crash leaves the previous or the next checkpoint.
+
+Write failures: a checkpoint that cannot be written (a full disk) keeps the previous file and
+is retried at the next one (a stale checkpoint only lengthens recovery), never stopping the
+broker. After any write failure in the data dir — a failed checkpoint, a log's failed append,
+fsync or close, an offline log — close writes no clean-shutdown marker (KAFKA-13773), and an
+offline log's recovery point stays at its last good fsync, so the next start recovers from
+disk.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from mq.errors import ClosedError, LogDirLockedError
-from mq.log import files
+from mq.log import diskio, files
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 
@@ -55,12 +62,14 @@ class LogManager:
         self.clean_shutdown = False
         self.closed = True
         self._lock_fd = -1
+        self.write_failures = 0           # the data dir's own (checkpoints, topic removal)
 
     @classmethod
     def open(cls, data_dir: str, config_for: Callable[[str], LogConfig] | None = None,
              now_ms: int | None = None) -> LogManager:
         self = cls(data_dir, config_for)
-        os.makedirs(self.data_dir, exist_ok=True)
+        diskio.ops.makedirs(self.data_dir)
+        _tighten_mode(self.data_dir, diskio.ops.dir_mode)
         self._lock()
         try:
             self._load(now_ms)
@@ -71,7 +80,8 @@ class LogManager:
         return self
 
     def _lock(self) -> None:
-        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT,
+                     diskio.ops.file_mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -116,8 +126,9 @@ class LogManager:
         if not self.logs:
             log.info("%s: new data directory", self.data_dir)
         else:
-            log.info("%s: opened %d partition log(s) after %s shutdown", self.data_dir,
-                     len(self.logs), "a clean" if self.clean_shutdown else "an unclean")
+            log.info("%s: opened %d partition log(s), internal topics' included, after %s "
+                     "shutdown", self.data_dir, len(self.logs),
+                     "a clean" if self.clean_shutdown else "an unclean")
 
     # --- partitions ---------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -135,8 +146,14 @@ class LogManager:
         key = (topic, partition)
         if key not in self.logs:
             path = os.path.join(self.data_dir, files.partition_dir_name(topic, partition))
-            self.logs[key] = PartitionLog.open(path, config or self.config_for(topic))
-            files.fsync_dir(self.data_dir)
+            plog = PartitionLog.open(path, config or self.config_for(topic))
+            try:
+                files.fsync_dir(self.data_dir)
+            except BaseException:
+                plog.close()
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            self.logs[key] = plog
         return self.logs[key]
 
     def delete(self, topic: str, partition: int) -> None:
@@ -148,29 +165,49 @@ class LogManager:
             return
         plog.close()
         doomed = f"{plog.dir}.{uuid.uuid4().hex}-delete"
-        os.rename(plog.dir, doomed)
-        files.fsync_dir(self.data_dir)
+        try:
+            diskio.ops.rename(plog.dir, doomed)
+            files.fsync_dir(self.data_dir)
+        except OSError as err:
+            # The topic is gone from the metadata: the next start removes what is left.
+            self.write_failures += 1
+            log.warning("%s: not removed now (%s); the next start removes it", plog.dir, err)
+            if not os.path.exists(doomed):
+                return
         shutil.rmtree(doomed, ignore_errors=True)
 
     def __iter__(self) -> Iterator[PartitionLog]:
         return iter(list(self.logs.values()))
 
     # --- checkpoints and lifecycle ------------------------------------------------------------
-    def checkpoint(self) -> None:
-        """Write both checkpoint files from the logs' current state."""
-        self._write_checkpoints({k: lg.recovery_point for k, lg in self.logs.items()})
+    def checkpoint(self) -> bool:
+        """Write both checkpoint files from the logs' current state; False (logged, the old
+        files kept) when they could not be written."""
+        try:
+            files.write_checkpoint(
+                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
+                {k: lg.recovery_point for k, lg in self.logs.items()})
+            files.write_checkpoint(
+                os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
+                {k: lg.log_start_offset for k, lg in self.logs.items()
+                 if lg.log_start_offset > lg.segments[0].base_offset})
+        except OSError as err:
+            self.write_failures += 1
+            log.warning("%s: checkpoints not written (%s); the previous ones stay",
+                        self.data_dir, err.strerror or err)
+            return False
+        return True
 
-    def _write_checkpoints(self, recovery_points: dict[tuple[str, int], int]) -> None:
-        files.write_checkpoint(os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
-                               recovery_points)
-        files.write_checkpoint(
-            os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
-            {k: lg.log_start_offset for k, lg in self.logs.items()
-             if lg.log_start_offset > lg.segments[0].base_offset})
+    @property
+    def had_write_failure(self) -> bool:
+        """A write in this data dir failed since it was opened (no clean marker at close)."""
+        return bool(self.write_failures) or any(
+            lg.write_failures or lg.offline is not None for lg in self.logs.values())
 
     def flush_all(self) -> None:
         for plog in self:
-            plog.flush()
+            if plog.offline is None:
+                plog.flush()
         self.checkpoint()
 
     def apply_retention(self, now_ms: int | None = None) -> int:
@@ -186,9 +223,17 @@ class LogManager:
         try:
             for plog in self:
                 plog.close()
-            self._write_checkpoints({k: lg.log_end_offset for k, lg in self.logs.items()})
-            files.atomic_write(os.path.join(self.data_dir, files.CLEAN_SHUTDOWN_FILE),
-                               json.dumps({"version": 0, "brokerEpoch": 0}).encode())
+            # A log that closed cleanly flushed to its end; an offline one stays at its last
+            # good fsync.
+            written = self.checkpoint()
+            if written and not self.had_write_failure:
+                files.atomic_write(os.path.join(self.data_dir, files.CLEAN_SHUTDOWN_FILE),
+                                   json.dumps({"version": 0, "brokerEpoch": 0}).encode())
+            else:
+                log.warning("%s: closed after write failures: no clean-shutdown marker, so "
+                            "the next start recovers from disk", self.data_dir)
+        except OSError as err:
+            log.warning("%s: no clean-shutdown marker (%s)", self.data_dir, err)
         finally:
             self.closed = True
             self._unlock()
@@ -198,3 +243,14 @@ class LogManager:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _tighten_mode(path: str, mode: int) -> None:
+    """Take away permission bits ``mode`` does not grant (never add any): a data dir made
+    before ``file_mode`` was set keeps its files from other users that way."""
+    try:
+        current = os.stat(path).st_mode & 0o777
+        if current & ~mode:
+            os.chmod(path, current & mode)
+    except OSError as err:              # not ours to change: say so, carry on
+        log.warning("%s: permissions not tightened: %s", path, err)

@@ -12,6 +12,12 @@ next entry (Kafka's rule: the first append of a segment never gets one). Index f
 created lazily — a segment renamed to ``.deleted`` before its indexes were touched creates no
 index files.
 
+Writes go through ``diskio`` with ``pwrite`` at the tracked end (``size``), never ``O_APPEND``.
+An append either stores the whole batch with its index entries or, on any ``OSError`` (a full
+disk, an I/O error, a short write), truncates the ``.log`` back and leaves every count as it
+was; if even the truncation fails the segment is ``torn`` (bytes past ``size`` are garbage that
+recovery cuts) and its log must take no more writes. Nothing past ``size`` is ever read.
+
 Reads use ``pread`` (the broker side); client processes read through ``mq.log.reader``'s maps.
 """
 
@@ -26,7 +32,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from mq.errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
-from mq.log import files
+from mq.log import diskio, files
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.policy import SegmentMeta
@@ -75,8 +81,10 @@ class LogSegment:
         self.config = config
         self.suffix = suffix
         self.log_path = os.path.join(directory, files.segment_name(base_offset, ".log") + suffix)
-        flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT | os.O_APPEND
-        self._fd = os.open(self.log_path, flags, 0o644)
+        if read_only:
+            self._fd = os.open(self.log_path, os.O_RDONLY)
+        else:
+            self._fd = diskio.ops.open(self.log_path, os.O_RDWR | os.O_CREAT)
         self.size = os.fstat(self._fd).st_size
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
@@ -90,6 +98,7 @@ class LogSegment:
         jitter = min(config.segment_jitter_ms, config.segment_ms)
         self.rolling_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
         self.closed = False
+        self.torn = False           # a failed append could not be truncated back
 
     # --- paths and lazy indexes ---------------------------------------------------------------
     def _path(self, kind: str) -> str:
@@ -201,30 +210,60 @@ class LogSegment:
             raise InvalidOffsetError(f"{self.log_path}: offset {last_offset} does not fit "
                                      f"relative to base {self.base_offset}")
         position = self.size
-        if self.size == 0:
+        if max_timestamp > self.max_timestamp_so_far:
+            max_ts, max_ts_offset = max_timestamp, offset_of_max_timestamp
+        else:
+            max_ts, max_ts_offset = self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far
+        try:
+            diskio.write_fully(self._fd, batch, position)
+            indexed = self._index_entry(last_offset, position, max_ts, max_ts_offset)
+        except BaseException:
+            self._truncate_back(position)
+            raise
+        # Stored: only now does anything in memory move.
+        if position == 0:
             # Only the first batch's timestamp is recorded; created_ms stays the creation time
             # (Kafka's LogSegment.append does not touch it, and it must stay on the caller's
             # now_ms clock for the wall-clock roll rule).
             self.first_batch_timestamp = max_timestamp
-        files.write_all(self._fd, batch)
-        self.size += len(batch)
-        if max_timestamp > self.max_timestamp_so_far:
-            self.max_timestamp_so_far = max_timestamp
-            self.offset_of_max_timestamp_so_far = offset_of_max_timestamp
-        self._index_batch(last_offset, position, len(batch))
+        self.size = position + len(batch)
+        self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = max_ts, max_ts_offset
+        self.bytes_since_last_index_entry = len(batch) + (
+            0 if indexed else self.bytes_since_last_index_entry)
         self._next_offset = last_offset + 1
         return position
 
-    def _index_batch(self, last_offset: int, position: int, size: int) -> None:
+    def _truncate_back(self, position: int) -> None:
+        """After a failed append: cut whatever part of it reached the file (Redis's rule for
+        a short AOF write). If that fails too the segment is ``torn``."""
+        try:
+            diskio.ops.ftruncate(self._fd, position)
+        except OSError:
+            self.torn = True
+
+    def _index_entry(self, last_offset: int, position: int, max_ts: int,
+                     max_ts_offset: int) -> bool:
         """Kafka's rule, for append and recovery alike: an entry for the batch at ``position``
-        once more than ``index.interval.bytes`` went in since the last one. A full index
-        (``segment.index.bytes`` lowered since the segment was written; the roll rule keeps
-        the active segment's from filling) just stays sparser: lookups scan further."""
-        if self.bytes_since_last_index_entry > self.config.index_interval_bytes and \
-                not (self.offset_index.is_full or self.time_index.is_full):
-            self.offset_index.append(last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp_so_far,
-                                         self.offset_of_max_timestamp_so_far)
+        once more than ``index.interval.bytes`` went in since the last one; returns whether
+        it wrote one. Both entries or neither: raises ``OSError`` with both counts unchanged.
+        A full index (``segment.index.bytes`` lowered since the segment was written; the roll
+        rule keeps the active segment's from filling) just stays sparser: lookups scan
+        further."""
+        if self.bytes_since_last_index_entry <= self.config.index_interval_bytes or \
+                self.offset_index.is_full or self.time_index.is_full:
+            return False
+        self.offset_index.append(last_offset, position)
+        try:
+            self.time_index.maybe_append(max_ts, max_ts_offset)
+        except BaseException:
+            self.offset_index.entries -= 1
+            raise
+        return True
+
+    def _index_batch(self, last_offset: int, position: int, size: int) -> None:
+        """Recovery's side of ``_index_entry``, over the rebuilt maximum timestamp."""
+        if self._index_entry(last_offset, position, self.max_timestamp_so_far,
+                             self.offset_of_max_timestamp_so_far):
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += size
 
@@ -328,7 +367,7 @@ class LogSegment:
         valid, next_offset = self._rebuild()
         truncated = self.size - valid
         if truncated:
-            os.ftruncate(self._fd, valid)
+            diskio.ops.ftruncate(self._fd, valid)
             self.size = valid
         self._next_offset = next_offset
         # As a roll (and Kafka's recover) does: the final entry for the largest timestamp, so a
@@ -405,7 +444,7 @@ class LogSegment:
         if found is None:
             return 0
         removed = self.size - found.position
-        os.ftruncate(self._fd, found.position)
+        diskio.ops.ftruncate(self._fd, found.position)
         self.size = found.position
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = \
@@ -437,10 +476,10 @@ class LogSegment:
     def dup_fd(self) -> int:
         """A duplicate of the ``.log`` descriptor, for an fsync in another thread that must
         not race with this segment being closed."""
-        return os.dup(self._fd)
+        return diskio.ops.dup(self._fd)
 
     def flush(self) -> None:
-        os.fdatasync(self._fd)
+        diskio.ops.fdatasync(self._fd)
         if self._offset_index is not None:
             self._offset_index.flush()
         if self._time_index is not None:
@@ -459,10 +498,12 @@ class LogSegment:
                                              self.offset_of_max_timestamp_so_far,
                                              skip_full_check=True)
         finally:
-            for index in (self._offset_index, self._time_index):
-                if index is not None:
-                    index.close()
-            os.close(self._fd)
+            try:
+                for index in (self._offset_index, self._time_index):
+                    if index is not None:
+                        index.close()
+            finally:
+                diskio.ops.close(self._fd)
 
     def close_without_index_changes(self) -> None:
         """Close leaving files exactly as they are (``mq log check`` without ``--repair``)."""
@@ -472,7 +513,7 @@ class LogSegment:
         for index in (self._offset_index, self._time_index):
             if index is not None:
                 index.close_without_trim()
-        os.close(self._fd)
+        diskio.ops.close(self._fd)
 
     def rename_suffix(self, new_suffix: str) -> None:
         """Rename every existing file of the segment from the current suffix to ``new_suffix``
@@ -485,7 +526,7 @@ class LogSegment:
             elif kind == files.TIMEINDEX_SUFFIX and self._time_index is not None:
                 self._time_index.rename(new)
             elif os.path.exists(old):
-                os.rename(old, new)
+                diskio.ops.rename(old, new)
         self.suffix = new_suffix
         self.log_path = self._path(files.LOG_SUFFIX)
 

@@ -103,16 +103,6 @@ def test_atomic_write_overwrites_a_stale_tmp(tmp_path):
     assert os.listdir(tmp_path) == ["cp"]
 
 
-def test_write_all_large_buffer(tmp_path):
-    data = os.urandom(3 << 20)
-    fd = os.open(tmp_path / "big", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        files.write_all(fd, data)
-    finally:
-        os.close(fd)
-    assert (tmp_path / "big").read_bytes() == data
-
-
 # --- checkpoint files --------------------------------------------------------------------------
 
 def test_checkpoint_round_trip(tmp_path):
