@@ -6,6 +6,8 @@
     data_dir = "/var/lib/mq"
     socket = "/run/mq/mq.sock"
     socket_mode = "0660"
+    file_mode = "0640"                # data files; directories get x where r is set (0750)
+    min_free_bytes = 67108864         # refuse produce below this much free space (0: off)
     log_level = "INFO"
     retention_check_interval_ms = 300000
     high_watermark = "written"        # or "durable": consumers only see fsync'd data
@@ -46,6 +48,7 @@ def default_socket_path(data_dir: str | None = None) -> str:
     return os.path.join(data_dir or default_data_dir(), "mq.sock")
 
 
+_NON_NEGATIVE_INTS = frozenset({"min_free_bytes"})
 _POSITIVE_INTS = frozenset({
     "retention_check_interval_ms", "flush_interval_ms", "max_request_bytes", "state_slots",
     "cleaner_backoff_ms", "cleaner_dedupe_buffer_bytes",
@@ -58,6 +61,10 @@ class BrokerConfig:
     data_dir: str = dataclasses.field(default_factory=default_data_dir)
     socket: str = ""                              # "" = <data_dir>/mq.sock or $MQ_SOCKET
     socket_mode: int = 0o660
+    # Data files: the owner writes, the socket's group reads (clients map the logs), others
+    # nothing; directories get search permission wherever read is granted.
+    file_mode: int = 0o640
+    min_free_bytes: int = 64 * 1024 * 1024        # produce refused below this (0: never)
     log_level: str = "INFO"
     retention_check_interval_ms: int = 300_000    # log.retention.check.interval.ms
     flush_interval_ms: int = 1000                 # background fsync + checkpoint period
@@ -114,12 +121,20 @@ class BrokerConfig:
                 if not isinstance(value, Mapping):
                     raise ConfigError("topic_defaults must be a table of Kafka topic configs")
                 kwargs[key] = LogConfig.from_properties(value)
-            elif key == "socket_mode":
+            elif key in ("socket_mode", "file_mode"):
+                example = "0660" if key == "socket_mode" else "0640"
                 try:
-                    kwargs[key] = int(str(value), 8) if isinstance(value, str) else int(value)
+                    mode = int(str(value), 8) if isinstance(value, str) else int(value)
                 except ValueError:
-                    raise ConfigError(f"socket_mode must be octal like \"0660\", got "
-                                      f"{value!r}") from None
+                    mode = -1
+                if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+                    raise ConfigError(f"{key} must be octal like \"{example}\" and let the "
+                                      f"owner read and write, got {value!r}")
+                kwargs[key] = mode
+            elif key in _NON_NEGATIVE_INTS:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ConfigError(f"{key} must be an integer >= 0, got {value!r}")
+                kwargs[key] = value
             elif key in _POSITIVE_INTS:
                 if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                     raise ConfigError(f"{key} must be a positive integer, got {value!r}")

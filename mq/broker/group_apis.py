@@ -152,7 +152,12 @@ class GroupApis:
         """Keep the group record (``offsets.py``) in step with whether the group has
         members."""
         g = self.coordinator.groups.get(group)
-        self.offsets.mark_group(group, bool(g and g.members), g.epoch if g else 0, wall_ms())
+        try:
+            self.offsets.mark_group(group, bool(g and g.members), g.epoch if g else 0,
+                                    wall_ms())
+        except errors.LogWriteError as err:
+            # Only a broker crash reads the record: the next change of the group retries it.
+            log.warning("group %s: group record not written: %s", group, err)
 
     def _member_connection_closed(self, conn_id: Hashable) -> None:
         self._group_effects(self.coordinator.connection_closed(conn_id, monotonic_ms()))
@@ -331,6 +336,11 @@ class GroupApis:
         for group in list(self.offsets.groups()):
             doomed = [tp for tp in self.offsets.offsets.get(group, {}) if tp[0] == topic]
             if doomed:
-                plog = self.offsets.delete(group, doomed, now_ms=wall_ms())
+                try:
+                    plog = self.offsets.delete(group, doomed, now_ms=wall_ms())
+                except errors.LogWriteError as err:
+                    log.warning("group %s: offsets of deleted topic %s kept: %s", group, topic,
+                                err)
+                    continue
                 if plog is not None:
                     self._flush_offsets(plog)

@@ -35,14 +35,16 @@ import posix_ipc
 from mq import errors
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
-from mq.broker.flushing import Flushing, _Flusher, _FlushJob
+from mq.broker.flushing import Flushing, _Flusher
 from mq.broker.group_apis import GroupApis
 from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
+from mq.broker.space import FreeSpaceGuard
 from mq.broker.state import StateWriter, semaphore_prefix
 from mq.broker.topic_apis import TopicApis
 from mq.broker.wakeups import Wakeups
 from mq.errors import (BrokerError, InvalidPartitionsError, InvalidRequestError,
                        RemoteProtocolError, UnknownTopicOrPartitionError)
+from mq.log import diskio
 from mq.log.cleaner import CleanerConfig
 from mq.log.config import ConfigError, LogConfig
 from mq.log.log import PartitionLog
@@ -103,7 +105,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self._reload = False
         self._dirty: set[_Partition] = set()                 # HW moved this round
         self._pending_flush: dict[_Partition, int] = {}      # -> log end offset to fsync
-        self._pending_replies: list[tuple[_Conn, list]] = []
+        self._pending_replies: list[tuple[_Conn, list, _Partition]] = []
         self._inflight_jobs = 0
         self._flush_r, self._flush_w = os.pipe()
         self._flusher = _Flusher(self._flush_w)
@@ -114,6 +116,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             self._calls, lambda: list(self.logs or ()), self.data_dir,
             config=CleanerConfig(dedupe_buffer_bytes=config.cleaner_dedupe_buffer_bytes),
             backoff_ms=config.cleaner_backoff_ms, on_swapped=self._on_swapped)
+        self._space = FreeSpaceGuard(self.data_dir, config.min_free_bytes)
         self._next_retention = 0.0
         self._next_flush = 0.0
         self._signal_r, self._signal_w = os.pipe()
@@ -125,7 +128,8 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
         """Recover the data dir, publish state and listen. Raises on a second broker."""
-        os.makedirs(self.data_dir, exist_ok=True)
+        diskio.ops.file_mode = self.config.file_mode
+        diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults
         self.logs = LogManager.open(self.data_dir, lambda topic: defaults)
         try:
@@ -148,8 +152,9 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self._sel.register(self._signal_r, selectors.EVENT_READ, "signal")
         self._next_flush = time.monotonic() + self.config.flush_interval_ms / 1e3
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3
-        log.info("broker ready: data dir %s, socket %s, %d partition(s), recovery %s",
-                 self.data_dir, self.socket_path, len(self.partitions),
+        log.info("broker ready: data dir %s, socket %s, %d topic(s) with %d partition(s), "
+                 "recovery %s", self.data_dir, self.socket_path, len(self.metadata.topics),
+                 sum(info.partitions for info in self.metadata.topics.values()),
                  "skipped (clean shutdown)" if self.logs.clean_shutdown else "done")
 
     def _sync_partitions_with_metadata(self) -> None:
@@ -242,7 +247,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                 elif what == "flush":
                     self._flush_done()
                 elif what == "calls":
-                    self._calls.run_pending()
+                    self._background(self._calls.run_pending, "a cleaner call")
                 elif what == "signal":
                     try:
                         os.read(self._signal_r, 4096)
@@ -252,35 +257,36 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                     self._read(what)
                 if isinstance(what, _Conn) and events & selectors.EVENT_WRITE:
                     self._write(what)
-            self._group_timers()
+            self._background(self._group_timers, "group timers")
             now = time.monotonic()
             if now >= self._next_flush:
-                self._periodic_flush(now)
+                self._background(lambda: self._periodic_flush(now), "the periodic flush")
             if now >= self._next_retention:
-                self._retention()
+                self._background(self._retention, "retention")
             if self._reload:
                 self._reload = False
                 self._reload_config()
             self._end_of_round()
         self._shutdown()
 
+    @staticmethod
+    def _background(step, what: str) -> None:
+        """Run a step of the loop that answers no request: whatever it raises is logged, and
+        the broker keeps serving (a storage error is one line; anything else is a bug in mq
+        and gets its traceback)."""
+        try:
+            step()
+        except errors.LogWriteError as err:
+            log.warning("%s: %s", what, err)
+        except Exception:
+            log.exception("%s failed; the broker carries on", what)
+
     def _end_of_round(self) -> None:
         """Once per loop round: one flush job for every acks=all append (and the periodic
         flush), then state publication and wake-ups for partitions whose high watermark or
         segments moved, then the replies queued this round."""
-        if self._pending_flush:
-            fds = []
-            for part in self._pending_flush:
-                plog = part.log
-                for seg in reversed(plog.segments):    # the unflushed ones are a suffix
-                    if seg.next_offset <= plog.recovery_point:
-                        break
-                    if not seg.closed:
-                        fds.append(seg.dup_fd())
-            job = _FlushJob(fds, self._pending_flush, self._pending_replies)
-            self._pending_flush, self._pending_replies = {}, []
-            self._inflight_jobs += 1
-            self._flusher.submit(job)
+        if self._pending_flush or self._pending_replies:
+            self._submit_flush_job()
         for part in self._dirty:
             self._publish(part)
             if part.waiters:
@@ -397,6 +403,8 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             code = errors.InvalidConfigurationError.code if isinstance(err, ConfigError) \
                 else InvalidRequestError.code
             reply = response(req.api, req.request_id, code, str(err))
+        except errors.LogWriteError as err:
+            reply = response(req.api, req.request_id, errors.KafkaStorageError.code, str(err))
         except errors.CorruptRecordError as err:
             reply = response(req.api, req.request_id, errors.CorruptMessageError.code,
                              err.reason)
@@ -453,6 +461,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             raise errors.MessageTooLargeError(
                 f"batch of {len(batch)} bytes exceeds max.message.bytes "
                 f"{part.log.config.max_message_bytes} of topic {topic!r}")
+        self._space.admit(len(batch))
         info = part.log.append(batch if isinstance(batch, bytearray) else bytearray(batch),
                                leader_epoch=0)
         self._dirty.add(part)
@@ -491,6 +500,8 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                 if part.log.apply_retention():
                     self._dirty.add(part)
                     changed = True
+            except errors.LogWriteError as err:
+                log.warning("retention of %s-%d: %s", part.topic, part.partition, err)
             except Exception:
                 log.exception("retention failed for %s-%d", part.topic, part.partition)
         if changed:

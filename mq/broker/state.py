@@ -31,6 +31,7 @@ is a separate C call, so no barrier is needed there; other architectures would n
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import mmap
 import os
@@ -93,6 +94,14 @@ class StateWriter:
             pass
         shm = posix_ipc.SharedMemory(self.name, posix_ipc.O_CREX, mode=0o640, size=size)
         try:
+            # Reserve the pages now: a store into an unbacked page of a full /dev/shm is a
+            # SIGBUS that would kill the broker later; ENOSPC here is a clear start-up error.
+            try:
+                os.posix_fallocate(shm.fd, 0, size)
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    shm.unlink()
+                    raise
             self._map = mmap.mmap(shm.fd, size)
         finally:
             shm.close_fd()

@@ -44,9 +44,11 @@ class TopicApis:
         return info
 
     def _topic_metadata(self, info: TopicInfo) -> dict:
+        parts = [self.partitions[(info.name, p)] for p in range(info.partitions)]
         return {"id": info.topic_id, "partitions": info.partitions, "config": info.config,
-                "slots": [self.partitions[(info.name, p)].slot
-                          for p in range(info.partitions)]}
+                "slots": [part.slot for part in parts],
+                "size_bytes": [part.log.size_in_bytes for part in parts],
+                "offline": [part.log.offline for part in parts]}
 
     def _api_metadata(self, conn: _Conn, req: Request) -> list:
         names = req["topics"]
@@ -70,7 +72,9 @@ class TopicApis:
                                          f"got {count}")
         cfg = LogConfig.from_properties(config, self.config.topic_defaults)   # validates
         self._check_free_slots(count)
-        info = self.metadata.create_topic(name, count, config)
+        self._create_logs(name, range(count), cfg)
+        info = self._record_or_undo(name, range(count),
+                                    lambda: self.metadata.create_topic(name, count, config))
         for p in range(count):
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
@@ -108,12 +112,38 @@ class TopicApis:
                                          f"the new total must be larger (got {total})")
         cfg = self.metadata.config_for(name, self.config.topic_defaults)
         self._check_free_slots(total - info.partitions)
-        grown = self.metadata.set_partitions(name, total)
-        for p in range(info.partitions, total):
+        new = range(info.partitions, total)
+        self._create_logs(name, new, cfg)
+        grown = self._record_or_undo(name, new,
+                                     lambda: self.metadata.set_partitions(name, total))
+        for p in new:
             self._add_partition(name, p, cfg)
         self.state.bump_metadata_version()
         self._topic_partitions_changed(name, total)
         return response(req.api, req.request_id, 0, None, self._topic_metadata(grown))
+
+    def _create_logs(self, name: str, partitions: range, cfg: LogConfig) -> None:
+        """Create the partitions' directories and first segments before the metadata names
+        them, so a full disk fails the request with nothing recorded (and nothing left)."""
+        try:
+            for p in partitions:
+                self.logs.create(name, p, cfg)
+        except OSError as err:
+            self._remove_logs(name, partitions)
+            raise errors.KafkaStorageError(f"cannot create the partitions of {name!r}: "
+                                           f"{err.strerror or err}") from err
+
+    def _record_or_undo(self, name: str, partitions: range, record):
+        """Write the metadata record; if that fails, remove the logs made for it."""
+        try:
+            return record()
+        except BaseException:
+            self._remove_logs(name, partitions)
+            raise
+
+    def _remove_logs(self, name: str, partitions: range) -> None:
+        for p in partitions:
+            self.logs.delete(name, p)
 
     def _api_describe_configs(self, conn: _Conn, req: Request) -> list:
         name = req["topic"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mq.broker.space import format_bytes
 from mq.cli import json_line
 from mq.cli.common import (
     add_command_group,
@@ -156,15 +157,25 @@ def run_describe(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json_line({
             "topic": info["name"], "topicId": info["id"],
-            "partitions": [{"partition": p, "startOffset": start, "endOffset": end}
-                           for p, (start, end) in enumerate(info["offsets"])],
+            "partitions": [{"partition": p, "startOffset": start, "endOffset": end,
+                            "sizeBytes": size, "offline": offline}
+                           for p, ((start, end), size, offline) in enumerate(zip(
+                               info["offsets"], info["size_bytes"], info["offline"]))],
             "configs": dict(sorted(config.items())), "overrides": dict(sorted(overrides.items())),
         }))
         return 0
+    total = sum(size or 0 for size in info["size_bytes"])
     lines = [(f"Topic: {info['name']}\tTopicId: {info['id']}\t"
-              f"PartitionCount: {info['partitions']}")]
-    for p, (start, end) in enumerate(info["offsets"]):
-        lines.append(f"\tPartition: {p}\tStartOffset: {start}\tEndOffset: {end}")
+              f"PartitionCount: {info['partitions']}\tSize: {format_bytes(total)}")]
+    for p, ((start, end), size, offline) in enumerate(zip(info["offsets"], info["size_bytes"],
+                                                          info["offline"])):
+        line = f"\tPartition: {p}\tStartOffset: {start}\tEndOffset: {end}"
+        if size is not None:
+            line += f"\tSize: {format_bytes(size)}"
+        if offline:
+            line += f"\tOFFLINE: {offline}"
+        lines.append(line)
+
     lines.append("Configs (* = set on this topic; the others are the broker's defaults):")
     for key in sorted(config):
         mark = "*" if key in overrides else " "

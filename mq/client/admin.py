@@ -41,7 +41,8 @@ class Admin:
 
     def describe_topic(self, name: str) -> dict:
         """``{"name", "id", "partitions", "config" (effective), "overrides", "offsets":
-        [(start, end), ...]}``."""
+        [(start, end), ...], "size_bytes": [bytes of each partition's segments on disk],
+        "offline": [None, or why the partition takes no writes]}``."""
         conn = self._conn
         meta = conn.call(Api.METADATA, [name]).fields[0][name]
         # The rest in one round trip, not 1 + 2 per partition: requests pipeline and replies
@@ -52,8 +53,11 @@ class Admin:
         effective, overrides = conn.wait(configs).fields
         ends = [conn.wait(rid).fields[0] for rid in bounds]
         offsets = list(zip(ends[::2], ends[1::2]))
-        return {"name": name, "id": meta["id"], "partitions": meta["partitions"],
-                "config": effective, "overrides": overrides, "offsets": offsets}
+        count = meta["partitions"]
+        return {"name": name, "id": meta["id"], "partitions": count,
+                "config": effective, "overrides": overrides, "offsets": offsets,
+                "size_bytes": meta.get("size_bytes", [None] * count),
+                "offline": meta.get("offline", [None] * count)}
 
     def create_partitions(self, name: str, total: int) -> dict:
         return self._conn.call(Api.CREATE_PARTITIONS, name, int(total)).fields[0]

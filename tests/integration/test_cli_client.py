@@ -122,11 +122,13 @@ def test_topics_create_list_describe_alter_delete(broker):
         admin.delete_records("orders", 1, 2)
         info = admin.describe_topic("orders")
 
+    size = info["size_bytes"][1]
+    assert info["size_bytes"] == [0, size, 0] and 0 < size < 1024 and info["offline"] == [None] * 3
     text = ok(mq_run("topics", "describe", "orders", "--socket", s)).out.splitlines()
-    assert text[0] == f"Topic: orders\tTopicId: {info['id']}\tPartitionCount: 3"
-    assert text[1:4] == ["\tPartition: 0\tStartOffset: 0\tEndOffset: 0",
-                         "\tPartition: 1\tStartOffset: 2\tEndOffset: 5",
-                         "\tPartition: 2\tStartOffset: 0\tEndOffset: 0"]
+    assert text[0] == f"Topic: orders\tTopicId: {info['id']}\tPartitionCount: 3\tSize: {size} B"
+    assert text[1:4] == ["\tPartition: 0\tStartOffset: 0\tEndOffset: 0\tSize: 0 B",
+                         f"\tPartition: 1\tStartOffset: 2\tEndOffset: 5\tSize: {size} B",
+                         "\tPartition: 2\tStartOffset: 0\tEndOffset: 0\tSize: 0 B"]
     assert text[4].startswith("Configs (* = set on this topic")
     configs = {line[3:].partition("=")[0]: (line[1], line[3:].partition("=")[2])
                for line in text[5:]}
@@ -137,9 +139,12 @@ def test_topics_create_list_describe_alter_delete(broker):
     described = json_lines(ok(mq_run("topics", "describe", "orders", "--json", "--socket", s)))
     assert described == [{
         "topic": "orders", "topicId": info["id"],
-        "partitions": [{"partition": 0, "startOffset": 0, "endOffset": 0},
-                       {"partition": 1, "startOffset": 2, "endOffset": 5},
-                       {"partition": 2, "startOffset": 0, "endOffset": 0}],
+        "partitions": [{"partition": 0, "startOffset": 0, "endOffset": 0, "sizeBytes": 0,
+                        "offline": None},
+                       {"partition": 1, "startOffset": 2, "endOffset": 5, "sizeBytes": size,
+                        "offline": None},
+                       {"partition": 2, "startOffset": 0, "endOffset": 0, "sizeBytes": 0,
+                        "offline": None}],
         "configs": dict(sorted(info["config"].items())),
         "overrides": {"retention.ms": "3600000", "segment.bytes": "1048576"}}]
 
