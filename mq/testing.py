@@ -8,24 +8,84 @@
         b.start()         # recover and serve again on the same data dir and socket
 
 Readiness comes through a pipe the broker writes once it listens, so nothing here sleeps.
+
+A broker dies with the process that started it, even one killed with SIGKILL: it runs with
+Linux's parent-death signal (``PR_SET_PDEATHSIG``) set to SIGTERM, so it stops as ``stop()``
+stops it. The kernel sends that signal when the *thread* that forked the broker ends, not the
+process, so a broker started from any thread but the main one is forked by one long-lived
+thread of this module instead.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
+import queue
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 
 __all__ = ["broker", "BrokerProcess"]
 
 _MAX_SOCKET_PATH = 100          # sun_path is 108 bytes on Linux
+
+# Runs as ``python -c _BOOT PARENT_PID ARGS...``: sets the parent-death signal, then runs
+# ``python -m mq.broker ARGS...`` in the same process. If the parent died before prctl, the
+# broker was already reparented: it exits instead of running unowned.
+_BOOT = """\
+import ctypes, os, runpy, signal, sys
+parent = int(sys.argv.pop(1))
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass                                                         # not Linux
+if os.getppid() != parent:
+    sys.exit("mq.testing: the process that started this broker is gone")
+runpy.run_module("mq.broker", run_name="__main__", alter_sys=True)
+"""
+
+
+class _Forker:
+    """Starts subprocesses from a thread that lives as long as this process: the main thread
+    when called on it, else one daemon thread (per process: a forked child makes its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue | None = None
+        self._pid = -1
+
+    def popen(self, *args, **kwargs) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            return subprocess.Popen(*args, **kwargs)
+        with self._lock:
+            if self._requests is None or self._pid != os.getpid():
+                self._requests = queue.SimpleQueue()
+                self._pid = os.getpid()
+                threading.Thread(target=self._serve, args=(self._requests,), daemon=True,
+                                 name="mq-testing-forker").start()
+            requests = self._requests
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        requests.put((done, args, kwargs))
+        return done.result()
+
+    @staticmethod
+    def _serve(requests: queue.SimpleQueue) -> None:
+        while True:
+            done, args, kwargs = requests.get()
+            try:
+                done.set_result(subprocess.Popen(*args, **kwargs))
+            except BaseException as err:  # noqa: BLE001 -- handed to the caller
+                done.set_exception(err)
+
+
+_forker = _Forker()
 
 
 class BrokerProcess:
@@ -53,15 +113,20 @@ class BrokerProcess:
         """Start and wait until the broker listens. Raises ``RuntimeError`` with the
         broker's stderr if it exits or is not ready within ``timeout`` seconds."""
         r, w = os.pipe()
-        cmd = [sys.executable, "-m", "mq.broker", "--data-dir", self.data_dir,
+        cmd = [sys.executable, "-c", _BOOT, str(os.getpid()), "--data-dir", self.data_dir,
                "--socket", self.socket, "--log-level", self.log_level, "--ready-fd", str(w)]
         if self.config_file:
             cmd += ["--config", self.config_file]
         env = dict(os.environ, **(self.env or {}))
-        with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(cmd, pass_fds=(w,), stdout=subprocess.DEVNULL,
-                                         stderr=err, env=env)
-        os.close(w)
+        try:
+            with open(self.stderr_path, "ab") as err:
+                self.proc = _forker.popen(cmd, pass_fds=(w,), stdout=subprocess.DEVNULL,
+                                          stderr=err, env=env)
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
         try:
             # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE).
             poller = select.poll()

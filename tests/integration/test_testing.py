@@ -1,0 +1,73 @@
+"""``mq.testing``: a broker started by ``BrokerProcess`` dies with the process that started it,
+even when that process is killed with SIGKILL, and not before it (the parent-death signal
+follows the thread that forked, so a thread that started a broker and ended must not take the
+broker with it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from cli_run import WAIT, Lines
+
+import mq
+import mq.testing
+
+CHILD = textwrap.dedent("""\
+    import sys, threading
+    import mq.testing
+
+    how, path = sys.argv[1], sys.argv[2]
+    broker = mq.testing.BrokerProcess(path)
+    if how == "thread":              # started by a thread that has ended when we print
+        starter = threading.Thread(target=broker.start)
+        starter.start()
+        starter.join()
+    else:
+        broker.start()
+    print(broker.pid, broker.socket, flush=True)
+    sys.stdin.read()                 # until the test kills this process
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE   # nobody reaps it here
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("how", ["main-thread", "thread"])
+def test_broker_dies_with_the_process_that_started_it(tmp_path, how):
+    data_dir = tmp_path / "data"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, how, str(data_dir)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    broker_pid = None
+    try:
+        line = Lines(child.stdout).next(WAIT)
+        assert line, child.stderr.read().decode() if child.poll() is not None else "no pid"
+        pid_text, socket = line.decode().split()
+        broker_pid = int(pid_text)
+        assert psutil.Process(broker_pid).ppid() == child.pid
+        with mq.Admin(socket) as admin:          # alive and serving, the starter gone or not
+            assert admin.list_topics() == []
+        child.send_signal(signal.SIGKILL)
+        child.wait(WAIT)
+        mq.testing.wait_for(lambda: _gone(broker_pid), timeout=WAIT,
+                            message=f"broker {broker_pid} to exit after its parent died")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if broker_pid is not None and not _gone(broker_pid):
+            os.kill(broker_pid, signal.SIGKILL)
+        for stream in (child.stdin, child.stdout, child.stderr):
+            stream.close()
+    # SIGTERM, not SIGKILL: the broker stopped as stop() stops it (clean-shutdown marker).
+    assert (data_dir / ".kafka_cleanshutdown").exists()
