@@ -80,7 +80,12 @@ def _lines(stream):
 def run(args: argparse.Namespace) -> int:
     from mq.client.admin import Admin
     from mq.client.producer import Producer
-    from mq.errors import MessageTooLargeError, MQError, UnknownTopicOrPartitionError
+    from mq.errors import (
+        MessageTooLargeError,
+        MQError,
+        RecordListTooLargeError,
+        UnknownTopicOrPartitionError,
+    )
 
     headers = [(k, v.encode()) for k, v in parse_key_values(args.header, "--header").items()]
     separator = args.key_separator.encode() if args.key_separator is not None else None
@@ -130,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
                 except MessageTooLargeError as err:
                     stop = (f"line {number} is too large for topic {topic!r} "
                             f"(max.message.bytes {max_message}): {err}")
+                    break
+                except RecordListTooLargeError as err:     # the broker's request limit
+                    stop = f"line {number} is too large for the broker: {err}"
                     break
                 future.add_errback(on_error)
                 sent += 1

@@ -40,7 +40,7 @@ from mq.client.producer_batches import FutureRecordMetadata, _Batch, _finish, _T
 from mq.client.producer_io import _INF, Sender
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (BrokerUnavailableError, ClosedError, MessageTooLargeError, MQError,
-                       UnknownTopicOrPartitionError)
+                       RecordListTooLargeError, UnknownTopicOrPartitionError)
 from mq.log.records import RECORD_BATCH_OVERHEAD, BatchBuilder, available_codecs, codec_from_name
 from mq.protocol.messages import ACKS_ALL, Api
 
@@ -52,6 +52,11 @@ _time = time.time
 # A record's encoding adds at most 18 bytes to its key, value and headers (five varints and
 # the attributes byte); below this margin the exact single-record size check is skipped.
 _RECORD_OVERHEAD_BOUND = 32
+# What a Produce request adds to its batch (mq.protocol.messages): at most 278 bytes of
+# msgpack — array header 1, api 1, request id 9, topic 3 + 249, partition 9, acks 1, bin header
+# 5. The broker refuses a frame whose payload passes its max_request_bytes (and drops the
+# connection), so a batch may take at most max_request_bytes less this.
+REQUEST_ENVELOPE_BYTES = 512
 # Keys repeat (user ids, order ids): remembering recent hashes saves murmur2's Python loop.
 _KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
 
@@ -96,7 +101,8 @@ class Producer(Sender):
     first record is ``linger_ms`` old. ``compression_type``: None, "gzip", "snappy", "lz4",
     "zstd". ``partitioner``: ``callable(topic, key_bytes, all_partitions, available) -> int``
     or an object with such a ``partition`` method. ``max_request_size``: the largest batch
-    (and so record) sent. ``max_in_flight``: unanswered requests at once. ``retries`` /
+    (and so record) sent; never more than the broker accepts (its ``max_request_bytes``, less
+    ``REQUEST_ENVELOPE_BYTES`` for the rest of the request). ``max_in_flight``: unanswered requests at once. ``retries`` /
     ``retry_backoff_ms`` / ``delivery_timeout_ms``: how long a batch is retried.
     ``request_timeout_ms``: a request unanswered that long drops the connection (its batches
     are re-sent). ``max_block_ms``: how long ``send()`` may wait for room or metadata.
@@ -128,10 +134,14 @@ class Producer(Sender):
         self._socket = resolve_socket(socket)
         self._acks = _ACKS[acks]
         self._linger_s = linger_ms / 1000
-        self._batch_size = min(batch_size, max_request_size)
         self._codec = codec
-        self._max_request_size = max_request_size
-        self._big_record = max_request_size - RECORD_BATCH_OVERHEAD - _RECORD_OVERHEAD_BOUND
+        self._wanted_batch_size = batch_size
+        self._wanted_max_request_size = max_request_size
+        self._broker_max_request: int | None = None   # the broker's max_request_bytes
+        self._request_cap = _INF                    # ... less the request envelope
+        self._max_request_size = 0
+        self._topics: dict[str, _Topic] = {}        # fresh metadata, read without the lock
+        self._limit_requests(None)
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
         self._request_timeout_s = request_timeout_ms / 1000
@@ -150,7 +160,6 @@ class Producer(Sender):
         self._key_hashes: dict[bytes, int] = {}     # key -> to_positive(murmur2(key))
         self._partition_fn = getattr(self._partitioner, "partition", self._partitioner)
         self._on_batch_closed = getattr(self._partitioner, "on_batch_closed", None)
-        self._topics: dict[str, _Topic] = {}        # fresh metadata, read without the lock
         self._all_topics: dict[str, _Topic] = {}    # every topic seen, updated in place
         self._closed = False
         self._init_state()
@@ -198,10 +207,28 @@ class Producer(Sender):
         self._helper.start()
         self._helper_ident = self._helper.ident
 
+    def _limit_requests(self, broker_max_request) -> None:
+        """Size batches for this broker: ``max_request_size``, capped by the broker's
+        ``max_request_bytes`` (its handshake says; None: unknown) less the request envelope.
+        A changed limit drops the cached topic metadata, whose batch limits derive from it."""
+        if type(broker_max_request) is not int:
+            broker_max_request = None
+        self._broker_max_request = broker_max_request
+        self._request_cap = _INF if broker_max_request is None else \
+            broker_max_request - REQUEST_ENVELOPE_BYTES
+        limit = min(self._wanted_max_request_size, self._request_cap)
+        if limit == self._max_request_size:
+            return
+        self._max_request_size = limit
+        self._batch_size = max(1, min(self._wanted_batch_size, limit))
+        self._big_record = limit - RECORD_BATCH_OVERHEAD - _RECORD_OVERHEAD_BOUND
+        self._topics.clear()
+
     def _attach(self, conn: Connection) -> None:
         self._conn = conn
         self._fd = conn.fileno()
         self._reconnect_backoff = self._backoff_s
+        self._limit_requests(conn.broker_info.get("max_request_bytes"))
         try:
             old, self._state = self._state, StateReader(conn.broker_info["data_dir"])
             if old is not None:
@@ -248,7 +275,8 @@ class Producer(Sender):
         """Queue one record; returns a future. Raises at once: ``TypeError`` for a value or key
         that is not bytes-like, ``UnknownTopicOrPartitionError`` for an unknown topic or a
         partition out of range, ``MessageTooLargeError`` for a record over
-        ``max_request_size``, ``ClosedError`` after ``close()``, ``BrokerUnavailableError``
+        ``max_request_size``, ``RecordListTooLargeError`` for one over what the broker accepts
+        in a request (its ``max_request_bytes``), ``ClosedError`` after ``close()``, ``BrokerUnavailableError``
         when metadata is needed and no broker answers, ``TimeoutError`` after waiting
         ``max_block_ms`` for room."""
         if self._closed:
@@ -492,12 +520,17 @@ class Producer(Sender):
                            value: bytes | None, headers) -> None:
         probe = BatchBuilder()
         probe.append(ts, key, value, headers)
-        if probe.size_in_bytes > self._max_request_size:
-            raise MessageTooLargeError(
-                f"record for {topic}-{partition} is {probe.size_in_bytes} bytes as a batch "
-                f"(key {len(key) if key is not None else 0} B, value "
-                f"{len(value) if value is not None else 0} B), over max_request_size "
-                f"{self._max_request_size} B")
+        if probe.size_in_bytes <= self._max_request_size:
+            return
+        record = (f"record for {topic}-{partition} is {probe.size_in_bytes} bytes as a batch "
+                  f"(key {len(key) if key is not None else 0} B, value "
+                  f"{len(value) if value is not None else 0} B)")
+        if self._max_request_size == self._request_cap:
+            raise RecordListTooLargeError(
+                f"{record}: a request carrying it would be larger than the broker accepts "
+                f"(max_request_bytes {self._broker_max_request} B, of which a batch may take "
+                f"{self._request_cap} B)")
+        raise MessageTooLargeError(f"{record}, over max_request_size {self._max_request_size} B")
 
     # --- accumulator (all under self._lock) ---------------------------------------------------
     def _new_batch(self, info: _Topic, partition: int) -> _Batch:

@@ -55,6 +55,7 @@ from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
     MQError,
+    RecordListTooLargeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
     error_for_code,
@@ -104,6 +105,16 @@ class Sender:
                     batch.not_before = 0.0
                     self._retrying -= 1
             del ready[i]
+            if len(batch.data) > self._request_cap:
+                # Built before this broker's lower limit was known (it restarted with a new
+                # config): sending it would only make the broker drop the connection, again
+                # at every retry.
+                self._done(batch, -1, -1, RecordListTooLargeError(
+                    f"batch of {len(batch.data)} bytes for {batch.topic}-{batch.partition} is "
+                    f"larger than the broker accepts in a request (max_request_bytes "
+                    f"{self._broker_max_request} B, of which a batch may take "
+                    f"{self._request_cap} B)"), finished)
+                continue
             try:
                 rid = conn.send(Api.PRODUCE, batch.topic, batch.partition, acks, batch.data)
             except MQError as err:

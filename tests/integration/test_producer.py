@@ -15,15 +15,15 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from brokers import create_topic
+from brokers import broker_with, create_topic
 
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.partitioner import murmur2, to_positive
-from mq.client.producer import FutureRecordMetadata, Producer
+from mq.client.producer import REQUEST_ENVELOPE_BYTES, FutureRecordMetadata, Producer
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (BrokerUnavailableError, ClosedError, MessageTooLargeError,
-                       UnknownTopicOrPartitionError)
+                       RecordListTooLargeError, UnknownTopicOrPartitionError)
 from mq.log.log import PartitionLog
 from mq.log.records import GZIP, LZ4, NONE, available_codecs
 
@@ -772,3 +772,48 @@ def test_partition_waits_for_its_retry_to_be_acknowledged(fake_broker, max_in_fl
     assert len(retry_at) == 3
     between = order[retry_at[1]:retry_at[-1] + 1]
     assert {v for p, v in between if p == 0} == {victim["first"]}, (victim, order)
+
+
+# --- the broker's request limit ---------------------------------------------------------------
+
+def test_record_over_the_brokers_request_limit_fails_at_once(tmp_path, caplog):
+    """The handshake tells the producer the broker's max_request_bytes: a record that cannot
+    fit in a request raises at send() (it used to be sent, dropped with the connection, and
+    re-sent until delivery_timeout_ms), and batches are never built larger than the broker
+    accepts, whatever batch_size and max_request_size say."""
+    caplog.set_level("WARNING", logger="mq.producer")
+    with broker_with(tmp_path, max_request_bytes=4096) as b:
+        create_topic(b, "t", 1)
+        with Producer(socket=b.socket, acks=1, linger_ms=50, batch_size=65536,
+                      max_request_size=1 << 20, delivery_timeout_ms=10_000) as producer:
+            with pytest.raises(RecordListTooLargeError) as info:
+                producer.send("t", value=b"x" * 10_000, key=b"k")
+            message = str(info.value)
+            assert "value 10000 B" in message and "key 1 B" in message
+            assert "max_request_bytes 4096 B" in message
+            # Just under what a batch may take is fine; the oversized record was not queued.
+            cap = 4096 - REQUEST_ENVELOPE_BYTES
+            fits = cap - 100
+            assert producer.send("t", value=b"y" * fits).get(timeout=WAIT).offset == 0
+            # 300 records of 1000 B, lingering into batches: each batch stays under the cap.
+            futures = [producer.send("t", value=b"%04d" % i + b"z" * 996) for i in range(300)]
+            producer.flush(timeout=WAIT)
+            assert [f.get(timeout=WAIT).offset for f in futures] == list(range(1, 301))
+        assert not [r for r in caplog.records if "lost the broker connection" in r.message]
+        batches = read_batches(b, "t", 0)
+    sizes = [len(records) for _, records in batches]
+    assert sum(sizes) == 301 and max(sizes[1:]) <= cap // 1000 and len(sizes) > 2
+    values = [r[3] for _, records in batches for r in records]
+    assert values[0] == b"y" * fits
+    assert values[1:] == [b"%04d" % i + b"z" * 996 for i in range(300)]
+
+
+def test_produce_cli_line_over_the_brokers_request_limit(tmp_path):
+    from cli_run import assert_one_error, mq_run
+    with broker_with(tmp_path, max_request_bytes=4096) as b:
+        create_topic(b, "t", 1)
+        stdin = b"a\n" + b"x" * 5000 + b"\nc\n"
+        line = assert_one_error(mq_run("produce", "t", "--socket", b.socket, stdin=stdin),
+                                "line 2 is too large for the broker", "max_request_bytes 4096",
+                                "produced the 1 record before it to t", code=1)
+        assert "value 5000 B" in line
