@@ -17,6 +17,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -70,6 +71,66 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")     # argparse's negative numbers: values
+
+
+def unknown_options(parser: argparse.ArgumentParser, argv: Sequence[str]
+                    ) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The options in ``argv`` that the parser of their (sub)command does not know, and that
+    parser (its prog names the command in the message). argparse checks required arguments
+    before it reports unknown ones, so ``mq consume --bogus`` would complain about TOPIC;
+    ``main`` asks this first. Abbreviations of long options count as known (argparse takes
+    them, or calls them ambiguous)."""
+    unknown: list[str] = []
+    where = parser
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            break
+        if not arg.startswith("-") or arg == "-" or _NUMBER.match(arg) or " " in arg:
+            sub = _subcommand(parser, arg)
+            if sub is not None:
+                parser = sub
+            continue
+        action = _option(parser, arg)
+        if action is None:
+            if not unknown:
+                where = parser
+            unknown.append(arg)
+        elif action.nargs is None and "=" not in arg and arg == _name_of(action, arg):
+            i += 1                                  # its value, whatever it looks like
+    return where, unknown
+
+
+def _name_of(action: argparse.Action, arg: str) -> str:
+    """``arg`` if it is the whole option (``-n``, ``--max-messages`` or an abbreviation),
+    else the option it starts (``-n5``: its value is attached)."""
+    return arg if arg.startswith("--") or arg in action.option_strings else arg[:2]
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
+
+
+def _option(parser: argparse.ArgumentParser, arg: str):
+    """The action ``arg`` names in ``parser`` (``--opt=value``, ``-xVALUE`` and unambiguous
+    ``--op`` abbreviations included), or None."""
+    options = parser._option_string_actions
+    if arg.startswith("--"):
+        name = arg.split("=", 1)[0]
+        if name in options:
+            return options[name]
+        matches = [options[o] for o in options if o.startswith(name)]
+        return matches[0] if matches else None      # several: argparse calls it ambiguous
+    return options.get(arg) or options.get(arg[:2])
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,10 +165,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         mq_logger.addHandler(logging.NullHandler())
     try:
         parser = build_parser()
+        argv = sys.argv[1:] if argv is None else list(argv)
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:            # --help, --version
             return exc.code if isinstance(exc.code, int) else 0
+        except UsageError:
+            # An unknown option is the error to report, not what it made argparse miss.
+            command, unknown = unknown_options(parser, argv)
+            if unknown:
+                raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see "
+                                 f"'{command.prog} --help')") from None
+            raise
         run = getattr(args, "run", None)
         if run is None:
             raise UsageError(f"no command given (see '{PROG} --help')")
