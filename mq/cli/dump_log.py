@@ -20,7 +20,7 @@ from mq.cli import json_line
 from mq.cli.common import run_each
 from mq.errors import CorruptIndexError, CorruptRecordError, StorageError
 from mq.log import files
-from mq.log.check import Problem, index_entries, scan_segment
+from mq.log.check import Problem, index_entries, require_regular_file, scan_segment
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.records import LOG_APPEND_TIME, RecordBatch
@@ -212,10 +212,9 @@ def batch_json(batch: RecordBatch, valid: bool, records=None) -> dict:
 
 def _segment_file(path: str) -> tuple[str, int, str, str]:
     """(directory, base offset, kind, suffix) of a segment file; raises ``OSError`` or
-    ``StorageError`` naming the problem."""
-    os.stat(path)                                   # FileNotFoundError, PermissionError
-    if os.path.isdir(path):
-        raise IsADirectoryError(21, "is a directory, not a segment file", path)
+    ``StorageError`` naming the problem. Anything but a regular file is refused before it is
+    opened (opening a FIFO would block)."""
+    require_regular_file(path)                      # also FileNotFoundError, PermissionError
     name = os.path.basename(path)
     parsed = files.parse_segment_name(name)
     if parsed is None or parsed[1] not in _KINDS:
@@ -314,6 +313,7 @@ class Dumper:
         if not os.path.exists(log_path):
             raise StorageError(f"{path}: cannot verify without its log: {log_path} does not "
                                "exist")
+        require_regular_file(log_path)
         mismatches = 0
 
         def report(problem: Problem) -> None:

@@ -9,6 +9,7 @@ checked at all, and the verdict for a directory with problems, go to stderr as o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from mq.cli import json_line, print_error
@@ -24,8 +25,13 @@ broker."""
 CHECK_DESCRIPTION = """\
 Verify partition directories without a broker and without changing anything: every batch
 frames, has a valid CRC and decodes; offsets increase within and across segments; the .index
-and .timeindex files agree with the .log and are trimmed; no leftovers of interrupted changes
-(.deleted, .cleaned, .swap, .tmp files, an index without its .log)."""
+and .timeindex files exist, agree with the .log and are trimmed; no leftovers of interrupted
+changes (.deleted, .cleaned, .swap, .tmp files, an index without its .log).
+
+A directory whose segment files are not all regular files (a FIFO, a directory named *.log)
+is refused without opening them. Under a live broker (one holding the data dir's .lock) the
+active segment is being written: its preallocated indexes and unfinished tail are expected and
+not reported, nor are the broker's pending deletes."""
 
 CHECK_EPILOG = """\
 output:
@@ -35,13 +41,13 @@ output:
   --json prints one object per problem instead (nothing for a clean directory):
     {"dir", "file", "kind", "position", "message"}
   kinds: corrupt-batch, torn-tail, offset-order, unsupported-codec, index-mismatch,
-  index-corrupt, index-untrimmed, orphan-index, leftover
+  index-corrupt, index-untrimmed, index-missing, orphan-index, leftover
 
 --repair does what the broker does at an unclean start: it truncates each segment at its first
 torn or invalid batch (dropping every later segment), rebuilds the indexes and removes or
 finishes leftovers. It then prints what changed, one line per file (with --json, one object
 per directory), and checks the directory again. Stop the broker first: --repair refuses to run
-while another process holds the data directory's lock.
+while another process (a live broker) holds the data directory's lock.
 
 exit status: 0 when every directory is clean (or was repaired clean); 1 when problems were
 found (or remain after --repair) or a directory could not be checked; 2 for bad arguments.
@@ -92,7 +98,10 @@ def _check(directory: str, as_json: bool) -> bool:
     _print_problems(directory, result, as_json)
     if result.clean:
         if not as_json:
-            sys.stdout.write(f"{directory}: OK: {result.summary()}\n")
+            live = (f" (a live broker owns {os.path.dirname(os.path.abspath(directory))}: its "
+                    "active segment is being written, so its preallocated indexes are "
+                    "expected)") if result.live_broker else ""
+            sys.stdout.write(f"{directory}: OK: {result.summary()}{live}\n")
         return True
     print_error(f"{directory}: {plural(len(result.problems), 'problem')} found; 'mq log check "
                 f"--repair {directory}' recovers it as the broker would (stop the broker first)")

@@ -17,8 +17,22 @@ What a clean partition directory satisfies (what the broker relies on after a cl
   the largest batch timestamp of the segment up to O, both non-decreasing;
 - indexes are trimmed to their entries (an untrimmed index, zero-filled to
   ``segment.index.bytes``, is what an unclean shutdown leaves);
+- every segment with data has both indexes, as ``PartitionLog.open`` expects (it rebuilds a
+  segment missing either). Indexes may be created lazily, so one case is clean without them: the
+  last segment holding a single batch (rolled into, appended to once, closed) has no
+  ``.index``, and no ``.timeindex`` either when that batch carries no timestamp;
 - no leftovers of interrupted multi-file changes (``.deleted``, ``.cleaned``, ``.swap``,
   ``.tmp``) and no index file without its ``.log``.
+
+Every file named as a segment file must be a regular file: a FIFO would block ``open``, and a
+directory or device is no segment. Such a directory is refused (``StorageError``), as is such a
+file given to ``mq dump-log``; nothing is opened before that is known.
+
+A live broker (one holding the data directory's ``.lock``, probed with a non-blocking
+``flock`` that is released at once) owns the partition while it is checked. Its active
+segment is being written: its indexes are preallocated (untrimmed) or not created yet, and its
+tail and last index entries may be mid-append; leftovers are its work in progress (pending
+deletes, a cleaning). None of that is reported then; ``--repair`` refuses to run.
 
 Repair is exactly the broker's unclean start: ``PartitionLog.open(recovery_point=0,
 clean_shutdown=False)`` then ``close()``. It truncates each segment at its first torn or invalid
@@ -32,6 +46,7 @@ import dataclasses
 import fcntl
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 
 from mq.errors import CorruptRecordError, LogDirLockedError, StorageError, UnsupportedCodecError
@@ -50,8 +65,10 @@ __all__ = [
     "SegmentScan",
     "check_partition",
     "index_entries",
+    "live_broker_owns",
     "repair_partition",
     "require_partition_dir",
+    "require_regular_file",
     "scan_segment",
 ]
 
@@ -70,8 +87,8 @@ class Problem:
     ``path`` is the file at fault (the directory for directory-level problems), ``position`` a
     byte offset in that file when one applies, ``kind`` a stable identifier for scripts:
     ``corrupt-batch``, ``torn-tail``, ``offset-order``, ``unsupported-codec``,
-    ``index-mismatch``, ``index-corrupt``, ``index-untrimmed``, ``orphan-index``,
-    ``leftover``. ``message`` is one line naming the file and position.
+    ``index-mismatch``, ``index-corrupt``, ``index-untrimmed``, ``index-missing``,
+    ``orphan-index``, ``leftover``. ``message`` is one line naming the file and position.
     """
 
     path: str
@@ -99,16 +116,19 @@ class SegmentScan:
     records: int = 0
     first_offset: int | None = None
     next_offset: int = 0
+    max_timestamp: int = -1
     problems: list[Problem] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)
 class CheckResult:
-    """The verdict on one partition directory; clean when ``problems`` is empty."""
+    """The verdict on one partition directory; clean when ``problems`` is empty.
+    ``live_broker``: a running broker owned the directory's data dir during the check."""
 
     directory: str
     segments: list[SegmentScan] = dataclasses.field(default_factory=list)
     problems: list[Problem] = dataclasses.field(default_factory=list)
+    live_broker: bool = False
 
     @property
     def clean(self) -> bool:
@@ -298,6 +318,8 @@ def _open_index_check(seg: LogSegment, kind: str, report: Report, scan: SegmentS
         # Not a problem: segments create their indexes lazily (a segment whose single batch
         # never earned an entry has no .index), and the broker rebuilds a missing one.
         return None
+    require_regular_file(os.path.join(seg.dir, files.segment_name(seg.base_offset, kind)
+                                      + seg.suffix))    # never open a FIFO
     index = seg.offset_index if kind == files.INDEX_SUFFIX else seg.time_index
     path = index.path
     size = index.ENTRY.size
@@ -332,11 +354,16 @@ def _check_records(batch: RecordBatch) -> None:
 def scan_segment(seg: LogSegment, *, validate: bool = True, decode_records: bool = True,
                  offset_index: bool = True, time_index: bool = True,
                  on_index_problem: Report | None = None,
-                 untrimmed_is_problem: bool = True) -> SegmentScan:
+                 untrimmed_is_problem: bool = True, growing: bool = False) -> SegmentScan:
     """One streaming pass over ``seg`` (opened ``read_only``): the log, then both indexes
     against it. Index mismatches go to ``on_index_problem`` one by one when given, else into
-    the result as one problem per index file. Raises ``OSError`` for unreadable files.
+    the result as one problem per index file. ``growing``: a live broker appends to the
+    segment meanwhile (its active segment), so a partial batch at the end and index entries
+    past the bytes read are expected, and its indexes are preallocated. Raises ``OSError``
+    for unreadable files, ``StorageError`` for an index that is not a regular file.
     """
+    if growing:
+        untrimmed_is_problem = False
     scan = SegmentScan(seg.log_path, seg.base_offset, seg.size, next_offset=seg.base_offset)
     summarize = _Summarize() if on_index_problem is None else None
     report: Report = on_index_problem or summarize  # type: ignore[assignment]
@@ -376,12 +403,13 @@ def scan_segment(seg: LogSegment, *, validate: bool = True, decode_records: bool
                 time_check.batch(batch)
             if scan.first_offset is None:
                 scan.first_offset = batch.base_offset
+            scan.max_timestamp = max(scan.max_timestamp, batch.max_timestamp)
             scan.batches += 1
             scan.records += batch.records_count
             valid = batch.position + batch.size
             next_offset = batch.next_offset
         else:
-            if valid != seg.size:
+            if valid != seg.size and not growing:
                 scan.problems.append(Problem(
                     seg.log_path, "torn-tail", f"{seg.log_path} at byte {valid}: torn batch, "
                     f"{seg.size - valid} bytes after the last whole batch", valid))
@@ -394,7 +422,7 @@ def scan_segment(seg: LogSegment, *, validate: bool = True, decode_records: bool
     log_readable = not any(p.path == seg.log_path and p.kind != "unsupported-codec"
                            for p in scan.problems)
     for check in (offset_check, time_check):
-        if check is not None and log_readable:
+        if check is not None and log_readable and not growing:
             check.finish(valid, next_offset)
     if summarize is not None:
         scan.problems.extend(summarize.problems())
@@ -424,45 +452,131 @@ def require_partition_dir(directory: str) -> None:
                        f"holding <base offset>.log segments){hint}")
 
 
-def check_partition(directory: str) -> CheckResult:
-    """Verify a partition directory without changing anything (see the module docstring).
+_FILE_TYPES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"))
 
-    Raises ``StorageError`` when ``directory`` is not a partition directory and ``OSError``
-    when a file cannot be read; everything wrong with the data is a ``Problem`` in the result.
-    """
-    require_partition_dir(directory)
-    result = CheckResult(directory)
+
+def require_regular_file(path: str) -> None:
+    """Raise ``StorageError`` unless ``path`` is a regular file (symlinks followed), looking
+    with ``stat`` only: opening a FIFO would block. Raises ``OSError`` when it cannot be
+    stat'ed (``FileNotFoundError``, ``PermissionError``)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_TYPES if test(mode)), "no regular file")
+        raise StorageError(f"{path}: not a regular file (it is {kind})")
+
+
+def live_broker_owns(directory: str) -> bool:
+    """Whether a running broker holds the ``.lock`` of ``directory``'s data directory (its
+    parent). Probed with a non-blocking shared ``flock`` on a descriptor of our own, released
+    at once by closing it (a broker starting in that instant would find the dir in use)."""
+    parent = os.path.dirname(os.path.normpath(os.path.abspath(directory)))
+    try:
+        fd = os.open(os.path.join(parent, _LOCK_FILE), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False                    # no lock file: no broker ever ran on it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True                     # a broker holds it exclusively
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def _listing(directory: str, result: CheckResult, live: bool) -> tuple[list[int], set[str]]:
+    """Segment base offsets (sorted) and every name in the directory; leftovers and orphan
+    indexes go to ``result``. Raises ``StorageError`` for a segment-named entry that is not a
+    regular file (a FIFO would hang the check, and the broker could not open it either)."""
     names = sorted(os.listdir(directory))
     bases: list[int] = []
     indexes: list[tuple[int, str]] = []
     for name in names:
         path = os.path.join(directory, name)
-        if os.path.isdir(path):
-            continue
         parsed = files.parse_segment_name(name)
-        if name.endswith((files.TMP_SUFFIX, files.DELETED_SUFFIX)) or (parsed and parsed[2]):
-            result.problems.append(Problem(path, "leftover", f"{path}: leftover of an "
-                                           "interrupted change (the broker removes or "
-                                           "finishes it at open)"))
-        elif parsed is None:
-            continue
+        leftover = name.endswith((files.TMP_SUFFIX, files.DELETED_SUFFIX)) or \
+            bool(parsed and parsed[2])
+        if parsed is None and not leftover:
+            continue                    # not the storage engine's: never opened
+        try:
+            require_regular_file(path)
+        except FileNotFoundError:
+            if live:
+                continue                # deleted by the broker since the listing
+            raise
+        except StorageError as err:
+            raise StorageError(f"{err}: {directory} is not a partition directory the broker "
+                               "could open") from None
+        if leftover:
+            if not live:                # a live broker's pending delete or cleaning
+                result.problems.append(Problem(path, "leftover", f"{path}: leftover of an "
+                                               "interrupted change (the broker removes or "
+                                               "finishes it at open)"))
         elif parsed[1] == files.LOG_SUFFIX:
             bases.append(parsed[0])
         elif parsed[1] in (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX):
             indexes.append((parsed[0], path))
     known = set(bases)
     for base, path in indexes:
-        if base not in known:
+        if base not in known and not live:      # live: a segment mid-rename
             result.problems.append(Problem(path, "orphan-index", f"{path}: index without its "
                                            f"{files.segment_name(base, files.LOG_SUFFIX)}"))
+    return bases, set(names)
+
+
+def _missing_indexes(directory: str, scan: SegmentScan, names: set[str], last: bool
+                     ) -> list[Problem]:
+    """Indexes missing from a segment with data (see the module docstring for the one case
+    where that is clean)."""
+    if not scan.batches:
+        return []
+    out = []
+    for kind in (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX):
+        name = files.segment_name(scan.base_offset, kind)
+        if name in names:
+            continue
+        if last and scan.batches == 1 and (kind == files.INDEX_SUFFIX or scan.max_timestamp < 0):
+            continue                    # created lazily: a one-batch last segment has none
+        path = os.path.join(directory, name)
+        batches = f"{scan.batches} batch{'es' * (scan.batches != 1)}"
+        out.append(Problem(path, "index-missing", f"{path}: missing, but its segment holds "
+                           f"{batches} (offsets {scan.first_offset}..{scan.next_offset - 1}); "
+                           "the broker rebuilds it at open"))
+    return out
+
+
+def check_partition(directory: str, *, live_broker: bool | None = None) -> CheckResult:
+    """Verify a partition directory without changing anything (see the module docstring).
+    ``live_broker``: whether a running broker owns the data dir; None: find out
+    (``live_broker_owns``).
+
+    Raises ``StorageError`` when ``directory`` is not a partition directory (including one with
+    a segment-named entry that is not a regular file) and ``OSError`` when a file cannot be
+    read; everything wrong with the data is a ``Problem`` in the result.
+    """
+    require_partition_dir(directory)
+    live = live_broker_owns(directory) if live_broker is None else live_broker
+    result = CheckResult(directory, live_broker=live)
+    bases, names = _listing(directory, result, live)
     for i, base in enumerate(bases):
-        seg = LogSegment(directory, base, _CONFIG, read_only=True)
+        last = i + 1 == len(bases)
         try:
-            scan = scan_segment(seg)
+            seg = LogSegment(directory, base, _CONFIG, read_only=True)
+        except FileNotFoundError:
+            if live:
+                continue                # retention removed it since the listing
+            raise
+        try:
+            scan = scan_segment(seg, growing=live and last)
         finally:
             seg.close()
         result.segments.append(scan)
         result.problems.extend(scan.problems)
+        if not (live and last):         # the active segment creates its indexes lazily
+            result.problems.extend(_missing_indexes(directory, scan, names, last))
         if i + 1 < len(bases) and scan.next_offset > bases[i + 1]:
             result.problems.append(Problem(
                 scan.path, "offset-order", f"{scan.path}: offsets up to {scan.next_offset - 1} "
@@ -570,8 +684,10 @@ def _data_dir_lock(directory: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise LogDirLockedError(f"{parent} is in use by another process (is a broker "
-                                    "running on it? stop it before --repair)") from None
+            raise LogDirLockedError(f"{parent}: a live broker owns this data dir (another "
+                                    f"process holds {path}); stop it before --repair: "
+                                    "repairing under a live broker would corrupt its log"
+                                    ) from None
         yield
     finally:
         os.close(fd)
@@ -601,8 +717,8 @@ def repair_partition(directory: str) -> RepairResult:
     ``LogDirLockedError`` when a broker holds its data directory, ``OSError`` on I/O errors.
     """
     require_partition_dir(directory)
-    with _data_dir_lock(directory):
-        first = check_partition(directory)
+    with _data_dir_lock(directory):             # so no broker runs: no need to probe for one
+        first = check_partition(directory, live_broker=False)
         if first.clean:           # nothing to do: do not rebuild indexes that are fine
             return RepairResult(directory, RecoveryReport(), [], first)
         before = _snapshot(directory)
@@ -614,5 +730,5 @@ def repair_partition(directory: str) -> RepairResult:
         finally:
             plog.close()
         after = _snapshot(directory)
-    return RepairResult(directory, report, _diff(before, after, report),
-                        check_partition(directory))
+        again = check_partition(directory, live_broker=False)
+    return RepairResult(directory, report, _diff(before, after, report), again)

@@ -633,7 +633,7 @@ def test_read_only_segment_verify_without_offset_index(part):
     ``LogSegment.verify()`` on it, read-only, used to raise FileNotFoundError."""
     directory, _ = part
     last = logs(directory)[-1]
-    assert not last.with_suffix(".index").exists()
+    last.with_suffix(".index").unlink(missing_ok=True)   # the storage may create it at roll
     before = snapshot(directory)
     seg = LogSegment(str(directory), int(last.stem), CONFIG, read_only=True)
     try:
@@ -641,3 +641,146 @@ def test_read_only_segment_verify_without_offset_index(part):
     finally:
         seg.close()
     assert snapshot(directory) == before
+
+
+# --- files that are not regular files ---------------------------------------------------------
+
+def regular_files(directory: Path) -> dict:
+    """``snapshot`` of the regular files only (reading a FIFO would block)."""
+    out = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            st = path.stat()
+            out[path.name] = (st.st_size, st.st_mtime_ns,
+                              hashlib.sha256(path.read_bytes()).digest())
+    return out
+
+
+def test_dump_log_refuses_fifos_and_directories_without_hanging(tmp_path, part):
+    directory, _ = part
+    fifo_log = tmp_path / "00000000000000000000.log"
+    os.mkfifo(fifo_log)                   # opening it for reading would wait for a writer
+    assert_one_error(mq("dump-log", fifo_log, timeout=60), str(fifo_log),
+                     "not a regular file (it is a FIFO)")
+    assert_one_error(mq("dump-log", "--json", "--print-data", fifo_log, timeout=60),
+                     "it is a FIFO")
+    fifo_index = tmp_path / "00000000000000000000.timeindex"
+    os.mkfifo(fifo_index)
+    assert_one_error(mq("dump-log", fifo_index, timeout=60), "not a regular file")
+    # --verify-index-only opens the files next to the one named: those are checked too.
+    index = tmp_path / "00000000000000000000.index"
+    index.write_bytes((directory / index.name).read_bytes())
+    assert_one_error(mq("dump-log", "--verify-index-only", index, timeout=60),
+                     f"{fifo_log}: not a regular file")
+    log_copy = tmp_path / "other" / "00000000000000000000.log"
+    log_copy.parent.mkdir()
+    log_copy.write_bytes((directory / log_copy.name).read_bytes())
+    os.mkfifo(log_copy.with_suffix(".index"))
+    assert_one_error(mq("dump-log", "--verify-index-only", log_copy, timeout=60),
+                     f"{log_copy.with_suffix('.index')}: not a regular file (it is a FIFO)")
+    named_dir = tmp_path / "00000000000000000100.log"
+    named_dir.mkdir()
+    assert_one_error(mq("dump-log", named_dir, timeout=60), "not a regular file",
+                     "it is a directory")
+
+
+@pytest.mark.parametrize("entry", ["00000000000000000777.log", "00000000000000000000.timeindex",
+                                   "00000000000000000000.log.deleted"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_log_check_refuses_a_segment_name_that_is_not_a_regular_file(part, entry, kind):
+    directory, _ = part
+    if entry.endswith(".timeindex"):
+        (directory / entry).unlink()
+    before = regular_files(directory)
+    if kind == "fifo":
+        os.mkfifo(directory / entry)
+    else:
+        (directory / entry).mkdir()
+    what = "a FIFO" if kind == "fifo" else "a directory"
+    for args in (["log", "check"], ["log", "check", "--json"], ["log", "check", "--repair"]):
+        line = assert_one_error(mq(*args, directory, timeout=60), str(directory / entry),
+                                f"not a regular file (it is {what})",
+                                "not a partition directory")
+        assert "OK" not in line
+    assert regular_files(directory) == before
+
+
+# --- missing indexes ----------------------------------------------------------------------------
+
+def test_missing_indexes_check_and_repair(part):
+    directory, expected = part
+    first = logs(directory)[0]
+    for suffix in (".index", ".timeindex"):
+        first.with_suffix(suffix).unlink()
+    problems = _check_finds(directory, f"{first.with_suffix('.index')}: missing",
+                            "holds 6 batches (offsets 0..29)")
+    assert [p["kind"] for p in problems] == ["index-missing", "index-missing"]
+    assert [p["file"] for p in problems] == [str(first.with_suffix(".index")),
+                                             str(first.with_suffix(".timeindex"))]
+    out = _repair_keeps(directory, expected, len(expected))
+    assert f"rebuilt {first.stem}.index" in out and f"rebuilt {first.stem}.timeindex" in out
+    assert first.with_suffix(".index").exists() and first.with_suffix(".timeindex").exists()
+
+
+def test_a_one_batch_last_segment_without_offset_index_is_clean(part):
+    """Indexes used to be created lazily: a last segment rolled into by one batch and closed
+    had a .timeindex (close writes its final entry) but no .index. Such a segment is clean
+    (the broker rebuilds it at open); its .timeindex missing is not."""
+    directory, _ = part
+    last = logs(directory)[-1]
+    assert len(batch_positions(last)) == 1
+    last.with_suffix(".index").unlink(missing_ok=True)
+    assert last.with_suffix(".timeindex").exists()
+    assert mq("log", "check", directory).returncode == 0
+    last.with_suffix(".timeindex").unlink()
+    problems = _check_finds(directory, f"{last.with_suffix('.timeindex')}: missing")
+    assert [p["kind"] for p in problems] == ["index-missing"]
+    # A segment before the last one always had both: its .index missing is a problem.
+    first = logs(directory)[0]
+    first.with_suffix(".index").unlink()
+    problems = _check_finds(directory, f"{first.with_suffix('.index')}: missing")
+    assert sorted(p["kind"] for p in problems) == ["index-missing", "index-missing"]
+
+
+# --- a live broker ------------------------------------------------------------------------------
+
+def test_log_check_under_a_live_broker(broker):
+    from brokers import create_topic
+
+    from mq.client.producer import Producer
+    create_topic(broker, "t", 1, {"segment.bytes": "2000"})
+    with Producer(socket=broker.socket, linger_ms=0) as producer:
+        for i in range(30):
+            producer.send("t", value=b"%03d" % i + b"x" * 97).get(timeout=60)
+    directory = Path(broker.data_dir) / "t-0"
+    active = logs(directory)[-1]
+    assert len(logs(directory)) >= 3
+    index_bytes = LogConfig().segment_index_bytes
+    assert active.with_suffix(".index").stat().st_size == index_bytes   # preallocated
+    before = regular_files(directory)
+    proc = mq("log", "check", directory)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"{directory}: OK: {len(logs(directory))} segments, 30 batches")
+    assert f"a live broker owns {broker.data_dir}" in proc.stdout
+    assert "untrimmed" not in proc.stdout
+    js = mq("log", "check", "--json", directory)
+    assert (js.returncode, js.stdout, js.stderr) == (0, "", "")
+    assert_one_error(mq("log", "check", "--repair", directory),
+                     f"{broker.data_dir}: a live broker owns this data dir",
+                     "stop it before --repair")
+    assert regular_files(directory) == before
+    # Real problems are still found: a rolled segment's missing index.
+    first = logs(directory)[0]
+    first.with_suffix(".index").unlink()
+    proc = mq("log", "check", directory)
+    assert proc.returncode == 1 and "index-missing" not in proc.stdout
+    assert proc.stdout == f"{first.with_suffix('.index')}: missing, but its segment holds " \
+        f"{len(batch_positions(first))} batches (offsets 0..{len(batch_positions(first)) - 1}); " \
+        "the broker rebuilds it at open\n"
+    broker.stop()
+    assert active.with_suffix(".index").stat().st_size < index_bytes    # trimmed at close
+    proc = mq("log", "check", directory)
+    assert proc.returncode == 1 and "live broker" not in proc.stdout + proc.stderr
+    repaired = mq("log", "check", "--repair", directory)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert f"rebuilt {first.stem}.index" in repaired.stdout
