@@ -260,7 +260,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             self._background(self._group_timers, "group timers")
             now = time.monotonic()
             if now >= self._next_flush:
-                self._background(lambda: self._periodic_flush(now), "the periodic flush")
+                self._background(self._periodic_flush, "the periodic flush", now)
             if now >= self._next_retention:
                 self._background(self._retention, "retention")
             if self._reload:
@@ -270,12 +270,12 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self._shutdown()
 
     @staticmethod
-    def _background(step, what: str) -> None:
+    def _background(step, what: str, *args) -> None:
         """Run a step of the loop that answers no request: whatever it raises is logged, and
         the broker keeps serving (a storage error is one line; anything else is a bug in mq
         and gets its traceback)."""
         try:
-            step()
+            step(*args)
         except errors.LogWriteError as err:
             log.warning("%s: %s", what, err)
         except Exception:

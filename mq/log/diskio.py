@@ -33,8 +33,18 @@ import threading
 from collections.abc import Iterator
 from typing import Final
 
-__all__ = ["DiskIO", "FaultyDiskIO", "Fault", "ops", "installed", "write_fully",
-           "is_space_error", "DEFAULT_FILE_MODE", "DEFAULT_DIR_MODE", "dir_mode_for"]
+__all__ = [
+    "DEFAULT_DIR_MODE",
+    "DEFAULT_FILE_MODE",
+    "DiskIO",
+    "Fault",
+    "FaultyDiskIO",
+    "dir_mode_for",
+    "installed",
+    "is_space_error",
+    "ops",
+    "write_fully",
+]
 
 DEFAULT_FILE_MODE: Final = 0o640
 DEFAULT_DIR_MODE: Final = 0o750
@@ -218,7 +228,13 @@ class FaultyDiskIO(DiskIO):
             raise OSError(fault.errno, f"{os.strerror(fault.errno)} (injected)", path)
 
     def _path(self, fd: int) -> str:
-        return self._paths.get(fd, f"<fd {fd}>")
+        path = self._paths.get(fd)
+        if path is None:                 # opened before this seam was installed
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                path = f"<fd {fd}>"
+        return path
 
     # -- operations --------------------------------------------------------------------------
     def open(self, path: str, flags: int, mode: int | None = None) -> int:

@@ -314,10 +314,18 @@ class PartitionLog:
         """Close the active segment for appends and start a new one (never a second empty
         segment: rolling an empty active segment at the same base returns it).
 
-        Raises ``OSError`` with the log as before when the new segment cannot be created or
-        the old one's final index entry written; a failed directory fsync after that takes
-        the log offline (the roll stands in memory, maybe not on disk)."""
+        Raises ``LogWriteError``: with the log as before when the new segment cannot be
+        created or the old one's final index entry written (contained if it was for want of
+        space); offline when the directory fsync after that failed (the roll stands in
+        memory, maybe not on disk)."""
         self._check_writable()
+        try:
+            return self._roll(new_base_offset, reason, now_ms)
+        except OSError as err:
+            raise self._write_failed("roll", err) from err
+
+    def _roll(self, new_base_offset: int | None, reason: str, now_ms: int | None
+              ) -> LogSegment:
         # Never below the log end offset (Kafka's LocalLog.roll): the new segment must not
         # overlap the offsets already stored in the active one.
         base = self.log_end_offset if new_base_offset is None else max(new_base_offset,
@@ -329,6 +337,7 @@ class PartitionLog:
         # leaves the old segment active and as it was.
         seg = LogSegment(self.dir, base, self.config, now_ms=now_ms)
         try:
+            seg.create_indexes()
             active.on_become_inactive()
         except BaseException:
             seg.delete()
@@ -466,6 +475,7 @@ class PartitionLog:
             seg.delete()
         try:
             seg = LogSegment(self.dir, offset, self.config)
+            seg.create_indexes()
         except OSError as err:
             raise self._write_failed("truncate", err, contained=False) from err
         finally:
@@ -503,10 +513,7 @@ class PartitionLog:
         if count == 0:
             return 0
         if count == len(self.segments):
-            try:
-                self.roll(now_ms=now_ms)   # never delete the active segment: roll past it
-            except OSError as err:
-                raise self._write_failed("retention roll", err) from err
+            self.roll(now_ms=now_ms)   # never delete the active segment: roll past it first
         doomed, self.segments = self.segments[:count], self.segments[count:]
         self._bases = self._bases[count:]
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)

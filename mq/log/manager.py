@@ -233,6 +233,7 @@ class LogManager:
                 log.warning("%s: closed after write failures: no clean-shutdown marker, so "
                             "the next start recovers from disk", self.data_dir)
         except OSError as err:
+            self.write_failures += 1
             log.warning("%s: no clean-shutdown marker (%s)", self.data_dir, err)
         finally:
             self.closed = True

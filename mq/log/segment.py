@@ -107,6 +107,20 @@ class LogSegment:
     def index_file_exists(self, kind: str = files.INDEX_SUFFIX) -> bool:
         return os.path.exists(self._path(kind))
 
+    def create_indexes(self) -> None:
+        """Create (preallocated) both index files now, not at the first entry: a segment
+        of a live log always has them (a roll makes them with the segment, as Kafka does)."""
+        self.offset_index.sanity_check()
+        self.time_index.sanity_check()
+
+    def _existing_index(self, kind: str) -> OffsetIndex | TimeIndex | None:
+        """The index if its file exists, else None: a read never creates a file (on a full
+        disk it could not, and a lookup must not fail for it)."""
+        index = self._offset_index if kind == files.INDEX_SUFFIX else self._time_index
+        if index is None and self.index_file_exists(kind):
+            index = self.offset_index if kind == files.INDEX_SUFFIX else self.time_index
+        return index
+
     @property
     def offset_index(self) -> OffsetIndex:
         if self._offset_index is None:
@@ -142,8 +156,8 @@ class LogSegment:
 
     def _compute_next_offset(self) -> int:
         """Scan batch headers from the last offset-index entry to the end of the file."""
-        idx = self.offset_index
-        start = idx.entry(idx.entries - 1)[1] if idx.entries else 0
+        idx = self._existing_index(files.INDEX_SUFFIX)
+        start = idx.entry(idx.entries - 1)[1] if idx is not None and idx.entries else 0
         next_offset = self.base_offset
         first = True
         for base, size, last_delta, max_ts in self._scan_headers(start):
@@ -183,11 +197,13 @@ class LogSegment:
 
     @property
     def offset_index_full(self) -> bool:
-        return self.offset_index.is_full
+        index = self._existing_index(files.INDEX_SUFFIX)
+        return index is not None and index.is_full
 
     @property
     def time_index_full(self) -> bool:
-        return self.time_index.is_full
+        index = self._existing_index(files.TIMEINDEX_SUFFIX)
+        return index is not None and index.is_full
 
     def meta(self) -> SegmentMeta:
         return SegmentMeta(
@@ -278,7 +294,8 @@ class LogSegment:
     def translate_offset(self, offset: int, starting_position: int = 0) -> OffsetPosition | None:
         """The first batch whose last offset is >= ``offset`` (index floor, then a scan of
         batch headers), or None when every batch ends before it."""
-        _, index_pos = self.offset_index.lookup(offset)
+        index = self._existing_index(files.INDEX_SUFFIX)
+        index_pos = index.lookup(offset)[1] if index is not None else 0
         pos = max(index_pos, starting_position)
         for base, size, last_delta, _ in self._scan_headers(pos):
             if base + last_delta >= offset:
@@ -342,7 +359,8 @@ class LogSegment:
         >= ``timestamp``, or None. Looking up ``timestamp - 1`` in the time index makes the
         answer exact: every batch before that entry's batch has max timestamp < ``timestamp``.
         """
-        _, index_offset = self.time_index.lookup(timestamp - 1)
+        index = self._existing_index(files.TIMEINDEX_SUFFIX)
+        index_offset = index.lookup(timestamp - 1)[1] if index is not None else self.base_offset
         found = self.translate_offset(max(index_offset, starting_offset))
         if found is None:
             return None

@@ -38,3 +38,19 @@ def test_fractional_offsets_retention():
 def test_bad_values_name_the_key(key, value):
     with pytest.raises(ConfigError, match=key.split("_")[0]):
         BrokerConfig.from_mapping({key: value})
+
+
+def test_storage_safety_defaults_and_values():
+    cfg = BrokerConfig.from_mapping({})
+    assert cfg.min_free_bytes == 64 * 1024 * 1024 and cfg.file_mode == 0o640
+    cfg = BrokerConfig.from_mapping({"min_free_bytes": 0, "file_mode": "0600"})
+    assert cfg.min_free_bytes == 0 and cfg.file_mode == 0o600
+
+
+@pytest.mark.parametrize("key,value", [
+    ("min_free_bytes", -1), ("min_free_bytes", "1G"), ("file_mode", "0440"),
+    ("file_mode", "rw"), ("file_mode", "01777"), ("socket_mode", "0060"),
+])
+def test_bad_storage_values_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        BrokerConfig.from_mapping({key: value})

@@ -304,7 +304,8 @@ def test_truncate_fully_and_start_at(open_log):
     plog.truncate_fully_and_start_at(100)
     assert [s.base_offset for s in plog.segments] == [100]
     assert plog.log_start_offset == plog.log_end_offset == plog.high_watermark == 100
-    assert os.listdir(plog.dir) == ["00000000000000000100.log"]
+    assert sorted(os.listdir(plog.dir)) == [f"00000000000000000100{kind}"
+                                            for kind in (".index", ".log", ".timeindex")]
     info = plog.append(make_batch())
     assert info.first_offset == 100
 
@@ -393,7 +394,8 @@ def test_retention_of_everything_rolls_a_new_active_segment(open_log):
     assert plog.apply_retention(now_ms=1001) == count
     assert [s.base_offset for s in plog.segments] == [leo]
     assert plog.log_start_offset == plog.log_end_offset == leo
-    assert os.listdir(plog.dir) == [f"{leo:020d}.log"]
+    assert sorted(os.listdir(plog.dir)) == [f"{leo:020d}{kind}"
+                                            for kind in (".index", ".log", ".timeindex")]
     assert plog.apply_retention(now_ms=10**9) == 0      # the empty active segment stays
     assert plog.append(make_batch()).first_offset == leo
 
