@@ -9,6 +9,13 @@ started is stopped cleanly (SIGTERM) and its partitions checked with ``mq log ch
 that was already running is left alone. Processes are forked (``multiprocessing``); the workers
 ignore SIGINT so that Ctrl-C reaches only this process, which stops them and the broker.
 
+The progress line counts what can be compared: "produced" is the records in the log (the
+partitions' end offsets, read from the broker), "consumed" the distinct records the consumers
+read (per partition, the offset after the last one read: a partition is read in order from
+offset 0), read *before* the end offsets. A consumer never reads past the end, so consumed
+never exceeds produced; records delivered again (to a new owner after a rebalance) are counted
+once, and shown apart.
+
 Consumers learn when they are done from the parent: once both producers have flushed, the
 parent reads each partition's end offset and sends every consumer the targets; a consumer is
 done when it reached them on the partitions the group gave it. Production starts only once the
@@ -38,6 +45,7 @@ KEYS = 1000                       # distinct keys ("customer-0" .. "customer-999
 SEGMENT_BYTES = 4 << 20           # small, so that 200k records roll a few segments
 HEADERS = [("source", b"mq-demo")]
 STALL_S = 60.0                    # no progress this long: something is wrong, give up
+PROGRESS_S = (0.2, 2.0)           # seconds between progress lines: on a terminal, otherwise
 _ITEMS = ("keyboard", "monitor", "mouse", "laptop", "headset", "webcam", "dock")
 
 DESCRIPTION = """\
@@ -133,11 +141,40 @@ def _produce(index: int, socket: str, acks, count: int, go, progress, results) -
         results.put(("error", "producer", index, f"{type(err).__name__}: {err}"))
 
 
-def _consume(index: int, socket: str, go, progress, targets_conn, results) -> None:
+class _Distinct:
+    """Counts each consumed (partition, offset) once. A partition is read in offset order, so
+    a record below the partition's next offset is a re-delivery (a new owner after a
+    rebalance starts at the last committed offset). ``shared``: every consumer's view of the
+    next offset per partition, which the parent sums for the progress line."""
+
+    def __init__(self, shared) -> None:
+        self.shared = shared
+        self.next: dict[int, int] = {}
+        self.count = 0
+        self.redelivered = 0
+
+    def add(self, partition: int, records: list) -> list:
+        """Count ``records`` (of one partition, in order); return the new ones."""
+        start = max(self.next.get(partition, 0), self.shared[partition])
+        first = 0
+        while first < len(records) and records[first].offset < start:
+            first += 1
+        self.redelivered += first
+        new = records[first:]
+        if new:
+            self.count += len(new)
+            self.next[partition] = new[-1].offset + 1
+            self.shared[partition] = max(self.shared[partition], new[-1].offset + 1)
+        return new
+
+
+def _consume(index: int, socket: str, go, progress, next_offsets, targets_conn, results
+             ) -> None:
     _worker_signals()
     try:
         from mq.client.consumer import Consumer
-        count = payload = 0
+        distinct = _Distinct(next_offsets)
+        payload = 0
         latencies: list[int] = []
         samples: list[tuple] = []
         with Consumer(TOPIC, group_id=GROUP, socket=socket,
@@ -158,17 +195,17 @@ def _consume(index: int, socket: str, go, progress, targets_conn, results) -> No
             while True:
                 batch = consumer.poll(timeout_ms=20, max_records=5000)
                 now_ms = int(time.time() * 1000)
-                for records in batch.values():
+                for tp, records in batch.items():
+                    records = distinct.add(tp.partition, records)
                     for r in records:
                         payload += len(r.key) + len(r.value)
                         latencies.append(now_ms - r.timestamp_ms)
-                    count += len(records)
-                    if len(samples) < 2:
+                    if records and len(samples) < 2:
                         r = records[0]
                         samples.append((r.partition, r.offset, r.timestamp_ms, bytes(r.key),
                                         bytes(r.value).rstrip(), [(k, bytes(v))
                                                                   for k, v in r.headers]))
-                progress.value = count
+                progress.value = distinct.redelivered
                 if targets is None and targets_conn.poll():
                     targets = targets_conn.recv()
                 if targets is not None and all(consumer.position(tp) >= targets[tp.partition]
@@ -178,7 +215,8 @@ def _consume(index: int, socket: str, go, progress, targets_conn, results) -> No
         latencies.sort()
         results.put(("done", "consumer", index, {
             "partitions": [tp.partition for tp in tps],
-            "records": count, "bytes": payload, "start": start, "end": end,
+            "records": distinct.count, "redelivered": distinct.redelivered,
+            "bytes": payload, "start": start, "end": end,
             "latency": [latencies[int(q * (len(latencies) - 1))] for q in (0.5, 0.99, 1.0)]
             if latencies else None, "samples": samples}))
     except BaseException as err:  # noqa: BLE001 -- reported to the parent, which prints it
@@ -194,6 +232,10 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.last = 0.0
 
+    def due(self) -> bool:
+        """Whether a progress line is due (``counters`` would print now)."""
+        return time.monotonic() - self.last >= PROGRESS_S[0 if self.tty else 1]
+
     def step(self, text: str) -> None:
         if self.tty:
             sys.stderr.write("\r\x1b[K")
@@ -201,10 +243,9 @@ class _Progress:
         sys.stderr.flush()
 
     def counters(self, text: str) -> None:
-        now = time.monotonic()
-        if now - self.last < (0.2 if self.tty else 2.0):
+        if not self.due():
             return
-        self.last = now
+        self.last = time.monotonic()
         sys.stderr.write(f"\r\x1b[Kmq demo: {text}" if self.tty else f"mq demo: {text}\n")
         sys.stderr.flush()
 
@@ -311,15 +352,17 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
     counts = [args.records // n_producers + (i < args.records % n_producers)
               for i in range(n_producers)]
     acks = ["all", 1]
-    produced = [ctx.RawValue("q", 0) for _ in range(n_producers)]
-    consumed = [ctx.RawValue("q", 0) for _ in range(n_consumers)]
+    produced = [ctx.RawValue("q", 0) for _ in range(n_producers)]     # records sent
+    redelivered = [ctx.RawValue("q", 0) for _ in range(n_consumers)]
+    next_offsets = ctx.RawArray("q", args.partitions)    # per partition: after the last read
     pipes = [ctx.Pipe(duplex=False) for _ in range(n_consumers)]
     for i in range(n_producers):
         procs.append(ctx.Process(target=_produce, name=f"mq-demo-producer-{i}", daemon=True,
                                  args=(i, socket, acks[i], counts[i], go, produced[i], results)))
     for c in range(n_consumers):
         procs.append(ctx.Process(target=_consume, name=f"mq-demo-consumer-{c}", daemon=True,
-                                 args=(c, socket, go, consumed[c], pipes[c][0], results)))
+                                 args=(c, socket, go, redelivered[c], next_offsets, pipes[c][0],
+                                       results)))
     progress.step(f"topic '{TOPIC}' with {args.partitions} partitions; starting "
                   f"{n_producers} producers and {n_consumers} consumers (group '{GROUP}')")
     for p in procs:
@@ -366,27 +409,38 @@ def _run_demo(args: argparse.Namespace, socket: str, progress: _Progress, procs:
     for c in range(n_consumers):
         pipes[c][1].send(shares[c])
     wait_ready(len(procs) + n_consumers, "take their partitions")
+    admin = Admin(socket)
     go.set()
     progress.step(f"producing {args.records:,} records of {VALUE_BYTES} B and consuming them")
-    while len(done) < len(procs):
-        collect(0.1)
-        check_alive()
-        if not targets_sent and all(("producer", i) in done for i in range(n_producers)):
-            with Admin(socket) as admin:
+    with admin:
+        while len(done) < len(procs):
+            collect(0.1)
+            check_alive()
+            if not targets_sent and all(("producer", i) in done for i in range(n_producers)):
                 ends = [end for _, end in admin.describe_topic(TOPIC)["offsets"]]
-            for c in range(n_consumers):
-                pipes[c][1].send(dict(enumerate(ends)))
-            targets_sent = True
-        p_total = sum(v.value for v in produced)
-        c_total = sum(v.value for v in consumed)
-        progress.counters(f"produced {p_total:,} / {args.records:,}, consumed {c_total:,}")
-        if p_total + c_total != last_total:
-            last_total, last_change = p_total + c_total, time.monotonic()
-        elif time.monotonic() - last_change > STALL_S:
-            raise MQError(f"no progress for {STALL_S:.0f} s (produced {p_total:,}, "
-                          f"consumed {c_total:,})")
+                for c in range(n_consumers):
+                    pipes[c][1].send(dict(enumerate(ends)))
+                targets_sent = True
+            sent, c_total = sum(v.value for v in produced), sum(next_offsets)
+            if progress.due():
+                progress.counters(_progress_line(admin, c_total, args.records,
+                                                 sum(v.value for v in redelivered)))
+            if sent + c_total != last_total:
+                last_total, last_change = sent + c_total, time.monotonic()
+            elif time.monotonic() - last_change > STALL_S:
+                raise MQError(f"no progress for {STALL_S:.0f} s (sent {sent:,}, "
+                              f"consumed {c_total:,})")
     progress.done()
-    return _report(args, done, acks)
+    return _report(args, done, acks, sum(next_offsets))
+
+
+def _progress_line(admin, consumed: int, records: int, redelivered: int) -> str:
+    """``consumed`` must be read before this is called: the log end offsets read here are at
+    least as far as any consumer got then, so consumed never shows more than produced."""
+    in_log = sum(end for _, end in admin.describe_topic(TOPIC)["offsets"])
+    again = f" ({redelivered:,} re-delivered after a rebalance, counted once)" \
+        if redelivered else ""
+    return f"produced {in_log:,} / {records:,}, consumed {consumed:,}{again}"
 
 
 def _stable_shares(socket: str, partitions: int, pids: list[int], check_alive
@@ -435,7 +489,9 @@ def _total(stats: list[dict], start: float) -> dict:
             "start": start, "end": max(s["end"] for s in stats)}
 
 
-def _report(args, done: dict, acks: list) -> str:
+def _report(args, done: dict, acks: list, consumed: int) -> str:
+    """``consumed``: distinct records consumed (each partition's offset after the last one
+    read, summed)."""
     producers = [done[k] for k in sorted(done) if k[0] == "producer"]
     consumers = [done[k] for k in sorted(done) if k[0] == "consumer"]
     lines = [(f"mq demo: {args.records:,} records ({VALUE_BYTES} B values, {KEYS} keys) "
@@ -456,9 +512,12 @@ def _report(args, done: dict, acks: list) -> str:
         lines.append(f"  latency from send() to consumed: p50 {max(x[0] for x in lat)} ms, "
                      f"p99 {max(x[1] for x in lat)} ms, max {max(x[2] for x in lat)} ms "
                      "(worst consumer)")
-    ok = total_c["records"] == total_p["records"]
-    lines.append(f"  total: {total_p['records']:,} records produced, {total_c['records']:,} "
-                 f"consumed{' (all of them)' if ok else ' (MISMATCH)'}; MB are keys + values")
+    ok = consumed == total_p["records"]
+    again = sum(s["redelivered"] for s in consumers)
+    again_text = f", {again:,} re-delivered after a rebalance" if again else ""
+    lines.append(f"  total: {total_p['records']:,} records produced, {consumed:,} "
+                 f"consumed{' (all of them)' if ok else ' (MISMATCH)'}{again_text}; "
+                 "MB are keys + values")
     lines.append("")
     lines.append("sample records:")
     for s in consumers:
@@ -471,6 +530,6 @@ def _report(args, done: dict, acks: list) -> str:
                          f"value={value.decode(errors='replace')}")
     if not ok:
         from mq.errors import MQError
-        raise MQError(f"consumed {total_c['records']:,} records but produced "
+        raise MQError(f"consumed {consumed:,} records but produced "
                       f"{total_p['records']:,}")
     return "".join(line + "\n" for line in lines)

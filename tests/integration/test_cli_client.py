@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import socket as socketlib
+import subprocess
+import sys
 import time
 
 import psutil
@@ -638,3 +641,21 @@ def test_demo_uses_a_running_broker_and_recreates_its_topic(broker):
     assert info["partitions"] == 3
     assert sum(end for _, end in info["offsets"]) == 3001
     assert info["overrides"] == {"segment.bytes": str(4 << 20)}
+
+
+def test_demo_progress_never_shows_more_consumed_than_produced(broker):
+    """The progress line compares like with like: records in the log (end offsets, read
+    after) against distinct records consumed (read before). It used to set the producers'
+    send counters, updated every 1024 records, against the consumers' live count."""
+    often = ("import sys; import mq.cli.demo as demo; demo.PROGRESS_S = (0.001, 0.001); "
+             "from mq.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", often, "demo", "--socket", broker.socket,
+                           "--records", "200000"], capture_output=True, env=ENV,
+                          timeout=300, check=False)
+    result = ok(Result(proc))
+    _demo_totals(result, 200000)
+    shown = [(int(p.replace(",", "")), int(c.replace(",", ""))) for p, c in re.findall(
+        r"mq demo: produced ([\d,]+) / 200,000, consumed ([\d,]+)", result.err)]
+    assert len(shown) >= 2, result
+    assert [(p, c) for p, c in shown if c > p] == []
+    assert "re-delivered" not in result.err + result.out        # the group did not rebalance
