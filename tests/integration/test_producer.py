@@ -110,6 +110,35 @@ def test_future_interface_and_callbacks(broker):
         assert late == [meta]
 
 
+def test_callback_and_errback_arguments_as_the_readme_says(broker, caplog):
+    """add_callback(fn, *args, **kwargs) calls fn(*args, metadata, **kwargs); add_errback
+    the same with the exception; an exception in a callback is logged, not raised."""
+    create_topic(broker, "small", 1, {"max.message.bytes": "2000"})
+    got: list = []
+    both = threading.Semaphore(0)
+
+    def record(*args, **kwargs):
+        got.append((args, kwargs))
+        both.release()
+
+    def boom(meta):
+        raise RuntimeError("callback failed")
+
+    with Producer(socket=broker.socket, acks=1) as producer:
+        good = producer.send("small", value=b"ok")
+        good.add_callback(boom).add_callback(record, "a", 2, tag="cb")
+        bad = producer.send("small", value=b"x" * 3000, partition=0)
+        bad.add_errback(record, "b", tag="eb").add_callback(record, "never")
+        meta = good.get(timeout=WAIT)
+        with pytest.raises(MessageTooLargeError) as failure:
+            bad.get(timeout=WAIT)
+        assert both.acquire(timeout=WAIT) and both.acquire(timeout=WAIT)
+        assert sorted(got, key=repr) == sorted(
+            [(("a", 2, meta), {"tag": "cb"}), (("b", failure.value), {"tag": "eb"})], key=repr)
+        assert producer.send("small", value=b"after").get(timeout=WAIT).offset == 1
+    assert any("callback" in r.message and r.exc_info for r in caplog.records)
+
+
 def test_errback_gets_the_brokers_error(broker):
     create_topic(broker, "small", 1, {"max.message.bytes": "2000"})
     errors: list = []
