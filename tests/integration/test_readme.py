@@ -16,8 +16,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _using_it() -> tuple[str, str]:
     section = README.read_text().split("\n## Using it\n", 1)[1].split("\n## ", 1)[0]
-    shell = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-    python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    shell = re.search(r"```sh\n(.*?)```", section, re.DOTALL).group(1)
+    python = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     return shell, python
 
 
