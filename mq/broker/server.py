@@ -527,7 +527,13 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
 
     # --- stopping -----------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
+        """Stop serving (a signal handler, or any thread: the loop wakes at once)."""
         self._stop = True
+        try:
+            if self._signal_w >= 0:
+                os.write(self._signal_w, b"\0")
+        except OSError:
+            pass                 # closed, or full: the loop is stopping or already awake
 
     def request_reload(self, *_: object) -> None:
         self._reload = True
@@ -592,7 +598,8 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             self.state.close()
             self.state = None
         self._close_listener()
-        for fd in (self._flush_r, self._flush_w, self._signal_r, self._signal_w):
+        signal_w, self._signal_w = self._signal_w, -1      # never written once closed
+        for fd in (self._flush_r, self._flush_w, self._signal_r, signal_w):
             try:
                 os.close(fd)
             except OSError:
