@@ -40,8 +40,10 @@ from hypothesis import strategies as st
 from mq.errors import LogWriteError
 from mq.log import diskio, files
 from mq.log.check import check_partition
+from mq.log.cleaner import clean
 from mq.log.config import LogConfig
 from mq.log.diskio import ALLOCATING_OPS, Fault, FaultyDiskIO
+from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
 from mq.log.records import build_batch
 
@@ -345,3 +347,56 @@ def test_start_up_failures_leave_a_recoverable_data_dir(mode, clean):
         check_after_recovery(root, model, FaultyDiskIO())
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+COMPACT = LogConfig(segment_bytes=500, index_interval_bytes=100, segment_index_bytes=4096,
+                    cleanup_policy="compact", min_cleanable_dirty_ratio=0.0,
+                    file_delete_delay_ms=0)
+
+
+def _compacted_log(root: str) -> tuple[PartitionLog, dict[bytes, bytes]]:
+    """A compacted-topic log with many overwritten keys, and the latest value per key."""
+    plog = PartitionLog.open(os.path.join(root, "c-0"), COMPACT, now_ms=T0)
+    latest: dict[bytes, bytes] = {}
+    for i in range(60):
+        key, value = b"k%d" % (i % 7), b"v%03d" % i
+        plog.append(build_batch([(T0 + i, key, value)]), now_ms=T0 + i)
+        latest[key] = value
+    plog.roll(now_ms=T0 + 100)
+    return plog, latest
+
+
+@pytest.mark.parametrize("mode", ["enospc-once", "disk-full", "eio-once", "short-write"])
+def test_the_cleaner_under_write_failures_keeps_every_latest_value(mode):
+    """A compaction pass whose writes fail (its ``.cleaned`` output, its swap renames) either
+    completes or leaves the log as it was, or (a swap that failed half-way) offline until the
+    next open finishes or undoes it; the latest value of every key survives either way."""
+    from mq.log.cleaner import clean
+    from mq.log.log import PartitionLog
+    n = 0
+    while True:
+        root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
+        try:
+            plog, latest = _compacted_log(root)
+            seam = FaultyDiskIO(MODES[mode](n))
+            with diskio.installed(seam):
+                try:
+                    clean(plog, T0 + 200)
+                except (OSError, LogWriteError):
+                    pass
+                plog.close()
+            if plog.offline is None:
+                assert not any(name.endswith(files.CLEANED_SUFFIX)
+                               for name in os.listdir(plog.dir))
+            reopened = PartitionLog.open(plog.dir, COMPACT, now_ms=T0)
+            values = {bytes(r.key): bytes(r.value) for b in reopened.batches()
+                      for r in b.records()}
+            assert values == latest, seam.injected
+            reopened.close()
+            assert check_partition(plog.dir).clean
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if not seam.injected:
+            break
+        n += 1
+    assert n > 10
