@@ -17,9 +17,9 @@ import os
 import subprocess
 
 import pytest
+from cli_run import mq_run, ok
 
 import mq.testing
-from cli_run import mq_run, ok
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer
 from mq.client.producer import Producer

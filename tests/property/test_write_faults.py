@@ -38,9 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mq.errors import LogWriteError
-from mq.log import diskio, files
+from mq.log import cleaner, diskio, files
 from mq.log.check import check_partition
-from mq.log.cleaner import clean
 from mq.log.config import LogConfig
 from mq.log.diskio import ALLOCATING_OPS, Fault, FaultyDiskIO
 from mq.log.log import PartitionLog
@@ -371,8 +370,6 @@ def test_the_cleaner_under_write_failures_keeps_every_latest_value(mode):
     """A compaction pass whose writes fail (its ``.cleaned`` output, its swap renames) either
     completes or leaves the log as it was, or (a swap that failed half-way) offline until the
     next open finishes or undoes it; the latest value of every key survives either way."""
-    from mq.log.cleaner import clean
-    from mq.log.log import PartitionLog
     n = 0
     while True:
         root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
@@ -381,7 +378,7 @@ def test_the_cleaner_under_write_failures_keeps_every_latest_value(mode):
             seam = FaultyDiskIO(MODES[mode](n))
             with diskio.installed(seam):
                 try:
-                    clean(plog, T0 + 200)
+                    cleaner.clean(plog, T0 + 200)
                 except (OSError, LogWriteError):
                     pass
                 plog.close()
