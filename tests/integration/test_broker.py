@@ -93,6 +93,43 @@ def test_socket_mode_is_0660(broker):
     assert stat.S_IMODE(os.stat(broker.socket).st_mode) == 0o660
 
 
+def _modes(root) -> dict[str, int]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if not name.endswith((".sock", ".stderr.log")):
+                out[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
+    return out
+
+
+def test_data_files_are_readable_by_the_owner_and_group_only(tmp_path):
+    """Who may not connect to the 0660 socket may not read the logs either (file_mode)."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)               # a dir made earlier, open to all: tightened at start
+    with mq.testing.broker(data) as b:
+        create_topic(b, "t", 2)
+        with Admin(b.socket) as admin:
+            admin.delete_records("t", 0, 0)
+        b.stop()                        # checkpoints and the clean-shutdown marker too
+    modes = _modes(data)
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o750
+    assert {"t-0", "t-1", "__cluster_metadata-0", "meta.properties",
+            "recovery-point-offset-checkpoint", "t-0/00000000000000000000.log",
+            "t-0/00000000000000000000.index"} <= set(modes)
+    wide = {name: oct(mode) for name, mode in modes.items() if mode & 0o027}
+    assert not wide, wide
+
+
+def test_file_mode_is_configurable(tmp_path):
+    with broker_with(tmp_path, file_mode="0600") as b:
+        create_topic(b, "t", 1)
+        data = b.data_dir
+    modes = _modes(data)
+    assert modes["t-0"] == 0o700 and modes["t-0/00000000000000000000.log"] == 0o600
+
+
 def test_second_broker_on_same_data_dir_exits_with_one_line(broker):
     proc = subprocess.run([sys.executable, "-m", "mq.broker", "--data-dir", broker.data_dir,
                            "--socket", broker.socket + "2"], capture_output=True, text=True,
