@@ -53,6 +53,7 @@ from typing import Any, Final, Generic, TypeVar
 from mq.log.cleaner import (CleanableRange, CleanerConfig, CleanerStats, clean, cleanable_range,
                             filthiest, max_compaction_delay_ms, read_cleaner_checkpoint,
                             resolve_first_dirty_offset, should_clean, write_cleaner_checkpoint)
+from mq.errors import LogWriteError
 from mq.log.log import PartitionLog
 from mq.log.records import NO_TIMESTAMP
 from mq.log.segment import LogSegment
@@ -345,8 +346,8 @@ class BackgroundCleaner(threading.Thread):
             candidates = []
             expired = []
             for key, plog in live.items():
-                if not plog.config.compact_enabled:
-                    continue
+                if not plog.config.compact_enabled or plog.offline is not None:
+                    continue          # an offline log takes no swap until a restart
                 known = self._known.setdefault(key, _Known(plog))
                 if known.retry_at_ms > now:
                     continue
@@ -403,9 +404,13 @@ class BackgroundCleaner(threading.Thread):
                           should_stop=lambda: self._should_stop(plog))
             self._record(plog, stats)
             return stats.completed
-        except Exception:
-            log.exception("log cleaner: pass over %s failed; the log is skipped for %d s",
-                          plog.dir, FAILED_LOG_RETRY_MS // 1000)
+        except Exception as err:
+            if isinstance(err, (OSError, LogWriteError)):     # a full disk: no traceback
+                log.warning("log cleaner: pass over %s failed (%s); the log is skipped for "
+                            "%d s", plog.dir, err, FAILED_LOG_RETRY_MS // 1000)
+            else:
+                log.exception("log cleaner: pass over %s failed; the log is skipped for %d s",
+                              plog.dir, FAILED_LOG_RETRY_MS // 1000)
             with self._cond:
                 self._totals.failures += 1
                 known = self._known.get(key)

@@ -131,7 +131,11 @@ class GroupApis:
         for group in self.offsets.expired(wall_ms(), retention_ms, empty):
             log.info("group %s: committed offsets expired (offsets.retention.minutes)", group)
             self.coordinator.delete_group(group)
-            plog = self.offsets.delete(group, now_ms=wall_ms())
+            try:
+                plog = self.offsets.delete(group, now_ms=wall_ms())
+            except errors.LogWriteError as err:     # kept; the next check tries again
+                log.warning("group %s: expired offsets not deleted: %s", group, err)
+                continue
             if plog is not None:
                 self._flush_offsets(plog)
 
