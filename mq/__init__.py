@@ -5,8 +5,8 @@ The public names live here; everything else is private to its module. See API.md
 
 from mq import errors
 from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CorruptIndexError,
-                       CorruptRecordError, MQError, OffsetOutOfRangeError, StorageError,
-                       UnsupportedCodecError)
+                       CorruptRecordError, KafkaStorageError, MQError, OffsetOutOfRangeError,
+                       StorageError, UnsupportedCodecError)
 
 __version__ = "0.1.0"
 
@@ -28,7 +28,7 @@ __all__ = [
     "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing",
     "errors", "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "OffsetOutOfRangeError", "ClosedError", "BrokerError",
-    "BrokerUnavailableError", "__version__",
+    "BrokerUnavailableError", "KafkaStorageError", "__version__",
 ]
 
 
