@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -37,6 +38,7 @@ __all__ = ["LogManager"]
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+LOCK_RETRY_S = 0.1
 META_FILE = "meta.properties"
 
 
@@ -82,12 +84,20 @@ class LogManager:
     def _lock(self) -> None:
         fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT,
                      diskio.ops.file_mode)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LogDirLockedError(f"{self.data_dir} is in use by another process "
-                                    "(is a broker already running on it?)") from None
+        # ``mq log check`` probes the lock with a shared flock for a moment: a start that
+        # meets such a probe tries again for up to LOCK_RETRY_S before it gives up.
+        deadline = time.monotonic() + LOCK_RETRY_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    continue
+                os.close(fd)
+                raise LogDirLockedError(f"{self.data_dir} is in use by another process "
+                                        "(is a broker already running on it?)") from None
         self._lock_fd = fd
 
     def _unlock(self) -> None:
