@@ -90,6 +90,10 @@ MAX_SOCKET_PATH = 100                       # sun_path is 108 bytes on Linux
 CTX = mp.get_context("forkserver")
 
 
+class Aborted(Exception):
+    """The broker cannot be started again: the run ends early (and reports why)."""
+
+
 # --- the run ------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -146,6 +150,7 @@ class Chaos:
         self.full_checks = 0
         self.restarted = False
         self.cycles_done = 0
+        self.aborted: str | None = None
         self.t0 = time.monotonic()
 
     # --- bookkeeping ------------------------------------------------------------------------
@@ -229,15 +234,15 @@ class Chaos:
             except RuntimeError as err:
                 self.violations.add("broker-start", f"start #{self.broker.starts}", str(err))
                 if attempt:
-                    raise
+                    raise Aborted(f"the broker does not start: {err}") from err
 
     def broker_exited(self) -> bool:
         """If the broker exited on its own: report it (status, stderr tail), start it again."""
         if self.broker.alive():
             return False
         self.violations.add("broker-exit", f"broker pid {self.broker.proc.pid}",
-                            f"exited on its own ({exit_text(self.broker.proc.returncode)}): "
-                            f"{self.broker.stderr_tail()}")
+                            f"exited on its own ({exit_text(self.broker.proc.returncode)}); "
+                            f"stderr ends: {self.broker.stderr_tail(4)}")
         self.disk.drain()
         self.start_broker()
         return True
@@ -248,7 +253,8 @@ class Chaos:
         code = self.broker.term()
         if code != 0:
             self.violations.add("clean-stop", f"broker pid {self.broker.proc.pid}",
-                                f"SIGTERM gave {exit_text(code)}: {self.broker.stderr_tail()}")
+                                f"SIGTERM gave {exit_text(code)}; stderr ends: "
+                                f"{self.broker.stderr_tail(4)}")
         self.log_check()
         self.check(full=True)
 
@@ -422,6 +428,18 @@ class Chaos:
                       f"broker pid {self.broker.proc.pid}")
 
     def run(self) -> None:
+        try:
+            self.cycles()
+        except Aborted as err:
+            # Still check what is on disk; the broker stays down.
+            self.aborted = f"in {self.cycle_marks[-1][1] if self.cycle_marks else 'setup'}: {err}"
+            self.progress(f"run aborted {self.aborted}")
+            self.violations.cycle = "the aborted run"
+            self.stop_workers()
+            self.log_check()
+            self.check(full=True)
+
+    def cycles(self) -> None:
         self.setup()
         for cycle in range(1, self.opts.cycles + 1):
             action = self.choose(cycle - 1)
@@ -483,6 +501,7 @@ class Chaos:
             "options": {k: v for k, v in dataclasses.asdict(self.opts).items()
                         if k not in ("dir",)},
             "reproduce": repro_command(self.opts, self.seed), "mq_commit": mq_commit(),
+            "aborted": self.aborted,
             "work_dir": self.work,
         }
 
@@ -534,6 +553,8 @@ def repro_command(opts: Options, seed: int) -> str:
 
 def print_report(res: dict) -> None:
     acts = ", ".join(f"{k} {v}" for k, v in sorted(res["actions"].items()))
+    if res["aborted"]:
+        print(f"RUN ABORTED {res['aborted']}")
     print(f"mq chaos run: {res['cycles']} cycles in {res['elapsed_s']:.0f} s "
           f"({res['elapsed_s'] / max(res['cycles'], 1):.2f} s a cycle), seed {res['seed']}, "
           f"mq {res['mq_commit']}")
@@ -541,10 +562,14 @@ def print_report(res: dict) -> None:
     if res["disk_full"] != "tmpfs":
         print(f"full-disk episodes: skipped ({res['disk_full']})")
     else:
-        survived = sum(e["broker_survived"] for e in res["episodes"])
-        print(f"full-disk episodes: {len(res['episodes'])} (broker alive at the end of "
-              f"{survived}); min_free_bytes "
-              f"{'set per broker start' if res['min_free_bytes_key'] else 'not a broker setting'}")
+        eps = res["episodes"]
+        modes = collections.Counter(e["mode"] for e in eps)
+        floor = f"0 or {FLOOR_BYTES >> 20} MiB per broker start" if res["min_free_bytes_key"] \
+            else "not a broker setting"
+        print(f"full-disk episodes: {len(eps)} ({', '.join(f'{k} {v}' for k, v in modes.items())});"
+              f" the broker logged the fault in {sum(e['broker_log_lines'] > 0 for e in eps)}, "
+              f"was alive at the end of {sum(e['broker_survived'] for e in eps)}; min_free_bytes "
+              f"{floor}")
     print(f"records acknowledged: {res['records_acked']}   records lost: {res['records_lost']}"
           f"   sends failed: {sum(res['sends_failed'].values())} {res['sends_failed'] or ''}")
     print(f"commits acknowledged: {res['commits_acked']}   commits failed: "
@@ -586,6 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     actions = tuple(a for a in args.actions.split(",") if a)
     if not actions or set(actions) - set(ACTIONS):
         ap.error(f"--actions: choose from {', '.join(ACTIONS)}")
+    if min(args.partitions, args.producers) < 1 or args.members < 0 or args.rate <= 0:
+        ap.error("--partitions, --producers and --rate must be positive, --members >= 0")
+    if args.members == 0:
+        actions = tuple(a for a in actions if a != "kill-member") or ("kill-broker",)
     opts = Options(cycles=args.cycles or (30 if args.quick else 300), seed=args.seed,
                    partitions=args.partitions, producers=args.producers, members=args.members,
                    disk_full=not args.no_disk_full, rate=args.rate, tmpfs_mb=args.tmpfs_mb,

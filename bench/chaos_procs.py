@@ -150,6 +150,7 @@ def member_main(n: int, socket: str, commit_path: str, err_path: str) -> None:
             with contextlib.suppress(MQError):
                 consumer.close()
             consumer = None
+            time.sleep(0.05)                  # no hot loop while the broker is failing
     if consumer is not None:
         consumer.close()
 
