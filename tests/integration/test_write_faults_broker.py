@@ -143,13 +143,21 @@ class Acks:
         return True
 
 
+@contextlib.contextmanager
+def seamed(b: InProcessBroker, partitions: int = 2):
+    """The broker's writes behind a fresh ``FaultyDiskIO``, the topic created, and a
+    producer that does not retry (a failed send is seen at once): yields seam, admin, acks."""
+    seam = FaultyDiskIO()
+    sock = b.config.socket
+    with diskio.installed(seam), Admin(sock) as admin, \
+            Producer(socket=sock, retries=0, linger_ms=0) as producer:
+        admin.create_topic(TOPIC, partitions)
+        yield seam, admin, Acks(producer)
+
+
 def test_full_disk_refuses_writes_serves_reads_and_recovers_when_space_returns():
     with scratch() as (data_dir, sock), InProcessBroker(data_dir, sock) as b:
-        seam = FaultyDiskIO()
-        with diskio.installed(seam), Admin(sock) as admin, \
-                Producer(socket=sock, retries=0, linger_ms=0) as producer:
-            admin.create_topic(TOPIC, 2)
-            acks = Acks(producer)
+        with seamed(b) as (seam, admin, acks):
             for i in range(20):
                 assert acks.send(i % 2)
             seam.disk_full()
@@ -189,11 +197,7 @@ def test_full_disk_refuses_writes_serves_reads_and_recovers_when_space_returns()
 
 def test_failed_fsync_acknowledges_nothing_and_takes_only_its_partition_offline():
     with scratch() as (data_dir, sock), InProcessBroker(data_dir, sock) as b:
-        seam = FaultyDiskIO()
-        with diskio.installed(seam), Admin(sock) as admin, \
-                Producer(socket=sock, retries=0, linger_ms=0) as producer:
-            admin.create_topic(TOPIC, 2)
-            acks = Acks(producer)
+        with seamed(b) as (seam, admin, acks):
             for i in range(6):
                 assert acks.send(i % 2)
             seam.add(Fault(errno.EIO, ops=frozenset({"fdatasync"}),

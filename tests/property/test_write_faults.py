@@ -26,11 +26,13 @@ A Hypothesis test adds random workloads against random fault schedules.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,36 @@ class Model:
 
 def _values(step: int) -> list[bytes]:
     return [b"step%03d-rec%d-" % (step, j) + b"x" * (step % 7 * 9) for j in range(1 + step % 3)]
+
+
+@contextlib.contextmanager
+def scratch_dir() -> Iterator[str]:
+    """A data dir of its own, on tmpfs where there is one: these runs open and close logs
+    thousands of times, and what they test is what a failed write does, not the disk."""
+    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def faulty_log(root: str) -> Iterator[tuple[FaultyDiskIO, LogManager, PartitionLog]]:
+    """A data dir opened behind a ``FaultyDiskIO`` (no faults yet) with one partition that
+    holds one record, b"a"; closed on the way out."""
+    seam = FaultyDiskIO()
+    with diskio.installed(seam):
+        manager = LogManager.open(root, lambda topic: CFG)
+        plog = manager.create(TOPIC, 0)
+        plog.append(build_batch([(T0, None, b"a")]), now_ms=T0)
+        try:
+            yield seam, manager, plog
+        finally:
+            manager.close()
+
+
+def values_of(plog: PartitionLog) -> list[bytes]:
+    return [bytes(r.value) for b in plog.batches() for r in b.records()]
 
 
 def run_workload(data_dir: str, steps: list[str], model: Model, seam: FaultyDiskIO) -> None:
@@ -172,8 +204,7 @@ MODES = {
 def one_case(mode: str, n: int) -> tuple[Model, FaultyDiskIO, bool]:
     """Run the workload with operation ``n`` failing in ``mode``; check it; returns whether
     the fault was reached."""
-    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-    try:
+    with scratch_dir() as root:
         seam = FaultyDiskIO(MODES[mode](n))
         model = Model()
         run_workload(root, WORKLOAD, model, seam)
@@ -191,8 +222,6 @@ def one_case(mode: str, n: int) -> tuple[Model, FaultyDiskIO, bool]:
                 assert model.failures_counted and model.offline_at is None
         check_after_recovery(root, model, seam)
         return model, seam, reached
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -209,39 +238,23 @@ def test_fail_every_write_operation_in_turn(mode):
 def test_a_space_error_is_reported_and_the_next_append_succeeds():
     """The issue's first finding, by hand: a short append on a full disk leaves nothing
     behind, and once space returns the next batch lands right after the last good one."""
-    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-    try:
-        seam = FaultyDiskIO()
-        with diskio.installed(seam):
-            manager = LogManager.open(root, lambda topic: CFG)
-            plog = manager.create(TOPIC, 0)
-            first = plog.append(build_batch([(T0, None, b"a")]), now_ms=T0)
+    with scratch_dir() as root:
+        with faulty_log(root) as (seam, _, plog):
             size = plog.active_segment.size
             for fault in MODES["short-write"](0):
                 seam.add(fault)
             with pytest.raises(LogWriteError, match="No space left"):
                 plog.append(build_batch([(T0, None, b"b" * 50)]), now_ms=T0)
             assert os.path.getsize(plog.active_segment.log_path) == size
-            assert plog.log_end_offset == first.last_offset + 1 and plog.offline is None
-            second = plog.append(build_batch([(T0, None, b"c")]), now_ms=T0)
-            assert second.first_offset == first.last_offset + 1
-            manager.close()
-        manager = LogManager.open(root, lambda topic: CFG)
-        plog = manager.get(TOPIC, 0)
-        assert [bytes(r.value) for b in plog.batches() for r in b.records()] == [b"a", b"c"]
-        manager.close()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+            assert plog.log_end_offset == 1 and plog.offline is None
+            assert plog.append(build_batch([(T0, None, b"c")]), now_ms=T0).first_offset == 1
+        with LogManager.open(root, lambda topic: CFG) as manager:
+            assert values_of(manager.get(TOPIC, 0)) == [b"a", b"c"]
 
 
 def test_offline_log_refuses_writes_without_touching_the_disk():
-    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-    try:
-        seam = FaultyDiskIO()
-        with diskio.installed(seam):
-            manager = LogManager.open(root, lambda topic: CFG)
-            plog = manager.create(TOPIC, 0)
-            plog.append(build_batch([(T0, None, b"a")]), now_ms=T0)
+    with scratch_dir() as root:
+        with faulty_log(root) as (seam, _, plog):
             seam.add(Fault(errno.EIO, ops=frozenset({"fdatasync"})))
             with pytest.raises(LogWriteError) as failed:
                 plog.flush()
@@ -252,24 +265,15 @@ def test_offline_log_refuses_writes_without_touching_the_disk():
                 with pytest.raises(LogWriteError, match="offline"):
                     write()
             assert seam.calls == calls
-            assert [bytes(r.value) for b in plog.batches() for r in b.records()] == [b"a"]
-            manager.close()
+            assert values_of(plog) == [b"a"]
         assert not os.path.exists(os.path.join(root, files.CLEAN_SHUTDOWN_FILE))
-        manager = LogManager.open(root, lambda topic: CFG)
-        assert not manager.clean_shutdown and manager.get(TOPIC, 0).offline is None
-        manager.close()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        with LogManager.open(root, lambda topic: CFG) as manager:
+            assert not manager.clean_shutdown and manager.get(TOPIC, 0).offline is None
 
 
 def test_a_checkpoint_that_cannot_be_written_keeps_the_old_one():
-    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-    try:
-        seam = FaultyDiskIO()
-        with diskio.installed(seam):
-            manager = LogManager.open(root, lambda topic: CFG)
-            plog = manager.create(TOPIC, 0)
-            plog.append(build_batch([(T0, None, b"a")]), now_ms=T0)
+    with scratch_dir() as root:
+        with faulty_log(root) as (seam, manager, plog):
             plog.flush()
             assert manager.checkpoint()
             path = os.path.join(root, files.RECOVERY_POINT_CHECKPOINT)
@@ -281,10 +285,7 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_old_one():
             assert Path(path).read_bytes() == before
             assert not any(name.endswith(files.TMP_SUFFIX) for name in os.listdir(root))
             seam.clear()
-            manager.close()
         assert not os.path.exists(os.path.join(root, files.CLEAN_SHUTDOWN_FILE))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 STEPS = st.lists(st.sampled_from(["append"] * 6 + ["flush", "checkpoint", "roll",
@@ -303,14 +304,11 @@ FAULTS = st.builds(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=STEPS, faults=st.lists(FAULTS, min_size=1, max_size=3))
 def test_random_workloads_under_random_faults(steps, faults):
-    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-    try:
+    with scratch_dir() as root:
         seam = FaultyDiskIO(faults)
         model = Model()
         run_workload(root, steps, model, seam)
         check_after_recovery(root, model, seam)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize("clean", [True, False], ids=["after-clean-stop", "after-crash"])
@@ -318,8 +316,7 @@ def test_random_workloads_under_random_faults(steps, faults):
 def test_start_up_failures_leave_a_recoverable_data_dir(mode, clean):
     """A broker that cannot start (its data dir fails while it opens) exits with the error;
     the data dir must still hold everything, for the start after the disk is mended."""
-    root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-    try:
+    with scratch_dir() as root:
         model = Model()
         manager = LogManager.open(root, lambda topic: CFG)
         plog = manager.create(TOPIC, 0)
@@ -344,8 +341,6 @@ def test_start_up_failures_leave_a_recoverable_data_dir(mode, clean):
             n += 1
         assert n > 3
         check_after_recovery(root, model, FaultyDiskIO())
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 COMPACT = LogConfig(segment_bytes=500, index_interval_bytes=100, segment_index_bytes=4096,
@@ -372,8 +367,7 @@ def test_the_cleaner_under_write_failures_keeps_every_latest_value(mode):
     next open finishes or undoes it; the latest value of every key survives either way."""
     n = 0
     while True:
-        root = tempfile.mkdtemp(prefix="mq-faults-", dir=SCRATCH)
-        try:
+        with scratch_dir() as root:
             plog, latest = _compacted_log(root)
             seam = FaultyDiskIO(MODES[mode](n))
             with diskio.installed(seam):
@@ -391,8 +385,6 @@ def test_the_cleaner_under_write_failures_keeps_every_latest_value(mode):
             assert values == latest, seam.injected
             reopened.close()
             assert check_partition(plog.dir).clean
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
         if not seam.injected:
             break
         n += 1
