@@ -9,8 +9,9 @@
 Invariants: batches are contiguous from byte 0 and their offsets increase; every index entry
 points at a batch start inside the file; the byte count since the last index entry decides the
 next entry (Kafka's rule: the first append of a segment never gets one). Index files are
-created lazily — a segment renamed to ``.deleted`` before its indexes were touched creates no
-index files.
+created by the first write that needs them, or with the segment (``create_indexes``: a log's
+rolls do that, as Kafka does); a read never creates one — a lookup in a segment without an
+index scans its batch headers from byte 0.
 
 Writes go through ``diskio`` with ``pwrite`` at the tracked end (``size``), never ``O_APPEND``.
 An append either stores the whole batch with its index entries or, on any ``OSError`` (a full
