@@ -3,7 +3,7 @@
 The loop thread never fsyncs a partition log. An ``acks="all"`` produce puts its partition in
 the round's flush job (``_ack_after_flush``) and its reply is held (with ``high_watermark =
 "durable"`` every produce puts its partition in); at the end of the round the loop hands the job
-(duplicated descriptors of the segments past each recovery point) to ``_Flusher``, which runs
+(duplicated descriptors of the segments past each recovery point) to ``Flusher``, which runs
 ``fdatasync`` with the GIL released and tells the loop through a pipe. ``_flush_done`` then
 advances the recovery points (in durable mode also the high watermark) and sends the held
 replies, so one fsync covers every produce that arrived while the previous one ran.
@@ -34,7 +34,7 @@ from mq.protocol.messages import response
 if TYPE_CHECKING:
     from mq.broker.server import _Conn, _Partition
 
-__all__ = ["Flushing"]
+__all__ = ["Flusher", "Flushing"]
 
 log = logging.getLogger("mq.broker")
 
@@ -47,7 +47,7 @@ class _FlushJob:
     failed: dict[_Partition, OSError] = dataclasses.field(default_factory=dict)
 
 
-class _Flusher(threading.Thread):
+class Flusher(threading.Thread):
     """Runs fdatasync for the loop; one round covers every job queued before it started."""
 
     def __init__(self, notify_fd: int) -> None:

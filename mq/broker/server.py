@@ -35,7 +35,7 @@ import posix_ipc
 from mq import errors
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
-from mq.broker.flushing import Flushing, _Flusher
+from mq.broker.flushing import Flusher, Flushing
 from mq.broker.group_apis import GroupApis
 from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
 from mq.broker.space import FreeSpaceGuard
@@ -108,7 +108,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self._pending_replies: list[tuple[_Conn, list, _Partition]] = []
         self._inflight_jobs = 0
         self._flush_r, self._flush_w = os.pipe()
-        self._flusher = _Flusher(self._flush_w)
+        self._flusher = Flusher(self._flush_w)
         # The log cleaner thread (started once the logs are open); its swaps run on this
         # loop through _calls.
         self._calls = LoopCalls()

@@ -39,7 +39,7 @@ from mq.cli.common import (
 )
 from mq.cli.dump_log import json_bytes, timestamp_type_name
 
-__all__ = ["add_parser", "record_json", "run"]
+__all__ = ["add_parser", "emit", "record_json", "run"]
 
 DESCRIPTION = """\
 Print records of TOPIC to stdout (Kafka's kafka-console-consumer): by default the value of
@@ -286,7 +286,7 @@ def _consume(consumer, args: argparse.Namespace, render) -> tuple[int, bool]:
                     break
                 continue
             records = [r for rs in batch.values() for r in rs]
-            _emit(out, render(records), len(records), printed)
+            emit(out, render(records), len(records), printed)
     except KeyboardInterrupt:
         return printed[0], True
     return printed[0], False
@@ -318,7 +318,7 @@ def _consume_group(consumer, args: argparse.Namespace, render, stop: list) -> in
             consumer.position(tp)
         if batch:
             records = [r for rs in batch.values() for r in rs]
-            _emit(out, render(records), len(records), printed)
+            emit(out, render(records), len(records), printed)
             if timeout_ms is not None:
                 idle_until = time.monotonic() + timeout_ms / 1000
         elif idle_until is not None and time.monotonic() >= idle_until:
@@ -334,7 +334,7 @@ def _wait_writable(out) -> None:
     poller.poll()
 
 
-def _emit(out, data: bytes, n: int, printed: list) -> None:
+def emit(out, data: bytes, n: int, printed: list) -> None:
     """Write all of ``data`` and add ``n`` to ``printed[0]``, with stop signals held back."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:

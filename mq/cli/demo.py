@@ -36,7 +36,7 @@ import time
 
 from mq.cli.common import formatter
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DistinctCount", "add_parser", "run"]
 
 TOPIC = "demo"
 GROUP = "mq-demo"
@@ -141,7 +141,7 @@ def _produce(index: int, socket: str, acks, count: int, go, progress, results) -
         results.put(("error", "producer", index, f"{type(err).__name__}: {err}"))
 
 
-class _Distinct:
+class DistinctCount:
     """Counts each consumed (partition, offset) once. A partition is read in offset order, so
     a record below the partition's next offset is a re-delivery (a new owner after a
     rebalance starts at the last committed offset). ``shared``: every consumer's view of the
@@ -173,7 +173,7 @@ def _consume(index: int, socket: str, go, progress, next_offsets, targets_conn, 
     _worker_signals()
     try:
         from mq.client.consumer import Consumer
-        distinct = _Distinct(next_offsets)
+        distinct = DistinctCount(next_offsets)
         payload = 0
         latencies: list[int] = []
         samples: list[tuple] = []

@@ -22,7 +22,7 @@ SKIP = 77            # the child's exit status when it cannot raise RLIMIT_NOFIL
 CHILD = textwrap.dedent("""\
     import io, os, resource, sys, threading
     import mq, mq.testing
-    from mq.cli.consume import _emit
+    from mq.cli.consume import emit
 
     OPEN = 1100
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -95,7 +95,7 @@ CHILD = textwrap.dedent("""\
     reader.start()
     printed = [0]
     with io.FileIO(w, "wb", closefd=True) as out:
-        _emit(out, b"y" * (1 << 20), 5, printed)
+        emit(out, b"y" * (1 << 20), 5, printed)
     reader.join(60)
     assert printed == [5] and drained and drained[0] > 1 << 20
     print("ok")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mq import Record
-from mq.cli.demo import _Distinct
+from mq.cli.demo import DistinctCount
 
 
 def records(partition: int, offsets) -> list[Record]:
@@ -12,7 +12,7 @@ def records(partition: int, offsets) -> list[Record]:
 
 def test_each_offset_counts_once_and_redeliveries_apart():
     shared = [0, 0]                        # the parent's per-partition next offsets
-    first, second = _Distinct(shared), _Distinct(shared)
+    first, second = DistinctCount(shared), DistinctCount(shared)
     assert [r.offset for r in first.add(0, records(0, range(10)))] == list(range(10))
     assert [r.offset for r in first.add(1, records(1, range(4)))] == [0, 1, 2, 3]
     # A rebalance: partition 0 moves to the second consumer, which starts at the last
