@@ -13,7 +13,6 @@ import dataclasses
 import errno
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from bench.chaos_checks import make_value
+from mq.testing import broker_ready
 
 TOPIC = "chaos"
 GROUP = "chaos"
@@ -201,12 +201,7 @@ class Broker:
                                          preexec_fn=_die_with_parent)  # noqa: PLW1509
         os.close(w)
         self.starts += 1
-        try:
-            ready, _, _ = select.select([r], [], [], BROKER_START_TIMEOUT_S)
-            line = os.read(r, 64) if ready else b""
-        finally:
-            os.close(r)
-        if line != b"ready\n":
+        if not broker_ready(r, BROKER_START_TIMEOUT_S):
             code = self.proc.poll()
             if code is None:
                 self.kill()

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["broker", "BrokerProcess"]
+__all__ = ["BrokerProcess", "broker", "broker_ready"]
 
 _MAX_SOCKET_PATH = 100          # sun_path is 108 bytes on Linux
 
@@ -127,15 +127,7 @@ class BrokerProcess:
             raise
         finally:
             os.close(w)
-        try:
-            # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE).
-            poller = select.poll()
-            poller.register(r, select.POLLIN)
-            ready = poller.poll(max(0, int(timeout * 1000)))
-            line = os.read(r, 64) if ready else b""
-        finally:
-            os.close(r)
-        if line != b"ready\n":
+        if not broker_ready(r, timeout):
             code = self.proc.poll()
             if code is None:
                 self.proc.kill()
@@ -190,6 +182,19 @@ def broker(path, **kwargs) -> Iterator[BrokerProcess]:
         yield proc
     finally:
         proc.close()
+
+
+def broker_ready(fd: int, timeout: float) -> bool:
+    """Wait for ``mq broker --ready-fd`` to write its ready line on pipe ``fd`` (closed
+    here); False if it did not within ``timeout`` seconds (it died, or hangs)."""
+    try:
+        # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE).
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        ready = poller.poll(max(0, int(timeout * 1000)))
+        return (os.read(fd, 64) if ready else b"") == b"ready\n"
+    finally:
+        os.close(fd)
 
 
 def wait_for(condition, timeout: float = 10.0, interval: float = 0.005,
