@@ -136,8 +136,9 @@ class LogManager:
         if not self.logs:
             log.info("%s: new data directory", self.data_dir)
         else:
-            log.info("%s: opened %d partition log(s), internal topics' included, after %s "
-                     "shutdown", self.data_dir, len(self.logs),
+            internal = sum(1 for topic, _ in self.logs if topic.startswith("__"))
+            log.info("%s: opened %d partition log(s) (%d of internal topics) after %s "
+                     "shutdown", self.data_dir, len(self.logs), internal,
                      "a clean" if self.clean_shutdown else "an unclean")
 
     # --- partitions ---------------------------------------------------------------------------
