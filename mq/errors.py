@@ -184,6 +184,23 @@ _ERROR_TABLE = [
     ("KafkaStorageError", 56, True, "The broker could not read or write its log."),
     ("UnsupportedCompressionTypeError", 76, False, "The batch uses a codec the broker refuses."),
     ("InvalidRecordError", 87, False, "A record is not valid for this topic."),
+    # idempotent and transactional producers
+    ("OutOfOrderSequenceError", 45, False, "A batch's sequence number does not follow the "
+                                           "producer's last one on this partition."),
+    ("DuplicateSequenceError", 46, False, "The batch was appended before (a retried send)."),
+    ("InvalidProducerEpochError", 47, False, "The producer's epoch is older than the "
+                                             "partition's: a newer producer took over."),
+    ("InvalidTxnStateError", 48, False, "The request does not fit the transaction's state."),
+    ("InvalidProducerIdMappingError", 49, False, "The producer id does not belong to this "
+                                                 "transactional id."),
+    ("InvalidTransactionTimeoutError", 50, False, "transaction_timeout_ms is outside the "
+                                                  "broker's limits."),
+    ("ConcurrentTransactionsError", 51, True, "The transaction is completing; retry."),
+    ("TransactionCoordinatorFencedError", 52, False, "A marker from an older coordinator."),
+    ("UnknownProducerIdError", 59, False, "The partition has no state for this producer."),
+    ("ProducerFencedError", 90, False, "A newer producer with the same transactional id "
+                                       "fenced this one."),
+    ("TransactionalIdNotFoundError", 105, False, "No such transactional id."),
     # consumer groups
     ("InvalidGroupIdError", 24, False, "The group id is not valid."),
     ("UnknownMemberIdError", 25, False, "The group does not know this member (rejoin)."),
