@@ -35,11 +35,13 @@ from typing import Final
 from mq.errors import CorruptIndexError, IndexFullError, InvalidOffsetError
 from mq.log import diskio
 
-__all__ = ["OffsetIndex", "TimeIndex", "floor_slot", "DEFAULT_MAX_INDEX_SIZE"]
+__all__ = ["OffsetIndex", "TimeIndex", "floor_slot", "DEFAULT_MAX_INDEX_SIZE", "OFFSET_ENTRY",
+           "TIME_ENTRY"]
 
 DEFAULT_MAX_INDEX_SIZE: Final = 10 * 1024 * 1024
-_OFFSET_ENTRY: Final = struct.Struct(">ii")
-_TIME_ENTRY: Final = struct.Struct(">qi")
+# The entry layouts (module doc); ``mq.log.reader`` reads ``.index`` files with the same one.
+OFFSET_ENTRY: Final = struct.Struct(">ii")
+TIME_ENTRY: Final = struct.Struct(">qi")
 _INT32_MAX: Final = (1 << 31) - 1
 
 
@@ -257,15 +259,15 @@ class _Index:
 class OffsetIndex(_Index):
     """``.index``: relative offset -> position of the batch that ends at that offset."""
 
-    ENTRY = _OFFSET_ENTRY
+    ENTRY = OFFSET_ENTRY
 
     def entry(self, slot: int) -> tuple[int, int]:
         """(absolute offset, position) of ``slot``."""
-        rel, pos = _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
+        rel, pos = OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
         return self.base_offset + rel, pos
 
     def _rel_at(self, slot: int) -> int:
-        return _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[0]
+        return OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[0]
 
     @property
     def is_full(self) -> bool:
@@ -288,7 +290,7 @@ class OffsetIndex(_Index):
         target = start_position + fetch_size
 
         def pos_at(slot: int) -> int:
-            return _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[1]
+            return OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[1]
         slot = _smallest_upper_slot(pos_at, self.entries, target)
         return None if slot < 0 else self.entry(slot)
 
@@ -301,7 +303,7 @@ class OffsetIndex(_Index):
             raise InvalidOffsetError(f"{self.path}: offset {offset} is not larger than the "
                                      f"last indexed offset {self.last_offset}")
         rel = self._relative(offset)
-        self._write_slot(self.entries, _OFFSET_ENTRY.pack(rel, position))
+        self._write_slot(self.entries, OFFSET_ENTRY.pack(rel, position))
         self.entries += 1
 
     def sanity_check(self) -> None:
@@ -309,12 +311,12 @@ class OffsetIndex(_Index):
         if self._length % 8:
             raise CorruptIndexError(self.path, f"length {self._length} is not a multiple of 8")
         if self.entries:
-            last_rel, last_pos = _OFFSET_ENTRY.unpack_from(self._mmap, (self.entries - 1) * 8)
+            last_rel, last_pos = OFFSET_ENTRY.unpack_from(self._mmap, (self.entries - 1) * 8)
             if last_rel < 0:
                 raise CorruptIndexError(self.path, f"last offset {self.base_offset + last_rel} "
                                         f"is below the base offset {self.base_offset}")
             if self.entries > 1:
-                prev_rel, prev_pos = _OFFSET_ENTRY.unpack_from(self._mmap,
+                prev_rel, prev_pos = OFFSET_ENTRY.unpack_from(self._mmap,
                                                                (self.entries - 2) * 8)
                 if prev_rel >= last_rel or prev_pos >= last_pos:
                     raise CorruptIndexError(self.path, "last entries are not increasing")
@@ -325,7 +327,7 @@ class OffsetIndex(_Index):
         self.sanity_check()
         prev_rel = prev_pos = -1
         for slot in range(self.entries):
-            rel, pos = _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
+            rel, pos = OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
             if rel <= prev_rel or pos <= prev_pos or pos >= log_size:
                 raise CorruptIndexError(self.path, f"entry {slot} (offset "
                                         f"{self.base_offset + rel}, position {pos}) is out of "
@@ -336,18 +338,18 @@ class OffsetIndex(_Index):
 class TimeIndex(_Index):
     """``.timeindex``: max timestamp so far -> offset of the batch that carried it."""
 
-    ENTRY = _TIME_ENTRY
+    ENTRY = TIME_ENTRY
 
     def entry(self, slot: int) -> tuple[int, int]:
         """(timestamp, absolute offset) of ``slot``."""
-        ts, rel = _TIME_ENTRY.unpack_from(self._mmap, slot * 12)
+        ts, rel = TIME_ENTRY.unpack_from(self._mmap, slot * 12)
         return ts, self.base_offset + rel
 
     def _ts_at(self, slot: int) -> int:
-        return _TIME_ENTRY.unpack_from(self._mmap, slot * 12)[0]
+        return TIME_ENTRY.unpack_from(self._mmap, slot * 12)[0]
 
     def _rel_at(self, slot: int) -> int:
-        return _TIME_ENTRY.unpack_from(self._mmap, slot * 12)[1]
+        return TIME_ENTRY.unpack_from(self._mmap, slot * 12)[1]
 
     @property
     def is_full(self) -> bool:
@@ -390,7 +392,7 @@ class TimeIndex(_Index):
         if self.entries >= self.max_entries:
             raise IndexFullError(f"{self.path}: time index has no slot left")
         rel = self._relative(offset)
-        self._write_slot(self.entries, _TIME_ENTRY.pack(timestamp, rel))
+        self._write_slot(self.entries, TIME_ENTRY.pack(timestamp, rel))
         self.entries += 1
 
     def sanity_check(self) -> None:

@@ -55,19 +55,24 @@ from typing import Final
 
 from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
 from mq.log import files
-from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
-                            RECORD_BATCH_OVERHEAD, RecordBatch)
+from mq.log.index import OFFSET_ENTRY, floor_slot
+from mq.log.records import (HEADER, HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC,
+                            MIN_BATCH_LENGTH, RECORD_BATCH_OVERHEAD, RecordBatch)
 
 __all__ = ["PartitionReader", "DEFAULT_REMAP_BYTES", "DEFAULT_MAX_MAPPED_SEGMENTS"]
 
 DEFAULT_REMAP_BYTES: Final = 1 << 20
 DEFAULT_MAX_MAPPED_SEGMENTS: Final = 16
 
-# The first 27 bytes of a batch header: baseOffset, batchLength, partitionLeaderEpoch, magic,
-# crc, attributes, lastOffsetDelta — all a scan needs.
-_SCAN: Final = struct.Struct(">qiibIhi")
-_FRAME: Final = struct.Struct(">qiib")        # the first 17 bytes: up to the magic
-_INDEX_ENTRY: Final = struct.Struct(">ii")
+# Leading fields of ``records.HEADER`` (the one definition of the batch header). A scan needs
+# the first seven, 27 bytes: baseOffset, batchLength, partitionLeaderEpoch, magic, crc,
+# attributes, lastOffsetDelta; a tail too short for a header only its first four (17 bytes).
+_SCAN: Final = struct.Struct(HEADER.format[:8])
+_FRAME: Final = struct.Struct(HEADER.format[:5])
+assert _SCAN.size == 27 and _FRAME.size == HEADER_SIZE_UP_TO_MAGIC
+# ``.index`` slots that cannot be used sort after every offset: the entries are a prefix of
+# increasing (offset, position) pairs followed by preallocated zeros.
+_PAST_END: Final = 1 << 63
 
 
 class _Segment:
@@ -148,29 +153,25 @@ class _Segment:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return 0
+        usable: dict[int, tuple[int, int]] = {}
+
+        def key_at(slot: int) -> int:
+            raw = os.pread(fd, OFFSET_ENTRY.size, slot * OFFSET_ENTRY.size)
+            if len(raw) < OFFSET_ENTRY.size:      # shrunk under us (roll): past the end
+                return _PAST_END
+            rel, pos = OFFSET_ENTRY.unpack(raw)
+            if pos <= 0 or pos >= limit:
+                return _PAST_END
+            usable[slot] = (rel, pos)
+            return rel
         try:
-            entries = os.fstat(fd).st_size // _INDEX_ENTRY.size
-            target = offset - self.base
-            # key(slot) = relative offset while the entry is usable, +inf after: entries are a
-            # prefix of increasing (offset, position) pairs followed by zeros.
-            lo, hi, best = 0, entries - 1, None
-            while lo <= hi:
-                mid = (lo + hi) >> 1
-                raw = os.pread(fd, _INDEX_ENTRY.size, mid * _INDEX_ENTRY.size)
-                if len(raw) < _INDEX_ENTRY.size:      # shrunk under us (roll): past the end
-                    hi = mid - 1
-                    continue
-                rel, pos = _INDEX_ENTRY.unpack(raw)
-                if pos <= 0 or pos >= limit or rel > target:
-                    hi = mid - 1
-                else:
-                    best = (rel, pos)
-                    lo = mid + 1
+            slot = floor_slot(key_at, os.fstat(fd).st_size // OFFSET_ENTRY.size,
+                              offset - self.base)
         finally:
             os.close(fd)
-        if best is None:
+        if slot < 0:
             return 0
-        rel, pos = best
+        rel, pos = usable[slot]                   # floor_slot probed it: usable and <= target
         head = self.header(pos, limit)
         if head is None or head[0] + head[2] != self.base + rel:
             return 0                      # a stale or damaged entry: the scan from 0 decides
