@@ -1,0 +1,326 @@
+"""Idempotent and transactional producer state of one partition (Kafka's ProducerStateManager).
+
+Per producer id: its epoch, the coordinator epoch of its last transaction marker, the time of
+its last batch, the first offset of its open transaction (-1: none) and the last five batches it
+appended — enough to answer a retried batch with its original offsets instead of appending it
+again (a producer keeps at most five requests in flight).
+
+Rules for a producer's batch (epoch E, first sequence S, last sequence L; Kafka's
+``ProducerAppendInfo``, ``../shared/reference/kafka-log-layer.md`` §6.1), checked before it is
+appended:
+
+- same epoch and one of the five cached batches has exactly (S, L): a *duplicate*, answered
+  with that batch's offsets, nothing appended;
+- E below the producer's epoch: ``InvalidProducerEpochError`` (a newer producer took over);
+- E above it (a bump): S must be 0, unless the producer had no epoch;
+- same epoch: S must follow the last sequence (``0`` after 2^31 - 1), else
+  ``OutOfOrderSequenceError``; a producer without state (new, or expired) may start anywhere;
+- a non-transactional batch while the producer has a transaction open: ``InvalidTxnStateError``.
+
+A transactional batch opens its producer's transaction at its base offset; a COMMIT or ABORT
+marker closes it (a marker from an older coordinator epoch raises
+``TransactionCoordinatorFencedError``) and clears the batch window, so the next batch starts at
+sequence 0. The *first unstable offset* is the first offset of the earliest open transaction;
+the last stable offset is the smaller of it and the high watermark.
+
+Snapshots (``<20-digit offset>.snapshot``, Kafka's ``ProducerSnapshot`` v1, big-endian)::
+
+    int16  version = 1
+    uint32 crc32c of every byte from offset 6 to the end
+    int32  entry count
+    entry (46 bytes): producerId int64 | epoch int16 | lastSequence int32 | lastOffset int64 |
+                      offsetDelta int32 | timestamp int64 | coordinatorEpoch int32 |
+                      currentTxnFirstOffset int64 (-1: no open transaction)
+
+The file name is the exclusive end of the state it holds. Only each producer's last batch is
+kept (the five-batch window is not); a snapshot that fails its version, length or CRC check is
+ignored and an older one is used.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import os
+import struct
+from collections.abc import Iterable
+from typing import Final
+
+from crc32c import crc32c
+
+from mq import errors
+from mq.log import files
+
+__all__ = ["BATCHES_TO_RETAIN", "BatchInfo", "CompletedTxn", "ProducerEntry",
+           "ProducerStateManager", "read_snapshot", "snapshot_offsets", "write_snapshot"]
+
+BATCHES_TO_RETAIN: Final = 5
+NO_PRODUCER_ID: Final = -1
+NO_EPOCH: Final = -1
+NO_SEQUENCE: Final = -1
+_INT32_MAX: Final = (1 << 31) - 1
+_SNAPSHOT_VERSION: Final = 1
+_SNAPSHOT_HEAD: Final = struct.Struct(">hIi")           # version, crc, count
+_SNAPSHOT_ENTRY: Final = struct.Struct(">qhiqiqiq")     # 46 bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """One appended batch of a producer: its sequences and offsets."""
+
+    first_seq: int
+    last_seq: int
+    last_offset: int
+    offset_delta: int           # last offset - first offset
+    timestamp: int
+
+    @property
+    def first_offset(self) -> int:
+        return self.last_offset - self.offset_delta
+
+
+@dataclasses.dataclass(slots=True)
+class ProducerEntry:
+    producer_id: int
+    epoch: int = NO_EPOCH
+    batches: collections.deque = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=BATCHES_TO_RETAIN))
+    coordinator_epoch: int = -1
+    last_timestamp: int = -1
+    current_txn_first_offset: int = -1
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    def find_duplicate(self, first_seq: int, last_seq: int) -> BatchInfo | None:
+        for batch in self.batches:
+            if batch.first_seq == first_seq and batch.last_seq == last_seq:
+                return batch
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction a marker closed: its producer, first offset and the marker's offset."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+
+
+def _in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == _INT32_MAX)
+
+
+class ProducerStateManager:
+    """The producer table of one partition, and the open transactions' first offsets.
+
+    ``map_end_offset`` is the exclusive end of the log the table reflects. Pure: the caller
+    validates with ``check`` before appending and records with ``append``/``complete_txn``
+    after the write succeeded."""
+
+    def __init__(self) -> None:
+        self.producers: dict[int, ProducerEntry] = {}
+        self._open: list[tuple[int, int]] = []          # heap of (first offset, producer id)
+        self.map_end_offset = 0
+
+    # --- validation ---------------------------------------------------------------------------
+    def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int,
+              transactional: bool, where: str = "") -> BatchInfo | None:
+        """Validate a producer's batch (see the module doc); the duplicate it repeats, or None.
+
+        Raises ``InvalidProducerEpochError``, ``OutOfOrderSequenceError`` or
+        ``InvalidTxnStateError``."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return None
+        if epoch == entry.epoch:
+            duplicate = entry.find_duplicate(first_seq, last_seq)
+            if duplicate is not None:
+                return duplicate
+        if epoch < entry.epoch:
+            raise errors.InvalidProducerEpochError(
+                f"{where}producer {producer_id} epoch {epoch} is older than its current epoch "
+                f"{entry.epoch}: a newer producer took over")
+        if epoch > entry.epoch:
+            if first_seq != 0 and entry.epoch != NO_EPOCH:
+                raise errors.OutOfOrderSequenceError(
+                    f"{where}producer {producer_id} starts epoch {epoch} at sequence "
+                    f"{first_seq}, not 0")
+        elif entry.epoch != NO_EPOCH and not _in_sequence(entry.last_seq, first_seq):
+            raise errors.OutOfOrderSequenceError(
+                f"{where}producer {producer_id} epoch {epoch}: sequence {first_seq} does not "
+                f"follow {entry.last_seq}")
+        if not transactional and entry.current_txn_first_offset >= 0:
+            raise errors.InvalidTxnStateError(
+                f"{where}producer {producer_id} sent a non-transactional batch while its "
+                f"transaction from offset {entry.current_txn_first_offset} is open")
+        return None
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int,
+                     where: str = "") -> None:
+        """Raises ``TransactionCoordinatorFencedError`` or ``InvalidProducerEpochError`` for a
+        marker the partition must refuse."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise errors.TransactionCoordinatorFencedError(
+                f"{where}marker of coordinator epoch {coordinator_epoch} for producer "
+                f"{producer_id}, which saw {entry.coordinator_epoch}")
+        if epoch < entry.epoch:
+            raise errors.InvalidProducerEpochError(
+                f"{where}marker for producer {producer_id} at epoch {epoch}, below {entry.epoch}")
+
+    # --- updates ------------------------------------------------------------------------------
+    def append(self, producer_id: int, epoch: int, first_seq: int, last_seq: int,
+               first_offset: int, last_offset: int, timestamp: int,
+               transactional: bool) -> None:
+        """Record a producer's batch that was just appended (or replayed from the log)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id)
+        if epoch != entry.epoch:
+            entry.epoch = epoch
+            entry.batches.clear()
+        if first_seq >= 0:
+            entry.batches.append(BatchInfo(first_seq, last_seq, last_offset,
+                                           last_offset - first_offset, timestamp))
+        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+        if transactional and entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = first_offset
+            heapq.heappush(self._open, (first_offset, producer_id))
+        self.map_end_offset = max(self.map_end_offset, last_offset + 1)
+
+    def complete_txn(self, producer_id: int, epoch: int, coordinator_epoch: int,
+                     marker_offset: int, aborted: bool, timestamp: int) -> CompletedTxn:
+        """Record a COMMIT/ABORT marker appended at ``marker_offset``; returns what it closed.
+        A marker without an open transaction closes an empty one at its own offset."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id)
+        first = entry.current_txn_first_offset
+        done = CompletedTxn(producer_id, first if first >= 0 else marker_offset, marker_offset,
+                            aborted)
+        entry.epoch = epoch
+        entry.coordinator_epoch = coordinator_epoch
+        entry.batches.clear()
+        entry.current_txn_first_offset = -1
+        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+        self.map_end_offset = max(self.map_end_offset, marker_offset + 1)
+        return done
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the earliest open transaction, or None."""
+        heap = self._open
+        while heap:
+            first, pid = heap[0]
+            entry = self.producers.get(pid)
+            if entry is not None and entry.current_txn_first_offset == first:
+                return first
+            heapq.heappop(heap)                  # closed (or expired) since it was pushed
+        return None
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        first = self.first_unstable_offset
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def open_transactions(self) -> list[tuple[int, int]]:
+        """``[(producer id, first offset)]`` of every open transaction, oldest first."""
+        return sorted(((e.producer_id, e.current_txn_first_offset)
+                       for e in self.producers.values() if e.current_txn_first_offset >= 0),
+                      key=lambda item: item[1])
+
+    def expire(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers without an open transaction whose last batch is older than
+        ``expiration_ms`` (Kafka's producer.id.expiration.ms); returns how many."""
+        doomed = [pid for pid, e in self.producers.items()
+                  if e.current_txn_first_offset < 0 and now_ms - e.last_timestamp >= expiration_ms]
+        for pid in doomed:
+            del self.producers[pid]
+        return len(doomed)
+
+    def truncate_and_reload(self, entries: Iterable[ProducerEntry], map_end_offset: int) -> None:
+        """Replace the table (a snapshot's entries), e.g. before a replay."""
+        self.producers = {e.producer_id: e for e in entries}
+        self._open = [(e.current_txn_first_offset, e.producer_id)
+                      for e in self.producers.values() if e.current_txn_first_offset >= 0]
+        heapq.heapify(self._open)
+        self.map_end_offset = map_end_offset
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+
+# --- snapshot files ---------------------------------------------------------------------------
+
+def snapshot_path(directory: str, offset: int) -> str:
+    return os.path.join(directory, files.segment_name(offset, files.SNAPSHOT_SUFFIX))
+
+
+def snapshot_offsets(directory: str) -> list[int]:
+    """The offsets of the snapshot files in a partition directory, ascending."""
+    out = []
+    for name in os.listdir(directory):
+        parsed = files.parse_segment_name(name)
+        if parsed is not None and parsed[1] == files.SNAPSHOT_SUFFIX and not parsed[2]:
+            out.append(parsed[0])
+    return sorted(out)
+
+
+def encode_snapshot(producers: Iterable[ProducerEntry]) -> bytes:
+    body = bytearray(_SNAPSHOT_HEAD.size)
+    count = 0
+    for e in sorted(producers, key=lambda entry: entry.producer_id):
+        last = e.batches[-1] if e.batches else None
+        body += _SNAPSHOT_ENTRY.pack(
+            e.producer_id, e.epoch, last.last_seq if last else NO_SEQUENCE,
+            last.last_offset if last else -1, last.offset_delta if last else 0,
+            e.last_timestamp, e.coordinator_epoch, e.current_txn_first_offset)
+        count += 1
+    struct.pack_into(">i", body, 6, count)
+    struct.pack_into(">h", body, 0, _SNAPSHOT_VERSION)
+    struct.pack_into(">I", body, 2, crc32c(memoryview(body)[6:]))
+    return bytes(body)
+
+
+def decode_snapshot(data: bytes, path: str = "<snapshot>") -> list[ProducerEntry]:
+    """Raises ``CorruptRecordError`` for a wrong version, length or CRC."""
+    if len(data) < _SNAPSHOT_HEAD.size:
+        raise errors.CorruptRecordError(path, 0, f"snapshot of {len(data)} bytes is too short")
+    version, crc, count = _SNAPSHOT_HEAD.unpack_from(data)
+    if version != _SNAPSHOT_VERSION:
+        raise errors.CorruptRecordError(path, 0, f"snapshot version {version}, not 1")
+    if crc32c(memoryview(data)[6:]) != crc:
+        raise errors.CorruptRecordError(path, 2, "snapshot CRC mismatch")
+    if count < 0 or len(data) != _SNAPSHOT_HEAD.size + count * _SNAPSHOT_ENTRY.size:
+        raise errors.CorruptRecordError(path, 6, f"snapshot of {len(data)} bytes does not hold "
+                                        f"{count} entries")
+    out = []
+    for i in range(count):
+        (pid, epoch, last_seq, last_offset, delta, ts, coord_epoch,
+         txn_first) = _SNAPSHOT_ENTRY.unpack_from(data, _SNAPSHOT_HEAD.size + i * 46)
+        entry = ProducerEntry(pid, epoch, coordinator_epoch=coord_epoch, last_timestamp=ts,
+                              current_txn_first_offset=txn_first)
+        if last_offset >= 0 and last_seq >= 0:
+            first_seq = last_seq - delta if last_seq >= delta else \
+                _INT32_MAX - (delta - last_seq) + 1
+            entry.batches.append(BatchInfo(first_seq, last_seq, last_offset, delta, ts))
+        out.append(entry)
+    return out
+
+
+def write_snapshot(directory: str, offset: int, producers: Iterable[ProducerEntry]) -> None:
+    """Write ``<offset>.snapshot`` atomically; raises ``OSError`` (the caller decides)."""
+    files.atomic_write(snapshot_path(directory, offset), encode_snapshot(producers))
+
+
+def read_snapshot(directory: str, offset: int) -> list[ProducerEntry]:
+    """Raises ``OSError`` or ``CorruptRecordError``."""
+    path = snapshot_path(directory, offset)
+    with open(path, "rb") as f:
+        return decode_snapshot(f.read(), path)

@@ -1,0 +1,144 @@
+"""``.txnindex``: the aborted transactions whose ABORT marker is in a segment (Kafka's format).
+
+On disk (big-endian, no header), one 34-byte entry per aborted transaction::
+
+    version int16 (0) | producerId int64 | firstOffset int64 | lastOffset int64 |
+    lastStableOffset int64
+
+``lastOffset`` is the ABORT marker's offset and strictly increases within a file;
+``lastStableOffset`` is the partition's LSO once the abort completed (the first offset of the
+earliest other open transaction, else the marker's offset + 1). The file exists only once a
+segment holds an abort (created by the first entry). A ``read_committed`` reader of
+``[start, end)`` takes the entries with ``lastOffset >= start and firstOffset < end`` of this
+and later segments, and stops at the first entry whose ``lastStableOffset >= end``.
+
+Entries are written with ``pwrite`` through ``diskio`` at the tracked end; a failed write leaves
+the count as it was (the bytes past it are overwritten by the next entry, or cut by
+``truncate``). Readers read the file with ``pread`` (``read_entries``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+from typing import Final
+
+from mq.errors import CorruptIndexError
+from mq.log import diskio
+
+__all__ = ["ENTRY_SIZE", "AbortedTxn", "TransactionIndex", "decode_entries", "read_entries"]
+
+_ENTRY: Final = struct.Struct(">hqqqq")
+ENTRY_SIZE: Final = _ENTRY.size           # 34
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    last_stable_offset: int
+
+    def encode(self) -> bytes:
+        return _ENTRY.pack(0, self.producer_id, self.first_offset, self.last_offset,
+                           self.last_stable_offset)
+
+
+def decode_entries(data: bytes, path: str = "<txnindex>") -> list[AbortedTxn]:
+    """Every whole entry of ``data`` (a torn last entry is ignored). Raises
+    ``CorruptIndexError`` for an unknown version or last offsets that do not increase."""
+    out: list[AbortedTxn] = []
+    for pos in range(0, len(data) - ENTRY_SIZE + 1, ENTRY_SIZE):
+        version, pid, first, last, lso = _ENTRY.unpack_from(data, pos)
+        if version != 0:
+            raise CorruptIndexError(path, f"entry {pos // ENTRY_SIZE} has version {version}")
+        if out and last <= out[-1].last_offset:
+            raise CorruptIndexError(path, f"entry {pos // ENTRY_SIZE}: last offset {last} does "
+                                    f"not follow {out[-1].last_offset}")
+        out.append(AbortedTxn(pid, first, last, lso))
+    return out
+
+
+def read_entries(path: str) -> list[AbortedTxn]:
+    """The entries of a ``.txnindex`` file; none when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        return decode_entries(os.pread(fd, size, 0), path)
+    finally:
+        os.close(fd)
+
+
+class TransactionIndex:
+    """The writable ``.txnindex`` of one segment, created by its first entry."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: list[AbortedTxn] = read_entries(path) if os.path.exists(path) else []
+        self._fd = -1
+
+    def _file(self) -> int:
+        if self._fd < 0:
+            self._fd = diskio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        return self._fd
+
+    def append(self, txn: AbortedTxn) -> None:
+        """Add an entry; raises ``OSError`` (count unchanged) or ``ValueError`` for a last
+        offset that does not increase."""
+        if self.entries and txn.last_offset <= self.entries[-1].last_offset:
+            raise ValueError(f"{self.path}: aborted transaction ending at {txn.last_offset} "
+                             f"does not follow {self.entries[-1].last_offset}")
+        diskio.write_fully(self._file(), txn.encode(), len(self.entries) * ENTRY_SIZE)
+        self.entries.append(txn)
+
+    def collect(self, start: int, end: int) -> tuple[list[AbortedTxn], bool]:
+        """Entries overlapping ``[start, end)``, and whether the search may stop here (an
+        entry's last stable offset reached ``end``)."""
+        found = [t for t in self.entries if t.last_offset >= start and t.first_offset < end]
+        return found, any(t.last_stable_offset >= end for t in self.entries
+                          if t.last_offset >= start)
+
+    def truncate(self, offset: int) -> None:
+        """Drop entries whose marker is at or past ``offset``."""
+        keep = [t for t in self.entries if t.last_offset < offset]
+        if len(keep) == len(self.entries):
+            return
+        diskio.ops.ftruncate(self._file(), len(keep) * ENTRY_SIZE)
+        self.entries = keep
+
+    def reset(self) -> None:
+        """Drop every entry (before recovery rebuilds them)."""
+        if self.entries or os.path.exists(self.path):
+            diskio.ops.ftruncate(self._file(), 0)
+        self.entries = []
+
+    def trim(self) -> None:
+        """Cut bytes past the last entry (a failed write's leftovers)."""
+        if self._fd >= 0 and os.fstat(self._fd).st_size != len(self.entries) * ENTRY_SIZE:
+            diskio.ops.ftruncate(self._fd, len(self.entries) * ENTRY_SIZE)
+
+    def flush(self) -> None:
+        if self._fd >= 0:
+            diskio.ops.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            diskio.ops.close(self._fd)
+            self._fd = -1
+
+    def rename(self, new_path: str) -> None:
+        if os.path.exists(self.path):
+            diskio.ops.rename(self.path, new_path)
+        self.path = new_path
+
+    def validate(self, base_offset: int, next_offset: int) -> None:
+        """Raise ``CorruptIndexError`` for an entry whose marker lies outside the segment."""
+        for i, t in enumerate(self.entries):
+            if not base_offset <= t.last_offset < next_offset or t.first_offset > t.last_offset:
+                raise CorruptIndexError(self.path, f"entry {i} (producer {t.producer_id}, "
+                                        f"offsets {t.first_offset}..{t.last_offset}) is outside "
+                                        f"the segment [{base_offset}, {next_offset})")
