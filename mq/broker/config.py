@@ -28,24 +28,9 @@ from typing import Any
 
 from mq.broker.assignors import canonical_assignor
 from mq.log.config import ConfigError, LogConfig
+from mq.protocol.paths import default_data_dir, default_socket_path
 
-__all__ = ["BrokerConfig", "default_data_dir", "default_socket_path", "ConfigError"]
-
-
-def default_data_dir() -> str:
-    """``$MQ_DATA_DIR``, else ``$XDG_STATE_HOME/mq``, else ``~/.local/state/mq`` (API.md)."""
-    if os.environ.get("MQ_DATA_DIR"):
-        return os.environ["MQ_DATA_DIR"]
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                             ".local", "state")
-    return os.path.join(state, "mq")
-
-
-def default_socket_path(data_dir: str | None = None) -> str:
-    """``$MQ_SOCKET``, else ``<data-dir>/mq.sock``."""
-    if os.environ.get("MQ_SOCKET"):
-        return os.environ["MQ_SOCKET"]
-    return os.path.join(data_dir or default_data_dir(), "mq.sock")
+__all__ = ["BrokerConfig", "ConfigError"]
 
 
 _NON_NEGATIVE_INTS = frozenset({"min_free_bytes"})

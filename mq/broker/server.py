@@ -39,7 +39,7 @@ from mq.broker.flushing import Flusher, Flushing
 from mq.broker.group_apis import GroupApis
 from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
 from mq.broker.space import FreeSpaceGuard
-from mq.broker.state import StateWriter, semaphore_prefix
+from mq.protocol.state import StateWriter, semaphore_prefix
 from mq.broker.topic_apis import TopicApis
 from mq.broker.wakeups import Wakeups
 from mq.errors import (BrokerError, InvalidPartitionsError, InvalidRequestError,

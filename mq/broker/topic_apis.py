@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from mq import errors
 from mq.broker.metadata import TopicInfo
-from mq.broker.state import PartitionState
 from mq.broker.wakeups import _post
 from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.protocol.messages import Request, response
+from mq.protocol.state import PartitionState
 
 if TYPE_CHECKING:
     from mq.broker.server import _Conn

@@ -1,7 +1,7 @@
 """State publication and consumer wake-ups: what a consumer reads and what it waits on.
 
 The broker publishes each partition's offsets into its slot of the shared-memory state region
-(``state.py``), which consumers read without a round trip. A consumer with nothing to read
+(``mq/protocol/state.py``), which consumers read without a round trip. A consumer with nothing to read
 sends WAIT with its own semaphore and positions; the broker posts the semaphore at once if a
 position is already below the high watermark, else remembers the waiter on the partition and
 posts when the high watermark passes it (``mq/client/consumer.py`` draws the protocol).
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import posix_ipc
 
-from mq.broker.state import PartitionState
 from mq.errors import InvalidRequestError
 from mq.protocol.messages import Request
+from mq.protocol.state import PartitionState
 
 if TYPE_CHECKING:
     from mq.broker.server import _Conn, _Partition

@@ -256,15 +256,15 @@ class _Progress:
 
 
 def _default_socket() -> str:
-    from mq.broker.config import default_socket_path
+    from mq.protocol.paths import default_socket_path
     return default_socket_path()
 
 
 def _start_broker(args: argparse.Namespace, progress: _Progress):
     """(socket, broker process or None, data dir). Uses a broker already listening."""
-    from mq.broker.config import default_data_dir
     from mq.client.admin import Admin
     from mq.errors import BrokerUnavailableError, MQError
+    from mq.protocol.paths import default_data_dir
     from mq.testing import BrokerProcess
 
     data_dir = os.path.abspath(os.path.expanduser(args.data_dir or default_data_dir()))

@@ -17,10 +17,10 @@ import threading
 import time
 from typing import Any
 
-from mq.broker.config import default_socket_path
 from mq.errors import BrokerUnavailableError, ClosedError, RemoteProtocolError, error_for_code
 from mq.protocol.frames import FrameReader, encode_frame
 from mq.protocol.messages import PROTOCOL_VERSION, Api, Response, request
+from mq.protocol.paths import default_socket_path
 
 __all__ = ["Connection", "poll_ms", "resolve_socket"]
 

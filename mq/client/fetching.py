@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import posix_ipc
 
-from mq.broker.state import StateReader
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
 from mq.errors import (
@@ -32,6 +31,7 @@ from mq.errors import (
 )
 from mq.log.reader import PartitionReader
 from mq.protocol.messages import Api
+from mq.protocol.state import StateReader
 
 __all__ = ["Fetcher", "Record"]
 

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mq.broker.state import StateReader
+from mq.protocol.state import StateReader
 from mq.client.connection import Connection, resolve_socket
 from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import FutureRecordMetadata, _Batch, _finish, _Topic

@@ -10,6 +10,10 @@ matches (Produce 0, ListOffsets 2, Metadata 3, ...); mq's own start at 1000.
 Every connection opens with a Handshake carrying the client's protocol version; a broker that
 cannot serve that version answers ``UnsupportedVersion`` with a message saying which versions
 it speaks, and closes the connection.
+
+Also shared by both sides, below both: ``state.py``, the layout of the shared-memory region
+the broker publishes partition offsets in and clients read, and ``paths.py``, the default data
+dir and socket path.
 """
 
 from mq.protocol.frames import FrameReader, encode_frame

@@ -22,7 +22,7 @@ from brokers import broker_with, create_topic
 
 import mq.client.consumer as consumer_module
 import mq.testing
-from mq.broker.state import PartitionState, StateReader, semaphore_prefix
+from mq.protocol.state import PartitionState, StateReader, semaphore_prefix
 from mq.client.admin import Admin
 from mq.client.connection import Connection
 from mq.client.consumer import Consumer, NoOffsetForPartitionError, Record

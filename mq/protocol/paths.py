@@ -1,0 +1,28 @@
+"""Where a broker and its clients meet by default: the data dir and the socket path (API.md).
+
+Both sides resolve them the same way, so a client started with no options finds a broker
+started with none: ``$MQ_SOCKET``, else ``<data-dir>/mq.sock``, where the data dir is
+``$MQ_DATA_DIR``, else ``$XDG_STATE_HOME/mq``, else ``~/.local/state/mq``.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["default_data_dir", "default_socket_path"]
+
+
+def default_data_dir() -> str:
+    """``$MQ_DATA_DIR``, else ``$XDG_STATE_HOME/mq``, else ``~/.local/state/mq``."""
+    if os.environ.get("MQ_DATA_DIR"):
+        return os.environ["MQ_DATA_DIR"]
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                             ".local", "state")
+    return os.path.join(state, "mq")
+
+
+def default_socket_path(data_dir: str | None = None) -> str:
+    """``$MQ_SOCKET``, else ``<data-dir>/mq.sock``."""
+    if os.environ.get("MQ_SOCKET"):
+        return os.environ["MQ_SOCKET"]
+    return os.path.join(data_dir or default_data_dir(), "mq.sock")
