@@ -41,7 +41,7 @@ at least ``delete.retention.ms``). Control batches (transaction markers) are cop
 are: a marker may go only once no data of its transaction remains, which needs transaction
 state this layer does not have yet.
 
-Crash safety (``PartitionLog.replace_segments`` and ``_finish_leftovers`` in ``log.py``):
+Crash safety (``PartitionLog.replace_segments``, and ``_finish_leftovers`` in ``loader.py``):
 ``.cleaned`` is written through a ``LogSegment`` (log and both indexes) and fsynced; then
 ``.cleaned`` -> ``.swap``, replaced segments -> ``.deleted``, ``.swap`` -> final names, each
 phase followed by a directory fsync. A crash anywhere leaves every group either as it was or

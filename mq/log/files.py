@@ -106,25 +106,29 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
 
-    On any failure (a full disk, an I/O error) the temp file is removed and ``path`` keeps
-    its old content; the ``OSError`` propagates."""
+    ``durable=False`` skips both fsyncs: for files that recovery rebuilds or whose reader
+    checks them (a power loss may leave the new name with empty content). On any failure (a
+    full disk, an I/O error) the temp file is removed and ``path`` keeps its old content; the
+    ``OSError`` propagates."""
     tmp = path + TMP_SUFFIX
     ops = diskio.ops
     try:
         fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             diskio.write_fully(fd, data, 0)
-            ops.fsync(fd)
+            if durable:
+                ops.fsync(fd)
         finally:
             ops.close(fd)
         ops.replace(tmp, path)
     except BaseException:
         remove_quietly([tmp])
         raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def write_checkpoint(path: str, offsets: Mapping[tuple[str, int], int]) -> None:

@@ -7,9 +7,18 @@ Invariants:
   offset is readable;
 - retention deletes whole segments only, never the active one, never data at or above the high
   watermark; files pass through ``.deleted`` so a crash mid-delete is finished at open;
-- open recovers: leftovers are finished or removed, every batch after the recovery point is
-  validated (after an unclean shutdown), the log is truncated at the first torn or invalid
-  batch and every later segment is dropped; broken or missing indexes are rebuilt.
+- open recovers (``mq.log.loader``): leftovers are finished or removed, every batch after the
+  recovery point is validated (after an unclean shutdown), the log is truncated at the first
+  torn or invalid batch and every later segment is dropped; broken or missing indexes are
+  rebuilt; the producer state is loaded from a snapshot and the batches after it replayed.
+
+Producers (``mq.log.producer_state``): a batch that carries a producer id is checked against
+the partition's producer table before it is written. A retry of one of the producer's last
+five batches is answered with that batch's offsets and not appended again; a sequence gap or a
+stale epoch is refused. A COMMIT or ABORT marker closes the producer's transaction, and an
+ABORT goes into the segment's ``.txnindex`` in the same append. The *last stable offset* is
+the first offset of the earliest open transaction, or the high watermark. The table is
+snapshotted at every roll and at close (``<offset>.snapshot``).
 
 Write failures (``../shared/reference/write-failures.md``): every write goes through
 ``diskio``, and a call that fails leaves the files and this object as before it, then raises
@@ -25,20 +34,34 @@ open recovers it from disk, from its last good fsync (Kafka's offline log dir).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import os
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from mq.errors import (ClosedError, CorruptIndexError, CorruptRecordError, LogWriteError,
-                       OffsetOutOfRangeError)
-from mq.log import diskio, files
+from mq.errors import (
+    ClosedError,
+    CorruptRecordError,
+    InvalidRecordError,
+    LogWriteError,
+    OffsetOutOfRangeError,
+)
+from mq.log import diskio, files, loader, producer_state
 from mq.log.config import LogConfig
+from mq.log.epochs import LeaderEpochCache
+from mq.log.loader import RecoveryReport
 from mq.log.policy import retention_deletable, roll_reason
-from mq.log.records import RecordBatch, set_log_append_time, stamp_batch
-from mq.log.segment import FetchSlice, LogSegment, scan_headers
+from mq.log.producer_state import ProducerStateManager
+from mq.log.records import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    RecordBatch,
+    control_batch,
+    set_log_append_time,
+    stamp_batch,
+)
+from mq.log.segment import FetchSlice, LogSegment
 
 __all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
            "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
@@ -64,30 +87,15 @@ class AppendInfo(NamedTuple):
     log_append_time: int          # -1 unless the topic uses LogAppendTime
     records_count: int
     size: int
-
-
-@dataclasses.dataclass(slots=True)
-class RecoveryReport:
-    """What open (or ``mq log check --repair``) changed."""
-
-    segments_recovered: int = 0
-    bytes_truncated: int = 0
-    segments_dropped: int = 0
-    indexes_rebuilt: int = 0
-    leftovers_removed: list[str] = dataclasses.field(default_factory=list)
-    swaps_completed: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.bytes_truncated or self.segments_dropped or self.indexes_rebuilt
-                    or self.leftovers_removed or self.swaps_completed)
+    duplicate: bool = False       # a producer's retry: nothing appended, the first offsets
 
 
 class PartitionLog:
     """Append, read and manage one partition directory. Use ``PartitionLog.open``."""
 
     def __init__(self, directory: str, config: LogConfig, segments: list[LogSegment],
-                 log_start_offset: int, recovery_point: int, report: RecoveryReport) -> None:
+                 log_start_offset: int, recovery_point: int, report: RecoveryReport,
+                 producers: ProducerStateManager | None = None) -> None:
         self.dir = directory
         self.config = config
         self.segments = segments
@@ -100,6 +108,9 @@ class PartitionLog:
         self.closed = False
         self.offline: str | None = None       # why the log refuses writes, once it does
         self.write_failures = 0               # failed writes, contained or not
+        self.producers = producers if producers is not None else ProducerStateManager()
+        self.leader_epochs = LeaderEpochCache(directory)
+        self.leader_epochs.truncate_from_end(self.log_end_offset)
         name = os.path.basename(os.path.normpath(directory))
         parsed = files.parse_partition_dir(name)
         self.topic, self.partition = parsed if parsed else (name, 0)
@@ -109,77 +120,18 @@ class PartitionLog:
     def open(cls, directory: str, config: LogConfig | None = None, *, recovery_point: int = 0,
              log_start_offset: int = 0, clean_shutdown: bool = False,
              now_ms: int | None = None) -> PartitionLog:
-        """Open (creating if needed) and recover a partition directory.
+        """Open (creating if needed) and recover a partition directory (``mq.log.loader``).
 
         ``recovery_point`` and ``log_start_offset`` come from the data dir's checkpoints;
         ``clean_shutdown`` from its marker. Without a clean shutdown every segment from the one
         holding the recovery point to the end is validated batch by batch.
         """
         config = config or LogConfig()
-        diskio.ops.makedirs(directory)
-        report = RecoveryReport()
-        _finish_leftovers(directory, report)
-        segments: list[LogSegment] = []
-        # The listing answers "does this file exist" below: nothing here creates or removes
-        # a segment's files before its own turn (one stat fewer per file at startup).
-        names = sorted(os.listdir(directory))
-        listed = set(names)
-        for name in names:
-            parsed = files.parse_segment_name(name)
-            if parsed is None or parsed[2]:
-                continue
-            base, kind, _ = parsed
-            if kind == files.LOG_SUFFIX:
-                segments.append(LogSegment(directory, base, config, now_ms=now_ms))
-            elif kind in (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX):
-                if files.segment_name(base, files.LOG_SUFFIX) not in listed:
-                    os.unlink(os.path.join(directory, name))
-                    report.leftovers_removed.append(name)
-        recover_from = 0 if clean_shutdown else recovery_point
-        for i, seg in enumerate(segments):
-            needs_recovery = not clean_shutdown and (
-                i == len(segments) - 1 or segments[i + 1].base_offset > recover_from)
-            if not needs_recovery:
-                try:
-                    # A missing time index is rebuilt like a missing offset index: an empty
-                    # one would lose the segment's largest timestamp (retention, lookups).
-                    if files.segment_name(seg.base_offset, files.INDEX_SUFFIX) in listed and \
-                            files.segment_name(seg.base_offset, files.TIMEINDEX_SUFFIX) in listed:
-                        seg.load_index_state()
-                        continue
-                except CorruptIndexError as err:
-                    log.warning("rebuilding index: %s", err)
-                report.indexes_rebuilt += 1
-            if cls._recover_segment(seg, config, report):
-                # Everything after a truncated segment is unreachable: drop it.
-                for later in segments[i + 1:]:
-                    later.delete()
-                    report.segments_dropped += 1
-                del segments[i + 1:]
-                break
-        if segments and segments[-1].next_offset < log_start_offset:
-            for seg in segments:
-                seg.delete()
-                report.segments_dropped += 1
-            segments = []
-        if not segments:
-            segments = [LogSegment(directory, log_start_offset, config, now_ms=now_ms)]
-        log_start_offset = max(log_start_offset, segments[0].base_offset)
-        segments[-1].resize_indexes(config.segment_index_bytes)
-        leo = segments[-1].next_offset
-        recovery_point = leo if clean_shutdown else min(recovery_point, leo)
-        files.fsync_dir(directory)
-        return cls(directory, config, segments, log_start_offset, recovery_point, report)
-
-    @staticmethod
-    def _recover_segment(seg: LogSegment, config: LogConfig, report: RecoveryReport) -> bool:
-        truncated = seg.recover()
-        report.segments_recovered += 1
-        if truncated:
-            log.warning("%s: truncated %d bytes of torn or invalid data at byte %d",
-                        seg.log_path, truncated, seg.size)
-            report.bytes_truncated += truncated
-        return bool(truncated)
+        loaded = loader.load(directory, config, recovery_point=recovery_point,
+                             log_start_offset=log_start_offset,
+                             clean_shutdown=clean_shutdown, now_ms=now_ms)
+        return cls(directory, config, loaded.segments, loaded.log_start_offset,
+                   loaded.recovery_point, loaded.report, loaded.producers)
 
     # --- facts --------------------------------------------------------------------------------
     @property
@@ -276,6 +228,26 @@ class PartitionLog:
                 raise ValueError(f"batch base offset {base_offset} is below the log end "
                                  f"offset {self.log_end_offset}")
         last_offset = base_offset + parsed.last_offset_delta
+        pid = parsed.producer_id
+        aborted = None
+        marker = pid >= 0 and parsed.is_control and \
+            parsed.control_type() in (CONTROL_ABORT, CONTROL_COMMIT)
+        if marker:
+            coordinator_epoch = producer_state.marker_coordinator_epoch(parsed)
+            self.producers.check_marker(pid, parsed.producer_epoch, coordinator_epoch,
+                                        self._where)
+            if parsed.control_type() == CONTROL_ABORT:
+                aborted = self.producers.aborted_txn(pid, base_offset)
+        elif pid >= 0 and assign_offsets and not parsed.is_control:
+            if parsed.base_sequence < 0 or parsed.producer_epoch < 0:
+                raise InvalidRecordError(f"{self._where}a batch of producer {pid} needs a "
+                                         "base sequence and an epoch >= 0")
+            duplicate = self.producers.check(pid, parsed.producer_epoch, parsed.base_sequence,
+                                             parsed.last_sequence, parsed.is_transactional,
+                                             self._where)
+            if duplicate is not None:
+                return AppendInfo(duplicate.first_offset, duplicate.last_offset,
+                                  duplicate.timestamp, -1, parsed.records_count, 0, True)
         max_ts = parsed.max_timestamp
         log_append_time = -1
         if self.config.message_timestamp_type == "LogAppendTime" and assign_offsets:
@@ -285,13 +257,46 @@ class PartitionLog:
         try:
             self._maybe_roll(len(buf), max_ts, base_offset, last_offset, now_ms)
             self.active_segment.append(buf, last_offset=last_offset, max_timestamp=max_ts,
-                                       offset_of_max_timestamp=last_offset)
+                                       offset_of_max_timestamp=last_offset,
+                                       aborted_txn=aborted)
         except OSError as err:
             raise self._write_failed("append", err) from err
+        if marker:
+            self.producers.complete_txn(pid, parsed.producer_epoch, coordinator_epoch,
+                                        base_offset, aborted is not None, max_ts)
+        elif pid >= 0 and not parsed.is_control:
+            self.producers.append(pid, parsed.producer_epoch, parsed.base_sequence,
+                                  parsed.last_sequence, base_offset, last_offset, max_ts,
+                                  parsed.is_transactional)
+        if leader_epoch >= 0:
+            self.leader_epochs.assign(leader_epoch, base_offset)
         if self.high_watermark_follows_log_end:
             self.high_watermark = last_offset + 1
         return AppendInfo(base_offset, last_offset, max_ts, log_append_time,
                           parsed.records_count, len(buf))
+
+    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool,
+                      coordinator_epoch: int = 0, leader_epoch: int = 0,
+                      now_ms: int | None = None) -> AppendInfo:
+        """Append a transaction marker (COMMIT or ABORT control batch) for ``producer_id``,
+        closing its open transaction on this partition; an ABORT is recorded in the
+        ``.txnindex`` with it. Raises ``TransactionCoordinatorFencedError`` or
+        ``InvalidProducerEpochError`` for a marker the partition refuses."""
+        marker = control_batch(CONTROL_COMMIT if commit else CONTROL_ABORT,
+                               producer_id=producer_id, producer_epoch=producer_epoch,
+                               coordinator_epoch=coordinator_epoch,
+                               timestamp_ms=_now_ms() if now_ms is None else now_ms)
+        return self.append(marker, leader_epoch=leader_epoch, now_ms=now_ms)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below it, every transaction is decided (committed or aborted): what a
+        ``read_committed`` reader may read (Kafka's LSO)."""
+        return self.producers.last_stable_offset(self.high_watermark)
+
+    @property
+    def _where(self) -> str:
+        return f"{self.topic}-{self.partition}: "
 
     # The broker decides what the high watermark follows (written or durable offset); the
     # storage layer alone has no replicas, so by default the high watermark is the log end.
@@ -354,8 +359,20 @@ class PartitionLog:
         self.segments.append(seg)
         self._bases.append(base)
         self._fsync_dir("roll")
+        self.take_producer_snapshot()
         log.debug("%s: rolled to segment %d (%s)", self.dir, base, reason)
         return seg
+
+    def take_producer_snapshot(self) -> None:
+        """Write the producer state at the log end (``<log end>.snapshot``), as Kafka does at
+        every roll and clean shutdown, so an open replays from there instead of from the
+        log start. Best effort: a snapshot that cannot be written only lengthens the next
+        replay."""
+        try:
+            producer_state.write_snapshot(self.dir, self.log_end_offset,
+                                          self.producers.producers.values())
+        except OSError as err:
+            log.warning("%s: producer snapshot not written: %s", self.dir, err)
 
     def _fsync_dir(self, what: str) -> None:
         """fsync this directory; a failure takes the log offline (never retried)."""
@@ -466,6 +483,9 @@ class PartitionLog:
             self.high_watermark = min(self.high_watermark, self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
+            self.leader_epochs.truncate_from_end(self.log_end_offset)
+            self.producers = producer_state.rebuild(self.dir, self.segments,
+                                                    self.log_end_offset)
         self._fsync_dir("truncate")
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -473,6 +493,11 @@ class PartitionLog:
         self._check_writable()
         for seg in self.segments:
             seg.delete()
+        files.remove_quietly(producer_state.snapshot_path(self.dir, o)
+                             for o in producer_state.snapshot_offsets(self.dir))
+        self.producers = ProducerStateManager()
+        self.producers.map_end_offset = offset
+        self.leader_epochs.clear()
         try:
             seg = LogSegment(self.dir, offset, self.config)
             seg.create_indexes()
@@ -528,6 +553,9 @@ class PartitionLog:
                 log.warning("%s: segment %d not renamed for deletion: %s", self.dir,
                             seg.base_offset, err)
             self._pending_deletes.append((now_ms + self.config.file_delete_delay_ms, seg))
+        first = self.segments[0].base_offset
+        files.remove_quietly(producer_state.snapshot_path(self.dir, o)
+                             for o in producer_state.snapshot_offsets(self.dir) if o < first)
         self._fsync_dir("retention")
         log.info("%s: retention (%s) deleted %d segment(s); log start offset %d",
                  self.dir, reason, count, self.log_start_offset)
@@ -647,6 +675,8 @@ class PartitionLog:
                 self.flush()
             except LogWriteError:
                 pass                   # offline now: logged, counted
+        if self.offline is None:
+            self.take_producer_snapshot()
         self.closed = True
         for seg in self.segments:
             if self.offline is not None:
@@ -671,70 +701,3 @@ class PartitionLog:
     def __repr__(self) -> str:
         return (f"PartitionLog({self.dir!r}, start={self.log_start_offset}, "
                 f"end={self.log_end_offset}, segments={len(self.segments)})")
-
-
-def _finish_leftovers(directory: str, report: RecoveryReport) -> None:
-    """Finish or undo interrupted multi-file changes (Kafka's rules, §3 of the reference):
-    delete ``.deleted``, ``.cleaned`` and ``.tmp`` files; drop ``.swap`` files at or above the
-    smallest ``.cleaned`` base (an unfinished split); install the remaining swaps in place of
-    the segments they replace."""
-    names = os.listdir(directory)
-    cleaned_bases = []
-    swaps: list[tuple[int, str, str]] = []
-    for name in names:
-        path = os.path.join(directory, name)
-        if name.endswith(files.TMP_SUFFIX) or name.endswith(files.DELETED_SUFFIX):
-            os.unlink(path)
-            report.leftovers_removed.append(name)
-            continue
-        parsed = files.parse_segment_name(name)
-        if parsed is None:
-            continue
-        base, kind, suffix = parsed
-        if suffix == files.CLEANED_SUFFIX:
-            cleaned_bases.append(base)
-            os.unlink(path)
-            report.leftovers_removed.append(name)
-        elif suffix == files.SWAP_SUFFIX:
-            swaps.append((base, kind, name))
-    if not swaps:
-        return
-    min_cleaned = min(cleaned_bases, default=None)
-    live: list[tuple[int, str, str]] = []
-    for base, kind, name in swaps:
-        if min_cleaned is not None and base >= min_cleaned:
-            os.unlink(os.path.join(directory, name))
-            report.leftovers_removed.append(name)
-        else:
-            live.append((base, kind, name))
-    log_swaps = sorted(b for b, kind, _ in live if kind == files.LOG_SUFFIX)
-    if log_swaps:
-        # The swapped segments cover [min swap base, max swap next offset): delete the ordinary
-        # segments with base offsets in that range, then rename the swaps into place.
-        upper = max(_next_offset_of(os.path.join(directory, files.segment_name(
-            b, files.LOG_SUFFIX) + files.SWAP_SUFFIX), b) for b in log_swaps)
-        for name in names:
-            parsed = files.parse_segment_name(name)
-            if parsed and not parsed[2] and log_swaps[0] <= parsed[0] < upper:
-                files.remove_quietly([os.path.join(directory, name)])
-    for base, kind, name in live:
-        final = files.segment_name(base, kind)
-        os.rename(os.path.join(directory, name), os.path.join(directory, final))
-        report.swaps_completed.append(final)
-    files.fsync_dir(directory)
-
-
-def _next_offset_of(path: str, base: int) -> int:
-    """Next offset after the last whole batch of a ``.log`` file (base if none), walking the
-    batch headers (``segment.scan_headers``) up to garbage or a torn tail."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return base
-    try:
-        next_offset = base
-        for batch_base, _, last_delta, _ in scan_headers(fd, 0, os.fstat(fd).st_size):
-            next_offset = batch_base + last_delta + 1
-        return next_offset
-    finally:
-        os.close(fd)

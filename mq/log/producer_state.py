@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import logging
 import os
 import struct
 from collections.abc import Iterable
@@ -51,18 +52,24 @@ from crc32c import crc32c
 
 from mq import errors
 from mq.log import files
+from mq.log.records import CONTROL_ABORT, CONTROL_COMMIT, RecordBatch
+from mq.log.txnindex import AbortedTxn
 
 __all__ = ["BATCHES_TO_RETAIN", "BatchInfo", "CompletedTxn", "ProducerEntry",
-           "ProducerStateManager", "read_snapshot", "snapshot_offsets", "write_snapshot"]
+           "ProducerStateManager", "marker_coordinator_epoch", "read_snapshot", "rebuild", "replay", "replay_batch",
+           "snapshot_offsets", "snapshot_path", "write_snapshot"]
 
 BATCHES_TO_RETAIN: Final = 5
 NO_PRODUCER_ID: Final = -1
 NO_EPOCH: Final = -1
 NO_SEQUENCE: Final = -1
 _INT32_MAX: Final = (1 << 31) - 1
+log = logging.getLogger(__name__)
+
 _SNAPSHOT_VERSION: Final = 1
 _SNAPSHOT_HEAD: Final = struct.Struct(">hIi")           # version, crc, count
 _SNAPSHOT_ENTRY: Final = struct.Struct(">qhiqiqiq")     # 46 bytes
+_MARKER_VALUE: Final = struct.Struct(">hi")              # version, coordinator epoch
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,6 +232,16 @@ class ProducerStateManager:
             heapq.heappop(heap)                  # closed (or expired) since it was pushed
         return None
 
+    def aborted_txn(self, producer_id: int, marker_offset: int) -> AbortedTxn:
+        """The ``.txnindex`` entry an ABORT marker of ``producer_id`` at ``marker_offset``
+        would write, computed before the marker is appended (the entry goes in with it)."""
+        entry = self.producers.get(producer_id)
+        first = entry.current_txn_first_offset if entry is not None else -1
+        others = [e.current_txn_first_offset for e in self.producers.values()
+                  if e.current_txn_first_offset >= 0 and e.producer_id != producer_id]
+        return AbortedTxn(producer_id, first if first >= 0 else marker_offset, marker_offset,
+                          min(others) if others else marker_offset + 1)
+
     def last_stable_offset(self, high_watermark: int) -> int:
         first = self.first_unstable_offset
         return high_watermark if first is None else min(first, high_watermark)
@@ -315,8 +332,10 @@ def decode_snapshot(data: bytes, path: str = "<snapshot>") -> list[ProducerEntry
 
 
 def write_snapshot(directory: str, offset: int, producers: Iterable[ProducerEntry]) -> None:
-    """Write ``<offset>.snapshot`` atomically; raises ``OSError`` (the caller decides)."""
-    files.atomic_write(snapshot_path(directory, offset), encode_snapshot(producers))
+    """Write ``<offset>.snapshot`` atomically, without an fsync (a reader checks its CRC and
+    falls back to an older one and a replay); raises ``OSError`` (the caller decides)."""
+    files.atomic_write(snapshot_path(directory, offset), encode_snapshot(producers),
+                       durable=False)
 
 
 def read_snapshot(directory: str, offset: int) -> list[ProducerEntry]:
@@ -324,3 +343,85 @@ def read_snapshot(directory: str, offset: int) -> list[ProducerEntry]:
     path = snapshot_path(directory, offset)
     with open(path, "rb") as f:
         return decode_snapshot(f.read(), path)
+
+
+def marker_coordinator_epoch(batch: RecordBatch) -> int:
+    """The coordinator epoch of a COMMIT/ABORT marker batch (its record's value), or -1."""
+    value = batch.records()[0].value
+    if value is None or len(value) < _MARKER_VALUE.size:
+        return -1
+    return _MARKER_VALUE.unpack_from(value)[1]
+
+
+def replay_batch(state: ProducerStateManager, batch: RecordBatch) -> CompletedTxn | None:
+    """Apply one batch read back from the log to ``state`` (recovery, truncation, snapshot
+    catch-up: no checks). Returns the transaction a COMMIT/ABORT marker closed, if any."""
+    if batch.producer_id < 0:
+        return None
+    if batch.is_control:
+        ctype = batch.control_type()
+        if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
+            return None
+        return state.complete_txn(batch.producer_id, batch.producer_epoch,
+                                  marker_coordinator_epoch(batch), batch.base_offset,
+                                  ctype == CONTROL_ABORT, batch.max_timestamp)
+    state.append(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                 batch.last_sequence, batch.base_offset, batch.last_offset,
+                 batch.max_timestamp, batch.is_transactional)
+    return None
+
+
+def rebuild(directory: str, segments: list, log_end_offset: int, *,
+            recovered_from: int | None = None, clean_shutdown: bool = False
+            ) -> ProducerStateManager:
+    """The producer state of a partition at ``log_end_offset``, as its open needs it: the
+    newest valid snapshot at or below ``recovered_from`` (the first segment recovery
+    rewrote; else the log end), then the batches from there replayed. Recovered segments get
+    their ``.txnindex`` rebuilt by that replay. Snapshots past the log end (cut by recovery)
+    and damaged ones are removed. A data dir from before snapshots existed (a clean shutdown
+    and no snapshot at all) holds no producer state: nothing is replayed."""
+    limit = log_end_offset if recovered_from is None else min(recovered_from, log_end_offset)
+    state = ProducerStateManager()
+    offsets = snapshot_offsets(directory)
+    files.remove_quietly(snapshot_path(directory, o) for o in offsets if o > log_end_offset)
+    start = None
+    for offset in reversed([o for o in offsets if o <= limit]):
+        try:
+            state.truncate_and_reload(read_snapshot(directory, offset), offset)
+        except (OSError, errors.CorruptRecordError) as err:
+            log.warning("ignoring producer snapshot: %s", err)
+            files.remove_quietly([snapshot_path(directory, offset)])
+            continue
+        start = offset
+        break
+    if start is None:
+        if clean_shutdown and not offsets and recovered_from is None:
+            state.map_end_offset = log_end_offset
+            return state
+        start = segments[0].base_offset if segments else log_end_offset
+        state.map_end_offset = start
+    replay(state, segments, start, recovered_from)
+    return state
+
+
+def replay(state: ProducerStateManager, segments: list, start: int,
+           rebuild_txn_indexes_from: int | None = None) -> None:
+    """Apply every batch from offset ``start`` on; segments based at or past
+    ``rebuild_txn_indexes_from`` get their ``.txnindex`` written anew on the way."""
+    for seg in segments:
+        if seg.next_offset <= start:
+            continue
+        rebuild_txn = rebuild_txn_indexes_from is not None and \
+            seg.base_offset >= rebuild_txn_indexes_from
+        if rebuild_txn:
+            seg.txn_index.reset()
+        found = seg.translate_offset(start) if start > seg.base_offset else None
+        for batch in seg.batches(found.position if found is not None else 0):
+            if batch.last_offset < start or batch.producer_id < 0:
+                continue
+            aborted = state.aborted_txn(batch.producer_id, batch.base_offset) \
+                if rebuild_txn and batch.is_control else None
+            done = replay_batch(state, batch)
+            if done is not None and done.aborted and aborted is not None:
+                seg.txn_index.append(aborted)
+        state.map_end_offset = max(state.map_end_offset, seg.next_offset)

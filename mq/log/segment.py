@@ -37,6 +37,7 @@ from mq.log import diskio, files
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.policy import SegmentMeta
+from mq.log.txnindex import AbortedTxn, TransactionIndex
 from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
                             RecordBatch, iter_batches)
 
@@ -89,6 +90,7 @@ class LogSegment:
         self.size = os.fstat(self._fd).st_size
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
+        self._txn_index: TransactionIndex | None = None
         self.bytes_since_last_index_entry = 0
         self.created_ms = int(time.time() * 1000) if now_ms is None else now_ms
         self.first_batch_timestamp = -1
@@ -137,6 +139,14 @@ class LogSegment:
                                          self.config.segment_index_bytes,
                                          writable=not self.read_only)
         return self._time_index
+
+    @property
+    def txn_index(self) -> TransactionIndex:
+        """The aborted transactions whose marker is here (``.txnindex``, created by the first
+        entry)."""
+        if self._txn_index is None:
+            self._txn_index = TransactionIndex(self._path(files.TXNINDEX_SUFFIX))
+        return self._txn_index
 
     def load_index_state(self) -> None:
         """After opening an existing segment without recovery: restore the max timestamp from
@@ -216,8 +226,9 @@ class LogSegment:
 
     # --- append -------------------------------------------------------------------------------
     def append(self, batch, *, last_offset: int, max_timestamp: int,
-               offset_of_max_timestamp: int) -> int:
+               offset_of_max_timestamp: int, aborted_txn: AbortedTxn | None = None) -> int:
         """Append one or more whole batches with one write; returns their start position.
+        ``aborted_txn``: the batch is an ABORT marker; its ``.txnindex`` entry goes in with it.
 
         Raises ``InvalidOffsetError`` when ``last_offset`` cannot be stored relative to the
         base offset (the caller must roll first).
@@ -231,10 +242,14 @@ class LogSegment:
             max_ts, max_ts_offset = max_timestamp, offset_of_max_timestamp
         else:
             max_ts, max_ts_offset = self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far
+        counts = self._index_counts()
         try:
             diskio.write_fully(self._fd, batch, position)
             indexed = self._index_entry(last_offset, position, max_ts, max_ts_offset)
+            if aborted_txn is not None:
+                self.txn_index.append(aborted_txn)
         except BaseException:
+            self._restore_index_counts(counts)
             self._truncate_back(position)
             raise
         # Stored: only now does anything in memory move.
@@ -258,23 +273,29 @@ class LogSegment:
         except OSError:
             self.torn = True
 
+    def _index_counts(self) -> tuple[int, int]:
+        return tuple(0 if index is None else index.entries
+                     for index in (self._offset_index, self._time_index))
+
+    def _restore_index_counts(self, counts: tuple[int, int]) -> None:
+        """Forget entries written by a failed append (their bytes are past the count:
+        overwritten by the next entries, trimmed at close)."""
+        for index, count in zip((self._offset_index, self._time_index), counts):
+            if index is not None:
+                index.entries = min(index.entries, count)
+
     def _index_entry(self, last_offset: int, position: int, max_ts: int,
                      max_ts_offset: int) -> bool:
         """Kafka's rule, for append and recovery alike: an entry for the batch at ``position``
         once more than ``index.interval.bytes`` went in since the last one; returns whether
-        it wrote one. Both entries or neither: raises ``OSError`` with both counts unchanged.
-        A full index (``segment.index.bytes`` lowered since the segment was written; the roll
-        rule keeps the active segment's from filling) just stays sparser: lookups scan
-        further."""
+        it wrote one (on ``OSError`` the caller restores the counts). A full index
+        (``segment.index.bytes`` lowered since the segment was written; the roll rule keeps
+        the active segment's from filling) just stays sparser: lookups scan further."""
         if self.bytes_since_last_index_entry <= self.config.index_interval_bytes or \
                 self.offset_index.is_full or self.time_index.is_full:
             return False
         self.offset_index.append(last_offset, position)
-        try:
-            self.time_index.maybe_append(max_ts, max_ts_offset)
-        except BaseException:
-            self.offset_index.entries -= 1
-            raise
+        self.time_index.maybe_append(max_ts, max_ts_offset)
         return True
 
     def _index_batch(self, last_offset: int, position: int, size: int) -> None:
@@ -376,9 +397,11 @@ class LogSegment:
     # --- recovery and truncation --------------------------------------------------------------
     def recover(self) -> int:
         """Rebuild both indexes from the ``.log``, validating every batch; truncate the file at
-        the first torn or invalid batch. Returns the number of bytes truncated."""
+        the first torn or invalid batch; empty the ``.txnindex`` (the log's producer-state
+        replay writes it anew). Returns the number of bytes truncated."""
         self.offset_index.reset()
         self.time_index.reset()
+        self.txn_index.reset()
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_so_far = -1
         self.offset_of_max_timestamp_so_far = self.base_offset
@@ -459,6 +482,8 @@ class LogSegment:
         found = self.translate_offset(offset)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        if self.index_file_exists(files.TXNINDEX_SUFFIX):
+            self.txn_index.truncate(offset)
         self.resize_indexes(self.config.segment_index_bytes)
         if found is None:
             return 0
@@ -499,10 +524,9 @@ class LogSegment:
 
     def flush(self) -> None:
         diskio.ops.fdatasync(self._fd)
-        if self._offset_index is not None:
-            self._offset_index.flush()
-        if self._time_index is not None:
-            self._time_index.flush()
+        for index in (self._offset_index, self._time_index, self._txn_index):
+            if index is not None:
+                index.flush()
 
     def close(self) -> None:
         if self.read_only:
@@ -521,7 +545,11 @@ class LogSegment:
                 for index in (self._offset_index, self._time_index):
                     if index is not None:
                         index.close()
+                if self._txn_index is not None:
+                    self._txn_index.trim()
             finally:
+                if self._txn_index is not None:
+                    self._txn_index.close()
                 diskio.ops.close(self._fd)
 
     def close_without_index_changes(self) -> None:
@@ -532,6 +560,8 @@ class LogSegment:
         for index in (self._offset_index, self._time_index):
             if index is not None:
                 index.close_without_trim()
+        if self._txn_index is not None:
+            self._txn_index.close()
         diskio.ops.close(self._fd)
 
     def rename_suffix(self, new_suffix: str) -> None:
@@ -544,6 +574,8 @@ class LogSegment:
                 self._offset_index.rename(new)
             elif kind == files.TIMEINDEX_SUFFIX and self._time_index is not None:
                 self._time_index.rename(new)
+            elif kind == files.TXNINDEX_SUFFIX and self._txn_index is not None:
+                self._txn_index.rename(new)
             elif os.path.exists(old):
                 diskio.ops.rename(old, new)
         self.suffix = new_suffix

@@ -187,6 +187,9 @@ def check_after_recovery(data_dir: str, model: Model, seam: FaultyDiskIO) -> Non
 
 
 PWRITE = frozenset({"pwrite"})
+# Files recovery rebuilds: a failed write is logged, and nothing else changes.
+BEST_EFFORT = (".snapshot.tmp", ".snapshot", "leader-epoch-checkpoint.tmp",
+               "leader-epoch-checkpoint")
 MODES = {
     "enospc-once": lambda n: [Fault(errno.ENOSPC, ops=ALLOCATING_OPS, after=n)],
     "disk-full": lambda n: [Fault(errno.ENOSPC, ops=ALLOCATING_OPS, after=n, times=-1)],
@@ -211,7 +214,9 @@ def one_case(mode: str, n: int) -> tuple[Model, FaultyDiskIO, bool]:
         reached = bool(seam.injected)
         if mode in ("enospc-once", "short-write") and reached:
             assert model.offline_at is None, f"a space error took the log offline: {seam.injected}"
-            assert model.errors or model.failures_counted, f"{seam.injected} went unnoticed"
+            best_effort = all(path.endswith(BEST_EFFORT) for _, path, _ in seam.injected)
+            assert model.errors or model.failures_counted or best_effort, \
+                f"{seam.injected} went unnoticed"
         if mode == "short-then-rest" and reached:
             assert not model.errors and not model.failures_counted
         if mode == "fsync-eio" and reached:

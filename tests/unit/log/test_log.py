@@ -9,11 +9,18 @@ import pytest
 
 from builders import batch_bases, empty_batch, make_batch, offsets_of
 from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
+from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, PartitionLog
 from mq.log.records import LOG_APPEND_TIME, RecordBatch
 
 HOUR = 3_600_000
+
+
+def segment_files(directory) -> list[str]:
+    """The segment files of a partition directory (not its snapshots and checkpoints)."""
+    return [n for n in os.listdir(directory)
+            if (p := files.parse_segment_name(n)) and p[1] != files.SNAPSHOT_SUFFIX]
 
 
 @pytest.fixture
@@ -294,7 +301,7 @@ def test_truncate_to_across_segments(open_log):
     assert plog.log_end_offset == bases[1]
     fill(plog, 3)
     assert [r[0] for r in records_of(plog)] == list(range(bases[1] + 3))
-    names = os.listdir(plog.dir)
+    names = [n for n in os.listdir(plog.dir) if files.parse_segment_name(n)]
     assert all(int(n[:20]) in (0, bases[1]) for n in names)
 
 
@@ -304,8 +311,8 @@ def test_truncate_fully_and_start_at(open_log):
     plog.truncate_fully_and_start_at(100)
     assert [s.base_offset for s in plog.segments] == [100]
     assert plog.log_start_offset == plog.log_end_offset == plog.high_watermark == 100
-    assert sorted(os.listdir(plog.dir)) == [f"00000000000000000100{kind}"
-                                            for kind in (".index", ".log", ".timeindex")]
+    assert sorted(segment_files(plog.dir)) == [f"00000000000000000100{kind}"
+                                               for kind in (".index", ".log", ".timeindex")]
     info = plog.append(make_batch())
     assert info.first_offset == 100
 
@@ -345,7 +352,8 @@ def test_retention_deletes_segments_below_log_start(open_log):
     assert plog.apply_retention(now_ms=0) == 2
     assert [s.base_offset for s in plog.segments] == bases[2:]
     assert plog.log_start_offset == bases[2] + 1         # mid-segment start is kept
-    assert not any(int(n[:20]) < bases[2] for n in os.listdir(plog.dir))
+    assert not any(int(n[:20]) < bases[2] for n in os.listdir(plog.dir)
+                   if files.parse_segment_name(n))
     with pytest.raises(OffsetOutOfRangeError):
         plog.read(bases[2])
 
@@ -394,8 +402,8 @@ def test_retention_of_everything_rolls_a_new_active_segment(open_log):
     assert plog.apply_retention(now_ms=1001) == count
     assert [s.base_offset for s in plog.segments] == [leo]
     assert plog.log_start_offset == plog.log_end_offset == leo
-    assert sorted(os.listdir(plog.dir)) == [f"{leo:020d}{kind}"
-                                            for kind in (".index", ".log", ".timeindex")]
+    assert sorted(segment_files(plog.dir)) == [f"{leo:020d}{kind}"
+                                               for kind in (".index", ".log", ".timeindex")]
     assert plog.apply_retention(now_ms=10**9) == 0      # the empty active segment stays
     assert plog.append(make_batch()).first_offset == leo
 
