@@ -5,8 +5,8 @@ The public names live here; everything else is private to its module. See API.md
 
 from mq import errors
 from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CorruptIndexError,
-                       CorruptRecordError, KafkaStorageError, MQError, OffsetOutOfRangeError,
-                       StorageError, UnsupportedCodecError)
+                       CorruptRecordError, KafkaStorageError, MQError, NoOffsetForPartitionError,
+                       OffsetOutOfRangeError, StorageError, UnsupportedCodecError)
 
 __version__ = "0.1.0"
 
@@ -15,7 +15,6 @@ _LAZY = {
     "FutureRecordMetadata": "mq.client.producer",
     "Consumer": "mq.client.consumer",
     "Record": "mq.client.consumer",
-    "NoOffsetForPartitionError": "mq.client.consumer",
     "ConsumerRebalanceListener": "mq.client.membership",
     "Admin": "mq.client.admin",
     "TopicPartition": "mq.client.types",

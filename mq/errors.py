@@ -1,8 +1,9 @@
 """The whole exception tree of mq.
 
 One root, ``MQError``. Storage errors name the file, the byte position and what was wrong with
-it, so a message read in a log is enough to find the bytes. Broker errors (added with the broker)
-carry Kafka's numeric error code and a ``retriable`` flag.
+it, so a message read in a log is enough to find the bytes. Broker errors carry Kafka's numeric
+error code and a ``retriable`` flag; ``ERRORS_BY_CODE`` is the one table of those codes (the
+broker answers with them, clients raise by them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ __all__ = [
     "InvalidOffsetError",
     "IndexFullError",
     "OffsetOutOfRangeError",
+    "NoOffsetForPartitionError",
     "ClosedError",
+    "ConfigError",
     "LogDirLockedError",
     "LogWriteError",
 ]
@@ -96,8 +99,22 @@ class OffsetOutOfRangeError(MQError):
                 (self.offset, self.log_start_offset, self.log_end_offset, self.partition))
 
 
+class NoOffsetForPartitionError(OffsetOutOfRangeError):
+    """A consumer's partition has no position and ``auto_offset_reset="none"`` forbids choosing
+    one."""
+
+    def __str__(self) -> str:
+        return (f"{self.partition}: no position and auto_offset_reset='none' (seek first; "
+                f"the log holds [{self.log_start_offset}, {self.log_end_offset}))")
+
+
 class ClosedError(MQError):
     """The object was closed by its owner and can no longer be used."""
+
+
+class ConfigError(MQError, ValueError):
+    """A config key or value is not acceptable (a topic config, the broker's TOML file); the
+    message says which and why. Also a ``ValueError``, as it was before it joined this tree."""
 
 
 class LogDirLockedError(StorageError):

@@ -208,6 +208,6 @@ def canonical_assignor(name: str) -> str:
     server-side ``uniform`` are ``sticky``). Raises ``ValueError`` for an unknown name."""
     try:
         return _ALIASES[name.strip().lower()]
-    except (KeyError, AttributeError):
+    except (KeyError, AttributeError) as err:
         raise ValueError(f"unknown partition assignor {name!r}; "
-                         f"known: {', '.join(sorted(_ALIASES))}") from None
+                         f"known: {', '.join(sorted(_ALIASES))}") from err

@@ -83,9 +83,9 @@ class BrokerConfig:
                 with open(path, "rb") as f:
                     values.update(tomllib.load(f))
             except OSError as err:
-                raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+                raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
             except tomllib.TOMLDecodeError as err:
-                raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+                raise ConfigError(f"config file {path} is not valid TOML: {err}") from err
             values["config_file"] = path
         env = {"data_dir": "MQ_DATA_DIR", "socket": "MQ_SOCKET", "log_level": "MQ_LOG_LEVEL"}
         for key, var in env.items():
@@ -134,7 +134,7 @@ class BrokerConfig:
                 try:
                     kwargs[key] = canonical_assignor(str(value))
                 except ValueError as err:
-                    raise ConfigError(f"group_assignor: {err}") from None
+                    raise ConfigError(f"group_assignor: {err}") from err
             elif key == "high_watermark":
                 if value not in ("written", "durable"):
                     raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "

@@ -758,7 +758,7 @@ def _parse_subscription(subscription: object, pattern: str | None) -> tuple | No
             return None, re.compile(pattern)
         except re.error as err:
             raise _Error(ErrorCode.INVALID_REGULAR_EXPRESSION,
-                         f"bad subscription pattern {pattern!r}: {err}") from None
+                         f"bad subscription pattern {pattern!r}: {err}") from err
     if subscription is None:
         return None
     if isinstance(subscription, re.Pattern):
@@ -789,4 +789,4 @@ def _assignor_or_error(name: str) -> str:
     try:
         return canonical_assignor(name)
     except ValueError as err:
-        raise _Error(ErrorCode.UNSUPPORTED_ASSIGNOR, str(err)) from None
+        raise _Error(ErrorCode.UNSUPPORTED_ASSIGNOR, str(err)) from err

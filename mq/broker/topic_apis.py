@@ -64,7 +64,7 @@ class TopicApis:
         try:
             files.validate_topic_name(name)
         except ValueError as err:
-            raise errors.InvalidTopicError(str(err)) from None
+            raise errors.InvalidTopicError(str(err)) from err
         if name in self.metadata.topics:
             raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
         if not 1 <= count <= MAX_PARTITIONS_PER_TOPIC:

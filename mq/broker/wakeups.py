@@ -80,7 +80,7 @@ class Wakeups:
             try:
                 sem = posix_ipc.Semaphore(name)
             except posix_ipc.Error as err:
-                raise InvalidRequestError(f"cannot open semaphore {name!r}: {err}") from None
+                raise InvalidRequestError(f"cannot open semaphore {name!r}: {err}") from err
             conn.semaphores[name] = sem
         ready = False
         for topic, partition, offset in req["positions"]:

@@ -116,9 +116,9 @@ def parse_datetime(text: str) -> int:
     one-line message naming the text."""
     try:
         moment = _dt.datetime.fromisoformat(text.strip())
-    except ValueError:
+    except ValueError as err:
         raise ValueError(f"invalid datetime {text!r}: use ISO 8601 like "
-                         "2024-05-01T12:00:00Z") from None
+                         "2024-05-01T12:00:00Z") from err
     if moment.tzinfo is None:
         moment = moment.astimezone()          # naive: this machine's local time
     return max(0, (moment - _EPOCH) // _MS)   # exact integer arithmetic, no float rounding
@@ -140,8 +140,8 @@ def integer(text: str) -> int:
     """argparse type: any integer (``--shift-by`` goes both ways)."""
     try:
         return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from err
 
 
 def _int(text: str, low: int, what: str) -> int:

@@ -281,11 +281,11 @@ def _start_broker(args: argparse.Namespace, progress: _Progress):
     broker = BrokerProcess(data_dir, socket_path=explicit, log_level="WARNING")
     try:
         broker.start(timeout=30)
-    except RuntimeError:
+    except RuntimeError as err:
         lines = [line for line in broker.stderr().splitlines() if line.strip()]
         raise MQError(f"could not start a broker on {data_dir}: "
                       f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
-                      ) from None
+                      ) from err
     return broker.socket, broker, data_dir
 
 

@@ -231,7 +231,7 @@ def _argument_type(parse):
         try:
             return parse(text)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+            raise argparse.ArgumentTypeError(str(err)) from err
     convert.__name__ = parse.__name__
     return convert
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from mq import __version__
 from mq.cli import PROG, print_error
-from mq.errors import MQError
+from mq.errors import ConfigError, MQError
 
 __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
 
@@ -170,12 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:            # --help, --version
             return exc.code if isinstance(exc.code, int) else 0
-        except UsageError:
+        except UsageError as err:
             # An unknown option is the error to report, not what it made argparse miss.
             command, unknown = unknown_options(parser, argv)
             if unknown:
                 raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see "
-                                 f"'{command.prog} --help')") from None
+                                 f"'{command.prog} --help')") from err
             raise
         run = getattr(args, "run", None)
         if run is None:
@@ -192,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print_error("interrupted")
         return 130
+    except ConfigError as err:              # a bad config file or value: like a bad flag
+        print_error(err)
+        return 2
     except MQError as err:
         print_error(err)
         return 1

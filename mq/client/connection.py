@@ -69,11 +69,11 @@ class Connection:
             sock.close()
             raise BrokerUnavailableError(
                 f"no broker at {self.socket_path} ({err.strerror}); start one with "
-                "`mq broker` or pass --socket") from None
+                "`mq broker` or pass --socket") from err
         except OSError as err:
             sock.close()
             raise BrokerUnavailableError(f"cannot connect to {self.socket_path}: "
-                                         f"{err.strerror}") from None
+                                         f"{err.strerror}") from err
         self._sock = sock
         # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE), which any
         # socket of a process with many open files has. One poller per socket, used under
@@ -110,7 +110,7 @@ class Connection:
             try:
                 sock.sendall(frame)
             except OSError as err:
-                raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+                raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         return rid
 
     def wait(self, rid: int, timeout: float | None = None) -> Response:
@@ -163,13 +163,13 @@ class Connection:
         try:
             readable = self._poller.poll(poll_ms(deadline - time.monotonic()))
         except (OSError, ValueError) as err:
-            raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+            raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         if not readable:
             raise TimeoutError("no response from the broker in time")
         try:
             n = sock.recv_into(self._recv_buf)
         except OSError as err:
-            raise BrokerUnavailableError(f"broker connection lost: {err}") from None
+            raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         if not n:
             raise BrokerUnavailableError("the broker closed the connection")
         self._reader.feed(self._recv_view[:n])

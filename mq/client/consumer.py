@@ -65,8 +65,8 @@ import posix_ipc
 from mq.client.consumer_groups import ConsumerRebalanceListener, GroupConsumer
 from mq.client.fetching import _RECONNECT_BACKOFF_S, Fetcher, Record, _Fetch, _Session
 from mq.client.types import TopicPartition
-from mq.errors import (BrokerUnavailableError, ClosedError, OffsetOutOfRangeError,
-                       UnknownTopicOrPartitionError)
+from mq.errors import (BrokerUnavailableError, ClosedError, NoOffsetForPartitionError,
+                       OffsetOutOfRangeError, UnknownTopicOrPartitionError)
 from mq.log.reader import PartitionReader
 from mq.protocol.messages import Api
 
@@ -74,14 +74,6 @@ __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
            "ConsumerRebalanceListener"]
 
 _LIVENESS_CHECK_S = 1.0           # a blocked consumer checks its connection this often
-
-
-class NoOffsetForPartitionError(OffsetOutOfRangeError):
-    """A partition has no position and ``auto_offset_reset="none"`` forbids choosing one."""
-
-    def __str__(self) -> str:
-        return (f"{self.partition}: no position and auto_offset_reset='none' (seek first; "
-                f"the log holds [{self.log_start_offset}, {self.log_end_offset}))")
 
 
 def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:

@@ -78,7 +78,7 @@ class GroupConsumer:
             try:
                 re.compile(pattern)
             except re.error as err:
-                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from None
+                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
         if listener is not None:
             self._listener = listener
         self._subscribed = ()

@@ -67,9 +67,9 @@ def _as_bytes(data: Any, what: str) -> bytes:
                         f"({what}.encode()) or pass {what}_serializer= to the Producer")
     try:
         return memoryview(data).tobytes()
-    except TypeError:
+    except TypeError as err:
         raise TypeError(f"{what} must be bytes-like or None, got "
-                        f"{type(data).__name__}") from None
+                        f"{type(data).__name__}") from err
 
 
 def _check_headers(headers: Iterable) -> tuple[list, int]:
@@ -77,9 +77,9 @@ def _check_headers(headers: Iterable) -> tuple[list, int]:
     for item in headers:
         try:
             hkey, hval = item
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as err:
             raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r:.60}") \
-                from None
+                from err
         if not isinstance(hkey, str):
             raise TypeError(f"header key must be str, got {type(hkey).__name__}")
         if hval is not None and type(hval) is not bytes:
@@ -493,9 +493,9 @@ class Producer(Sender):
                     meta = self._request(deadline, Api.METADATA, [topic]).fields[0][topic]
                     effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic).fields[0]
                     break
-                except UnknownTopicOrPartitionError:
+                except UnknownTopicOrPartitionError as err:
                     raise UnknownTopicOrPartitionError(
-                        f"unknown topic {topic!r}; create it first (mq topics create)") from None
+                        f"unknown topic {topic!r}; create it first (mq topics create)") from err
                 except BrokerUnavailableError:
                     # The broker went away mid-request (a restart): metadata requests are
                     # idempotent, so wait for the I/O thread to reconnect and ask again,

@@ -509,7 +509,7 @@ def _listing(directory: str, result: CheckResult, live: bool) -> tuple[list[int]
             raise
         except StorageError as err:
             raise StorageError(f"{err}: {directory} is not a partition directory the broker "
-                               "could open") from None
+                               "could open") from err
         if leftover:
             if not live:                # a live broker's pending delete or cleaning
                 result.problems.append(Problem(path, "leftover", f"{path}: leftover of an "
@@ -683,11 +683,11 @@ def _data_dir_lock(directory: str):
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as err:
             raise LogDirLockedError(f"{parent}: a live broker owns this data dir (another "
                                     f"process holds {path}); stop it before --repair: "
                                     "repairing under a live broker would corrupt its log"
-                                    ) from None
+                                    ) from err
         yield
     finally:
         os.close(fd)

@@ -11,13 +11,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
+from mq.errors import ConfigError
+
 __all__ = ["LogConfig", "ConfigError", "DEFAULTS"]
 
 DAY_MS: Final = 24 * 60 * 60 * 1000
-
-
-class ConfigError(ValueError):
-    """A config key or value is not acceptable; the message says which and why."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,8 +81,8 @@ def _convert(key: str, field: dataclasses.Field, raw: object) -> object:
     if field.type in ("int", int):
         try:
             value = int(str(raw).strip())
-        except ValueError:
-            raise ConfigError(f"{key} must be an integer, got {raw!r}") from None
+        except ValueError as err:
+            raise ConfigError(f"{key} must be an integer, got {raw!r}") from err
         low = _MINIMUMS.get(key)
         if low is not None and value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
@@ -94,8 +92,8 @@ def _convert(key: str, field: dataclasses.Field, raw: object) -> object:
     if field.type in ("float", float):
         try:
             value = float(str(raw).strip())
-        except ValueError:
-            raise ConfigError(f"{key} must be a number, got {raw!r}") from None
+        except ValueError as err:
+            raise ConfigError(f"{key} must be a number, got {raw!r}") from err
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{key} must be between 0 and 1, got {value}")
         return value

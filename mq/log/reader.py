@@ -294,10 +294,10 @@ class PartitionReader:
         for attempt in (0, 1):
             try:
                 return self._read(offset, end_segment_base, end_position, max_bytes)
-            except FileNotFoundError:
+            except FileNotFoundError as err:
                 if attempt:
                     raise OffsetOutOfRangeError(offset, self._bases[0] if self._bases else -1,
-                                                -1, self._name()) from None
+                                                -1, self._name()) from err
                 self.refresh()            # deleted between the listing and the open
         raise AssertionError("unreachable")
 

@@ -178,8 +178,8 @@ def check_request(message: list) -> Request:
         raise RemoteProtocolError(f"request id must be an integer, got {request_id!r:.40}")
     try:
         api = Api(raw_api)
-    except (ValueError, TypeError):
-        raise RemoteProtocolError(f"unknown api {raw_api!r:.40}") from None
+    except (ValueError, TypeError) as err:
+        raise RemoteProtocolError(f"unknown api {raw_api!r:.40}") from err
     schema = _SCHEMAS[api]
     values = message[2:]
     if len(values) != len(schema):

@@ -143,9 +143,9 @@ class StateReader:
         self.name = shm_name(data_dir)
         try:
             shm = posix_ipc.SharedMemory(self.name, 0, read_only=True)
-        except posix_ipc.ExistentialError:
+        except posix_ipc.ExistentialError as err:
             raise BrokerUnavailableError(f"no broker state for {data_dir} "
-                                         "(is the broker running?)") from None
+                                         "(is the broker running?)") from err
         try:
             self._map = mmap.mmap(shm.fd, shm.size, access=mmap.ACCESS_READ)
         finally:
