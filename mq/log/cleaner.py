@@ -37,9 +37,14 @@ with bases in ``[swap base, swap next offset)``), and the segment's largest time
 Tombstones: the first pass that keeps a batch holding a tombstone re-encodes it with the
 delete-horizon bit and ``baseTimestamp = now + delete.retention.ms``; a later pass drops the
 tombstones of a batch whose horizon has passed (never in the pass that sets it, so they stay
-at least ``delete.retention.ms``). Control batches (transaction markers) are copied as they
-are: a marker may go only once no data of its transaction remains, which needs transaction
-state this layer does not have yet.
+at least ``delete.retention.ms``).
+
+Transactions (``cleaner_txns``): nothing at or past the last stable offset is cleaned.
+Records of aborted transactions are dropped whatever their keys and never enter the offset map;
+a COMMIT/ABORT marker stays while data of its transaction may remain, then gets a delete
+horizon and goes after it; a kept ABORT marker carries its ``.txnindex`` entry into the
+cleaned segment. A producer's last batch stays (as a header if it lost every record) while the
+producer is in the partition's producer table, so its sequence survives a replay.
 
 Crash safety (``PartitionLog.replace_segments``, and ``_finish_leftovers`` in ``loader.py``):
 ``.cleaned`` is written through a ``LogSegment`` (log and both indexes) and fsynced; then
@@ -76,6 +81,7 @@ from hashlib import md5
 from typing import Final, TypeVar
 
 from mq.log import files
+from mq.log.cleaner_txns import TxnTracker, collect_aborted
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.policy import SegmentMeta
@@ -91,6 +97,7 @@ from mq.log.records import (
     crc32c,
 )
 from mq.log.segment import LogSegment
+from mq.log.txnindex import AbortedTxn
 
 __all__ = [
     "CLEANER_OFFSET_CHECKPOINT",
@@ -329,8 +336,9 @@ def _slot(key) -> bytes:
 
 
 def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_uncleanable: int,
-                      capacity: int, stats: CleanerStats,
-                      should_stop: Callable[[], bool]) -> tuple[dict[bytes, int], int] | None:
+                      capacity: int, stats: CleanerStats, should_stop: Callable[[], bool],
+                      txns: TxnTracker | None = None
+                      ) -> tuple[dict[bytes, int], int] | None:
     """Map key -> latest offset over ``[first_dirty, first_uncleanable)``; returns the map and
     the last offset of the last batch it covers wholly (``first_dirty - 1`` if none), or None
     when ``should_stop`` said so. Control batches add no key (aborted transactions would be
@@ -352,8 +360,8 @@ def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_un
                 return None
             batch.validate()
             stats.map_bytes_read += batch.size
-            if batch.is_control:
-                map_end = batch.last_offset
+            if batch.is_control or (txns is not None and txns.is_aborted(batch)):
+                map_end = batch.last_offset       # markers and aborted data add no key
                 continue
             records = batch.records()
             stats.map_records_read += len(records)
@@ -400,24 +408,49 @@ def _empty_header(batch: RecordBatch) -> bytearray:
 class _Recopy:
     """The keep rule of one pass, applied batch by batch."""
 
-    __slots__ = ("delete_retention_ms", "map_end", "now_ms", "offsets", "stats")
+    __slots__ = ("aborted", "delete_retention_ms", "keep_last", "map_end", "now_ms", "offsets",
+                 "stats", "txns")
 
     def __init__(self, offsets: dict[bytes, int], map_end: int, now_ms: int,
-                 delete_retention_ms: int, stats: CleanerStats) -> None:
+                 delete_retention_ms: int, stats: CleanerStats,
+                 aborted: Sequence[AbortedTxn] = (), keep_last: Mapping[int, int] | None = None
+                 ) -> None:
         self.offsets = offsets
         self.map_end = map_end
         self.now_ms = now_ms
         self.delete_retention_ms = delete_retention_ms
         self.stats = stats
+        self.aborted = aborted
+        # producer id -> last offset of its last batch: kept (as a header at least) while the
+        # producer is known, so its sequence survives a restart's replay (Kafka does too).
+        self.keep_last = keep_last or {}
+        self.txns = TxnTracker(aborted)
+
+    def start_group(self) -> None:
+        """Each group of segments is walked with a tracker of its own (as in Kafka)."""
+        self.txns = TxnTracker(self.aborted)
+
+    def marker_txn(self, batch: RecordBatch) -> AbortedTxn | None:
+        """The ``.txnindex`` entry a kept ABORT marker carries into the cleaned segment."""
+        return self.txns.by_marker.get(batch.base_offset) if batch.is_control else None
+
+    def must_keep(self, batch: RecordBatch) -> bool:
+        """Its header must stay even without records: the producer's last batch."""
+        return self.keep_last.get(batch.producer_id) == batch.last_offset
 
     def filter(self, batch: RecordBatch) -> tuple[memoryview | bytearray | None, bool]:
         """``(bytes to write or None, unchanged)`` for one batch."""
         stats = self.stats
-        if batch.is_control or batch.base_offset > self.map_end:
-            # Markers stay (see the module doc); batches past the map are not examined yet.
+        if batch.base_offset > self.map_end:
+            # Past the map: not examined yet.
             stats.records_read += batch.records_count
             stats.records_kept += batch.records_count
             return batch.buffer, True
+        if batch.is_control:
+            return self._filter_marker(batch)
+        if self.txns.is_aborted(batch):
+            stats.records_read += batch.records_count
+            return None, False
         records = batch.records()
         stats.records_read += len(records)
         horizon = batch.delete_horizon_ms
@@ -454,6 +487,30 @@ class _Recopy:
                            offset_delta=rec.offset - base)
         return builder.build(), False
 
+    def _filter_marker(self, batch: RecordBatch) -> tuple[memoryview | bytearray | None, bool]:
+        """A transaction marker stays while data of its transaction may remain; then it gets
+        a delete horizon, and goes in a pass after the horizon (see ``cleaner_txns``)."""
+        self.stats.records_read += batch.records_count
+        if not self.txns.on_marker(batch):
+            self.stats.records_kept += batch.records_count
+            return batch.buffer, True
+        horizon = batch.delete_horizon_ms
+        if 0 <= horizon <= self.now_ms:
+            return None, False
+        self.stats.records_kept += batch.records_count
+        if horizon >= 0:
+            return batch.buffer, True
+        record = batch.records()[0]
+        builder = BatchBuilder(timestamp_type=batch.timestamp_type,
+                               producer_id=batch.producer_id,
+                               producer_epoch=batch.producer_epoch,
+                               is_transactional=True, is_control=True,
+                               partition_leader_epoch=batch.partition_leader_epoch,
+                               base_offset=batch.base_offset,
+                               delete_horizon_ms=self.now_ms + self.delete_retention_ms)
+        builder.append(record.timestamp, record.key, record.value, record.headers)
+        return builder.build(), False
+
 
 def _cleaned_paths(directory: str, base: int) -> list[str]:
     return [os.path.join(directory, files.segment_name(base, kind) + files.CLEANED_SUFFIX)
@@ -470,6 +527,7 @@ def _write_cleaned(plog: PartitionLog, old: Sequence[LogSegment], recopy: _Recop
                      now_ms=old[0].created_ms)
     stats = recopy.stats
     changed = len(old) > 1
+    recopy.start_group()
     try:
         for seg in old:
             stats.bytes_read += seg.size
@@ -482,11 +540,13 @@ def _write_cleaned(plog: PartitionLog, old: Sequence[LogSegment], recopy: _Recop
                 batch.validate()
                 out, unchanged = recopy.filter(batch)
                 changed = changed or not unchanged
+                if out is None and recopy.must_keep(batch):
+                    out = _empty_header(batch)     # the producer's last sequence stays
                 if out is None:
                     dropped = batch
                     continue
                 dropped = None
-                _append(new, out)
+                _append(new, out, recopy.marker_txn(batch))
             if dropped is not None and seg is old[-1]:
                 _append(new, _empty_header(dropped))     # keeps the group's offset range
         new.on_become_inactive()
@@ -503,10 +563,10 @@ def _write_cleaned(plog: PartitionLog, old: Sequence[LogSegment], recopy: _Recop
     return new, changed
 
 
-def _append(seg: LogSegment, data) -> None:
+def _append(seg: LogSegment, data, aborted_txn: AbortedTxn | None = None) -> None:
     batch = RecordBatch(data)
     seg.append(data, last_offset=batch.last_offset, max_timestamp=batch.max_timestamp,
-               offset_of_max_timestamp=batch.last_offset)
+               offset_of_max_timestamp=batch.last_offset, aborted_txn=aborted_txn)
 
 
 def _active_meta(seg: LogSegment) -> SegmentMeta:
@@ -547,21 +607,26 @@ def clean(plog: PartitionLog, now_ms: int, config: CleanerConfig | None = None, 
     metas = [seg.meta() for seg in segments[:-1]] + [_active_meta(segments[-1])]
     first_dirty, _ = resolve_first_dirty_offset(first_dirty_offset, plog.log_start_offset,
                                                 plog.log_end_offset)
-    lso = plog.high_watermark if last_stable_offset is None else last_stable_offset
+    lso = plog.last_stable_offset if last_stable_offset is None else last_stable_offset
     rng = cleanable_range(metas, first_dirty, segments[-1].base_offset, lso, now_ms,
                           plog.config.min_compaction_lag_ms)
     stats = CleanerStats(first_dirty_offset=first_dirty,
                          first_uncleanable_offset=rng.first_uncleanable_offset,
                          next_dirty_offset=first_dirty)
+    aborted = collect_aborted(segments, segments[0].base_offset, rng.first_uncleanable_offset)
+    # A copy taken in one C call: the appending thread may change the table meanwhile.
+    producers = dict(plog.producers.producers)
+    keep_last = {pid: e.batches[-1].last_offset for pid, e in producers.items() if e.batches}
     try:
         built = _build_offset_map(segments, first_dirty, rng.first_uncleanable_offset,
-                                  config.map_capacity, stats, stop)
+                                  config.map_capacity, stats, stop, TxnTracker(aborted))
         if built is None:
             stats.stopped_reason = "stopped"
             return stats
         offsets, map_end = built
         stats.map_end_offset = map_end
-        recopy = _Recopy(offsets, map_end, now_ms, plog.config.delete_retention_ms, stats)
+        recopy = _Recopy(offsets, map_end, now_ms, plog.config.delete_retention_ms, stats,
+                         aborted, keep_last)
         groups = group_segments(metas[:-1], end_offset=map_end + 1,
                                 max_bytes=plog.config.segment_bytes,
                                 max_index_bytes=plog.config.segment_index_bytes,

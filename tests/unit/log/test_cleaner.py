@@ -17,17 +17,37 @@ import pytest
 
 from mq.log import cleaner, files
 from mq.log.check import check_partition
-from mq.log.cleaner import (CleanableRange, CleanerConfig, clean, cleanable_range, dirty_ratio,
-                            filthiest, group_segments, max_compaction_delay_ms,
-                            read_cleaner_checkpoint, resolve_first_dirty_offset, should_clean,
-                            update_cleaner_checkpoint, write_cleaner_checkpoint)
+from mq.log.cleaner import (
+    CleanableRange,
+    CleanerConfig,
+    clean,
+    cleanable_range,
+    dirty_ratio,
+    filthiest,
+    group_segments,
+    max_compaction_delay_ms,
+    read_cleaner_checkpoint,
+    resolve_first_dirty_offset,
+    should_clean,
+    update_cleaner_checkpoint,
+    write_cleaner_checkpoint,
+)
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.policy import SegmentMeta
+from mq.log.producer_state import ProducerStateManager, replay
 from mq.log.reader import PartitionReader
-from mq.log.records import (CONTROL_COMMIT, LOG_APPEND_TIME, NONE, RECORD_BATCH_OVERHEAD,
-                            BatchBuilder, available_codecs, codec_from_name, control_batch,
-                            iter_batches)
+from mq.log.records import (
+    CONTROL_COMMIT,
+    LOG_APPEND_TIME,
+    NONE,
+    RECORD_BATCH_OVERHEAD,
+    BatchBuilder,
+    available_codecs,
+    codec_from_name,
+    control_batch,
+    iter_batches,
+)
 
 T0 = 1_000_000
 # ~8 single-record batches a segment; an index entry every other batch.
@@ -431,8 +451,7 @@ def test_log_append_time_batches_keep_their_timestamps(open_log):
     assert [(r.offset, r.timestamp) for r in batch.records()] == [(1, T0 + 77), (2, T0 + 77)]
 
 
-def test_control_batches_are_kept(open_log):
-    """Markers stay until transactions exist: they go only once their data is gone."""
+def test_a_marker_stays_while_its_data_may_remain_then_gets_a_horizon_then_goes(open_log):
     plog = open_log()
     put(plog, ("a", "1"), producer_id=9, producer_epoch=0, base_sequence=0,
         is_transactional=True)
@@ -440,10 +459,65 @@ def test_control_batches_are_kept(open_log):
                               timestamp_ms=T0))
     put_each(plog, [("a", "2")] + [("z", "z")] * 8)
     plog.roll()
-    clean(plog, T0)
+    clean(plog, T0)              # drops the committed record (superseded); its data was seen
     batches = list(plog.batches())
     assert batches[0].is_control and batches[0].base_offset == 1
-    assert batches[0].control_type() == CONTROL_COMMIT
+    assert batches[0].control_type() == CONTROL_COMMIT and batches[0].delete_horizon_ms < 0
+    clean(plog, T0 + 1, first_dirty_offset=0)    # no data of it left: a delete horizon
+    marker = next(plog.batches())
+    assert marker.is_control and marker.delete_horizon_ms == T0 + 1 + CFG.delete_retention_ms
+    clean(plog, T0 + 1 + CFG.delete_retention_ms, first_dirty_offset=0)
+    assert not any(b.is_control for b in plog.batches())          # gone after the horizon
+    assert latest(kv(plog))[b"a"][1] == b"2"
+
+
+def _txn(plog, pid, seq, *records, ts=T0):
+    return put(plog, *records, ts=ts, producer_id=pid, producer_epoch=0, base_sequence=seq,
+               is_transactional=True)
+
+
+def test_aborted_records_are_dropped_and_never_shadow_committed_ones(open_log):
+    plog = open_log()
+    put_each(plog, [("a", "committed-a"), ("b", "committed-b")])
+    _txn(plog, 7, 0, ("a", "aborted-a"), ("c", "aborted-c"))
+    plog.append_marker(7, 0, commit=False, now_ms=T0)
+    _txn(plog, 8, 0, ("b", "txn-b"))
+    plog.append_marker(8, 0, commit=True, now_ms=T0)
+    put_each(plog, [("z", "z")] * 8)
+    plog.roll()
+    clean(plog, T0)
+    values = {k: v for _, k, v in kv(plog)}
+    assert values[b"a"] == b"committed-a"        # the aborted "a" did not shadow it
+    assert values[b"b"] == b"txn-b" and b"c" not in values
+    # The ABORT marker stays (its data was seen this pass) with its .txnindex entry.
+    entries = [t for seg in plog.segments for t in seg.txn_index.entries]
+    assert [(t.producer_id, t.first_offset) for t in entries] == [(7, 2)]
+
+
+def test_nothing_at_or_past_the_last_stable_offset_is_cleaned(open_log):
+    plog = open_log()
+    _txn(plog, 5, 0, ("k", "open-1"))                 # a transaction left open
+    put_each(plog, [("k", str(i)) for i in range(20)])
+    plog.roll()
+    assert plog.last_stable_offset == 0
+    stats = clean(plog, T0)
+    assert stats.first_uncleanable_offset == 0 and kv(plog)[0] == (0, b"k", b"open-1")
+
+
+def test_a_producers_last_batch_stays_as_a_header_for_its_sequence(open_log):
+    plog = open_log()
+    put(plog, ("a", "1"), producer_id=4, producer_epoch=0, base_sequence=0)
+    put_each(plog, [("a", "2")] + [("z", "z")] * 8)
+    plog.roll()
+    clean(plog, T0)
+    first = next(plog.batches())
+    assert (first.producer_id, first.base_sequence, first.records_count) == (4, 0, 0)
+    reopened = PartitionLog.open(plog.dir, CFG, now_ms=0)   # a replay from the log
+    plog.close()
+    state = ProducerStateManager()
+    replay(state, reopened.segments, 0)
+    assert state.producers[4].last_seq == 0
+    reopened.close()
 
 
 def test_emptied_batches_are_dropped_except_the_last_of_a_group(open_log):
