@@ -17,7 +17,7 @@ _LAZY = {
     "Record": "mq.client.consumer",
     "ConsumerRebalanceListener": "mq.client.membership",
     "Admin": "mq.client.admin",
-    "TopicPartition": "mq.client.types",
+    "TopicPartition": "mq.protocol.types",
     "RecordMetadata": "mq.client.types",
     "testing": "mq.testing",
 }

@@ -33,10 +33,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-__all__ = ["TopicPartition", "Assignment", "range_assign", "round_robin_assign", "sticky_assign",
+from mq.protocol.types import TopicPartition
+
+__all__ = ["Assignment", "range_assign", "round_robin_assign", "sticky_assign",
            "ASSIGNORS", "canonical_assignor", "member_sort_key"]
 
-TopicPartition = tuple[str, int]
 Assignment = dict[str, set[TopicPartition]]
 Assignor = Callable[..., Assignment]
 
@@ -75,7 +76,7 @@ def range_assign(members: Mapping[str, Collection[str]], partitions: Mapping[str
         start = 0
         for i, member in enumerate(subscribers):
             count = quota + (1 if i < extra else 0)
-            result[member].update((topic, p) for p in range(start, start + count))
+            result[member].update(TopicPartition(topic, p) for p in range(start, start + count))
             start += count
     return result
 
@@ -94,7 +95,7 @@ def round_robin_assign(members: Mapping[str, Collection[str]], partitions: Mappi
         for p in range(partitions[topic]):
             while topic not in members[order[turn % len(order)]]:
                 turn += 1     # terminates: the topic has at least one subscriber
-            result[order[turn % len(order)]].add((topic, p))
+            result[order[turn % len(order)]].add(TopicPartition(topic, p))
             turn += 1
     return result
 
@@ -125,7 +126,7 @@ def sticky_assign(members: Mapping[str, Collection[str]], partitions: Mapping[st
     order = _ordered(members, instance_ids)
     rank = {m: i for i, m in enumerate(order)}
     subs = {m: frozenset(members[m]) for m in order}
-    valid = {(t, p) for t in _subscribed_topics(members, partitions)
+    valid = {TopicPartition(t, p) for t in _subscribed_topics(members, partitions)
              for p in range(partitions[t])}
     previous: dict[str, frozenset[TopicPartition]] = {
         m: frozenset(current.get(m, ())) if current else frozenset() for m in order}

@@ -74,7 +74,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable
 
-from mq.broker.assignors import ASSIGNORS, TopicPartition, canonical_assignor
+from mq.broker.assignors import ASSIGNORS, canonical_assignor
+from mq.protocol.types import TopicPartition
 
 __all__ = ["GroupCoordinator", "ErrorCode", "GroupState", "MemberState", "HeartbeatResult",
            "LeaveResult", "Effects", "Wakeup", "Removal", "GroupDescription", "MemberDescription",
@@ -554,7 +555,7 @@ class GroupCoordinator:
         if count == old:
             return Effects()
         if self._grace_until_ms is not None:
-            self._fresh.update((topic, p) for p in range(old, count))
+            self._fresh.update(TopicPartition(topic, p) for p in range(old, count))
         wakeups = []
         for group in self.groups.values():
             if any(topic in (m.topics or ()) or _matches(m, topic)
@@ -781,7 +782,7 @@ def _parse_partitions(partitions: Iterable[Iterable] | None) -> frozenset[TopicP
         if len(tp) != 2 or not isinstance(tp[0], str) or not isinstance(tp[1], int) \
                 or isinstance(tp[1], bool):
             raise _Error(ErrorCode.INVALID_REQUEST, f"bad owned partition {item!r:.60}")
-        out.add((tp[0], tp[1]))
+        out.add(TopicPartition(tp[0], tp[1]))
     return frozenset(out)
 
 

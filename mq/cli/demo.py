@@ -272,7 +272,7 @@ def _start_broker(args: argparse.Namespace, progress: _Progress):
     probe = explicit or os.path.join(data_dir, "mq.sock")
     try:
         with Admin(probe, timeout=10) as admin:
-            info = admin._conn.broker_info
+            info = admin.broker_info
         progress.step(f"using the broker already running at {probe} (pid {info.get('pid')})")
         return probe, None, info.get("data_dir", data_dir)
     except BrokerUnavailableError:

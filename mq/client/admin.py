@@ -26,6 +26,11 @@ class Admin:
     def __init__(self, socket: str | None = None, timeout: float = 30.0) -> None:
         self._conn = Connection(socket, "mq-admin", timeout)
 
+    @property
+    def broker_info(self) -> dict:
+        """What the broker said at the handshake: ``data_dir``, ``pid``, ``generation``, ..."""
+        return self._conn.broker_info
+
     def create_topic(self, name: str, partitions: int = 1,
                      config: dict[str, Any] | None = None) -> dict:
         """Create a topic; raises ``TopicAlreadyExistsError``, ``InvalidPartitionsError``,

@@ -63,10 +63,15 @@ from collections.abc import Iterable, Iterator
 import posix_ipc
 
 from mq.client.consumer_groups import ConsumerRebalanceListener, GroupConsumer
-from mq.client.fetching import _RECONNECT_BACKOFF_S, Fetcher, Record, _Fetch, _Session
+from mq.client.fetching import RECONNECT_BACKOFF_S, Fetch, Fetcher, Record, Session
 from mq.client.types import TopicPartition
-from mq.errors import (BrokerUnavailableError, ClosedError, NoOffsetForPartitionError,
-                       OffsetOutOfRangeError, UnknownTopicOrPartitionError)
+from mq.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 from mq.log.reader import PartitionReader
 from mq.protocol.messages import Api
 
@@ -150,8 +155,8 @@ class Consumer(Fetcher, GroupConsumer):
         self._timeout = request_timeout_ms / 1000
         self._read_committed = isolation_level == "read_committed"
         self._closed = False
-        self._fetches: dict[TopicPartition, _Fetch] = {}
-        self._order: list[_Fetch] = []
+        self._fetches: dict[TopicPartition, Fetch] = {}
+        self._order: list[Fetch] = []
         self._next_start = 0
         self._subscribed: tuple[str, ...] = tuple(topics) if group_id is None else ()
         self._init_group(listener=listener, instance_id=group_instance_id, assignor=assignor,
@@ -164,8 +169,8 @@ class Consumer(Fetcher, GroupConsumer):
         self._it_iter = iter(self._it_records)
         self._iterator: Iterator[Record] | None = None
         self._reconnect_at = 0.0
-        self._backoff = _RECONNECT_BACKOFF_S[0]
-        self._session: _Session | None = _Session(socket, self._timeout)
+        self._backoff = RECONNECT_BACKOFF_S[0]
+        self._session: Session | None = Session(socket, self._timeout)
         self._generation = self._session.generation
         try:
             self._refresh_metadata()
@@ -199,7 +204,7 @@ class Consumer(Fetcher, GroupConsumer):
             if new:
                 self._assign(list(self._fetches) + new)
 
-    def _check_metadata(self, session: _Session) -> None:
+    def _check_metadata(self, session: Session) -> None:
         if session.state.metadata_version != self._meta_version:
             self._refresh_metadata()
 
@@ -214,7 +219,7 @@ class Consumer(Fetcher, GroupConsumer):
                                                f"{tp.partition}")
         return info["slots"][tp.partition]
 
-    def _state(self, tp: TopicPartition, session: _Session | None = None):
+    def _state(self, tp: TopicPartition, session: Session | None = None):
         """A consistent slot snapshot for ``tp`` (``session``: the live one, if the caller has
         it); raises ``UnknownTopicOrPartitionError``."""
         if session is None:
@@ -253,7 +258,7 @@ class Consumer(Fetcher, GroupConsumer):
         for tp in dict.fromkeys(tps):
             f = self._fetches.get(tp)
             if f is None:
-                f = _Fetch(tp, PartitionReader(os.path.join(session.data_dir,
+                f = Fetch(tp, PartitionReader(os.path.join(session.data_dir,
                                                             f"{tp.topic}-{tp.partition}")))
                 f.topic_id = self._topics[tp.topic]["id"]
             fetches[tp] = f
@@ -279,7 +284,7 @@ class Consumer(Fetcher, GroupConsumer):
         self._check_metadata(session)
         return set(self._topics)
 
-    def _fetch_of(self, tp: TopicPartition) -> _Fetch:
+    def _fetch_of(self, tp: TopicPartition) -> Fetch:
         f = self._fetches.get(TopicPartition(*tp))
         if f is None:
             raise ValueError(f"{tp} is not assigned to this consumer")
@@ -297,11 +302,11 @@ class Consumer(Fetcher, GroupConsumer):
         self._seek(f, offset)
 
     @staticmethod
-    def _seek(f: _Fetch, offset: int) -> None:
+    def _seek(f: Fetch, offset: int) -> None:
         f.offset = offset
         f.clear()
 
-    def _targets(self, partitions) -> list[_Fetch]:
+    def _targets(self, partitions) -> list[Fetch]:
         self._check_open()
         if not partitions:
             return list(self._order)
@@ -363,7 +368,7 @@ class Consumer(Fetcher, GroupConsumer):
     def _bound(self, st) -> int:
         return st.last_stable_offset if self._read_committed else st.high_watermark
 
-    def _reset(self, f: _Fetch, st, bad_offset: int | None) -> None:
+    def _reset(self, f: Fetch, st, bad_offset: int | None) -> None:
         """Choose a position by ``auto_offset_reset``, or raise when it is "none"."""
         if self.auto_offset_reset == "earliest":
             self._seek(f, st.log_start_offset)
@@ -440,7 +445,7 @@ class Consumer(Fetcher, GroupConsumer):
             self._wait(session, remaining)
 
     # --- waiting --------------------------------------------------------------------------------
-    def _wait(self, session: _Session | None, remaining: float | None) -> None:
+    def _wait(self, session: Session | None, remaining: float | None) -> None:
         """Block until the broker posts, ``remaining`` passes or a liveness check is due."""
         slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
         if session is None:

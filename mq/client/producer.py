@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import math
 import os
 import threading
 import time
@@ -33,16 +34,22 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mq.protocol.state import StateReader
 from mq.client.connection import Connection, resolve_socket
 from mq.client.partitioner import DefaultPartitioner, murmur2
-from mq.client.producer_batches import FutureRecordMetadata, _Batch, _finish, _Topic
-from mq.client.producer_io import _INF, Sender
+from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
+from mq.client.producer_io import Sender
 from mq.client.types import RecordMetadata, TopicPartition
-from mq.errors import (BrokerUnavailableError, ClosedError, MessageTooLargeError, MQError,
-                       RecordListTooLargeError, UnknownTopicOrPartitionError)
+from mq.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    MessageTooLargeError,
+    MQError,
+    RecordListTooLargeError,
+    UnknownTopicOrPartitionError,
+)
 from mq.log.records import RECORD_BATCH_OVERHEAD, BatchBuilder, available_codecs, codec_from_name
 from mq.protocol.messages import ACKS_ALL, Api
+from mq.protocol.state import StateReader
 
 __all__ = ["Producer", "FutureRecordMetadata", "RecordMetadata", "TopicPartition"]
 
@@ -138,9 +145,9 @@ class Producer(Sender):
         self._wanted_batch_size = batch_size
         self._wanted_max_request_size = max_request_size
         self._broker_max_request: int | None = None   # the broker's max_request_bytes
-        self._request_cap = _INF                    # ... less the request envelope
+        self._request_cap = math.inf                    # ... less the request envelope
         self._max_request_size = 0
-        self._topics: dict[str, _Topic] = {}        # fresh metadata, read without the lock
+        self._topics: dict[str, TopicState] = {}        # fresh metadata, read without the lock
         self._limit_requests(None)
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
@@ -160,7 +167,7 @@ class Producer(Sender):
         self._key_hashes: dict[bytes, int] = {}     # key -> to_positive(murmur2(key))
         self._partition_fn = getattr(self._partitioner, "partition", self._partitioner)
         self._on_batch_closed = getattr(self._partitioner, "on_batch_closed", None)
-        self._all_topics: dict[str, _Topic] = {}    # every topic seen, updated in place
+        self._all_topics: dict[str, TopicState] = {}    # every topic seen, updated in place
         self._closed = False
         self._init_state()
         self._start()
@@ -172,14 +179,14 @@ class Producer(Sender):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._cb_lock = threading.Lock()
-        self._open: dict[_Batch, None] = {}          # open batches, oldest first
-        self._full: dict[_Batch, None] = {}          # open, full, waiting for room
-        self._ready: collections.deque[_Batch] = collections.deque()   # closed, by seq
-        self._in_flight: dict[int, _Batch] = {}      # request id -> batch, oldest first
-        self._incomplete: set[_Batch] = set()
+        self._open: dict[Batch, None] = {}          # open batches, oldest first
+        self._full: dict[Batch, None] = {}          # open, full, waiting for room
+        self._ready: collections.deque[Batch] = collections.deque()   # closed, by seq
+        self._in_flight: dict[int, Batch] = {}      # request id -> batch, oldest first
+        self._incomplete: set[Batch] = set()
         self._requests: dict[int, Any] = {}          # metadata request id -> reply
         self._retrying = 0                           # queued batches with a backoff
-        self._muted: dict[tuple[str, int], _Batch] = {}   # partition -> its batch in retry
+        self._muted: dict[tuple[str, int], Batch] = {}   # partition -> its batch in retry
         self._seq = 0
         self._conn: Connection | None = None
         self._fd = -1
@@ -191,7 +198,7 @@ class Producer(Sender):
         self._stopping = False
         self._helper: threading.Thread | None = None
         self._helper_ident = -1
-        self._helper_wake_at = _INF
+        self._helper_wake_at = math.inf
         self._wake_r = self._wake_w = -1
         self._check_stash = False
 
@@ -214,7 +221,7 @@ class Producer(Sender):
         if type(broker_max_request) is not int:
             broker_max_request = None
         self._broker_max_request = broker_max_request
-        self._request_cap = _INF if broker_max_request is None else \
+        self._request_cap = math.inf if broker_max_request is None else \
             broker_max_request - REQUEST_ENVELOPE_BYTES
         limit = min(self._wanted_max_request_size, self._request_cap)
         if limit == self._max_request_size:
@@ -384,7 +391,7 @@ class Producer(Sender):
             finished: list = []
             self._pump(finished)
         for args in finished:
-            _finish(*args)
+            finish_batch(*args)
         return fut
 
     def flush(self, timeout: float | None = None) -> None:
@@ -401,7 +408,7 @@ class Producer(Sender):
             self._pump(finished)
             pending = list(self._incomplete)
         for args in finished:
-            _finish(*args)
+            finish_batch(*args)
         self._wake()
         deadline = None if timeout is None else time.monotonic() + timeout
         for batch in pending:
@@ -442,7 +449,7 @@ class Producer(Sender):
             self._muted.clear()
             self._cond.notify_all()
         for args in finished:
-            _finish(*args)
+            finish_batch(*args)
         self._wake()
         helper = self._helper
         if helper is not None and helper.ident != threading.get_ident():
@@ -479,7 +486,7 @@ class Producer(Sender):
         raise TypeError("a Producer cannot be pickled; create one in each process")
 
     # --- metadata -----------------------------------------------------------------------------
-    def _topic(self, topic: str) -> _Topic:
+    def _topic(self, topic: str) -> TopicState:
         """Fetch ``topic``'s partition count and effective ``max.message.bytes`` (so that no
         batch is built larger than the topic accepts). Raises
         ``UnknownTopicOrPartitionError``, ``BrokerUnavailableError``, ``TimeoutError``."""
@@ -510,7 +517,7 @@ class Producer(Sender):
                 max_message = self._max_request_size
             info = self._all_topics.get(topic)
             if info is None:
-                info = self._all_topics[topic] = _Topic(topic)
+                info = self._all_topics[topic] = TopicState(topic)
             info.update(meta["partitions"], min(self._batch_size, max_message),
                         min(self._max_request_size, max_message), time.monotonic())
             self._topics[topic] = info
@@ -533,7 +540,7 @@ class Producer(Sender):
         raise MessageTooLargeError(f"{record}, over max_request_size {self._max_request_size} B")
 
     # --- accumulator (all under self._lock) ---------------------------------------------------
-    def _new_batch(self, info: _Topic, partition: int) -> _Batch:
+    def _new_batch(self, info: TopicState, partition: int) -> Batch:
         if self._closed:
             raise ClosedError("producer is closed")
         if self._helper is None:                  # first batch in a forked child
@@ -544,7 +551,7 @@ class Producer(Sender):
                 self._stale_metadata()
         elif now - info.fetched > self._metadata_max_age_s:
             self._topics.pop(info.name, None)
-        batch = _Batch(info, partition, BatchBuilder(compression=self._codec), now,
+        batch = Batch(info, partition, BatchBuilder(compression=self._codec), now,
                        self._linger_s, self._cb_lock)
         info.open[partition] = batch
         self._open[batch] = None
@@ -556,7 +563,7 @@ class Producer(Sender):
             self._wake()
         return batch
 
-    def _close_batch(self, batch: _Batch) -> None:
+    def _close_batch(self, batch: Batch) -> None:
         """Build the batch and queue it; records can no longer join it."""
         info = batch.info
         if info.open[batch.partition] is batch:

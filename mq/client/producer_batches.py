@@ -1,8 +1,8 @@
 """The producer's units of work: the open batch of each partition, one batch's life from its
 first record to its reply, and the futures ``send()`` returns, which read that outcome.
 
-A ``_Batch`` is filled and closed by the accumulator (``producer.py``) under the producer's
-lock and sent by the sender (``producer_io.py``). ``_finish`` gives it its outcome exactly once,
+A ``Batch`` is filled and closed by the accumulator (``producer.py``) under the producer's
+lock and sent by the sender (``producer_io.py``). ``finish_batch`` gives it its outcome exactly once,
 outside that lock, and runs its futures' callbacks on the thread that finished it (normally the
 I/O thread; ``close()`` fails what is left).
 """
@@ -17,12 +17,12 @@ from typing import Any
 from mq.client.types import RecordMetadata
 from mq.log.records import BatchBuilder
 
-__all__ = ["FutureRecordMetadata"]
+__all__ = ["Batch", "FutureRecordMetadata", "TopicState", "finish_batch"]
 
 log = logging.getLogger("mq.producer")
 
 
-class _Topic:
+class TopicState:
     """Cached metadata of one topic plus the open batch of each partition."""
 
     __slots__ = ("name", "num_partitions", "partitions", "open", "fetched", "batch_limit",
@@ -32,7 +32,7 @@ class _Topic:
         self.name = name
         self.num_partitions = 0
         self.partitions: list[int] = []
-        self.open: list[_Batch | None] = []
+        self.open: list[Batch | None] = []
         self.fetched = 0.0
         self.batch_limit = 0         # min(batch_size, the topic's max.message.bytes)
         self.grow_limit = 0          # min(max_request_size, max.message.bytes)
@@ -48,14 +48,14 @@ class _Topic:
         self.fetched = now
 
 
-class _Batch:
+class Batch:
     """One batch of one partition, from its first record to its reply."""
 
     __slots__ = ("topic", "partition", "info", "builder", "size", "created", "deadline", "data",
                  "seq", "attempts", "not_before", "sent_at", "base_offset", "log_append_time",
                  "error", "last_error", "done", "event", "callbacks", "lock")
 
-    def __init__(self, info: _Topic, partition: int, builder: BatchBuilder, now: float,
+    def __init__(self, info: TopicState, partition: int, builder: BatchBuilder, now: float,
                  linger_s: float, lock: threading.Lock) -> None:
         self.topic = info.name
         self.partition = partition
@@ -84,7 +84,7 @@ class FutureRecordMetadata:
 
     __slots__ = ("_batch", "_delta", "_ts")
 
-    def __init__(self, batch: _Batch, delta: int, timestamp_ms: int) -> None:
+    def __init__(self, batch: Batch, delta: int, timestamp_ms: int) -> None:
         self._batch = batch
         self._delta = delta
         self._ts = timestamp_ms
@@ -167,7 +167,7 @@ def _run_callback(fut: FutureRecordMetadata, fn: Callable, args: tuple, kwargs: 
         log.exception("producer callback %r raised", fn)
 
 
-def _finish(batch: _Batch, base_offset: int, log_append_time: int,
+def finish_batch(batch: Batch, base_offset: int, log_append_time: int,
             error: BaseException | None) -> None:
     """Resolve a batch's futures and run their callbacks (never under the producer lock)."""
     with batch.lock:

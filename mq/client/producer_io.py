@@ -2,8 +2,8 @@
 
 Mixed into ``Producer`` (``producer.py``, which fills and closes batches). The I/O thread's loop
 (``_run``, ``_loop``, ``_reconnect``, ``_read``) takes the producer's lock itself; the other
-methods run under it and collect final outcomes in a ``finished`` list, resolved (``_finish``)
-once the lock is released.
+methods run under it and collect final outcomes in a ``finished`` list, resolved
+(``finish_batch``) once the lock is released.
 
 One daemon I/O thread per producer (Kafka's "sender", much reduced) blocks in ``poll`` on the
 socket and a wake-up pipe, with the GIL released; it never busy-polls. It reads responses and
@@ -50,7 +50,7 @@ import time
 from typing import Any
 
 from mq.client.connection import Connection
-from mq.client.producer_batches import _Batch, _finish
+from mq.client.producer_batches import Batch, finish_batch
 from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
@@ -131,7 +131,7 @@ class Sender:
                     self._helper_wake_at = now + self._request_timeout_s
                     self._wake()                  # so the I/O thread watches the timeout
 
-    def _requeue(self, batch: _Batch, err: BaseException, backoff: float,
+    def _requeue(self, batch: Batch, err: BaseException, backoff: float,
                  finished: list) -> None:
         """Retry ``batch`` (ahead of its partition's later batches) or fail it."""
         batch.last_error = err
@@ -255,7 +255,7 @@ class Sender:
                 fd, conn, wake_r = self._fd, self._conn, self._wake_r
                 stash, self._check_stash = self._check_stash, False
             for args in finished:
-                _finish(*args)
+                finish_batch(*args)
             if stash and conn is not None:
                 self._read(conn, 0.0)
             if fd != polled_fd:
@@ -306,7 +306,7 @@ class Sender:
                     self._service(time.monotonic(), finished)
                     self._cond.notify_all()
         for args in finished:
-            _finish(*args)
+            finish_batch(*args)
 
     def _dispatch(self, replies: list, finished: list) -> None:
         in_flight = self._in_flight
@@ -331,7 +331,7 @@ class Sender:
                     self._topics.pop(batch.topic, None)
                 self._done(batch, -1, -1, err, finished)
 
-    def _done(self, batch: _Batch, base_offset: int, log_append_time: int,
+    def _done(self, batch: Batch, base_offset: int, log_append_time: int,
               error: BaseException | None, finished: list) -> None:
         """The batch's outcome is final: unmute its partition; resolve after the lock."""
         self._incomplete.discard(batch)

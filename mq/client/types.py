@@ -1,4 +1,5 @@
-"""Small value types shared by the clients: ``TopicPartition`` and ``RecordMetadata``.
+"""Small value types of the clients: ``RecordMetadata``, and ``TopicPartition`` (defined in
+``mq.protocol.types``, which the broker shares).
 
 Both are ``NamedTuple``s, so they are immutable, hashable, ordered (topic, then partition, ...)
 and cheap to create, as in kafka-python.
@@ -8,14 +9,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from mq.protocol.types import TopicPartition
+
 __all__ = ["TopicPartition", "RecordMetadata"]
-
-
-class TopicPartition(NamedTuple):
-    """One partition of one topic."""
-
-    topic: str
-    partition: int
 
 
 class RecordMetadata(NamedTuple):
