@@ -39,7 +39,7 @@ delete-horizon bit and ``baseTimestamp = now + delete.retention.ms``; a later pa
 tombstones of a batch whose horizon has passed (never in the pass that sets it, so they stay
 at least ``delete.retention.ms``).
 
-Transactions (``cleaner_txns``): nothing at or past the last stable offset is cleaned.
+Transactions (``txnindex.AbortedTxnFilter``): nothing at or past the last stable offset is cleaned.
 Records of aborted transactions are dropped whatever their keys and never enter the offset map;
 a COMMIT/ABORT marker stays while data of its transaction may remain, then gets a delete
 horizon and goes after it; a kept ABORT marker carries its ``.txnindex`` entry into the
@@ -90,7 +90,6 @@ from mq.log.cleaner_policy import (
     resolve_first_dirty_offset,
     should_clean,
 )
-from mq.log.cleaner_txns import TxnTracker, collect_aborted
 from mq.log.log import PartitionLog
 from mq.log.policy import SegmentMeta
 from mq.log.records import (
@@ -105,7 +104,7 @@ from mq.log.records import (
     crc32c,
 )
 from mq.log.segment import LogSegment
-from mq.log.txnindex import AbortedTxn
+from mq.log.txnindex import AbortedTxn, AbortedTxnFilter, collect_aborted
 
 __all__ = [
     "CLEANER_OFFSET_CHECKPOINT",
@@ -190,7 +189,7 @@ def _slot(key) -> bytes:
 
 def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_uncleanable: int,
                       capacity: int, stats: CleanerStats, should_stop: Callable[[], bool],
-                      txns: TxnTracker | None = None
+                      txns: AbortedTxnFilter | None = None
                       ) -> tuple[dict[bytes, int], int] | None:
     """Map key -> latest offset over ``[first_dirty, first_uncleanable)``; returns the map and
     the last offset of the last batch it covers wholly (``first_dirty - 1`` if none), or None
@@ -277,11 +276,11 @@ class _Recopy:
         # producer id -> last offset of its last batch: kept (as a header at least) while the
         # producer is known, so its sequence survives a restart's replay (Kafka does too).
         self.keep_last = keep_last or {}
-        self.txns = TxnTracker(aborted)
+        self.txns = AbortedTxnFilter(aborted)
 
     def start_group(self) -> None:
         """Each group of segments is walked with a tracker of its own (as in Kafka)."""
-        self.txns = TxnTracker(self.aborted)
+        self.txns = AbortedTxnFilter(self.aborted)
 
     def marker_txn(self, batch: RecordBatch) -> AbortedTxn | None:
         """The ``.txnindex`` entry a kept ABORT marker carries into the cleaned segment."""
@@ -342,7 +341,7 @@ class _Recopy:
 
     def _filter_marker(self, batch: RecordBatch) -> tuple[memoryview | bytearray | None, bool]:
         """A transaction marker stays while data of its transaction may remain; then it gets
-        a delete horizon, and goes in a pass after the horizon (see ``cleaner_txns``)."""
+        a delete horizon, and goes in a pass after it (``txnindex.AbortedTxnFilter``)."""
         self.stats.records_read += batch.records_count
         if not self.txns.on_marker(batch):
             self.stats.records_kept += batch.records_count
@@ -472,7 +471,7 @@ def clean(plog: PartitionLog, now_ms: int, config: CleanerConfig | None = None, 
     keep_last = {pid: e.batches[-1].last_offset for pid, e in producers.items() if e.batches}
     try:
         built = _build_offset_map(segments, first_dirty, rng.first_uncleanable_offset,
-                                  config.map_capacity, stats, stop, TxnTracker(aborted))
+                                  config.map_capacity, stats, stop, AbortedTxnFilter(aborted))
         if built is None:
             stats.stopped_reason = "stopped"
             return stats

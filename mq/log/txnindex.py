@@ -22,12 +22,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from mq.errors import CorruptIndexError
-from mq.log import diskio
+from mq.log import diskio, files
+from mq.log.records import CONTROL_ABORT, CONTROL_COMMIT, RecordBatch
 
-__all__ = ["ENTRY_SIZE", "AbortedTxn", "TransactionIndex", "decode_entries", "read_entries"]
+__all__ = ["ENTRY_SIZE", "AbortedTxn", "AbortedTxnFilter", "TransactionIndex", "collect_aborted",
+           "decode_entries", "read_entries"]
 
 _ENTRY: Final = struct.Struct(">hqqqq")
 ENTRY_SIZE: Final = _ENTRY.size           # 34
@@ -142,3 +145,67 @@ class TransactionIndex:
                 raise CorruptIndexError(self.path, f"entry {i} (producer {t.producer_id}, "
                                         f"offsets {t.first_offset}..{t.last_offset}) is outside "
                                         f"the segment [{base_offset}, {next_offset})")
+
+
+def collect_aborted(segments: Sequence, start: int, end: int) -> list[AbortedTxn]:
+    """Aborted transactions overlapping ``[start, end)``, from every segment's ``.txnindex``
+    (a marker may lie in a later segment than its data, even the active one). Files are read,
+    not the segments' index objects: the cleaner runs off the thread that appends."""
+    out: list[AbortedTxn] = []
+    for seg in segments:
+        path = os.path.join(seg.dir, files.segment_name(seg.base_offset, files.TXNINDEX_SUFFIX)
+                            + seg.suffix)
+        out += [t for t in read_entries(path) if t.last_offset >= start and t.first_offset < end]
+    return sorted(out, key=lambda t: t.first_offset)
+
+
+class AbortedTxnFilter:
+    """Which batches of a walk in offset order belong to aborted transactions, and whether a
+    marker may go: Kafka's read_committed fetcher and its CleanedTransactionMetadata.
+
+    ``is_aborted(batch)``: a transactional data batch of a producer inside an aborted
+    transaction (from its first offset to its ABORT marker): a read_committed reader skips
+    it, the cleaner drops it and keeps its keys out of the offset map. ``on_marker(batch)``:
+    no data batch of the marker's transaction was seen in the walk, so the cleaner may let
+    the marker go (after a delete horizon). Only decided transactions are walked (data
+    below the last stable offset), so every abort has its ``.txnindex`` entry."""
+
+    def __init__(self, aborted: Iterable[AbortedTxn]) -> None:
+        self._pending = sorted(aborted, key=lambda t: t.first_offset)
+        self._next = 0
+        self._aborted: dict[int, list] = {}       # producer id -> [AbortedTxn, data seen]
+        self._committed: set[int] = set()          # producers with committed data seen
+        self.by_marker = {t.last_offset: t for t in self._pending}
+
+    def _advance(self, offset: int) -> None:
+        pending = self._pending
+        while self._next < len(pending) and pending[self._next].first_offset <= offset:
+            txn = pending[self._next]
+            self._aborted[txn.producer_id] = [txn, False]
+            self._next += 1
+
+    def is_aborted(self, batch: RecordBatch) -> bool:
+        """A data batch: True if it belongs to an aborted transaction."""
+        self._advance(batch.last_offset)
+        if not batch.is_transactional or batch.producer_id < 0:
+            return False
+        entry = self._aborted.get(batch.producer_id)
+        if entry is not None:
+            entry[1] = True
+            return True
+        self._committed.add(batch.producer_id)
+        return False
+
+    def on_marker(self, batch: RecordBatch) -> bool:
+        """A control batch: True if it may go (no data of its transaction seen)."""
+        self._advance(batch.last_offset)
+        ctype = batch.control_type()
+        pid = batch.producer_id
+        if ctype == CONTROL_ABORT:
+            entry = self._aborted.pop(pid, None)
+            return entry is None or not entry[1]
+        if ctype == CONTROL_COMMIT:
+            seen = pid in self._committed
+            self._committed.discard(pid)
+            return not seen
+        return False
