@@ -3,7 +3,7 @@
 One root, ``MQError``. Storage errors name the file, the byte position and what was wrong with
 it, so a message read in a log is enough to find the bytes. Broker errors carry Kafka's numeric
 error code and a ``retriable`` flag; ``ERRORS_BY_CODE`` is the one table of those codes (the
-broker answers with them, clients raise by them).
+broker answers with them, clients raise by them, the group coordinator returns them).
 """
 
 from __future__ import annotations

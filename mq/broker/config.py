@@ -27,7 +27,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from mq.broker.assignors import canonical_assignor
-from mq.log.config import ConfigError, LogConfig
+from mq.broker.group_model import (
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_MAX_SESSION_TIMEOUT_MS,
+    DEFAULT_MIN_SESSION_TIMEOUT_MS,
+    DEFAULT_SESSION_TIMEOUT_MS,
+)
+from mq.errors import ConfigError
+from mq.log.config import LogConfig
 from mq.protocol.paths import default_data_dir, default_socket_path
 
 __all__ = ["BrokerConfig", "ConfigError"]
@@ -60,10 +67,12 @@ class BrokerConfig:
     cleaner_dedupe_buffer_bytes: int = 128 * 1024 * 1024   # log.cleaner.dedupe.buffer.size
     offsets_retention_minutes: float = 10_080     # offsets.retention.minutes (7 days)
     offsets_retention_check_interval_ms: int = 600_000   # offsets.retention.check.interval.ms
-    group_heartbeat_interval_ms: int = 5_000      # group.consumer.heartbeat.interval.ms
-    group_session_timeout_ms: int = 45_000        # group.consumer.session.timeout.ms
-    group_min_session_timeout_ms: int = 45        # group.consumer.min.session.timeout.ms
-    group_max_session_timeout_ms: int = 1_800_000  # group.consumer.max.session.timeout.ms
+    # The group coordinator's own defaults (group.consumer.* in Kafka; group_model.py says why
+    # the minimum session timeout is 45 ms).
+    group_heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS        # 5 s
+    group_session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS              # 45 s
+    group_min_session_timeout_ms: int = DEFAULT_MIN_SESSION_TIMEOUT_MS      # 45 ms
+    group_max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS      # 30 min
     group_assignor: str = "sticky"                # default when members name none
     topic_defaults: LogConfig = dataclasses.field(default_factory=LogConfig)
     config_file: str | None = None

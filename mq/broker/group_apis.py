@@ -1,7 +1,7 @@
 """The broker's consumer-group and offset apis: the group coordinator and ``__consumer_offsets``
 wired to the event loop.
 
-``GroupCoordinator`` (``groups.py``) decides; this module feeds it requests, connection closes,
+``GroupCoordinator`` (``coordinator.py``) decides; this module feeds it requests, connection closes,
 dead pids and the clock, and turns its effects into pushes: a member whose assignment changed
 gets ``[68, 0, 0, nil]`` on its heartbeat connection and heartbeats at once. That, and noticing
 a dead member by its socket closing (or its pid gone, checked every ``_PID_CHECK_MS``), is why a
@@ -25,8 +25,10 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from mq import errors
-from mq.broker.groups import Effects, ErrorCode, GroupCoordinator, GroupState
-from mq.broker.offsets import OFFSETS_TOPIC, CommittedOffset, OffsetStore
+from mq.broker.coordinator import GroupCoordinator
+from mq.broker.group_model import Effects, GroupState
+from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
+from mq.broker.offsets import CommittedOffset, OffsetStore
 from mq.errors import InvalidRequestError
 from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
 
@@ -50,9 +52,6 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _raise_for(code: ErrorCode | None, message: str) -> None:
-    if code is not None:
-        raise errors.error_for_code(int(code), message)
 
 
 class GroupApis:
@@ -190,7 +189,7 @@ class GroupApis:
         self._group_effects(result.effects)
         self._mark_group(f["group"])
         if result.error is not None:
-            return response(req.api, req.request_id, int(result.error), result.error_message)
+            return response(req.api, req.request_id, result.error.code, result.error_message)
         return response(req.api, req.request_id, 0, None, result.member_id, result.member_epoch,
                         result.heartbeat_interval_ms, sorted(map(list, result.assignment)))
 
@@ -204,14 +203,15 @@ class GroupApis:
                 raise errors.NonEmptyGroupError(
                     f"group {group!r} has {live} live member(s); stop them before changing "
                     "its offsets")
-        code = self.coordinator.validate_commit(group, member_id, epoch)
-        _raise_for(code, f"member {member_id!r} at epoch {epoch} may not commit for group "
-                         f"{group!r}: {code.name.lower().replace('_', ' ') if code else ''}")
+        refused = self.coordinator.validate_commit(group, member_id, epoch)
+        if refused is not None:
+            raise refused(f"member {member_id!r} at epoch {epoch} may not commit for group "
+                          f"{group!r}: {refused.__doc__}")
         now = wall_ms()
         items = []
         for topic, partition, offset, leader_epoch, metadata in req["offsets"]:
             self._partition(topic, partition)          # UnknownTopicOrPartition
-            if topic.startswith("__"):
+            if is_internal(topic):
                 raise InvalidRequestError(f"cannot commit offsets of internal topic {topic!r}")
             if offset < 0:
                 raise InvalidRequestError(f"offset must be >= 0, got {offset} for "
@@ -286,11 +286,11 @@ class GroupApis:
 
     def _api_delete_groups(self, conn: _Conn, req: Request) -> None:
         group = req["group"]
-        code = self.coordinator.delete_group(group)
-        if code is ErrorCode.NON_EMPTY_GROUP:
+        refused = self.coordinator.delete_group(group)
+        if refused is errors.NonEmptyGroupError:
             raise errors.NonEmptyGroupError(f"group {group!r} has {self._live_members(group)} "
                                             "live member(s); stop them first")
-        if code is ErrorCode.GROUP_ID_NOT_FOUND and group not in self.offsets.offsets:
+        if refused is errors.GroupIdNotFoundError and group not in self.offsets.offsets:
             raise errors.GroupIdNotFoundError(f"group {group!r} does not exist")
         plog = self.offsets.delete(group, now_ms=wall_ms())
         reply = response(req.api, req.request_id, 0, None)

@@ -15,18 +15,12 @@ import uuid
 
 import msgpack
 
-from mq.broker.offsets import OFFSETS_TOPIC
+from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
 
-__all__ = ["MetadataStore", "TopicInfo", "METADATA_TOPIC", "INTERNAL_TOPICS"]
-
-METADATA_TOPIC = "__cluster_metadata"
-INTERNAL_TOPICS = frozenset({METADATA_TOPIC, OFFSETS_TOPIC})
-# The internal topics' fixed overrides of the broker's topic defaults (they have no record).
-_INTERNAL_CONFIG = {OFFSETS_TOPIC: {"cleanup.policy": "compact",
-                                    "segment.bytes": str(100 * 1024 * 1024)}}
+__all__ = ["MetadataStore", "TopicInfo", "METADATA_TOPIC"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,7 +61,7 @@ class MetadataStore:
         """The topic's config: its overrides (an internal topic's fixed ones) over
         ``defaults``."""
         info = self.topics.get(name)
-        overrides = info.config if info else _INTERNAL_CONFIG.get(name)
+        overrides = info.config if info else INTERNAL_CONFIG.get(name)
         return defaults if overrides is None else LogConfig.from_properties(overrides, defaults)
 
     def create_topic(self, name: str, partitions: int, config: dict[str, str]) -> TopicInfo:

@@ -27,6 +27,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Final
 
+from mq.broker.internal_topics import OFFSETS_TOPIC
 from mq.errors import CorruptRecordError
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
@@ -35,7 +36,6 @@ __all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "dec
            "encode_group_key", "encode_group_value", "decode_group_key",
            "encode_value", "decode_value", "partition_for_group", "java_string_hash"]
 
-OFFSETS_TOPIC: Final = "__consumer_offsets"
 _KEY_VERSION: Final = 1
 _GROUP_KEY_VERSION: Final = 3
 _VALUE_VERSION: Final = 3

@@ -37,7 +37,8 @@ from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.flushing import Flusher, Flushing
 from mq.broker.group_apis import GroupApis
-from mq.broker.metadata import INTERNAL_TOPICS, METADATA_TOPIC, MetadataStore
+from mq.broker.internal_topics import METADATA_TOPIC, is_internal
+from mq.broker.metadata import MetadataStore
 from mq.broker.space import FreeSpaceGuard
 from mq.protocol.state import StateWriter, semaphore_prefix
 from mq.broker.topic_apis import TopicApis
@@ -163,7 +164,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         assert self.logs is not None and self.metadata is not None
         for plog in list(self.logs):
             key = (plog.topic, plog.partition)
-            if plog.topic in INTERNAL_TOPICS:
+            if is_internal(plog.topic):
                 continue
             info = self.metadata.topics.get(plog.topic)
             if info is None or plog.partition >= info.partitions:
@@ -451,7 +452,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
 
     def _api_produce(self, conn: _Conn, req: Request) -> list | None:
         topic, acks = req["topic"], req["acks"]
-        if topic in INTERNAL_TOPICS:
+        if is_internal(topic):
             raise InvalidRequestError(f"cannot produce to internal topic {topic!r}")
         if acks not in (0, 1, ACKS_ALL):
             raise InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {acks}")

@@ -4,7 +4,7 @@ describe and alter topic configs, delete records.
 Each change is recorded in the metadata log (``MetadataStore``) first, then applied to the
 partitions; then the state region's metadata version is bumped so that clients re-read the
 metadata (slots may have moved), and the group coordinator hears of new partition counts.
-Internal topics (``__*``) are never in the metadata and cannot be created here.
+Internal topics (``internal_topics.py``) are never in the metadata and cannot be created here.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mq import errors
+from mq.broker.internal_topics import INTERNAL_PREFIX, is_internal
 from mq.broker.metadata import TopicInfo
 from mq.broker.wakeups import _post
 from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
@@ -59,8 +60,9 @@ class TopicApis:
 
     def _api_create_topics(self, conn: _Conn, req: Request) -> list:
         name, count, config = req["topic"], req["partitions"], req["config"]
-        if name.startswith("__"):
-            raise errors.InvalidTopicError("topic names starting with '__' are reserved")
+        if is_internal(name):
+            raise errors.InvalidTopicError(f"topic names starting with {INTERNAL_PREFIX!r} are "
+                                           "reserved")
         try:
             files.validate_topic_name(name)
         except ValueError as err:

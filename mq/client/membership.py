@@ -1,5 +1,5 @@
 """A consumer's membership in a consumer group: the heartbeat thread of Kafka's modern
-consumer protocol (KIP-848), talking to the broker-side coordinator (``mq.broker.groups``).
+consumer protocol (KIP-848), talking to the broker-side coordinator (``mq.broker.coordinator``).
 
 Two threads share the state below under one lock:
 

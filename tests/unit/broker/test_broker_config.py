@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mq.broker.config import BrokerConfig, ConfigError
+from mq.broker.coordinator import GroupCoordinator
 
 
 def test_group_and_offsets_defaults_follow_kafka():
@@ -14,6 +15,16 @@ def test_group_and_offsets_defaults_follow_kafka():
     assert cfg.group_heartbeat_interval_ms == 5_000
     assert cfg.group_assignor == "sticky"
     assert cfg.cleaner_backoff_ms == 15_000
+
+
+def test_the_coordinator_and_the_config_share_their_defaults():
+    cfg, coordinator = BrokerConfig.from_mapping({}), GroupCoordinator()
+    assert (coordinator.heartbeat_interval_ms, coordinator.session_timeout_ms,
+            coordinator.min_session_timeout_ms, coordinator.max_session_timeout_ms) == \
+        (cfg.group_heartbeat_interval_ms, cfg.group_session_timeout_ms,
+         cfg.group_min_session_timeout_ms, cfg.group_max_session_timeout_ms) == \
+        (5_000, 45_000, 45, 1_800_000)
+    assert coordinator.default_assignor == cfg.group_assignor
 
 
 def test_assignor_aliases_are_canonical():

@@ -15,7 +15,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from mq.broker.groups import ErrorCode, GroupCoordinator, GroupState, MemberState
+from mq import errors
+from mq.broker.coordinator import GroupCoordinator
+from mq.broker.group_model import GroupState, MemberState
 
 
 def tps(spec: str, topic: str = "t") -> frozenset[tuple[str, int]]:
@@ -58,7 +60,7 @@ def test_first_member_gets_every_partition():
     c = coordinator()
     r = join(c, pid=10, conn="c10")
     assert (r.member_id, r.member_epoch, r.assignment) == ("m1", 1, tps("t0 t1 t2 t3"))
-    assert r.heartbeat_interval_ms == 3000
+    assert r.heartbeat_interval_ms == 5000
     d = c.describe("g")
     assert (d.state, d.group_epoch, d.assignor) == (GroupState.STABLE, 1, "sticky")
     assert d.members[0].pid == 10 and d.members[0].conn_id == "c10"
@@ -132,7 +134,7 @@ def test_commits_for_revoked_partitions_use_the_old_epoch_until_revocation_is_re
     hb(c, "m1", 1, a.assignment)
     assert c.validate_commit("g", "m1", 1) is None           # on_partitions_revoked commits
     hb(c, "m1", 1, tps("t0 t1"))
-    assert c.validate_commit("g", "m1", 1) is ErrorCode.STALE_MEMBER_EPOCH
+    assert c.validate_commit("g", "m1", 1) is errors.StaleMemberEpochError
     assert c.validate_commit("g", "m1", 2) is None
 
 
@@ -182,10 +184,10 @@ def test_leave_by_heartbeat_and_by_call():
     join(c)
     r = c.heartbeat("g", "m1", member_epoch=-1, now_ms=1)
     assert (r.error, r.member_epoch) == (None, -1) and woken(r.effects) == {"m2"}
-    assert c.leave("g", "m1").error is ErrorCode.UNKNOWN_MEMBER_ID
+    assert c.leave("g", "m1").error is errors.UnknownMemberIdError
     assert c.leave("g", "m2").error is None
     assert c.describe("g").state is GroupState.EMPTY
-    assert c.leave("nope", "m2").error is ErrorCode.UNKNOWN_MEMBER_ID
+    assert c.leave("nope", "m2").error is errors.UnknownMemberIdError
 
 
 def test_session_timeout_expires_a_silent_member():
@@ -201,7 +203,7 @@ def test_session_timeout_expires_a_silent_member():
     assert [(x.member_id, x.reason) for x in effects.removed] == [("m1", "session timed out")]
     assert woken(effects) == {"m2"}
     assert hb(c, "m2", r.member_epoch, [], now=1002).assignment == tps("t0 t1 t2 t3")
-    assert hb(c, "m1", 1, [], now=1003).error is ErrorCode.UNKNOWN_MEMBER_ID
+    assert hb(c, "m1", 1, [], now=1003).error is errors.UnknownMemberIdError
 
 
 def test_member_that_does_not_revoke_within_the_rebalance_timeout_is_removed():
@@ -240,14 +242,14 @@ def test_static_member_restart_takes_its_partitions_back_without_a_rebalance():
     assert c.describe("g").group_epoch == 2 and woken(r.effects) == set()
     assert [m.member_id for m in c.describe("g").members] == ["m2", "m3"]
     # The old incarnation is fenced.
-    assert hb(c, "m1", 2, [], instance_id="i-a").error is ErrorCode.FENCED_INSTANCE_ID
-    assert hb(c, "m1", 2, []).error is ErrorCode.UNKNOWN_MEMBER_ID
-    assert c.validate_commit("g", "m1", 2) is ErrorCode.UNKNOWN_MEMBER_ID
+    assert hb(c, "m1", 2, [], instance_id="i-a").error is errors.FencedInstanceIdError
+    assert hb(c, "m1", 2, []).error is errors.UnknownMemberIdError
+    assert c.validate_commit("g", "m1", 2) is errors.UnknownMemberIdError
     assert c.validate_commit("g", "m3", 2) is None
     # A late leave from the old incarnation cannot remove the new one.
-    assert c.leave("g", "m1", instance_id="i-a").error is ErrorCode.FENCED_INSTANCE_ID
+    assert c.leave("g", "m1", instance_id="i-a").error is errors.FencedInstanceIdError
     assert c.heartbeat("g", "m1", member_epoch=-1, instance_id="i-a",
-                       now_ms=300).error is ErrorCode.FENCED_INSTANCE_ID
+                       now_ms=300).error is errors.FencedInstanceIdError
     assert "m3" in {m.member_id for m in c.describe("g").members}
     # An admin removes a static member by instance id alone.
     assert c.leave("g", "", instance_id="i-a").error is None
@@ -272,7 +274,7 @@ def test_departed_static_member_is_reserved_until_its_session_times_out():
     assert c.tick(1000).removed == ()
     hb(c, "m2", 2, [], now=1000)
     assert member(c, "m2").assigned == tps("t2 t3")        # t0, t1 stay reserved
-    assert hb(c, "m1", 2, tps("t0 t1"), now=1000).error is ErrorCode.FENCED_MEMBER_EPOCH
+    assert hb(c, "m1", 2, tps("t0 t1"), now=1000).error is errors.FencedMemberEpochError
     effects = c.tick(1001)
     assert [x.member_id for x in effects.removed] == ["m1"] and woken(effects) == {"m2"}
     assert hb(c, "m2", 2, tps("t2 t3"), now=1002).assignment == tps("t0 t1 t2 t3")
@@ -304,7 +306,7 @@ def test_instance_id_in_use_by_a_live_member_is_refused():
     c = coordinator()
     join(c, instance_id="i", conn="a")
     r = c.heartbeat("g", None, member_epoch=0, instance_id="i", subscription=["t"], now_ms=1)
-    assert r.error is ErrorCode.UNRELEASED_INSTANCE_ID
+    assert r.error is errors.UnreleasedInstanceIdError
     assert "m1" in r.error_message
 
 
@@ -313,10 +315,10 @@ def test_instance_id_in_use_by_a_live_member_is_refused():
 def test_fencing_errors():
     c = coordinator()
     a = join(c)
-    assert hb(c, "m1", 2, a.assignment).error is ErrorCode.FENCED_MEMBER_EPOCH   # from the future
-    assert hb(c, "nobody", 1, []).error is ErrorCode.UNKNOWN_MEMBER_ID
-    assert hb(c, "m1", 1, [], group="other").error is ErrorCode.UNKNOWN_MEMBER_ID
-    assert int(ErrorCode.FENCED_MEMBER_EPOCH) == 110 and int(ErrorCode.UNKNOWN_MEMBER_ID) == 25
+    assert hb(c, "m1", 2, a.assignment).error is errors.FencedMemberEpochError   # from the future
+    assert hb(c, "nobody", 1, []).error is errors.UnknownMemberIdError
+    assert hb(c, "m1", 1, [], group="other").error is errors.UnknownMemberIdError
+    assert errors.FencedMemberEpochError.code == 110 and errors.UnknownMemberIdError.code == 25
     join(c)                                          # epoch 2
     hb(c, "m1", 1, a.assignment)
     hb(c, "m1", 1, tps("t0 t1"))                     # m1 now at epoch 2, previous 1
@@ -324,7 +326,7 @@ def test_fencing_errors():
     r = hb(c, "m1", 1, tps("t0 t1"))
     assert (r.error, r.member_epoch) == (None, 2)
     # ...but not with partitions it should not have.
-    assert hb(c, "m1", 1, tps("t0 t1 t2")).error is ErrorCode.FENCED_MEMBER_EPOCH
+    assert hb(c, "m1", 1, tps("t0 t1 t2")).error is errors.FencedMemberEpochError
 
 
 def test_fenced_member_rejoins_with_epoch_zero_and_loses_what_it_does_not_report():
@@ -339,13 +341,13 @@ def test_validate_commit():
     c = coordinator()
     assert c.validate_commit("g", "", -1) is None          # no group yet: group-less commit
     a = join(c)
-    assert c.validate_commit("g", "", -1) is ErrorCode.UNKNOWN_MEMBER_ID
+    assert c.validate_commit("g", "", -1) is errors.UnknownMemberIdError
     assert c.validate_commit("g", "m1", a.member_epoch) is None
-    assert c.validate_commit("g", "m1", 7) is ErrorCode.STALE_MEMBER_EPOCH
-    assert c.validate_commit("g", "zz", 1) is ErrorCode.UNKNOWN_MEMBER_ID
+    assert c.validate_commit("g", "m1", 7) is errors.StaleMemberEpochError
+    assert c.validate_commit("g", "zz", 1) is errors.UnknownMemberIdError
     c.leave("g", "m1")
     assert c.validate_commit("g", "", -1) is None          # empty again
-    assert c.validate_commit("g", "m1", 1) is ErrorCode.UNKNOWN_MEMBER_ID
+    assert c.validate_commit("g", "m1", 1) is errors.UnknownMemberIdError
 
 
 # --- rebalance triggers --------------------------------------------------------------------------
@@ -423,7 +425,7 @@ def test_groups_are_independent_and_choose_their_assignor():
     join(c, group="g-rr", topics=("t",), assignor="range")
     assert c.describe("g-rr").assignor == "range"                 # 2:3
     r = c.heartbeat("g", None, subscription=["t"], assignor="nope", now_ms=0)
-    assert r.error is ErrorCode.UNSUPPORTED_ASSIGNOR
+    assert r.error is errors.UnsupportedAssignorError
 
 
 # --- broker restart ------------------------------------------------------------------------------
@@ -478,23 +480,23 @@ def test_describe_list_and_delete_groups():
         tps("t0 t1 t2 t3"), tps("t0 t1 t2 t3"), MemberState.STABLE, 1)
     assert [(x.group_id, x.state, x.members) for x in c.list_groups()] == [
         ("g", GroupState.STABLE, 1)]
-    assert c.delete_group("g") is ErrorCode.NON_EMPTY_GROUP
+    assert c.delete_group("g") is errors.NonEmptyGroupError
     c.leave("g", "m1")
     assert c.delete_group("g") is None
-    assert c.delete_group("g") is ErrorCode.GROUP_ID_NOT_FOUND
+    assert c.delete_group("g") is errors.GroupIdNotFoundError
     assert c.list_groups() == []
 
 
 @pytest.mark.parametrize("kwargs, error", [
-    ({"group_id": ""}, ErrorCode.INVALID_GROUP_ID),
-    ({"subscription": None}, ErrorCode.INVALID_REQUEST),
-    ({"subscription": "t"}, ErrorCode.INVALID_REQUEST),
-    ({"subscription": ["t"], "subscribed_pattern": "t"}, ErrorCode.INVALID_REQUEST),
-    ({"subscription": None, "subscribed_pattern": "("}, ErrorCode.INVALID_REGULAR_EXPRESSION),
-    ({"owned_partitions": [("t", "0")]}, ErrorCode.INVALID_REQUEST),
-    ({"session_timeout_ms": 1}, ErrorCode.INVALID_SESSION_TIMEOUT),
-    ({"member_id": None, "member_epoch": 3}, ErrorCode.INVALID_REQUEST),
-    ({"rebalance_timeout_ms": 0}, ErrorCode.INVALID_REQUEST),
+    ({"group_id": ""}, errors.InvalidGroupIdError),
+    ({"subscription": None}, errors.InvalidRequestError),
+    ({"subscription": "t"}, errors.InvalidRequestError),
+    ({"subscription": ["t"], "subscribed_pattern": "t"}, errors.InvalidRequestError),
+    ({"subscription": None, "subscribed_pattern": "("}, errors.InvalidRegularExpressionError),
+    ({"owned_partitions": [("t", "0")]}, errors.InvalidRequestError),
+    ({"session_timeout_ms": 1}, errors.InvalidSessionTimeoutError),
+    ({"member_id": None, "member_epoch": 3}, errors.InvalidRequestError),
+    ({"rebalance_timeout_ms": 0}, errors.InvalidRequestError),
 ])
 def test_bad_requests_are_answered_with_an_error(kwargs, error):
     c = coordinator()
@@ -509,7 +511,7 @@ def test_group_max_size():
     c = coordinator(max_group_size=1)
     join(c)
     r = c.heartbeat("g", None, subscription=["t"], now_ms=0)
-    assert r.error is ErrorCode.GROUP_MAX_SIZE_REACHED
+    assert r.error is errors.GroupMaxSizeReachedError
 
 
 def test_owned_partitions_accept_msgpack_lists():
@@ -596,11 +598,11 @@ class GroupMachine(RuleBasedStateMachine):
             assignor=c.assignor, now_ms=self.now, pid=c.pid, conn_id=c.conn,
             rebalance_timeout_ms=REBALANCE_MS, session_timeout_ms=SESSION_MS)
         self._effects(r.effects)
-        if r.error is ErrorCode.FENCED_INSTANCE_ID:
+        if r.error is errors.FencedInstanceIdError:
             c.status, c.owned = "gone", frozenset()    # another process took the instance id
             return r
         if r.error is not None:
-            assert r.error in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH), r
+            assert r.error in (errors.UnknownMemberIdError, errors.FencedMemberEpochError), r
             assert not join, r
             c.owned, c.epoch = frozenset(), 0          # on_partitions_lost, then rejoin
             return self._heartbeat(c, join=True)

@@ -58,6 +58,9 @@ once to report it; heartbeat at once when woken; on ``FENCED_MEMBER_EPOCH`` or
 its own connection closing as having stopped consuming, except when the broker restarted (a
 new broker generation): then keep consuming and rejoin reporting what it owns.
 
+Errors are Kafka's codes as mq's broker error classes (``mq.errors``), returned as values:
+nothing here raises on bad client input. The values and records are in ``group_model.py``.
+
 Fencing. Heartbeats with an unknown member id get ``UNKNOWN_MEMBER_ID``, with a wrong epoch
 ``FENCED_MEMBER_EPOCH`` (the member must drop its partitions — ``on_partitions_lost`` — and
 rejoin with epoch 0); the previous epoch is accepted when the owned partitions are a subset of
@@ -68,180 +71,46 @@ the assignment (the response carrying the new epoch was lost). Offset commits pa
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable
 
+from mq import errors
 from mq.broker.assignors import ASSIGNORS, canonical_assignor
+from mq.broker.group_model import (
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_MAX_SESSION_TIMEOUT_MS,
+    DEFAULT_MIN_SESSION_TIMEOUT_MS,
+    DEFAULT_REBALANCE_TIMEOUT_MS,
+    DEFAULT_SESSION_TIMEOUT_MS,
+    EMPTY,
+    JOIN_GROUP_MEMBER_EPOCH,
+    LEAVE_GROUP_MEMBER_EPOCH,
+    LEAVE_GROUP_STATIC_MEMBER_EPOCH,
+    Effects,
+    Group,
+    GroupDescription,
+    GroupListing,
+    GroupState,
+    HeartbeatResult,
+    LeaveResult,
+    Member,
+    MemberDescription,
+    MemberState,
+    Removal,
+    Wakeup,
+    matches_pattern,
+    merge_effects,
+    parse_assignor,
+    parse_partitions,
+    parse_subscription,
+    pattern_text,
+)
+from mq.errors import BrokerError
 from mq.protocol.types import TopicPartition
 
-__all__ = ["GroupCoordinator", "ErrorCode", "GroupState", "MemberState", "HeartbeatResult",
-           "LeaveResult", "Effects", "Wakeup", "Removal", "GroupDescription", "MemberDescription",
-           "GroupListing", "JOIN_GROUP_MEMBER_EPOCH", "LEAVE_GROUP_MEMBER_EPOCH",
-           "LEAVE_GROUP_STATIC_MEMBER_EPOCH"]
-
-JOIN_GROUP_MEMBER_EPOCH = 0
-LEAVE_GROUP_MEMBER_EPOCH = -1
-LEAVE_GROUP_STATIC_MEMBER_EPOCH = -2
-_EMPTY: frozenset[TopicPartition] = frozenset()
-
-
-class ErrorCode(enum.IntEnum):
-    """Kafka's error codes for the group apis (success is ``None``, Kafka's NONE = 0)."""
-    INVALID_GROUP_ID = 24
-    UNKNOWN_MEMBER_ID = 25
-    INVALID_SESSION_TIMEOUT = 26
-    INVALID_REQUEST = 42
-    NON_EMPTY_GROUP = 68
-    GROUP_ID_NOT_FOUND = 69
-    GROUP_MAX_SIZE_REACHED = 81
-    FENCED_INSTANCE_ID = 82
-    FENCED_MEMBER_EPOCH = 110
-    UNRELEASED_INSTANCE_ID = 111
-    UNSUPPORTED_ASSIGNOR = 112
-    STALE_MEMBER_EPOCH = 113
-    INVALID_REGULAR_EXPRESSION = 128
-
-
-class GroupState(str, enum.Enum):
-    EMPTY = "Empty"
-    ASSIGNING = "Assigning"        # never observed: the target is computed synchronously
-    RECONCILING = "Reconciling"
-    STABLE = "Stable"
-    DEAD = "Dead"                  # what ``describe`` says of a group that does not exist
-
-
-class MemberState(str, enum.Enum):
-    STABLE = "Stable"
-    UNREVOKED_PARTITIONS = "UnrevokedPartitions"
-    UNRELEASED_PARTITIONS = "UnreleasedPartitions"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Wakeup:
-    """A member whose next heartbeat would change its assignment: ask it to heartbeat now."""
-    group_id: str
-    member_id: str
-    conn_id: Hashable | None
-    pid: int | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Removal:
-    """A member that left the group (``removed``) or a static member that went away with its
-    partitions reserved (``departed``); ``reason`` is for the log."""
-    group_id: str
-    member_id: str
-    instance_id: str | None
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Effects:
-    wakeups: tuple[Wakeup, ...] = ()
-    removed: tuple[Removal, ...] = ()
-    departed: tuple[Removal, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HeartbeatResult:
-    member_id: str | None
-    member_epoch: int
-    assignment: frozenset[TopicPartition]    # what to own now; revoke anything else you own
-    heartbeat_interval_ms: int
-    error: ErrorCode | None = None
-    error_message: str | None = None
-    effects: Effects = Effects()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LeaveResult:
-    error: ErrorCode | None
-    effects: Effects = Effects()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class MemberDescription:
-    member_id: str
-    instance_id: str | None
-    pid: int | None
-    conn_id: Hashable | None
-    subscribed_topics: tuple[str, ...] | None
-    subscribed_pattern: str | None
-    assignor: str | None
-    member_epoch: int
-    state: MemberState
-    departed: bool
-    assigned: frozenset[TopicPartition]
-    pending_revocation: frozenset[TopicPartition]
-    target: frozenset[TopicPartition]
-    owned: frozenset[TopicPartition]           # as last reported by the member
-    last_heartbeat_ms: int
-    session_timeout_ms: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GroupDescription:
-    group_id: str
-    state: GroupState
-    group_epoch: int
-    assignment_epoch: int
-    assignor: str
-    members: tuple[MemberDescription, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GroupListing:
-    group_id: str
-    state: GroupState
-    members: int
-
-
-class _Error(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclasses.dataclass(eq=False)
-class _Member:
-    member_id: str
-    instance_id: str | None
-    topics: frozenset[str] | None
-    pattern: re.Pattern[str] | None
-    assignor: str | None
-    conn_id: Hashable | None
-    pid: int | None
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    last_heartbeat_ms: int
-    epoch: int = JOIN_GROUP_MEMBER_EPOCH
-    previous_epoch: int = -1
-    state: MemberState = MemberState.STABLE
-    assigned: frozenset[TopicPartition] = _EMPTY
-    pending_revocation: frozenset[TopicPartition] = _EMPTY
-    revoke_deadline_ms: int | None = None
-    owned: frozenset[TopicPartition] = _EMPTY
-    departed: bool = False
-    last_sent: tuple[int, frozenset[TopicPartition]] | None = None
-    woken_for: tuple[int, frozenset[TopicPartition]] | None = None
-
-
-@dataclasses.dataclass(eq=False)
-class _Group:
-    group_id: str
-    assignor: str
-    epoch: int = 0
-    target_epoch: int = 0
-    members: dict[str, _Member] = dataclasses.field(default_factory=dict)
-    instances: dict[str, str] = dataclasses.field(default_factory=dict)
-    target: dict[str, frozenset[TopicPartition]] = dataclasses.field(default_factory=dict)
-    holder: dict[TopicPartition, str] = dataclasses.field(default_factory=dict)
-    known_free: set[TopicPartition] = dataclasses.field(default_factory=set)   # restart grace
-    dirty: bool = False
+__all__ = ["GroupCoordinator"]
 
 
 _Next = tuple[MemberState, int, frozenset[TopicPartition], frozenset[TopicPartition]]
@@ -254,12 +123,15 @@ class GroupCoordinator:
     def __init__(self, topics: dict[str, int] | None = None, *, now_ms: int = 0,
                  restart_grace_ms: int = 0, grace_groups: Collection[str] | None = None,
                  default_assignor: str = "sticky",
-                 heartbeat_interval_ms: int = 3_000, session_timeout_ms: int = 45_000,
-                 rebalance_timeout_ms: int = 300_000, min_session_timeout_ms: int = 10,
-                 max_session_timeout_ms: int = 1_800_000, max_group_size: int | None = None,
+                 heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+                 rebalance_timeout_ms: int = DEFAULT_REBALANCE_TIMEOUT_MS,
+                 min_session_timeout_ms: int = DEFAULT_MIN_SESSION_TIMEOUT_MS,
+                 max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
+                 max_group_size: int | None = None,
                  member_id_factory: Callable[[], str] | None = None) -> None:
         self.topics: dict[str, int] = dict(topics or {})
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[str, Group] = {}
         self.default_assignor = canonical_assignor(default_assignor)
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.session_timeout_ms = session_timeout_ms
@@ -293,25 +165,23 @@ class GroupCoordinator:
         wakeups: list[Wakeup] = []
         try:
             if not isinstance(group_id, str) or not group_id:
-                raise _Error(ErrorCode.INVALID_GROUP_ID, "the group id must be a non-empty string")
+                raise errors.InvalidGroupIdError("the group id must be a non-empty string")
             effects = self._advance_clock(now_ms)
             wakeups.extend(effects.wakeups)
             if member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
                 left = self.leave(group_id, member_id or "", instance_id=instance_id,
                                   temporary=member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH)
                 if left.error is not None:
-                    raise _Error(left.error, f"member {member_id!r} cannot leave group "
-                                             f"{group_id!r}")
-                return HeartbeatResult(member_id, member_epoch, _EMPTY, 0,
-                                       effects=_merge(effects, left.effects))
-            sub = _parse_subscription(subscription, subscribed_pattern)
-            owned = _parse_partitions(owned_partitions)
+                    raise left.error(f"member {member_id!r} cannot leave group {group_id!r}")
+                return HeartbeatResult(member_id, member_epoch, EMPTY, 0,
+                                       effects=merge_effects(effects, left.effects))
+            sub = parse_subscription(subscription, subscribed_pattern)
+            owned = parse_partitions(owned_partitions)
             session = self._session_timeout(session_timeout_ms)
             rebalance = rebalance_timeout_ms
             if rebalance is not None and rebalance <= 0:
-                raise _Error(ErrorCode.INVALID_REQUEST,
-                             f"rebalance timeout must be positive, got {rebalance} ms")
-            pref = None if assignor is None else _assignor_or_error(assignor)
+                raise errors.InvalidRequestError(f"rebalance timeout must be positive, got {rebalance} ms")
+            pref = None if assignor is None else parse_assignor(assignor)
             if member_epoch == JOIN_GROUP_MEMBER_EPOCH:
                 group, member = self._join(group_id, member_id, instance_id, sub, owned,
                                            session, rebalance, now_ms)
@@ -330,8 +200,8 @@ class GroupCoordinator:
             # None: unchanged since the last report, so it may have started what it was
             # granted since; assume it did, or a revocation could skip waiting for it.
             member.owned = owned if owned is not None else member.owned | member.assigned
-            if sub is not None and (member.topics, _pattern_text(member.pattern)) != \
-                    (sub[0], _pattern_text(sub[1])):
+            if sub is not None and (member.topics, pattern_text(member.pattern)) != \
+                    (sub[0], pattern_text(sub[1])):
                 member.topics, member.pattern = sub
                 group.dirty = True
             if member.assignor != pref and pref is not None:
@@ -345,36 +215,33 @@ class GroupCoordinator:
             return HeartbeatResult(member.member_id, member.epoch, member.assigned, max(1, interval),
                                    effects=Effects(tuple(wakeups), effects.removed,
                                                    effects.departed))
-        except _Error as err:
-            return HeartbeatResult(member_id, -1, _EMPTY, 0, err.code, err.message,
+        except BrokerError as err:
+            return HeartbeatResult(member_id, -1, EMPTY, 0, type(err), err.message,
                                    Effects(tuple(wakeups)))
 
     def _join(self, group_id: str, member_id: str | None, instance_id: str | None,
               sub: tuple | None, owned: frozenset[TopicPartition] | None, session: int | None,
-              rebalance: int | None, now_ms: int) -> tuple[_Group, _Member]:
-        group = self.groups.get(group_id) or _Group(group_id, self.default_assignor)
+              rebalance: int | None, now_ms: int) -> tuple[Group, Member]:
+        group = self.groups.get(group_id) or Group(group_id, self.default_assignor)
         if member_id is not None and member_id in group.members:
             member = group.members[member_id]      # a rejoin: it lost what it does not report
             if member.instance_id != instance_id:
-                raise _Error(ErrorCode.INVALID_REQUEST,
-                             f"member {member_id!r} joined with another instance id")
+                raise errors.InvalidRequestError(f"member {member_id!r} joined with another instance id")
             if not member.departed:
-                owned = owned if owned is not None else _EMPTY
+                owned = owned if owned is not None else EMPTY
                 self._hold(group, member, member.assigned & owned,
                            member.pending_revocation & owned)
                 return group, member
         if instance_id is not None and instance_id in group.instances:
             old = group.members[group.instances[instance_id]]
             if not old.departed and old.member_id != member_id:
-                raise _Error(ErrorCode.UNRELEASED_INSTANCE_ID,
-                             f"instance id {instance_id!r} is in use by member {old.member_id}")
+                raise errors.UnreleasedInstanceIdError(f"instance id {instance_id!r} is in use by member {old.member_id}")
             return group, self._take_over(group, old, member_id or self._new_member_id())
         if sub is None:
-            raise _Error(ErrorCode.INVALID_REQUEST, "a joining member must send a subscription")
+            raise errors.InvalidRequestError("a joining member must send a subscription")
         if self.max_group_size is not None and len(group.members) >= self.max_group_size:
-            raise _Error(ErrorCode.GROUP_MAX_SIZE_REACHED,
-                         f"group {group_id!r} has {len(group.members)} members already")
-        member = _Member(member_id or self._new_member_id(), instance_id, sub[0], sub[1], None,
+            raise errors.GroupMaxSizeReachedError(f"group {group_id!r} has {len(group.members)} members already")
+        member = Member(member_id or self._new_member_id(), instance_id, sub[0], sub[1], None,
                          None, None, session or self.session_timeout_ms,
                          rebalance or self.rebalance_timeout_ms, now_ms)
         self.groups.setdefault(group_id, group)       # created only once a member joins
@@ -383,53 +250,49 @@ class GroupCoordinator:
             group.instances[instance_id] = member.member_id
         claims = frozenset(tp for tp in owned or () if tp not in group.holder and
                            0 <= tp[1] < self.topics.get(tp[0], 0))
-        self._hold(group, member, claims, _EMPTY)     # after a broker restart: keep consuming
+        self._hold(group, member, claims, EMPTY)     # after a broker restart: keep consuming
         group.dirty = True
         return group, member
 
-    def _take_over(self, group: _Group, old: _Member, member_id: str) -> _Member:
+    def _take_over(self, group: Group, old: Member, member_id: str) -> Member:
         """A static member's new incarnation inherits the old one's place, with no rebalance."""
-        self._hold(group, old, old.assigned & group.target.get(old.member_id, _EMPTY), _EMPTY)
+        self._hold(group, old, old.assigned & group.target.get(old.member_id, EMPTY), EMPTY)
         new = dataclasses.replace(old, member_id=member_id, departed=False, last_sent=None,
-                                  woken_for=None, owned=_EMPTY, revoke_deadline_ms=None,
+                                  woken_for=None, owned=EMPTY, revoke_deadline_ms=None,
                                   state=MemberState.STABLE)
         del group.members[old.member_id]
         for tp in new.assigned:
             group.holder[tp] = member_id
         group.members[member_id] = new
         group.instances[new.instance_id] = member_id
-        group.target[member_id] = group.target.pop(old.member_id, _EMPTY)
+        group.target[member_id] = group.target.pop(old.member_id, EMPTY)
         return new
 
     def _existing(self, group_id: str, member_id: str | None, instance_id: str | None,
                   member_epoch: int, owned: frozenset[TopicPartition] | None,
-                  sub: tuple | None) -> tuple[_Group, _Member]:
+                  sub: tuple | None) -> tuple[Group, Member]:
         group = self.groups.get(group_id)
         if not member_id:
-            raise _Error(ErrorCode.INVALID_REQUEST, "member id required unless joining")
+            raise errors.InvalidRequestError("member id required unless joining")
         if group is None:
-            raise _Error(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group_id!r} has no members")
+            raise errors.UnknownMemberIdError(f"group {group_id!r} has no members")
         if instance_id is not None:
             current = group.instances.get(instance_id)
             if current is None:
-                raise _Error(ErrorCode.UNKNOWN_MEMBER_ID, f"unknown instance id {instance_id!r}")
+                raise errors.UnknownMemberIdError(f"unknown instance id {instance_id!r}")
             if current != member_id:
-                raise _Error(ErrorCode.FENCED_INSTANCE_ID,
-                             f"instance id {instance_id!r} now belongs to member {current}")
+                raise errors.FencedInstanceIdError(f"instance id {instance_id!r} now belongs to member {current}")
         member = group.members.get(member_id)
         if member is None:
-            raise _Error(ErrorCode.UNKNOWN_MEMBER_ID, f"unknown member id {member_id!r}")
+            raise errors.UnknownMemberIdError(f"unknown member id {member_id!r}")
         if member.departed:
-            raise _Error(ErrorCode.FENCED_MEMBER_EPOCH,
-                         "the member's connection closed; rejoin with epoch 0")
+            raise errors.FencedMemberEpochError("the member's connection closed; rejoin with epoch 0")
         if member_epoch > member.epoch:
-            raise _Error(ErrorCode.FENCED_MEMBER_EPOCH,
-                         f"epoch {member_epoch} is newer than the member's {member.epoch}")
+            raise errors.FencedMemberEpochError(f"epoch {member_epoch} is newer than the member's {member.epoch}")
         if member_epoch < member.epoch:
             reported = owned if owned is not None else member.owned
             if member_epoch != member.previous_epoch or not reported <= member.assigned:
-                raise _Error(ErrorCode.FENCED_MEMBER_EPOCH,
-                             f"epoch {member_epoch} is stale, the member is at {member.epoch}")
+                raise errors.FencedMemberEpochError(f"epoch {member_epoch} is stale, the member is at {member.epoch}")
         return group, member
 
     # --- leaving, dying, timing out ------------------------------------------------------------
@@ -443,14 +306,14 @@ class GroupCoordinator:
         FENCED_INSTANCE_ID."""
         group = self.groups.get(group_id)
         if group is None:
-            return LeaveResult(ErrorCode.UNKNOWN_MEMBER_ID)
+            return LeaveResult(errors.UnknownMemberIdError)
         if instance_id is not None and member_id and \
                 group.instances.get(instance_id, member_id) != member_id:
-            return LeaveResult(ErrorCode.FENCED_INSTANCE_ID)
+            return LeaveResult(errors.FencedInstanceIdError)
         by_instance = group.instances.get(instance_id or "", "") if not member_id else member_id
         member = group.members.get(by_instance)
         if member is None:
-            return LeaveResult(ErrorCode.UNKNOWN_MEMBER_ID)
+            return LeaveResult(errors.UnknownMemberIdError)
         removed: list[Removal] = []
         departed: list[Removal] = []
         if temporary and member.instance_id is not None:
@@ -469,7 +332,7 @@ class GroupCoordinator:
         """The member's process is gone (the broker checked its pid)."""
         return self._gone(lambda m: m.pid == pid, "process died", now_ms)
 
-    def _gone(self, match: Callable[[_Member], bool], reason: str, now_ms: int) -> Effects:
+    def _gone(self, match: Callable[[Member], bool], reason: str, now_ms: int) -> Effects:
         clock = self._advance_clock(now_ms)
         wakeups, removed, departed = list(clock.wakeups), [], []
         for group in list(self.groups.values()):
@@ -526,8 +389,8 @@ class GroupCoordinator:
             wakeups.extend(self._wakeups(group))
         return Effects(tuple(wakeups))
 
-    def _remove(self, group: _Group, member: _Member, reason: str, out: list[Removal]) -> None:
-        self._hold(group, member, _EMPTY, _EMPTY)
+    def _remove(self, group: Group, member: Member, reason: str, out: list[Removal]) -> None:
+        self._hold(group, member, EMPTY, EMPTY)
         del group.members[member.member_id]
         group.target.pop(member.member_id, None)
         if member.instance_id is not None and \
@@ -536,11 +399,11 @@ class GroupCoordinator:
         group.dirty = True
         out.append(Removal(group.group_id, member.member_id, member.instance_id, reason))
 
-    def _depart(self, group: _Group, member: _Member, reason: str, out: list[Removal]) -> None:
+    def _depart(self, group: Group, member: Member, reason: str, out: list[Removal]) -> None:
         member.departed, member.conn_id = True, None
         member.state, member.revoke_deadline_ms = MemberState.STABLE, None
-        self._hold(group, member, member.assigned & group.target.get(member.member_id, _EMPTY),
-                   _EMPTY)
+        self._hold(group, member, member.assigned & group.target.get(member.member_id, EMPTY),
+                   EMPTY)
         out.append(Removal(group.group_id, member.member_id, member.instance_id, reason))
 
     # --- metadata ------------------------------------------------------------------------------
@@ -558,7 +421,7 @@ class GroupCoordinator:
             self._fresh.update(TopicPartition(topic, p) for p in range(old, count))
         wakeups = []
         for group in self.groups.values():
-            if any(topic in (m.topics or ()) or _matches(m, topic)
+            if any(topic in (m.topics or ()) or matches_pattern(m, topic)
                    for m in group.members.values()):
                 group.dirty = True
                 self._refresh_target(group)
@@ -568,14 +431,14 @@ class GroupCoordinator:
     def delete_topic(self, topic: str) -> Effects:
         return self.set_topic_partitions(topic, 0)
 
-    def _subscribed(self, member: _Member) -> frozenset[str]:
+    def _subscribed(self, member: Member) -> frozenset[str]:
         if member.pattern is not None:
-            return frozenset(t for t in self.topics if _matches(member, t))
+            return frozenset(t for t in self.topics if matches_pattern(member, t))
         return frozenset(t for t in member.topics or () if t in self.topics)
 
     # --- target and reconciliation -------------------------------------------------------------
 
-    def _refresh_target(self, group: _Group) -> None:
+    def _refresh_target(self, group: Group) -> None:
         if not group.dirty:
             return
         group.dirty = False
@@ -600,16 +463,16 @@ class GroupCoordinator:
         for member in group.members.values():
             if member.departed:    # nobody consumes them: what left its target is free now
                 self._hold(group, member, member.assigned & group.target[member.member_id],
-                           _EMPTY)
+                           EMPTY)
 
-    def _next(self, group: _Group, m: _Member) -> _Next:
+    def _next(self, group: Group, m: Member) -> _Next:
         """Where the member goes on this heartbeat (pure: nothing is changed).
 
         Revocation waits only for partitions the member reports owning: one it was granted but
         does not report (the response was lost, or a restarted static member) is released now,
         and one pending revocation that came back into its target is simply kept.
         """
-        target = group.target.get(m.member_id, _EMPTY)
+        target = group.target.get(m.member_id, EMPTY)
         held = m.assigned | (m.pending_revocation & m.owned)
         kept, revoke = held & target, (held - target) & m.owned
         if revoke:
@@ -618,9 +481,9 @@ class GroupCoordinator:
         grants = frozenset(tp for tp in target - kept if self._grantable(group, tp, m))
         state = MemberState.STABLE if kept | grants == target \
             else MemberState.UNRELEASED_PARTITIONS
-        return state, group.target_epoch, kept | grants, _EMPTY
+        return state, group.target_epoch, kept | grants, EMPTY
 
-    def _grantable(self, group: _Group, tp: TopicPartition, m: _Member) -> bool:
+    def _grantable(self, group: Group, tp: TopicPartition, m: Member) -> bool:
         holder = group.holder.get(tp)
         if holder is not None:
             return holder == m.member_id
@@ -628,7 +491,7 @@ class GroupCoordinator:
             return True
         return self._grace_until_ms is None or tp in group.known_free or tp in self._fresh
 
-    def _apply(self, group: _Group, m: _Member, nxt: _Next, now_ms: int) -> None:
+    def _apply(self, group: Group, m: Member, nxt: _Next, now_ms: int) -> None:
         state, epoch, assigned, pending = nxt
         if not pending:
             m.revoke_deadline_ms = None
@@ -639,7 +502,7 @@ class GroupCoordinator:
         m.state = state
         self._hold(group, m, assigned, pending)
 
-    def _hold(self, group: _Group, m: _Member, assigned: frozenset[TopicPartition],
+    def _hold(self, group: Group, m: Member, assigned: frozenset[TopicPartition],
               pending: frozenset[TopicPartition]) -> None:
         """Set what the member holds, keeping ``group.holder`` in step."""
         before = m.assigned | m.pending_revocation
@@ -653,7 +516,7 @@ class GroupCoordinator:
             group.holder[tp] = m.member_id
         m.assigned, m.pending_revocation = assigned, pending
 
-    def _wakeups(self, group: _Group, exclude: str | None = None) -> list[Wakeup]:
+    def _wakeups(self, group: Group, exclude: str | None = None) -> list[Wakeup]:
         out = []
         for m in group.members.values():
             if m.departed or m.member_id == exclude:
@@ -667,7 +530,7 @@ class GroupCoordinator:
     # --- offsets and admin ---------------------------------------------------------------------
 
     def validate_commit(self, group_id: str, member_id: str,
-                        member_epoch: int) -> ErrorCode | None:
+                        member_epoch: int) -> type[BrokerError] | None:
         """May this offset commit go through? ``member_epoch`` is the member epoch (a classic
         client's generation id). Epoch -1 (group-less consumers, admin tools) is accepted only
         while the group has no members; a member must send its current epoch exactly
@@ -677,18 +540,18 @@ class GroupCoordinator:
             return None
         member = group.members.get(member_id) if group else None
         if member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
+            return errors.UnknownMemberIdError
         if member.departed or member_epoch != member.epoch:
-            return ErrorCode.STALE_MEMBER_EPOCH
+            return errors.StaleMemberEpochError
         return None
 
-    def delete_group(self, group_id: str) -> ErrorCode | None:
+    def delete_group(self, group_id: str) -> type[BrokerError] | None:
         """Forget an Empty group (its offsets are deleted elsewhere)."""
         group = self.groups.get(group_id)
         if group is None:
-            return ErrorCode.GROUP_ID_NOT_FOUND
+            return errors.GroupIdNotFoundError
         if group.members:
-            return ErrorCode.NON_EMPTY_GROUP
+            return errors.NonEmptyGroupError
         del self.groups[group_id]
         return None
 
@@ -711,9 +574,9 @@ class GroupCoordinator:
             return GroupDescription(group_id, GroupState.DEAD, 0, 0, self.default_assignor, ())
         members = tuple(MemberDescription(
             m.member_id, m.instance_id, m.pid, m.conn_id,
-            None if m.topics is None else tuple(sorted(m.topics)), _pattern_text(m.pattern),
+            None if m.topics is None else tuple(sorted(m.topics)), pattern_text(m.pattern),
             m.assignor, m.epoch, m.state, m.departed, m.assigned, m.pending_revocation,
-            group.target.get(m.member_id, _EMPTY), m.owned, m.last_heartbeat_ms,
+            group.target.get(m.member_id, EMPTY), m.owned, m.last_heartbeat_ms,
             m.session_timeout_ms) for m in sorted(group.members.values(),
                                                   key=lambda m: m.member_id))
         return GroupDescription(group_id, self.group_state(group_id), group.epoch,
@@ -727,67 +590,6 @@ class GroupCoordinator:
         if value is None:
             return None
         if not self.min_session_timeout_ms <= value <= self.max_session_timeout_ms:
-            raise _Error(ErrorCode.INVALID_SESSION_TIMEOUT,
-                         f"session timeout {value} ms is outside [{self.min_session_timeout_ms},"
+            raise errors.InvalidSessionTimeoutError(f"session timeout {value} ms is outside [{self.min_session_timeout_ms},"
                          f" {self.max_session_timeout_ms}] ms")
         return value
-
-
-def _merge(a: Effects, b: Effects) -> Effects:
-    return Effects(a.wakeups + b.wakeups, a.removed + b.removed, a.departed + b.departed)
-
-
-def _matches(member: _Member, topic: str) -> bool:
-    if member.pattern is None:
-        return False
-    # Like Kafka, a regex never matches internal topics ("__consumer_offsets", ...).
-    return not topic.startswith("__") and member.pattern.fullmatch(topic) is not None
-
-
-def _pattern_text(pattern: re.Pattern[str] | None) -> str | None:
-    return None if pattern is None else pattern.pattern
-
-
-def _parse_subscription(subscription: object, pattern: str | None) -> tuple | None:
-    """-> (topics, None) | (None, compiled regex) | None (unchanged)."""
-    if pattern is not None:
-        if subscription is not None:
-            raise _Error(ErrorCode.INVALID_REQUEST, "send topic names or a pattern, not both")
-        if not isinstance(pattern, str):
-            raise _Error(ErrorCode.INVALID_REQUEST, "the pattern must be a string")
-        try:
-            return None, re.compile(pattern)
-        except re.error as err:
-            raise _Error(ErrorCode.INVALID_REGULAR_EXPRESSION,
-                         f"bad subscription pattern {pattern!r}: {err}") from err
-    if subscription is None:
-        return None
-    if isinstance(subscription, re.Pattern):
-        return None, subscription
-    if isinstance(subscription, (str, bytes)) or not isinstance(subscription, Iterable):
-        raise _Error(ErrorCode.INVALID_REQUEST,
-                     "the subscription must be a list of topic names or a compiled pattern")
-    topics = frozenset(subscription)
-    if not all(isinstance(t, str) and t for t in topics):
-        raise _Error(ErrorCode.INVALID_REQUEST, "topic names must be non-empty strings")
-    return topics, None
-
-
-def _parse_partitions(partitions: Iterable[Iterable] | None) -> frozenset[TopicPartition] | None:
-    if partitions is None:
-        return None
-    out = set()
-    for item in partitions:
-        tp = tuple(item)
-        if len(tp) != 2 or not isinstance(tp[0], str) or not isinstance(tp[1], int) \
-                or isinstance(tp[1], bool):
-            raise _Error(ErrorCode.INVALID_REQUEST, f"bad owned partition {item!r:.60}")
-        out.add(TopicPartition(tp[0], tp[1]))
-    return frozenset(out)
-
-
-def _assignor_or_error(name: str) -> str:
-    try:
-        return canonical_assignor(name)
-    except ValueError as err:
-        raise _Error(ErrorCode.UNSUPPORTED_ASSIGNOR, str(err)) from err

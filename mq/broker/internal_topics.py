@@ -1,0 +1,29 @@
+"""The broker's internal topics: their names, the one rule that tells them from user topics,
+and their fixed configs.
+
+A topic whose name starts with ``__`` belongs to the broker: users cannot create it, produce to
+it or commit offsets of it, and a pattern subscription never matches it (as Kafka's regexes
+never match ``__consumer_offsets``). Internal topics have no record in the topic metadata; the
+broker opens their logs itself at start, and a partition directory of one is never taken for
+the leftover of a deleted user topic.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["INTERNAL_CONFIG", "INTERNAL_PREFIX", "METADATA_TOPIC", "OFFSETS_TOPIC", "is_internal"]
+
+INTERNAL_PREFIX: Final = "__"
+METADATA_TOPIC: Final = "__cluster_metadata"      # topic metadata records (metadata.py)
+OFFSETS_TOPIC: Final = "__consumer_offsets"       # committed offsets (offsets.py)
+
+# Their fixed overrides of the broker's topic defaults (they have no metadata record).
+INTERNAL_CONFIG: Final[dict[str, dict[str, str]]] = {
+    OFFSETS_TOPIC: {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024)},
+}
+
+
+def is_internal(topic: str) -> bool:
+    """Is ``topic`` one of the broker's own (``__`` prefix)?"""
+    return topic.startswith(INTERNAL_PREFIX)
