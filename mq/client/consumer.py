@@ -51,7 +51,10 @@ member its share and moves partitions when members come and go (``consumer_group
 
 Never returned: records at or past the high watermark (the last stable offset with
 ``isolation_level="read_committed"``), and control batches (transaction markers), which only
-advance the position. (Skipping aborted transactions' records arrives with transactions.)
+advance the position. A ``read_committed`` consumer also skips the records of aborted
+transactions: the aborts overlapping what it read come from the segments' ``.txnindex``
+(``PartitionReader.aborted_transactions``), and a producer's transactional batches are skipped
+from the aborted transaction's first offset up to its ABORT marker (Kafka's fetcher rule).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from mq.errors import (
     error_for_code,
 )
 from mq.log.reader import PartitionReader
+from mq.log.txnindex import AbortedTxnFilter
 from mq.protocol.messages import Api
 from mq.protocol.state import StateReader
 
@@ -82,7 +83,7 @@ class Fetch:
     """
 
     __slots__ = ("tp", "topic_id", "reader", "offset", "paused", "batches", "bound",
-                 "raw", "index", "timestamp_type")
+                 "raw", "index", "timestamp_type", "aborted")
 
     def __init__(self, tp: TopicPartition, reader: PartitionReader) -> None:
         self.tp = tp
@@ -95,8 +96,10 @@ class Fetch:
         self.raw: list = []
         self.index = 0
         self.timestamp_type = 0
+        self.aborted: AbortedTxnFilter | None = None    # read_committed: what to skip
 
     def clear(self) -> None:
+        self.aborted = None
         self.batches = []
         self.raw = []
         self.index = 0
@@ -339,6 +342,9 @@ class Fetcher:
             return False
         while batches and batches[-1].base_offset >= bound:
             batches.pop()
+        if self._read_committed and batches:
+            f.aborted = AbortedTxnFilter(f.reader.aborted_transactions(batches[0].base_offset,
+                                                                       bound))
         batches.reverse()                 # pop() from the end: oldest last
         f.batches, f.bound = batches, bound
         return bool(batches)
@@ -350,7 +356,10 @@ class Fetcher:
         while batches:
             batch = batches.pop()
             offset = f.offset
-            if batch.is_control:
+            aborted = f.aborted
+            if batch.is_control or (aborted is not None and aborted.is_aborted(batch)):
+                if aborted is not None and batch.is_control:
+                    aborted.on_marker(batch)      # the aborted transaction ends here
                 f.offset = max(offset, min(batch.next_offset, bound))
                 continue
             try:

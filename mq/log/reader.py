@@ -56,8 +56,16 @@ from typing import Final
 from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
 from mq.log import files
 from mq.log.index import OFFSET_ENTRY, floor_slot
-from mq.log.records import (HEADER, HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC,
-                            MIN_BATCH_LENGTH, RECORD_BATCH_OVERHEAD, RecordBatch)
+from mq.log.records import (
+    HEADER,
+    HEADER_SIZE_UP_TO_MAGIC,
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    RECORD_BATCH_OVERHEAD,
+    RecordBatch,
+)
+from mq.log.txnindex import AbortedTxn, read_entries
 
 __all__ = ["PartitionReader", "DEFAULT_REMAP_BYTES", "DEFAULT_MAX_MAPPED_SEGMENTS"]
 
@@ -219,6 +227,7 @@ class PartitionReader:
         # Where the last read ended: (segment base, next offset, byte position). Sequential
         # reads start there without an index lookup or a scan.
         self._hint: tuple[int, int, int] | None = None
+        self._aborted: dict[int, tuple[int, list[AbortedTxn]]] = {}   # base -> (size, entries)
         self.closed = False
         self.refresh()
 
@@ -255,6 +264,7 @@ class PartitionReader:
             self._hint = None
 
     def _drop(self, base: int) -> None:
+        self._aborted.pop(base, None)
         seg = self._segments.pop(base)
         self._mapped.pop(base, None)
         seg.close()
@@ -267,6 +277,29 @@ class PartitionReader:
         self._hint = None
         self._generation = None
         self.refresh()
+
+    # --- transactions -------------------------------------------------------------------------
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping offsets ``[start, end)``, oldest first, from the
+        ``.txnindex`` files of the segment holding ``start`` and every later one (a marker
+        may come in a later segment than its data) — what a ``read_committed`` reader of
+        that range must skip (``txnindex.AbortedTxnFilter``). A file is read again only when
+        its size changed (the active segment's grows)."""
+        self._check_open()
+        bases = self._bases
+        first = max(bisect.bisect_right(bases, start) - 1, 0)
+        out: list[AbortedTxn] = []
+        for base in bases[first:]:
+            path = os.path.join(self.dir, files.segment_name(base, files.TXNINDEX_SUFFIX))
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue
+            cached = self._aborted.get(base)
+            if cached is None or cached[0] != size:
+                cached = self._aborted[base] = (size, read_entries(path))
+            out += [t for t in cached[1] if t.last_offset >= start and t.first_offset < end]
+        return sorted(out, key=lambda t: t.first_offset)
 
     # --- reading ------------------------------------------------------------------------------
     def read(self, offset: int, end_segment_base: int | None = None,

@@ -16,6 +16,7 @@ from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.reader import PartitionReader
 from mq.log.records import GZIP, BatchBuilder
+from mq.log.txnindex import AbortedTxnFilter
 
 # Rolls every ~6 batches; an index entry after every batch but a segment's first.
 SMALL = LogConfig(segment_bytes=600, index_interval_bytes=0, file_delete_delay_ms=0)
@@ -383,3 +384,31 @@ def test_reader_never_writes(open_log, open_reader):
                  os.stat(os.path.join(plog.dir, p)).st_mtime_ns)
              for p in os.listdir(plog.dir)}
     assert before == after
+
+
+def test_aborted_transactions_of_a_range_come_from_every_later_txnindex(tmp_path):
+    cfg = LogConfig(segment_bytes=300, index_interval_bytes=100)
+    plog = PartitionLog.open(str(tmp_path / "t-0"), cfg)
+
+    def txn(pid, seq, value):
+        b = BatchBuilder(producer_id=pid, producer_epoch=0, base_sequence=seq,
+                         is_transactional=True)
+        b.append(1000, None, value)
+        return plog.append(b.build())
+
+    txn(1, 0, b"a" * 60)                                    # 0: aborted below
+    txn(2, 0, b"b" * 60)                                    # 1: committed below
+    for i in range(1, 6):
+        txn(1, i, b"a" * 60)                                # 2-6, segments roll meanwhile
+    plog.append_marker(1, 0, commit=False)                  # 7
+    plog.append_marker(2, 0, commit=True)                   # 8
+    assert len(plog.segments) > 2
+    with PartitionReader(plog.dir) as reader:
+        aborted = reader.aborted_transactions(0, plog.log_end_offset)
+        assert [(t.producer_id, t.first_offset, t.last_offset) for t in aborted] == [(1, 0, 7)]
+        assert reader.aborted_transactions(8, 9) == []
+        keep = AbortedTxnFilter(aborted)
+        kept = [b.base_offset for b in plog.batches()
+                if not b.is_control and not keep.is_aborted(b)]
+    assert kept == [1]
+    plog.close()
