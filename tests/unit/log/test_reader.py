@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from builders import make_batch
+
 from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
 from mq.log import files
 from mq.log.config import LogConfig
