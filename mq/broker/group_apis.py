@@ -1,11 +1,12 @@
 """The broker's consumer-group and offset apis: the group coordinator and ``__consumer_offsets``
 wired to the event loop.
 
-``GroupCoordinator`` (``coordinator.py``) decides; this module feeds it requests, connection closes,
-dead pids and the clock, and turns its effects into pushes: a member whose assignment changed
-gets ``[68, 0, 0, nil]`` on its heartbeat connection and heartbeats at once. That, and noticing
-a dead member by its socket closing (or its pid gone, checked every ``_PID_CHECK_MS``), is why a
-killed consumer's partitions move within milliseconds instead of after a 45 s session timeout.
+``GroupCoordinator`` (``group_coordinator.py``) decides; this module feeds it requests,
+connection closes, dead pids and the clock, and turns its effects into pushes: a member whose
+assignment changed gets ``[68, 0, 0, nil]`` on its heartbeat connection and heartbeats at once.
+That, and noticing a dead member by its socket closing (or its pid gone, checked every
+``_PID_CHECK_MS``), is why a killed consumer's partitions move within milliseconds instead of
+after a 45 s session timeout.
 
 Committed offsets go through ``OffsetStore`` into ``__consumer_offsets-<n>`` and are
 acknowledged after the fsync (like ``acks="all"``), so an acknowledged commit survives kill -9
@@ -25,7 +26,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from mq import errors
-from mq.broker.coordinator import GroupCoordinator
+from mq.broker.group_coordinator import GroupCoordinator
 from mq.broker.group_model import Effects, GroupState
 from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
 from mq.broker.offsets import CommittedOffset, OffsetStore

@@ -1,5 +1,5 @@
-"""The group coordinator's data (``coordinator.py``): member and group records, the values its
-methods return, and the parsing of heartbeat fields. Pure: no I/O, no clock.
+"""The group coordinator's data (``group_coordinator.py``): member and group records, the
+values its methods return, and the parsing of heartbeat fields. Pure: no I/O, no clock.
 
 Errors are mq's broker errors (``mq.errors``, Kafka's codes): the parsers raise them, and the
 coordinator returns their classes as values (``HeartbeatResult.error``, ``validate_commit``).

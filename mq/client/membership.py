@@ -1,5 +1,6 @@
 """A consumer's membership in a consumer group: the heartbeat thread of Kafka's modern
-consumer protocol (KIP-848), talking to the broker-side coordinator (``mq.broker.coordinator``).
+consumer protocol (KIP-848), talking to the broker-side coordinator
+(``mq.broker.group_coordinator``).
 
 Two threads share the state below under one lock:
 

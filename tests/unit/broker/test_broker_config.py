@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mq.broker.config import BrokerConfig, ConfigError
-from mq.broker.coordinator import GroupCoordinator
+from mq.broker.group_coordinator import GroupCoordinator
 
 
 def test_group_and_offsets_defaults_follow_kafka():

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from mq import errors
-from mq.broker.coordinator import GroupCoordinator
+from mq.broker.group_coordinator import GroupCoordinator
 from mq.broker.group_model import GroupState, MemberState
 
 
