@@ -1,14 +1,16 @@
-"""Group commit: the broker's flusher thread and the event loop's side of it.
+"""Group commit: the broker's flusher thread, the pure bookkeeping of what each fsync
+acknowledges, and the event loop's side of both.
 
-The loop thread never fsyncs a partition log. An ``acks="all"`` produce puts its partition in
-the round's flush job (``_ack_after_flush``) and its reply is held (with ``high_watermark =
-"durable"`` every produce puts its partition in); at the end of the round the loop hands the job
-(duplicated descriptors of the segments past each recovery point) to ``Flusher``, which runs
-``fdatasync`` with the GIL released and tells the loop through a pipe. ``_flush_done`` then
-advances the recovery points (in durable mode also the high watermark) and sends the held
-replies, so one fsync covers every produce that arrived while the previous one ran.
-``_periodic_flush`` does the same every ``flush_interval_ms`` for what acks=0/1 produces left in
-the page cache.
+The loop thread never fsyncs a partition log. An ``acks="all"`` produce (or an offset commit)
+holds its reply in the ``FlushTracker`` with the log end offset its fsync must cover (with
+``high_watermark = "durable"`` every produce is held so); at the end of the round
+``GroupCommit.submit`` hands one job — duplicated descriptors of the segments past each
+recovery point — to the ``Flusher`` thread, which runs ``fdatasync`` with the GIL released and
+tells the loop through a pipe. ``GroupCommit.done`` then advances the recovery points (in
+durable mode also the high watermark) and sends the held replies, so one fsync covers every
+produce that arrived while the previous one ran. ``GroupCommit.periodic`` does the same every
+``flush_interval_ms`` for what acks=0/1 produces left in the page cache. (The metadata log is
+the one the loop does fsync itself, before it answers a topic change.)
 
 A failed ``fdatasync`` is never retried and never followed by an acknowledgement for that
 partition: the kernel reports a writeback error once per open file description and may have
@@ -25,26 +27,29 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from mq import errors
+from mq.broker.conns import Conn, Connections
+from mq.broker.partitions import Partition, PartitionTable
+from mq.broker.wakeups import StatePublisher
 from mq.log import diskio
+from mq.log.log import PartitionLog
 from mq.protocol.messages import response
 
-if TYPE_CHECKING:
-    from mq.broker.server import _Conn, _Partition
-
-__all__ = ["Flusher", "Flushing"]
+__all__ = ["FlushJob", "FlushTracker", "Flusher", "GroupCommit", "HeldReply"]
 
 log = logging.getLogger("mq.broker")
 
+# A reply held until an fsync covers its partition: (connection, response, partition).
+HeldReply = tuple[Conn, list, Partition]
+
 
 @dataclasses.dataclass(eq=False)
-class _FlushJob:
-    fds: dict[_Partition, list[int]]
-    targets: dict[_Partition, int]        # -> the log end offset the fsync covers
-    replies: list[tuple[_Conn, list, _Partition]]
-    failed: dict[_Partition, OSError] = dataclasses.field(default_factory=dict)
+class FlushJob:
+    fds: dict[Partition, list[int]]
+    targets: dict[Partition, int]        # -> the log end offset the fsync covers
+    replies: list[HeldReply]
+    failed: dict[Partition, OSError] = dataclasses.field(default_factory=dict)
 
 
 class Flusher(threading.Thread):
@@ -54,12 +59,12 @@ class Flusher(threading.Thread):
         super().__init__(name="mq-flusher", daemon=True)
         self._notify_fd = notify_fd
         self._cv = threading.Condition()
-        self._queue: list[_FlushJob] = []
-        self.finished: collections.deque[_FlushJob] = collections.deque()
+        self._queue: list[FlushJob] = []
+        self.finished: collections.deque[FlushJob] = collections.deque()
         self._stopping = False
-        self._failed: dict[_Partition, OSError] = {}     # only this thread touches it
+        self._failed: dict[Partition, OSError] = {}     # only this thread touches it
 
-    def submit(self, job: _FlushJob) -> None:
+    def submit(self, job: FlushJob) -> None:
         with self._cv:
             self._queue.append(job)
             self._cv.notify()
@@ -97,70 +102,147 @@ class Flusher(threading.Thread):
             os.write(self._notify_fd, b"\x01")
 
 
-def _storage_error(reply: list, message: str) -> list:
+def storage_error(reply: list, message: str) -> list:
     """The error answer to the request that ``reply`` would have answered."""
     return response(reply[0], reply[1], errors.KafkaStorageError.code, message)
 
 
-class Flushing:
-    """Mixed into ``Broker``: uses its ``partitions``, ``metadata``, ``logs``, ``config``,
-    ``_flusher``, ``_flush_r``, ``_inflight_jobs``, ``_next_flush``, ``_pending_flush``,
-    ``_pending_replies``, ``_dirty``, ``_publish``, ``_wake`` and ``_send``."""
+class FlushTracker:
+    """What the next fsync must cover and which replies wait for it; what a finished one
+    acknowledges. Pure: partitions and connections are only keys here."""
 
-    def _ack_after_flush(self, part: _Partition, conn: _Conn | None = None,
-                         reply: list | None = None) -> None:
-        """Have this round's flush job fsync ``part`` (and send ``reply`` once it did)."""
-        self._pending_flush[part] = part.log.log_end_offset
-        self._dirty.add(part)
+    def __init__(self) -> None:
+        self.targets: dict[Partition, int] = {}       # -> log end offset to fsync
+        self.replies: list[HeldReply] = []
+        self.inflight = 0                             # jobs submitted, not yet done
+
+    def hold(self, part: Partition, offset: int, conn: Conn | None = None,
+             reply: list | None = None) -> None:
+        """Have this round's job fsync ``part`` up to ``offset`` (and send ``reply`` on
+        ``conn`` once it did)."""
+        self.targets[part] = offset
         if conn is not None:
-            self._pending_replies.append((conn, reply, part))
+            self.replies.append((conn, reply, part))
 
-    def _submit_flush_job(self) -> None:
+    def want(self, part: Partition, offset: int) -> None:
+        """Fsync ``part`` up to ``offset`` in this round's job, unless it is in already."""
+        if part not in self.targets:
+            self.targets[part] = offset
+
+    def drop(self, part: Partition) -> None:
+        """``part`` is gone (its topic deleted): nothing to fsync."""
+        self.targets.pop(part, None)
+
+    def __bool__(self) -> bool:
+        return bool(self.targets or self.replies)
+
+    def take(self) -> tuple[dict[Partition, int], list[HeldReply]]:
+        """This round's targets and held replies; the tracker starts the next round empty."""
+        taken = self.targets, self.replies
+        self.targets, self.replies = {}, []
+        return taken
+
+    @staticmethod
+    def refuse(replies: list[HeldReply], undone: dict[Partition, OSError]
+               ) -> tuple[list[tuple[Conn, list]], list[HeldReply]]:
+        """Split held replies at submission: (answers now, for partitions that cannot be
+        synced this round — retriable storage errors, nothing acknowledged; the rest)."""
+        answers, kept = [], []
+        for conn, reply, part in replies:
+            if part in undone:
+                answers.append((conn, storage_error(
+                    reply, f"{part.topic}-{part.partition} could not be fsynced: "
+                           f"{undone[part]}; nothing was acknowledged")))
+            else:
+                kept.append((conn, reply, part))
+        return answers, kept
+
+    @staticmethod
+    def settle(job: FlushJob) -> list[tuple[Conn, list]]:
+        """What a finished job acknowledges: each held reply, or a storage error for a
+        partition whose fsync failed (it is offline from now on)."""
+        answers = []
+        for conn, message, part in job.replies:
+            err = job.failed.get(part)
+            if err is not None:
+                message = storage_error(
+                    message, f"{part.topic}-{part.partition}: fsync failed "
+                             f"({err.strerror or err}); nothing was acknowledged and the "
+                             "partition is offline until a broker restart recovers it")
+            answers.append((conn, message))
+        return answers
+
+
+class GroupCommit:
+    """The loop's side of group commit: submits the round's job to the flusher thread and
+    applies what it reports."""
+
+    def __init__(self, table: PartitionTable, conns: Connections,
+                 publisher: StatePublisher) -> None:
+        self.tracker = FlushTracker()
+        self._table = table
+        self._conns = conns
+        self._publisher = publisher
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        self._flusher = Flusher(self._w)
+
+    def fileno(self) -> int:
+        """Readable when the flusher finished a job (``done``)."""
+        return self._r
+
+    @property
+    def inflight(self) -> int:
+        return self.tracker.inflight
+
+    def start(self) -> None:
+        self._flusher.start()
+
+    def ack_after_flush(self, part: Partition, conn: Conn | None = None,
+                        reply: list | None = None) -> None:
+        """Fsync what ``part`` holds now in this round's job (and send ``reply`` once it
+        did); ``part``'s state is published at the end of the round."""
+        self.tracker.hold(part, part.log.log_end_offset, conn, reply)
+        self._table.touched.add(part)
+
+    def submit(self) -> None:
         """End of a round: one job for every partition to fsync. A partition whose segment
         descriptors cannot be duplicated (out of descriptors) is not synced this round: its
         held replies fail with a retriable storage error, and the log stays online."""
-        fds: dict[_Partition, list[int]] = {}
-        targets: dict[_Partition, int] = {}
-        undone: dict[_Partition, OSError] = {}
-        for part, offset in self._pending_flush.items():
+        if not self.tracker:
+            return
+        targets, replies = self.tracker.take()
+        fds: dict[Partition, list[int]] = {}
+        undone: dict[Partition, OSError] = {}
+        for part, offset in list(targets.items()):
             plog = part.log
             if plog.offline is not None or plog.closed:
                 undone[part] = OSError(plog.offline or "log closed")
+                del targets[part]
                 continue
-            dups: list[int] = []
             try:
-                for seg in reversed(plog.segments):    # the unflushed ones are a suffix
-                    if seg.next_offset <= plog.recovery_point:
-                        break
-                    if not seg.closed:
-                        dups.append(seg.dup_fd())
+                fds[part] = _dup_unflushed(plog)
             except OSError as err:
-                for fd in dups:
-                    diskio.ops.close(fd)
                 undone[part] = err
-                continue
-            fds[part], targets[part] = dups, offset
-        replies = []
-        for conn, reply, part in self._pending_replies:
-            if part in undone:
-                self._send(conn, _storage_error(
-                    reply, f"{part.topic}-{part.partition} could not be fsynced: "
-                           f"{undone[part]}; nothing was acknowledged"))
-            else:
-                replies.append((conn, reply, part))
-        self._pending_flush, self._pending_replies = {}, []
+                del targets[part]
+        answers, replies = FlushTracker.refuse(replies, undone)
+        for conn, message in answers:
+            self._conns.send(conn, message)
         if targets or replies:
-            self._inflight_jobs += 1
-            self._flusher.submit(_FlushJob(fds, targets, replies))
+            self.tracker.inflight += 1
+            self._flusher.submit(FlushJob(fds, targets, replies))
 
-    def _flush_done(self) -> None:
+    def done(self) -> None:
+        """The flusher finished jobs: advance recovery points (and durable high watermarks)
+        and send the replies they held."""
         try:
-            os.read(self._flush_r, 4096)
+            os.read(self._r, 4096)
         except BlockingIOError:
             pass
-        while self._flusher.finished:
-            job = self._flusher.finished.popleft()
-            self._inflight_jobs -= 1
+        finished = self._flusher.finished
+        while finished:
+            job = finished.popleft()
+            self.tracker.inflight -= 1
             for part, offset in job.targets.items():
                 plog = part.log
                 if plog.closed:
@@ -172,31 +254,54 @@ class Flushing:
                 plog.recovery_point = max(plog.recovery_point, min(offset, plog.log_end_offset))
                 if not plog.high_watermark_follows_log_end and offset > plog.high_watermark:
                     plog.high_watermark = min(offset, plog.log_end_offset)
-                    self._publish(part)
-                    self._wake(part)
-            for conn, message, part in job.replies:
-                err = job.failed.get(part)
-                if err is not None:
-                    message = _storage_error(
-                        message, f"{part.topic}-{part.partition}: fsync failed "
-                                 f"({err.strerror or err}); nothing was acknowledged and the "
-                                 "partition is offline until a broker restart recovers it")
-                self._send(conn, message)
+                    self._publisher.publish(part)
+                    self._publisher.wake(part)
+            for conn, message in FlushTracker.settle(job):
+                self._conns.send(conn, message)
 
-    def _periodic_flush(self, now: float) -> None:
-        """Every ``flush_interval_ms``: fsync what acks=0/1 produces left in the page cache (in
-        the flusher thread) and checkpoint recovery points, so an unclean restart re-validates
-        at most about one interval of data and a power loss loses at most that much."""
-        self._next_flush = now + self.config.flush_interval_ms / 1e3
-        for part in self.partitions.values():
+    def periodic(self, metadata_log: PartitionLog) -> None:
+        """Every ``flush_interval_ms``: queue an fsync (in the flusher thread) of what acks=0/1
+        produces left in the page cache, and fsync the metadata log's stragglers here, so an
+        unclean restart re-validates at most about one interval of data and a power loss
+        loses at most that much. The caller checkpoints recovery points after it."""
+        for part in self._table:
             plog = part.log
-            if plog.log_end_offset > plog.recovery_point and part not in self._pending_flush \
-                    and plog.offline is None:
-                self._pending_flush[part] = plog.log_end_offset
-        meta = self.metadata.log
-        if meta.log_end_offset > meta.recovery_point and meta.offline is None:
+            if plog.log_end_offset > plog.recovery_point and plog.offline is None:
+                self.tracker.want(part, plog.log_end_offset)
+        if metadata_log.log_end_offset > metadata_log.recovery_point and \
+                metadata_log.offline is None:
             try:
-                meta.flush()
+                metadata_log.flush()
             except errors.LogWriteError:
                 pass                       # offline now; logged by the log
-        self.logs.checkpoint()
+
+    def stop(self) -> None:
+        """Stop the flusher thread and wait for it (idempotent)."""
+        self._flusher.stop()
+        if self._flusher.is_alive():
+            self._flusher.join()
+
+    def close(self) -> None:
+        self.stop()
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _dup_unflushed(plog: PartitionLog) -> list[int]:
+    """Duplicated descriptors of the segments past the recovery point (a suffix of the list);
+    on failure none is left open."""
+    dups: list[int] = []
+    try:
+        for seg in reversed(plog.segments):
+            if seg.next_offset <= plog.recovery_point:
+                break
+            if not seg.closed:
+                dups.append(seg.dup_fd())
+    except OSError:
+        for fd in dups:
+            diskio.ops.close(fd)
+        raise
+    return dups

@@ -12,7 +12,7 @@ Record formats are Kafka's (strings are int16 length + UTF-8, integers big-endia
 
 The group record says a group had live members: after a crash the broker cannot know who was
 consuming what, so for such groups it withholds unreported partitions for a grace period while
-members rejoin (``group_apis.py``). It is tombstoned when the last member goes.
+members rejoin (``apis/groups.py``). It is tombstoned when the last member goes.
 
 The partition of a group is Kafka's ``abs(java_string_hash(group)) % partitions``. The broker
 keeps every committed offset in a dict and rebuilds it by replaying the topic at start, so a

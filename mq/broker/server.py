@@ -1,4 +1,4 @@
-"""The broker: one event-loop thread serving a Unix socket, plus a flusher thread.
+"""The broker's event loop: one thread serving a Unix socket, plus a flusher thread.
 
 The loop thread owns every ``PartitionLog``: it validates and appends whole batches (never
 decoding records), publishes partition state to shared memory and posts the semaphores of
@@ -12,16 +12,22 @@ included) and keeps end-to-end latency at a semaphore wake-up. With ``high_water
 "durable"`` it follows the fsync'd offset instead, so consumers never see a record that a power
 loss could take back, at the cost of an fsync in every record's latency.
 
-This module holds the loop, connections, request dispatch, produce and the broker's lifecycle.
-``Broker`` mixes in the rest: group and offset apis (``group_apis.py``), topic administration
-apis (``topic_apis.py``), state publication and consumer wake-ups (``wakeups.py``), and group
-commit with the flusher thread (``flushing.py``).
+This module is the loop only: accept, read, write and close connections, dispatch requests,
+signals, housekeeping timers and the broker's lifecycle. What requests do lives in the api
+components (``apis/``); each exposes its ``{Api: handler}`` table and the loop merges them into
+one, so a request costs one dict lookup to dispatch. One loop round::
+
+    select() -> accept | read requests -> handler(conn, request) -> reply queued on the conn
+             | flusher done -> GroupCommit.done: recovery points, held replies
+             | cleaner call -> a compaction swap run on this thread
+    background steps: group timers, periodic flush + checkpoint, retention, SIGHUP reload
+    end of round: GroupCommit.submit (one fsync job), publish touched partitions and post
+                  their waiters, write every connection with output
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 import selectors
@@ -29,30 +35,37 @@ import signal
 import socket
 import struct
 import time
-
-import posix_ipc
+from collections.abc import Iterable
 
 from mq import errors
+from mq.broker.apis import ApiComponent, Handler
+from mq.broker.apis.groups import GroupApis
+from mq.broker.apis.produce import ProduceApis
+from mq.broker.apis.topics import TopicApis
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
-from mq.broker.flushing import Flusher, Flushing
-from mq.broker.group_apis import GroupApis
-from mq.broker.internal_topics import METADATA_TOPIC, is_internal
+from mq.broker.conns import Conn, Connections
+from mq.broker.flushing import GroupCommit
+from mq.broker.internal_topics import METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
+from mq.broker.partitions import PartitionTable
 from mq.broker.space import FreeSpaceGuard
-from mq.protocol.state import StateWriter, semaphore_prefix
-from mq.broker.topic_apis import TopicApis
-from mq.broker.wakeups import Wakeups
-from mq.errors import (BrokerError, InvalidPartitionsError, InvalidRequestError,
-                       RemoteProtocolError, UnknownTopicOrPartitionError)
+from mq.broker.wakeups import StatePublisher
+from mq.errors import BrokerError, ConfigError, InvalidRequestError, RemoteProtocolError
 from mq.log import diskio
 from mq.log.cleaner import CleanerConfig
-from mq.log.config import ConfigError, LogConfig
 from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
-from mq.protocol.frames import FrameReader, encode_frame
-from mq.protocol.messages import (ACKS_ALL, ONE_WAY, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Api,
-                                  Request, check_request, response)
+from mq.protocol.messages import (
+    ONE_WAY,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Api,
+    Request,
+    check_request,
+    response,
+)
+from mq.protocol.state import StateWriter, semaphore_prefix
 
 __all__ = ["Broker", "run_broker"]
 
@@ -62,54 +75,29 @@ _RECV_BYTES = 1 << 20
 _PEERCRED = struct.Struct("3i")
 
 
-@dataclasses.dataclass(eq=False)
-class _Conn:
-    sock: socket.socket
-    pid: int
-    reader: FrameReader
-    conn_id: int = 0
-    group_member: bool = False         # sent a group heartbeat: its close is a member leaving
-    out: bytearray = dataclasses.field(default_factory=bytearray)
-    greeted: bool = False
-    closing: bool = False
-    semaphores: dict[str, posix_ipc.Semaphore] = dataclasses.field(default_factory=dict)
+class Broker:
+    """One broker: ``start()`` recovers the data dir and listens, ``serve_forever()`` runs the
+    loop until ``request_stop()`` (any thread, or SIGTERM/SIGINT), then stops cleanly."""
 
-
-@dataclasses.dataclass(eq=False)
-class _Partition:
-    topic: str
-    partition: int
-    log: PartitionLog
-    slot: int
-    generation: int = 0
-    shape: tuple = ()
-    waiters: list = dataclasses.field(default_factory=list)   # [(conn, sem, offset)]
-
-
-class Broker(GroupApis, TopicApis, Wakeups, Flushing):
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.data_dir = config.data_dir
         self.socket_path = config.socket_path
         self.logs: LogManager | None = None
         self.metadata: MetadataStore | None = None
-        self.partitions: dict[tuple[str, int], _Partition] = {}
-        self._free_slots: list[int] = []
-        self._next_slot = 0
         self.state: StateWriter | None = None
+        self.partitions = PartitionTable(config.state_slots)
+        self.conns = Connections(config.max_request_bytes)
+        # The api components and the loop side of group commit, built by start().
+        self.topics: TopicApis | None = None
+        self.groups: GroupApis | None = None
+        self._publisher: StatePublisher | None = None
+        self._commit: GroupCommit | None = None
+        self._handlers: dict[Api, Handler] = {}
         self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
-        self._conns: dict[int, _Conn] = {}                   # by conn_id
-        self._unsent: set[_Conn] = set()                     # _send queued output this round
-        self._conn_ids = itertools.count(1)
         self._stop = False
         self._reload = False
-        self._dirty: set[_Partition] = set()                 # HW moved this round
-        self._pending_flush: dict[_Partition, int] = {}      # -> log end offset to fsync
-        self._pending_replies: list[tuple[_Conn, list, _Partition]] = []
-        self._inflight_jobs = 0
-        self._flush_r, self._flush_w = os.pipe()
-        self._flusher = Flusher(self._flush_w)
         # The log cleaner thread (started once the logs are open); its swaps run on this
         # loop through _calls.
         self._calls = LoopCalls()
@@ -137,17 +125,15 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             meta_log = self.logs.get(METADATA_TOPIC, 0) or self.logs.create(METADATA_TOPIC, 0)
             self.metadata = MetadataStore(meta_log)
             self.state = StateWriter(self.data_dir, self.config.state_slots, self.generation)
-            self._sync_partitions_with_metadata()
-            self._open_groups()
+            self._build_components()
             self._listen()
         except BaseException:
             self._close_resources()
             raise
-        self._flusher.start()
+        self._commit.start()
         self._sel.register(self._calls, selectors.EVENT_READ, "calls")
         self._cleaner.start()
-        self._sel.register(self._flush_r, selectors.EVENT_READ, "flush")
-        os.set_blocking(self._flush_r, False)
+        self._sel.register(self._commit.fileno(), selectors.EVENT_READ, "flush")
         for fd in (self._signal_r, self._signal_w):
             os.set_blocking(fd, False)
         self._sel.register(self._signal_r, selectors.EVENT_READ, "signal")
@@ -158,53 +144,27 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                  sum(info.partitions for info in self.metadata.topics.values()),
                  "skipped (clean shutdown)" if self.logs.clean_shutdown else "done")
 
-    def _sync_partitions_with_metadata(self) -> None:
-        """Make the partition logs match the metadata: open or create what it lists, remove
-        directories of deleted topics (a crash between the record and the removal)."""
-        assert self.logs is not None and self.metadata is not None
-        for plog in list(self.logs):
-            key = (plog.topic, plog.partition)
-            if is_internal(plog.topic):
-                continue
-            info = self.metadata.topics.get(plog.topic)
-            if info is None or plog.partition >= info.partitions:
-                log.warning("removing %s-%d: not in the topic metadata", *key)
-                self.logs.delete(*key)
-        for info in self.metadata.topics.values():
-            cfg = self.metadata.config_for(info.name, self.config.topic_defaults)
-            for p in range(info.partitions):
-                self._add_partition(info.name, p, cfg)
+    def _build_components(self) -> None:
+        """Wire the parts: every partition the metadata names gets a slot and is published,
+        then ``__consumer_offsets`` is opened and replayed by the groups component, which hears
+        of topic changes from the topics component; then the one dispatch table."""
+        assert self.logs is not None and self.metadata is not None and self.state is not None
+        self._publisher = publisher = StatePublisher(self.state, self.partitions)
+        self._commit = GroupCommit(self.partitions, self.conns, publisher)
+        self.topics = TopicApis(
+            self.logs, self.metadata, self.partitions, publisher, self._commit, self._cleaner,
+            topic_defaults=self.config.topic_defaults,
+            high_watermark_follows_log_end=self.config.high_watermark == "written")
+        self.topics.open_partitions()
+        self.groups = GroupApis(self.topics, self.partitions, self.conns, self._commit,
+                                self.config)
+        self.topics.add_listener(self.groups)
+        produce = ProduceApis(self.partitions, self._commit, self._space, self._sem_prefix)
+        self._handlers = dispatch_table([self, produce, self.topics, self.groups])
 
-    def _add_partition(self, topic: str, partition: int, cfg: LogConfig) -> _Partition:
-        assert self.logs is not None
-        plog = self.logs.get(topic, partition)
-        if plog is None:
-            plog = self.logs.create(topic, partition, cfg)
-        else:
-            plog.update_config(cfg)
-        plog.high_watermark_follows_log_end = self.config.high_watermark == "written"
-        if not plog.high_watermark_follows_log_end:
-            plog.high_watermark = min(plog.high_watermark, plog.recovery_point)
-        slot = self._free_slots.pop() if self._free_slots else self._take_slot()
-        part = _Partition(topic, partition, plog, slot)
-        self.partitions[(topic, partition)] = part
-        self._publish(part)
-        return part
-
-    def _check_free_slots(self, count: int) -> None:
-        """Before a topic change is recorded: ``count`` more partitions must fit the state
-        region (``_take_slot`` failing half-way would leave the metadata ahead of the
-        partitions, and the broker unable to start)."""
-        if self._next_slot - len(self._free_slots) + count > self.config.state_slots:
-            raise InvalidPartitionsError("not enough state slots for this many partitions")
-
-    def _take_slot(self) -> int:
-        if self._next_slot >= self.config.state_slots:
-            raise InvalidPartitionsError(f"the broker's state region holds "
-                                         f"{self.config.state_slots} partitions; raise "
-                                         "state_slots in the broker config")
-        self._next_slot += 1
-        return self._next_slot - 1
+    def handlers(self) -> dict[Api, Handler]:
+        """The loop's own api: the Handshake every connection opens with."""
+        return {Api.HANDSHAKE: self._handshake}
 
     def _listen(self) -> None:
         path = self.socket_path
@@ -237,16 +197,17 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         signal.signal(signal.SIGHUP, self.request_reload)
 
     def serve_forever(self) -> None:
+        assert self.groups is not None and self._commit is not None
         while not self._stop:
             now = time.monotonic()
             timeout = max(0.0, min(self._next_retention, self._next_flush) - now)
-            timeout = min(timeout, self._group_deadline_s())
+            timeout = min(timeout, self.groups.deadline_s())
             for key, events in self._sel.select(timeout):
                 what = key.data
                 if what == "accept":
                     self._accept()
                 elif what == "flush":
-                    self._flush_done()
+                    self._commit.done()
                 elif what == "calls":
                     self._background(self._calls.run_pending, "a cleaner call")
                 elif what == "signal":
@@ -256,9 +217,9 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                         pass
                 elif events & selectors.EVENT_READ:
                     self._read(what)
-                if isinstance(what, _Conn) and events & selectors.EVENT_WRITE:
+                if isinstance(what, Conn) and events & selectors.EVENT_WRITE:
                     self._write(what)
-            self._background(self._group_timers, "group timers")
+            self._background(self.groups.timers, "group timers")
             now = time.monotonic()
             if now >= self._next_flush:
                 self._background(self._periodic_flush, "the periodic flush", now)
@@ -286,15 +247,12 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         """Once per loop round: one flush job for every acks=all append (and the periodic
         flush), then state publication and wake-ups for partitions whose high watermark or
         segments moved, then the replies queued this round."""
-        if self._pending_flush or self._pending_replies:
-            self._submit_flush_job()
-        for part in self._dirty:
-            self._publish(part)
-            if part.waiters:
-                self._wake(part)
-        self._dirty.clear()
-        while self._unsent:    # a write that closes a member's conn may push to others
-            unsent, self._unsent = self._unsent, set()
+        self._commit.submit()
+        self._publisher.publish_touched()
+        while True:    # a write that closes a member's conn may push to others
+            unsent = self.conns.take_unsent()
+            if not unsent:
+                return
             for conn in unsent:
                 self._write(conn)
 
@@ -312,12 +270,10 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             sock.setblocking(False)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             pid, _, _ = _PEERCRED.unpack(creds)
-            conn = _Conn(sock, pid, FrameReader(self.config.max_request_bytes),
-                         next(self._conn_ids))
-            self._conns[conn.conn_id] = conn
+            conn = self.conns.add(sock, pid)
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Conn) -> None:
         # One preallocated buffer for every read (the loop is single-threaded): recv() would
         # allocate, map and unmap 1 MiB per call even for a 60-byte Wait (~14 us vs ~2 us).
         try:
@@ -339,13 +295,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             log.info("closing connection of pid %d: %s", conn.pid, err)
             self._close(conn)
 
-    def _send(self, conn: _Conn, message: list) -> None:
-        if conn.closing:
-            return
-        conn.out += encode_frame(message)
-        self._unsent.add(conn)
-
-    def _write(self, conn: _Conn) -> None:
+    def _write(self, conn: Conn) -> None:
         if conn.closing:
             return
         try:
@@ -362,27 +312,25 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         except (KeyError, ValueError):
             pass
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Conn) -> None:
         if conn.closing:
             return
         conn.closing = True
-        self._conns.pop(conn.conn_id, None)
+        self.conns.remove(conn)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-        for part in self.partitions.values():
-            if part.waiters:
-                part.waiters = [w for w in part.waiters if w[0] is not conn]
+        self.partitions.disarm(conn)
         for sem in conn.semaphores.values():
             sem.close()
         conn.semaphores.clear()
-        if conn.group_member and not self._stop:
-            self._member_connection_closed(conn.conn_id)
+        if conn.group_member and not self._stop and self.groups is not None:
+            self.groups.connection_closed(conn.conn_id)
 
     # --- requests -----------------------------------------------------------------------------
-    def _handle(self, conn: _Conn, message: list) -> None:
+    def _handle(self, conn: Conn, message: list) -> None:
         try:
             req = check_request(message)
         except RemoteProtocolError as err:
@@ -390,17 +338,17 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             if rid is None:
                 raise
             api = message[0] if isinstance(message[0], int) else -1
-            self._send(conn, response(api, rid, InvalidRequestError.code, str(err)))
+            self.conns.send(conn, response(api, rid, InvalidRequestError.code, str(err)))
             return
         if not conn.greeted and req.api != Api.HANDSHAKE:
-            self._send(conn, response(req.api, req.request_id, InvalidRequestError.code,
-                                      "the first request must be a Handshake"))
+            self.conns.send(conn, response(req.api, req.request_id, InvalidRequestError.code,
+                                           "the first request must be a Handshake"))
             return
         try:
             reply = self._dispatch(conn, req)
         except BrokerError as err:
             reply = response(req.api, req.request_id, err.code, err.message)
-        except (ConfigError, ValueError) as err:
+        except (ConfigError, ValueError) as err:      # ConfigError first: it is a ValueError
             code = errors.InvalidConfigurationError.code if isinstance(err, ConfigError) \
                 else InvalidRequestError.code
             reply = response(req.api, req.request_id, code, str(err))
@@ -418,28 +366,22 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                              f"{type(err).__name__}: {err}")
         # One-way requests still hear about errors.
         if reply is not None and (req.api not in ONE_WAY or reply[2] != 0):
-            self._send(conn, reply)
+            self.conns.send(conn, reply)
 
-    def _dispatch(self, conn: _Conn, req: Request) -> list | None:
-        handler = getattr(self, f"_api_{req.api.name.lower()}")
+    def _dispatch(self, conn: Conn, req: Request) -> list | None:
+        handler = self._handlers.get(req.api)
+        if handler is None:
+            raise InvalidRequestError(f"this broker does not serve {req.api.name}")
         return handler(conn, req)
 
-    def _partition(self, topic: str, partition: int) -> _Partition:
-        part = self.partitions.get((topic, partition))
-        if part is None:
-            info = self._topic_info(topic)             # raises for an unknown topic
-            raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} "
-                                               f"(it has {info.partitions})")
-        return part
-
-    def _api_handshake(self, conn: _Conn, req: Request) -> list:
+    def _handshake(self, conn: Conn, req: Request) -> list | None:
         version = req["protocol_version"]
         if version not in SUPPORTED_VERSIONS:
             reply = response(req.api, req.request_id, errors.UnsupportedVersionError.code,
                              f"client speaks protocol version {version}; this broker speaks "
                              f"{', '.join(map(str, sorted(SUPPORTED_VERSIONS)))} — upgrade mq "
                              "on the older side")
-            self._send(conn, reply)
+            self.conns.send(conn, reply)
             self._write(conn)
             self._close(conn)
             return None
@@ -450,56 +392,32 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                          "shm": self.state.name,
                          "max_request_bytes": self.config.max_request_bytes})
 
-    def _api_produce(self, conn: _Conn, req: Request) -> list | None:
-        topic, acks = req["topic"], req["acks"]
-        if is_internal(topic):
-            raise InvalidRequestError(f"cannot produce to internal topic {topic!r}")
-        if acks not in (0, 1, ACKS_ALL):
-            raise InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {acks}")
-        part = self._partition(topic, req["partition"])
-        batch = req["batch"]
-        if len(batch) > part.log.config.max_message_bytes:
-            raise errors.MessageTooLargeError(
-                f"batch of {len(batch)} bytes exceeds max.message.bytes "
-                f"{part.log.config.max_message_bytes} of topic {topic!r}")
-        self._space.admit(len(batch))
-        info = part.log.append(batch if isinstance(batch, bytearray) else bytearray(batch),
-                               leader_epoch=0)
-        self._dirty.add(part)
-        reply = response(req.api, req.request_id, 0, None, info.first_offset,
-                         info.log_append_time, part.log.log_start_offset)
-        if acks == ACKS_ALL:
-            self._ack_after_flush(part, conn, reply)
-            return None
-        if not part.log.high_watermark_follows_log_end:
-            self._ack_after_flush(part)
-        return reply if acks == 1 else None
-
-    def _api_list_offsets(self, conn: _Conn, req: Request) -> list:
-        part = self._partition(req["topic"], req["partition"])
-        found = part.log.offset_for_timestamp(req["timestamp"])
-        offset, ts = found if found is not None else (-1, -1)
-        return response(req.api, req.request_id, 0, None, offset, ts)
-
     # --- background work ----------------------------------------------------------------------
     def _on_swapped(self, plog: PartitionLog) -> None:
         """After a compaction swap (run on this loop by the cleaner): republish the partition
         at the end of the round, which bumps its segment-set generation so readers re-list.
         The metadata log has no slot: nothing to publish."""
-        part = self.partitions.get((plog.topic, plog.partition))
+        part = self.partitions.get(plog.topic, plog.partition)
         if part is not None and part.log is plog:
-            self._dirty.add(part)
+            self.partitions.touch(part)
+
+    def _periodic_flush(self, now: float) -> None:
+        """Every ``flush_interval_ms``: fsync what acks=0/1 produces left in the page cache
+        (``GroupCommit.periodic``) and checkpoint recovery points."""
+        self._next_flush = now + self.config.flush_interval_ms / 1e3
+        self._commit.periodic(self.metadata.log)
+        self.logs.checkpoint()
 
     def _retention(self) -> None:
         """Apply retention; ``_end_of_round`` publishes the partitions it changed."""
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3
         changed = False
-        for part in list(self.partitions.values()):
+        for part in self.partitions:
             if self._cleaner.is_cleaning(part.log):
                 continue        # a pass reads its segments (Kafka skips it too): next check
             try:
                 if part.log.apply_retention():
-                    self._dirty.add(part)
+                    self.partitions.touch(part)
                     changed = True
             except errors.LogWriteError as err:
                 log.warning("retention of %s-%d: %s", part.topic, part.partition, err)
@@ -520,9 +438,7 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
                                           retention_check_interval_ms=
                                           new.retention_check_interval_ms,
                                           topic_defaults=new.topic_defaults)
-        for part in self.partitions.values():
-            part.log.update_config(self.metadata.config_for(part.topic,
-                                                            self.config.topic_defaults))
+        self.topics.reload(self.config.topic_defaults)
         self._cleaner.wake()                    # the defaults may have turned compact on
         log.info("SIGHUP: configuration reloaded")
 
@@ -544,10 +460,10 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
         self._stop_cleaner()
         self._close_listener()
         self._end_of_round()
-        while self._inflight_jobs:
+        while self._commit is not None and self._commit.inflight:
             self._sel.select(1.0)
-            self._flush_done()
-        for conn in list(self._conns.values()):
+            self._commit.done()
+        for conn in self.conns:
             if conn.out:
                 conn.sock.setblocking(True)
                 conn.sock.settimeout(1.0)
@@ -589,9 +505,8 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
 
     def _close_resources(self) -> None:
         self._stop_cleaner()
-        self._flusher.stop()
-        if self._flusher.is_alive():
-            self._flusher.join()
+        if self._commit is not None:
+            self._commit.close()                # stops and joins the flusher first
         if self.logs is not None:
             self.logs.close()
             self.logs = None
@@ -600,11 +515,22 @@ class Broker(GroupApis, TopicApis, Wakeups, Flushing):
             self.state = None
         self._close_listener()
         signal_w, self._signal_w = self._signal_w, -1      # never written once closed
-        for fd in (self._flush_r, self._flush_w, self._signal_r, signal_w):
+        for fd in (self._signal_r, signal_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:
+    """One ``{Api: handler}`` table from the components' own; an api claimed twice is a bug."""
+    table: dict[Api, Handler] = {}
+    for component in components:
+        for api, handler in component.handlers().items():
+            if api in table:
+                raise ValueError(f"{api.name} is handled by two components")
+            table[api] = handler
+    return table
 
 
 def run_broker(config: BrokerConfig, ready=None) -> int:

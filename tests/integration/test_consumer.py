@@ -538,39 +538,6 @@ def test_short_polls_rearm_and_a_later_record_still_wakes_at_once(broker, monkey
         assert time.monotonic() - started < WAKE_LIMIT_S
 
 
-def test_broker_keeps_one_waiter_per_consumer_and_partition(tmp_path):
-    """A WAIT re-armed after a timeout replaces the consumer's previous waiter instead of
-    adding one (idle consumers polling with short timeouts must not grow the broker)."""
-    import socket as socket_module
-
-    from mq.broker.config import BrokerConfig
-    from mq.broker.server import Broker, _Conn
-    from mq.protocol.frames import FrameReader
-    from mq.protocol.messages import check_request
-
-    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "data"),
-                                 socket=str(tmp_path / "b.sock")))
-    broker.start()
-    a, b = socket_module.socketpair()
-    name = semaphore_prefix(broker.data_dir) + "test"
-    import posix_ipc
-    sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, initial_value=0)
-    try:
-        conn = _Conn(a, os.getpid(), FrameReader())
-        broker._api_create_topics(conn, check_request([19, 1, "w", 2, {}]))
-        for offset in (0, 0, 0, 1):
-            broker._api_wait(conn, check_request([1000, 2, name, [["w", 0, offset],
-                                                                  ["w", 1, 0]]]))
-        assert [w[2] for w in broker.partitions[("w", 0)].waiters] == [1]
-        assert len(broker.partitions[("w", 1)].waiters) == 1
-    finally:
-        sem.unlink()
-        sem.close()
-        a.close()
-        b.close()
-        broker._close_resources()
-
-
 # --- retention and out of range -----------------------------------------------------------------
 
 def test_retention_under_a_reader_resumes_at_the_new_log_start(tmp_path):

@@ -22,20 +22,25 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Mapping
 
 from mq import errors
+from mq.broker.apis import Handler
+from mq.broker.apis.topics import TopicApis
+from mq.broker.config import BrokerConfig
+from mq.broker.conns import Conn, Connections
+from mq.broker.flushing import GroupCommit
 from mq.broker.group_coordinator import GroupCoordinator
 from mq.broker.group_model import Effects, GroupState
 from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
 from mq.broker.offsets import CommittedOffset, OffsetStore
+from mq.broker.partitions import PartitionTable
 from mq.errors import InvalidRequestError
+from mq.log.log import PartitionLog
 from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
+from mq.protocol.types import TopicPartition
 
-if TYPE_CHECKING:
-    from mq.broker.server import _Conn
-    from mq.log.log import PartitionLog
+__all__ = ["RESTART_GRACE_MS", "GroupApis"]
 
 log = logging.getLogger("mq.broker")
 
@@ -56,24 +61,21 @@ def wall_ms() -> int:
 
 
 class GroupApis:
-    """Mixed into ``Broker``: uses its ``partitions``, ``logs``, ``metadata``, ``config``,
-    ``_conns``, ``_send``, ``_add_partition``, ``_partition`` and ``_ack_after_flush``."""
+    """Consumer groups (the coordinator) and committed offsets (``__consumer_offsets``)."""
 
-    coordinator: GroupCoordinator
-    offsets: OffsetStore
-
-    # --- start and timers ---------------------------------------------------------------------
-    def _open_groups(self) -> None:
-        """Open (or create) ``__consumer_offsets``, replay it, and start the coordinator."""
-        cfg = self.metadata.config_for(OFFSETS_TOPIC, self.config.topic_defaults)
-        count = max(1, sum(1 for plog in self.logs if plog.topic == OFFSETS_TOPIC))
-        logs = [self._add_partition(OFFSETS_TOPIC, p, cfg).log for p in range(count)]
-        self.offsets = OffsetStore(logs)
-        c = self.config
+    def __init__(self, topics: TopicApis, table: PartitionTable, conns: Connections,
+                 commit: GroupCommit, config: BrokerConfig) -> None:
+        """Open (or create) ``__consumer_offsets`` through ``topics``, replay it, and start
+        the coordinator."""
+        self._table = table
+        self._conns = conns
+        self._commit = commit
+        self._config = config
+        self.offsets = OffsetStore([part.log for part in topics.open_internal(OFFSETS_TOPIC)])
+        c = config
         now = monotonic_ms()
         self.coordinator = GroupCoordinator(
-            {name: info.partitions for name, info in self.metadata.topics.items()},
-            now_ms=now, restart_grace_ms=RESTART_GRACE_MS,
+            topics.partition_counts(), now_ms=now, restart_grace_ms=RESTART_GRACE_MS,
             grace_groups=set(self.offsets.live_groups), default_assignor=c.group_assignor,
             heartbeat_interval_ms=c.group_heartbeat_interval_ms,
             session_timeout_ms=c.group_session_timeout_ms,
@@ -83,11 +85,17 @@ class GroupApis:
         self._next_offsets_expiry = now + c.offsets_retention_check_interval_ms
         self._group_wakeup_ms = now
 
-    def _group_deadline_s(self) -> float:
+    def handlers(self) -> Mapping[Api, Handler]:
+        return {Api.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, Api.OFFSET_COMMIT: self.commit,
+                Api.OFFSET_FETCH: self.fetch_offsets, Api.LIST_GROUPS: self.list_groups,
+                Api.CONSUMER_GROUP_DESCRIBE: self.describe, Api.DELETE_GROUPS: self.delete}
+
+    # --- timers -------------------------------------------------------------------------------
+    def deadline_s(self) -> float:
         """Seconds until group work is due (for the loop's select timeout)."""
         return max(0.0, (self._group_wakeup_ms - monotonic_ms()) / 1e3)
 
-    def _group_timers(self) -> None:
+    def timers(self) -> None:
         """Session and revocation timeouts, the pid check, offsets expiry. Runs every loop
         round but does work only when something is due: the next due time is cached, and a
         heartbeat pulls it in (``_group_activity``)."""
@@ -99,7 +107,7 @@ class GroupApis:
             self._next_pid_check = now + _PID_CHECK_MS
             self._check_member_pids(now)
         if now >= self._next_offsets_expiry:
-            self._next_offsets_expiry = now + self.config.offsets_retention_check_interval_ms
+            self._next_offsets_expiry = now + self._config.offsets_retention_check_interval_ms
             self._expire_offsets()
         due = [self._next_offsets_expiry]
         deadline = self.coordinator.next_deadline_ms()
@@ -124,7 +132,7 @@ class GroupApis:
                 pass                                   # alive, another user's
 
     def _expire_offsets(self) -> None:
-        retention_ms = int(self.config.offsets_retention_minutes * 60_000)
+        retention_ms = int(self._config.offsets_retention_minutes * 60_000)
 
         def empty(group: str) -> bool:
             return self.coordinator.group_state(group) in (GroupState.EMPTY, GroupState.DEAD)
@@ -150,7 +158,7 @@ class GroupApis:
         for wake in effects.wakeups:
             conn = self._conns.get(wake.conn_id)
             if conn is not None:
-                self._send(conn, _PUSH)
+                self._conns.send(conn, _PUSH)
 
     def _mark_group(self, group: str) -> None:
         """Keep the group record (``offsets.py``) in step with whether the group has
@@ -163,14 +171,19 @@ class GroupApis:
             # Only a broker crash reads the record: the next change of the group retries it.
             log.warning("group %s: group record not written: %s", group, err)
 
-    def _member_connection_closed(self, conn_id: Hashable) -> None:
+    def connection_closed(self, conn_id: Hashable) -> None:
+        """A group member's connection closed: a dynamic member leaves at once."""
         self._group_effects(self.coordinator.connection_closed(conn_id, monotonic_ms()))
 
-    def _topic_partitions_changed(self, topic: str, count: int) -> None:
+    def topic_partitions_changed(self, topic: str, count: int) -> None:
+        """A topic listener (``TopicApis``): subscribers rebalance; a deleted topic's committed
+        offsets go too (Kafka does the same)."""
         self._group_effects(self.coordinator.set_topic_partitions(topic, count))
+        if count == 0:
+            self._delete_topic_offsets(topic)
 
     # --- apis ---------------------------------------------------------------------------------
-    def _api_consumer_group_heartbeat(self, conn: _Conn, req: Request) -> list:
+    def heartbeat(self, conn: Conn, req: Request) -> list:
         f = req.fields
         if not f["group"]:
             raise errors.InvalidGroupIdError("the group id must be a non-empty string")
@@ -194,7 +207,7 @@ class GroupApis:
         return response(req.api, req.request_id, 0, None, result.member_id, result.member_epoch,
                         result.heartbeat_interval_ms, sorted(map(list, result.assignment)))
 
-    def _api_offset_commit(self, conn: _Conn, req: Request) -> None:
+    def commit(self, conn: Conn, req: Request) -> None:
         group, member_id, epoch = req["group"], req["member_id"], req["member_epoch"]
         if not group:
             raise errors.InvalidGroupIdError("the group id must be a non-empty string")
@@ -211,7 +224,7 @@ class GroupApis:
         now = wall_ms()
         items = []
         for topic, partition, offset, leader_epoch, metadata in req["offsets"]:
-            self._partition(topic, partition)          # UnknownTopicOrPartition
+            self._table.partition(topic, partition)     # UnknownTopicOrPartition
             if is_internal(topic):
                 raise InvalidRequestError(f"cannot commit offsets of internal topic {topic!r}")
             if offset < 0:
@@ -227,7 +240,7 @@ class GroupApis:
         self._flush_offsets(plog, conn, response(req.api, req.request_id, 0, None))
         return None
 
-    def _api_offset_fetch(self, conn: _Conn, req: Request) -> list:
+    def fetch_offsets(self, conn: Conn, req: Request) -> list:
         group, wanted = req["group"], req["partitions"]
         committed = self.offsets.offsets.get(group, {})
         keys = sorted(committed) if wanted is None else [(t, p) for t, p in wanted]
@@ -238,7 +251,7 @@ class GroupApis:
                         [*key, c.offset, c.leader_epoch, c.metadata, c.commit_timestamp_ms])
         return response(req.api, req.request_id, 0, None, rows)
 
-    def _api_list_groups(self, conn: _Conn, req: Request) -> list:
+    def list_groups(self, conn: Conn, req: Request) -> list:
         names = set(self.coordinator.groups) | set(self.offsets.offsets)
         rows = []
         for name in sorted(names):
@@ -248,7 +261,7 @@ class GroupApis:
             rows.append([name, state.value, self._live_members(name)])
         return response(req.api, req.request_id, 0, None, rows)
 
-    def _api_consumer_group_describe(self, conn: _Conn, req: Request) -> list:
+    def describe(self, conn: Conn, req: Request) -> list:
         group = req["group"]
         desc = self.coordinator.describe(group)
         committed = self.offsets.offsets.get(group, {})
@@ -285,7 +298,7 @@ class GroupApis:
             "assignment_epoch": desc.assignment_epoch, "assignor": desc.assignor,
             "members": members, "offsets": rows})
 
-    def _api_delete_groups(self, conn: _Conn, req: Request) -> None:
+    def delete(self, conn: Conn, req: Request) -> None:
         group = req["group"]
         refused = self.coordinator.delete_group(group)
         if refused is errors.NonEmptyGroupError:
@@ -301,20 +314,21 @@ class GroupApis:
         return None
 
     # --- helpers ------------------------------------------------------------------------------
-    def _flush_offsets(self, plog: PartitionLog, conn: _Conn | None = None,
+    def _flush_offsets(self, plog: PartitionLog, conn: Conn | None = None,
                        reply: list | None = None) -> None:
         """Have this round's flush job fsync the ``__consumer_offsets`` log just written (and
         send ``reply`` once it did)."""
-        self._ack_after_flush(self.partitions[(OFFSETS_TOPIC, plog.partition)], conn, reply)
+        self._commit.ack_after_flush(self._table.partition(OFFSETS_TOPIC, plog.partition), conn,
+                                     reply)
 
     def _live_members(self, group: str) -> int:
         g = self.coordinator.groups.get(group)
         return 0 if g is None else sum(1 for m in g.members.values() if not m.departed)
 
-    def _lag(self, tp: tuple[str, int], committed: int | None
+    def _lag(self, tp: TopicPartition, committed: int | None
              ) -> tuple[int | None, int | None, int | None]:
         """(end offset, lag in records, age in ms of the oldest unconsumed record)."""
-        part = self.partitions.get(tp)
+        part = self._table.get(*tp)
         if part is None:
             return None, None, None
         plog = part.log
@@ -337,7 +351,6 @@ class GroupApis:
         return end, lag, None
 
     def _delete_topic_offsets(self, topic: str) -> None:
-        """A deleted topic's committed offsets go too (Kafka does the same)."""
         for group in list(self.offsets.groups()):
             doomed = [tp for tp in self.offsets.offsets.get(group, {}) if tp[0] == topic]
             if doomed:

@@ -1,0 +1,258 @@
+"""Topic administration apis (Metadata, CreateTopics, DeleteTopics, CreatePartitions,
+DescribeConfigs, AlterConfigs, DeleteRecords) and the partitions' lifecycle: opening every
+partition the metadata names at start, and the logs behind a topic change.
+
+A change is made safe for a full disk in this order: the new partitions' logs are created
+first, then the change is recorded in the metadata log (``MetadataStore``, fsync'd before the
+reply) — a failure removes the logs made for it, so nothing is left half done — and only then
+do the partitions get slots. Then the state region's metadata version moves so that clients
+re-read the metadata (slots may have moved), and the topic listeners (the groups component)
+hear of the new partition count. Internal topics (``internal_topics.py``) are never in the
+metadata: the broker opens them (``open_internal``), users cannot create them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol, TypeVar
+
+from mq import errors
+from mq.broker.apis import Handler
+from mq.broker.cleaning import BackgroundCleaner
+from mq.broker.conns import Conn
+from mq.broker.flushing import GroupCommit
+from mq.broker.internal_topics import INTERNAL_PREFIX, is_internal
+from mq.broker.metadata import MetadataStore, TopicInfo
+from mq.broker.partitions import Partition, PartitionTable
+from mq.broker.wakeups import StatePublisher
+from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
+from mq.log import files
+from mq.log.config import LogConfig
+from mq.log.manager import LogManager
+from mq.protocol.messages import Api, Request, response
+
+__all__ = ["MAX_PARTITIONS_PER_TOPIC", "TopicApis", "TopicListener"]
+
+log = logging.getLogger("mq.broker")
+
+MAX_PARTITIONS_PER_TOPIC = 10_000
+T = TypeVar("T")
+
+
+class TopicListener(Protocol):
+    def topic_partitions_changed(self, topic: str, count: int) -> None:
+        """``topic`` was created or grew to ``count`` partitions (0: it was deleted)."""
+        ...
+
+
+class TopicApis:
+    """The topic apis, and the owner of which partitions exist."""
+
+    def __init__(self, logs: LogManager, metadata: MetadataStore, table: PartitionTable,
+                 publisher: StatePublisher, commit: GroupCommit, cleaner: BackgroundCleaner, *,
+                 topic_defaults: LogConfig, high_watermark_follows_log_end: bool) -> None:
+        self.logs = logs
+        self.metadata = metadata
+        self._table = table
+        self._publisher = publisher
+        self._commit = commit
+        self._cleaner = cleaner
+        self.topic_defaults = topic_defaults
+        self._hw_follows_log_end = high_watermark_follows_log_end
+        self._listeners: list[TopicListener] = []
+
+    def handlers(self) -> Mapping[Api, Handler]:
+        return {Api.METADATA: self.metadata_api, Api.CREATE_TOPICS: self.create_topics,
+                Api.DELETE_TOPICS: self.delete_topics,
+                Api.CREATE_PARTITIONS: self.create_partitions,
+                Api.DESCRIBE_CONFIGS: self.describe_configs,
+                Api.ALTER_CONFIGS: self.alter_configs, Api.DELETE_RECORDS: self.delete_records}
+
+    def add_listener(self, listener: TopicListener) -> None:
+        """Tell ``listener`` of every partition count change from now on."""
+        self._listeners.append(listener)
+
+    # --- the partitions' lifecycle ------------------------------------------------------------
+    def open_partitions(self) -> None:
+        """At start: make the partition logs match the metadata — open or create what it lists,
+        remove directories of deleted topics (a crash between the record and the removal)."""
+        for plog in list(self.logs):
+            if is_internal(plog.topic):
+                continue
+            info = self.metadata.topics.get(plog.topic)
+            if info is None or plog.partition >= info.partitions:
+                log.warning("removing %s-%d: not in the topic metadata", plog.topic,
+                            plog.partition)
+                self.logs.delete(plog.topic, plog.partition)
+        for info in self.metadata.topics.values():
+            cfg = self.config_for(info.name)
+            for p in range(info.partitions):
+                self.open_partition(info.name, p, cfg)
+
+    def open_internal(self, topic: str) -> list[Partition]:
+        """Open (or create) an internal topic's partitions: as many as are on disk, at least
+        one."""
+        cfg = self.config_for(topic)
+        count = max(1, sum(1 for plog in self.logs if plog.topic == topic))
+        return [self.open_partition(topic, p, cfg) for p in range(count)]
+
+    def open_partition(self, topic: str, partition: int, cfg: LogConfig) -> Partition:
+        """Open (or create) one partition's log, give it a slot and publish it."""
+        plog = self.logs.get(topic, partition)
+        if plog is None:
+            plog = self.logs.create(topic, partition, cfg)
+        else:
+            plog.update_config(cfg)
+        plog.high_watermark_follows_log_end = self._hw_follows_log_end
+        if not plog.high_watermark_follows_log_end:
+            plog.high_watermark = min(plog.high_watermark, plog.recovery_point)
+        part = self._table.add(topic, partition, plog)
+        self._publisher.publish(part)
+        return part
+
+    def partition_counts(self) -> dict[str, int]:
+        """Every user topic's partition count."""
+        return {name: info.partitions for name, info in self.metadata.topics.items()}
+
+    def config_for(self, topic: str) -> LogConfig:
+        """The topic's effective config: its overrides over the broker's topic defaults."""
+        return self.metadata.config_for(topic, self.topic_defaults)
+
+    def reload(self, topic_defaults: LogConfig) -> None:
+        """New broker topic defaults (SIGHUP): every partition's config follows."""
+        self.topic_defaults = topic_defaults
+        for part in self._table:
+            part.log.update_config(self.config_for(part.topic))
+
+    def _changed(self, topic: str, count: int) -> None:
+        self._publisher.metadata_changed()
+        for listener in self._listeners:
+            listener.topic_partitions_changed(topic, count)
+
+    # --- apis ---------------------------------------------------------------------------------
+    def topic_info(self, name: str) -> TopicInfo:
+        """The metadata of a user topic; internal topics are never in it."""
+        info = self.metadata.topics.get(name)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        return info
+
+    def _topic_metadata(self, info: TopicInfo) -> dict:
+        parts = [self._table.partition(info.name, p) for p in range(info.partitions)]
+        return {"id": info.topic_id, "partitions": info.partitions, "config": info.config,
+                "slots": [part.slot for part in parts],
+                "size_bytes": [part.log.size_in_bytes for part in parts],
+                "offline": [part.log.offline for part in parts]}
+
+    def metadata_api(self, conn: Conn, req: Request) -> list:
+        names = req["topics"]
+        if names is None:
+            names = sorted(self.metadata.topics)
+        topics = {name: self._topic_metadata(self.topic_info(name)) for name in names}
+        return response(req.api, req.request_id, 0, None, topics)
+
+    def create_topics(self, conn: Conn, req: Request) -> list:
+        name, count, config = req["topic"], req["partitions"], req["config"]
+        if is_internal(name):
+            raise errors.InvalidTopicError(f"topic names starting with {INTERNAL_PREFIX!r} are "
+                                           "reserved")
+        try:
+            files.validate_topic_name(name)
+        except ValueError as err:
+            raise errors.InvalidTopicError(str(err)) from err
+        if name in self.metadata.topics:
+            raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
+        if not 1 <= count <= MAX_PARTITIONS_PER_TOPIC:
+            raise InvalidPartitionsError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, "
+                                         f"got {count}")
+        cfg = LogConfig.from_properties(config, self.topic_defaults)   # validates
+        self._table.check_room(count)
+        self._create_logs(name, range(count), cfg)
+        info = self._record_or_undo(name, range(count),
+                                    lambda: self.metadata.create_topic(name, count, config))
+        for p in range(count):
+            self.open_partition(name, p, cfg)
+        self._changed(name, count)
+        if cfg.compact_enabled:
+            self._cleaner.wake()
+        log.info("created topic %s with %d partition(s)", name, count)
+        return response(req.api, req.request_id, 0, None, self._topic_metadata(info))
+
+    def delete_topics(self, conn: Conn, req: Request) -> list:
+        name = req["topic"]
+        self.topic_info(name)
+        self.metadata.delete_topic(name)
+        for part in self._table.of_topic(name):
+            self._table.remove(name, part.partition)
+            self._publisher.vacate(part)            # its waiters notice the topic is gone
+            self._commit.tracker.drop(part)
+            self._cleaner.remove(part.log)          # waits for a pass over it to let go
+            self.logs.delete(name, part.partition)
+        self._changed(name, 0)
+        log.info("deleted topic %s", name)
+        return response(req.api, req.request_id, 0, None)
+
+    def create_partitions(self, conn: Conn, req: Request) -> list:
+        name, total = req["topic"], req["total"]
+        info = self.topic_info(name)
+        if total <= info.partitions or total > MAX_PARTITIONS_PER_TOPIC:
+            raise InvalidPartitionsError(f"topic {name!r} has {info.partitions} partitions; "
+                                         f"the new total must be larger (got {total})")
+        cfg = self.config_for(name)
+        self._table.check_room(total - info.partitions)
+        new = range(info.partitions, total)
+        self._create_logs(name, new, cfg)
+        grown = self._record_or_undo(name, new,
+                                     lambda: self.metadata.set_partitions(name, total))
+        for p in new:
+            self.open_partition(name, p, cfg)
+        self._changed(name, total)
+        return response(req.api, req.request_id, 0, None, self._topic_metadata(grown))
+
+    def _create_logs(self, name: str, partitions: range, cfg: LogConfig) -> None:
+        """Create the partitions' directories and first segments before the metadata names
+        them, so a full disk fails the request with nothing recorded (and nothing left)."""
+        try:
+            for p in partitions:
+                self.logs.create(name, p, cfg)
+        except OSError as err:
+            self._remove_logs(name, partitions)
+            raise errors.KafkaStorageError(f"cannot create the partitions of {name!r}: "
+                                           f"{err.strerror or err}") from err
+
+    def _record_or_undo(self, name: str, partitions: range, record: Callable[[], T]) -> T:
+        """Write the metadata record; if that fails, remove the logs made for it."""
+        try:
+            return record()
+        except BaseException:
+            self._remove_logs(name, partitions)
+            raise
+
+    def _remove_logs(self, name: str, partitions: range) -> None:
+        for p in partitions:
+            self.logs.delete(name, p)
+
+    def describe_configs(self, conn: Conn, req: Request) -> list:
+        name = req["topic"]
+        info = self.topic_info(name)
+        cfg = self.config_for(name)
+        return response(req.api, req.request_id, 0, None, cfg.to_properties(), info.config)
+
+    def alter_configs(self, conn: Conn, req: Request) -> list:
+        name, changes = req["topic"], req["config"]
+        info = self.topic_info(name)
+        cfg = LogConfig.from_properties({**info.config, **changes}, self.topic_defaults)
+        self.metadata.alter_config(name, changes)
+        for p in range(info.partitions):
+            self._table.partition(name, p).log.update_config(cfg)
+        self._publisher.metadata_changed()
+        if cfg.compact_enabled:
+            self._cleaner.wake()
+        return response(req.api, req.request_id, 0, None, cfg.to_properties())
+
+    def delete_records(self, conn: Conn, req: Request) -> list:
+        part = self._table.partition(req["topic"], req["partition"])
+        start = part.log.delete_records_before(req["offset"])
+        self._table.touch(part)
+        return response(req.api, req.request_id, 0, None, start)

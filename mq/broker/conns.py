@@ -1,0 +1,84 @@
+"""The broker's client connections: ``Conn``, one socket's state, and ``Connections``, all of
+them with the output queued this round.
+
+Nothing here touches a socket: the loop (``server.py``) reads, writes and closes. Every reply,
+deferred acknowledgement and push of a loop round is appended to its connection's ``out``
+buffer (``send``) and the loop writes each connection once at the end of the round
+(``take_unsent``), so a round costs one ``send`` syscall per connection however many replies
+it carries. A connection the loop closed is ``closing``: nothing more is queued for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import socket
+from collections.abc import Iterator
+
+import posix_ipc
+
+from mq.protocol.frames import FrameReader, encode_frame
+
+__all__ = ["Conn", "Connections"]
+
+
+@dataclasses.dataclass(eq=False)
+class Conn:
+    """One client connection (hashable by identity)."""
+
+    sock: socket.socket
+    pid: int                           # the peer's, from SO_PEERCRED
+    reader: FrameReader
+    conn_id: int = 0
+    group_member: bool = False         # sent a group heartbeat: its close is a member leaving
+    out: bytearray = dataclasses.field(default_factory=bytearray)
+    greeted: bool = False              # its Handshake was accepted
+    closing: bool = False
+    # Wake-up semaphores the peer named in WAIT requests, opened once per connection.
+    semaphores: dict[str, posix_ipc.Semaphore] = dataclasses.field(default_factory=dict)
+
+
+class Connections:
+    """Every open connection, by id, and the ones with output queued this round."""
+
+    def __init__(self, max_request_bytes: int) -> None:
+        self._max_request_bytes = max_request_bytes
+        self._by_id: dict[int, Conn] = {}
+        self._unsent: set[Conn] = set()
+        self._ids = itertools.count(1)
+
+    def add(self, sock: socket.socket, pid: int) -> Conn:
+        """A new connection of process ``pid``, with a fresh id."""
+        conn = Conn(sock, pid, FrameReader(self._max_request_bytes), next(self._ids))
+        self._by_id[conn.conn_id] = conn
+        return conn
+
+    def remove(self, conn: Conn) -> None:
+        """Forget a connection the loop closed (idempotent)."""
+        self._by_id.pop(conn.conn_id, None)
+        self._unsent.discard(conn)
+
+    def get(self, conn_id: int) -> Conn | None:
+        return self._by_id.get(conn_id)
+
+    def send(self, conn: Conn, message: list) -> None:
+        """Queue ``message`` (a response or a push) on ``conn``; the loop writes it at the end
+        of the round. Nothing is queued on a closing connection."""
+        if conn.closing:
+            return
+        conn.out += encode_frame(message)
+        self._unsent.add(conn)
+
+    def take_unsent(self) -> set[Conn]:
+        """The connections with output queued since the last call (empty: nothing to write;
+        no set is made for a round without output)."""
+        unsent = self._unsent
+        if unsent:
+            self._unsent = set()
+        return unsent
+
+    def __iter__(self) -> Iterator[Conn]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)
