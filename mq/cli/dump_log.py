@@ -1,4 +1,5 @@
-"""``mq dump-log``: Kafka's DumpLogSegments for ``.log``, ``.index`` and ``.timeindex`` files.
+"""``mq dump-log``: Kafka's DumpLogSegments for ``.log``, ``.index``, ``.timeindex``,
+``.txnindex`` and ``.snapshot`` (producer state) files.
 
 Files are opened read-only and streamed: a ``.log`` is read in 1 MiB chunks through
 ``LogSegment(read_only=True).batches()``, an index through a read-only map, so a 1 GiB segment
@@ -23,15 +24,18 @@ from mq.log import files
 from mq.log.check import Problem, index_entries, require_regular_file, scan_segment
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
+from mq.log.producer_state import decode_snapshot
 from mq.log.records import LOG_APPEND_TIME, RecordBatch
 from mq.log.segment import LogSegment
+from mq.log.txnindex import read_entries
 
 __all__ = ["Dumper", "add_parser", "json_bytes", "run", "timestamp_type_name"]
 
 _CONFIG = LogConfig()
 _CONTROL_KEY = struct.Struct(">hh")
 _END_TXN_VALUE = struct.Struct(">hi")
-_KINDS = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX)
+_KINDS = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,
+          files.SNAPSHOT_SUFFIX)
 
 # Text output keeps one record per line: control characters become escapes.
 _ESCAPES = {i: f"\\x{i:02x}" for i in range(0x20)}
@@ -39,8 +43,9 @@ _ESCAPES.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x7F: "\\x7f"})
 
 DESCRIPTION = """\
 Print what a log segment file holds, as Kafka's kafka-dump-log (DumpLogSegments) does:
-the batches of a .log, the entries of a .index or .timeindex. Files are opened read-only and
-streamed; segments of any size work and nothing on disk changes."""
+the batches of a .log, the entries of a .index, .timeindex or .txnindex, the producers of a
+.snapshot. Files are opened read-only and streamed; segments of any size work and nothing on
+disk changes."""
 
 EPILOG = """\
 output (text):
@@ -55,6 +60,11 @@ output (text):
               ' endTxnMarker: COMMIT coordinatorEpoch: 0' instead).
   .index      offset: N position: P        one line per entry
   .timeindex  timestamp: T offset: N       one line per entry
+  .txnindex   version: 0 producerId: P firstOffset: F lastOffset: L lastStableOffset: S
+              one line per aborted transaction (L is its ABORT marker)
+  .snapshot   producerId: P producerEpoch: E coordinatorEpoch: C currentTxnFirstOffset: O
+              lastTimestamp: T lastSequence: S lastOffset: L offsetDelta: D, one line per
+              producer (O is -1 without an open transaction)
 
 output (--json, one object per line):
   per batch   {"baseOffset", "lastOffset", "count", "position", "createTime" (the batch's max
@@ -62,7 +72,11 @@ output (--json, one object per line):
               "producerEpoch", "baseSequence", "isTransactional", "isControl"}, and with
               --print-data "records": [{"offset", "timestamp", "key", "value",
               "headers": [{"key", "value"}, ...]}, ...]
-  per entry   {"offset", "position"} (.index) or {"timestamp", "offset"} (.timeindex)
+  per entry   {"offset", "position"} (.index) or {"timestamp", "offset"} (.timeindex),
+              {"version", "producerId", "firstOffset", "lastOffset", "lastStableOffset"}
+              (.txnindex), {"producerId", "producerEpoch", "coordinatorEpoch",
+              "currentTxnFirstOffset", "lastTimestamp", "lastSequence", "lastOffset",
+              "offsetDelta"} (.snapshot)
 
 keys, values and header values:
   --json      a string when the bytes are valid UTF-8; null when absent (a null key, a
@@ -220,8 +234,8 @@ def _segment_file(path: str) -> tuple[str, int, str, str]:
     if parsed is None or parsed[1] not in _KINDS:
         kind = parsed[1] if parsed else os.path.splitext(name)[1] or "(none)"
         raise StorageError(f"{path}: not a segment file this tool reads (suffix {kind}); "
-                           "expected <20-digit base offset>.log, .index or .timeindex, e.g. "
-                           "00000000000000000000.log")
+                           "expected <20-digit base offset>.log, .index, .timeindex, "
+                           ".txnindex or .snapshot, e.g. 00000000000000000000.log")
     base, kind, suffix = parsed
     return os.path.dirname(path), base, kind, suffix
 
@@ -244,6 +258,12 @@ class Dumper:
         directory, base, kind, suffix = _segment_file(path)
         if not self.as_json:
             self.write(f"Dumping {path}\n")
+        if kind in (files.TXNINDEX_SUFFIX, files.SNAPSHOT_SUFFIX):
+            if self.verify_only:
+                raise StorageError(f"{path}: --verify-index-only checks .index and .timeindex "
+                                   "files (or a .log's)")
+            (self._dump_txnindex if kind == files.TXNINDEX_SUFFIX else self._dump_snapshot)(path)
+            return True
         if self.verify_only:
             kinds = (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX) if kind == files.LOG_SUFFIX \
                 else (kind,)
@@ -253,6 +273,28 @@ class Dumper:
         else:
             self._dump_index(path, base, kind)
         return True
+
+    def _dump_txnindex(self, path: str) -> None:
+        for t in read_entries(path):
+            obj = {"version": 0, "producerId": t.producer_id, "firstOffset": t.first_offset,
+                   "lastOffset": t.last_offset, "lastStableOffset": t.last_stable_offset}
+            self.write(json_line(obj) if self.as_json
+                       else " ".join(f"{k}: {v}" for k, v in obj.items()) + "\n")
+
+    def _dump_snapshot(self, path: str) -> None:
+        with open(path, "rb") as f:
+            entries = decode_snapshot(f.read(), path)
+        for e in entries:
+            last = e.batches[-1] if e.batches else None
+            obj = {"producerId": e.producer_id, "producerEpoch": e.epoch,
+                   "coordinatorEpoch": e.coordinator_epoch,
+                   "currentTxnFirstOffset": e.current_txn_first_offset,
+                   "lastTimestamp": e.last_timestamp,
+                   "lastSequence": last.last_seq if last else -1,
+                   "lastOffset": last.last_offset if last else -1,
+                   "offsetDelta": last.offset_delta if last else 0}
+            self.write(json_line(obj) if self.as_json
+                       else " ".join(f"{k}: {v}" for k, v in obj.items()) + "\n")
 
     def _dump_log(self, path: str, directory: str, base: int, suffix: str,
                   max_batches: int | None) -> None:

@@ -450,7 +450,8 @@ def test_dump_permission_denied(part):
 def test_dump_does_not_modify_files(part):
     directory, _ = part
     before = snapshot(directory)
-    assert mq("dump-log", "--print-data", *segment_files(directory)).returncode == 0
+    dumpable = segment_files(directory) + sorted(directory.glob("*.snapshot"))
+    assert mq("dump-log", "--print-data", *dumpable).returncode == 0
     assert mq("dump-log", "--verify-index-only", *logs(directory)).returncode == 0
     assert snapshot(directory) == before
 
@@ -790,3 +791,36 @@ def test_log_check_under_a_live_broker(broker):
     repaired = mq("log", "check", "--repair", directory)
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert f"rebuilt {first.stem}.index" in repaired.stdout
+
+
+def test_dump_txnindex_and_snapshot_text_and_json(tmp_path):
+    directory = tmp_path / "t-0"
+    with PartitionLog.open(str(directory), CONFIG) as plog:
+        for pid, seq in ((7, 0), (8, 0), (7, 1)):
+            b = BatchBuilder(producer_id=pid, producer_epoch=2, base_sequence=seq,
+                             is_transactional=True)
+            b.append(1000, None, b"x")
+            plog.append(b.build())
+        plog.append_marker(7, 2, commit=False, coordinator_epoch=4, now_ms=1000)   # 3
+    txn = logs(directory)[0].with_suffix(".txnindex")
+    snap = directory / f"{4:020d}.snapshot"
+    out = mq("dump-log", txn, snap)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "version: 0 producerId: 7 firstOffset: 0 lastOffset: 3 lastStableOffset: 1" in lines
+    assert any(line.startswith("producerId: 8 producerEpoch: 2 coordinatorEpoch: -1 "
+                               "currentTxnFirstOffset: 1 ") for line in lines)
+    assert any(line.startswith("producerId: 7 producerEpoch: 2 coordinatorEpoch: 4 "
+                               "currentTxnFirstOffset: -1 ") for line in lines)
+    objs = [json.loads(line) for line in mq("dump-log", "--json", txn).stdout.splitlines()]
+    assert objs == [{"version": 0, "producerId": 7, "firstOffset": 0, "lastOffset": 3,
+                     "lastStableOffset": 1}]
+    objs = [json.loads(line) for line in mq("dump-log", "--json", snap).stdout.splitlines()]
+    assert {o["producerId"]: o["lastSequence"] for o in objs} == {7: -1, 8: 0}
+    marker = [json.loads(line) for line in mq("dump-log", "--json", logs(directory)[0])
+              .stdout.splitlines()][-1]
+    assert marker["isControl"] and marker["isTransactional"] and marker["producerId"] == 7
+    text = mq("dump-log", "--deep-iteration", logs(directory)[0]).stdout
+    assert "endTxnMarker: ABORT coordinatorEpoch: 4" in text
+    snap.write_bytes(snap.read_bytes()[:-1])
+    assert_one_error(mq("dump-log", snap), "snapshot")
