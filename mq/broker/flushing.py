@@ -1,16 +1,17 @@
 """Group commit: the broker's flusher thread, the pure bookkeeping of what each fsync
 acknowledges, and the event loop's side of both.
 
-The loop thread never fsyncs a partition log. An ``acks="all"`` produce (or an offset commit)
-holds its reply in the ``FlushTracker`` with the log end offset its fsync must cover (with
-``high_watermark = "durable"`` every produce is held so); at the end of the round
-``GroupCommit.submit`` hands one job — duplicated descriptors of the segments past each
-recovery point — to the ``Flusher`` thread, which runs ``fdatasync`` with the GIL released and
-tells the loop through a pipe. ``GroupCommit.done`` then advances the recovery points (in
-durable mode also the high watermark) and sends the held replies, so one fsync covers every
-produce that arrived while the previous one ran. ``GroupCommit.periodic`` does the same every
-``flush_interval_ms`` for what acks=0/1 produces left in the page cache. (The metadata log is
-the one the loop does fsync itself, before it answers a topic change.)
+The loop thread never fsyncs a partition log's appended data: an ``acks="all"`` produce (or an
+offset commit) holds its reply in the ``FlushTracker`` with the log end offset its fsync must
+cover (with ``high_watermark = "durable"`` every produce is held so); at the end of the round
+``GroupCommit.submit`` hands one job — duplicated descriptors of the segments past each recovery
+point — to the ``Flusher`` thread, which runs ``fdatasync`` with the GIL released and tells the
+loop through a pipe. ``GroupCommit.done`` then advances the recovery points (in durable mode
+also the high watermark) and sends the held replies, so one fsync covers every produce that
+arrived while the previous one ran. ``GroupCommit.periodic`` does the same every
+``flush_interval_ms`` for what acks=0/1 produces left in the page cache. What the loop does
+fsync itself is small and rare: the metadata log's record before it answers a topic change,
+checkpoint files, and the directory after a roll, a retention deletion or a compaction swap.
 
 A failed ``fdatasync`` is never retried and never followed by an acknowledgement for that
 partition: the kernel reports a writeback error once per open file description and may have

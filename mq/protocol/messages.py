@@ -7,7 +7,7 @@ schema so that the broker never acts on a field of the wrong type — it answers
 
 Schemas (fields after ``request_id``)::
 
-    Handshake        0  protocol_version int, client_name str, pid int
+    Handshake       18  protocol_version int, client_name str, pid int    (Kafka's ApiVersions)
     Produce          0  topic str, partition int, acks int (0, 1, -1 = all), batch bin
     ListOffsets      2  topic str, partition int, timestamp int (-1 latest, -2 earliest, -3 max)
     Metadata         3  topics [str] | nil (nil: all)
