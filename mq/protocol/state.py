@@ -42,7 +42,7 @@ import posix_ipc
 
 from mq.errors import BrokerUnavailableError
 
-__all__ = ["StateWriter", "StateReader", "PartitionState", "shm_name", "semaphore_prefix"]
+__all__ = ["PartitionState", "StateReader", "StateWriter", "semaphore_prefix", "shm_name"]
 
 MAGIC: Final = b"MQSTATE1"
 LAYOUT_VERSION: Final = 1

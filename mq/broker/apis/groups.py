@@ -207,7 +207,7 @@ class GroupApis:
         return response(req.api, req.request_id, 0, None, result.member_id, result.member_epoch,
                         result.heartbeat_interval_ms, sorted(map(list, result.assignment)))
 
-    def commit(self, conn: Conn, req: Request) -> None:
+    def commit(self, conn: Conn, req: Request) -> list | None:
         group, member_id, epoch = req["group"], req["member_id"], req["member_epoch"]
         if not group:
             raise errors.InvalidGroupIdError("the group id must be a non-empty string")
@@ -298,7 +298,7 @@ class GroupApis:
             "assignment_epoch": desc.assignment_epoch, "assignor": desc.assignor,
             "members": members, "offsets": rows})
 
-    def delete(self, conn: Conn, req: Request) -> None:
+    def delete(self, conn: Conn, req: Request) -> list | None:
         group = req["group"]
         refused = self.coordinator.delete_group(group)
         if refused is errors.NonEmptyGroupError:
