@@ -125,7 +125,11 @@ def test_every_segment_mq_writes_decodes_in_kafka_python(log_dir):
     rolled segments; the leader epoch and producer fields survive as stamped."""
     log = PartitionLog.open(log_dir, SMALL, now_ms=NOW)
     expected: list[tuple[dict, list[tuple]]] = []
-    pid, epoch, seq = 4_000_000_001, 3, 0
+    # One idempotent producer and one transactional producer, each with its own sequence; a
+    # marker ends the transactional one's transaction, and its sequence starts over.
+    pids = {"idempotent": 4_000_000_001, "transactional": 4_000_000_002}
+    seqs = dict.fromkeys(pids, 0)
+    epoch = 3
     try:
         for i in range(40):
             codec = ALL_CODECS[i % len(ALL_CODECS)]
@@ -133,6 +137,8 @@ def test_every_segment_mq_writes_decodes_in_kafka_python(log_dir):
             leo = log.log_end_offset
             if i % 9 == 8:
                 ctype = CONTROL_ABORT if i % 2 else CONTROL_COMMIT
+                pid = pids["transactional"]
+                seqs["transactional"] = 0
                 marker = control_batch(ctype, producer_id=pid, producer_epoch=epoch,
                                        coordinator_epoch=7, timestamp_ms=NOW + i)
                 info = log.append(marker, leader_epoch=5, now_ms=NOW)
@@ -143,7 +149,8 @@ def test_every_segment_mq_writes_decodes_in_kafka_python(log_dir):
                                    struct.pack(">hi", 0, 7), [])]))
                 continue
             rows = _sample_records(i, 1 + i % 6)
-            fields = {"producer_id": pid, "producer_epoch": epoch, "base_sequence": seq,
+            pid = pids.get(kind, -1)
+            fields = {"producer_id": pid, "producer_epoch": epoch, "base_sequence": seqs[kind],
                       "is_transactional": kind == "transactional"} if kind != "plain" else {}
             builder = BatchBuilder(compression=codec, **fields)
             for row in rows:
@@ -151,7 +158,7 @@ def test_every_segment_mq_writes_decodes_in_kafka_python(log_dir):
             info = log.append(builder.build(), leader_epoch=i // 10, now_ms=NOW)
             assert info.first_offset == leo and info.last_offset == leo + len(rows) - 1
             if kind != "plain":
-                seq += len(rows)
+                seqs[kind] += len(rows)
             expected.append(({"control": None, "pid": pid if kind != "plain" else -1,
                               "epoch": epoch if kind != "plain" else -1,
                               "seq": fields.get("base_sequence", -1),
@@ -274,13 +281,17 @@ def test_kafka_python_batches_appended_read_back_identical(log_dir, codec):
     log = PartitionLog.open(log_dir, SMALL, now_ms=NOW)
     try:
         appended = []
+        seqs = {77: 0, 78: 0}               # an idempotent and a transactional producer
         for i in range(15):
             rows = _compressible_rows(i, 2 + i % 5)
             rows[0] = (rows[0][0], rows[0][1], (b"abc" * 50), rows[0][3])
             txn = i % 3 == 2
-            buf = kafka_build(codec, rows, transactional=txn,
-                              producer_id=77 if i % 3 else -1, producer_epoch=1 if i % 3 else -1,
-                              base_sequence=(i * 10) if i % 3 else -1)
+            pid = (-1, 77, 78)[i % 3]
+            buf = kafka_build(codec, rows, transactional=txn, producer_id=pid,
+                              producer_epoch=1 if pid >= 0 else -1,
+                              base_sequence=seqs[pid] if pid >= 0 else -1)
+            if pid >= 0:
+                seqs[pid] += len(rows)
             info = log.append(buf, leader_epoch=2, now_ms=NOW)
             appended.append((info.first_offset, rows, txn))
         assert len(log.segments) >= 2
