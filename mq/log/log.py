@@ -189,7 +189,7 @@ class PartitionLog:
             except OSError as err:     # the index keeps its old size: only sparser or smaller
                 log.warning("%s: index not resized: %s", self.dir, err)
 
-    def _segment_for(self, offset: int) -> int:
+    def segment_for(self, offset: int) -> int:
         """Index of the segment whose base is the floor of ``offset`` (or 0)."""
         return max(bisect.bisect_right(self._bases, offset) - 1, 0)
 
@@ -230,13 +230,12 @@ class PartitionLog:
         last_offset = base_offset + parsed.last_offset_delta
         pid = parsed.producer_id
         aborted = None
-        marker = pid >= 0 and parsed.is_control and \
-            parsed.control_type() in (CONTROL_ABORT, CONTROL_COMMIT)
-        if marker:
-            coordinator_epoch = producer_state.marker_coordinator_epoch(parsed)
+        marker = parsed.end_txn_marker() if pid >= 0 and parsed.is_control else None
+        if marker is not None:
+            ctype, coordinator_epoch = marker
             self.producers.check_marker(pid, parsed.producer_epoch, coordinator_epoch,
                                         self._where)
-            if parsed.control_type() == CONTROL_ABORT:
+            if ctype == CONTROL_ABORT:
                 aborted = self.producers.aborted_txn(pid, base_offset)
         elif pid >= 0 and assign_offsets and not parsed.is_control:
             if parsed.base_sequence < 0 or parsed.producer_epoch < 0:
@@ -261,9 +260,9 @@ class PartitionLog:
                                        aborted_txn=aborted)
         except OSError as err:
             raise self._write_failed("append", err) from err
-        if marker:
+        if marker is not None:
             self.producers.complete_txn(pid, parsed.producer_epoch, coordinator_epoch,
-                                        base_offset, aborted is not None, max_ts)
+                                        base_offset, marker[0] == CONTROL_ABORT, max_ts)
         elif pid >= 0 and not parsed.is_control:
             self.producers.append(pid, parsed.producer_epoch, parsed.base_sequence,
                                   parsed.last_sequence, base_offset, last_offset, max_ts,
@@ -397,7 +396,7 @@ class PartitionLog:
         if offset >= upper:
             return FetchSlice(offset, self.active_segment.base_offset,
                               self.active_segment.size, b"")
-        for i in range(self._segment_for(offset), len(self.segments)):
+        for i in range(self.segment_for(offset), len(self.segments)):
             seg = self.segments[i]
             max_position = None
             if upper < seg.next_offset:
@@ -412,7 +411,7 @@ class PartitionLog:
     def batches(self, start_offset: int | None = None) -> Iterator[RecordBatch]:
         """Every batch from the one holding ``start_offset`` (default: the log start)."""
         start = self.log_start_offset if start_offset is None else start_offset
-        for i in range(self._segment_for(start), len(self.segments)):
+        for i in range(self.segment_for(start), len(self.segments)):
             seg = self.segments[i]
             found = seg.translate_offset(start)
             if found is None:

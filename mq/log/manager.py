@@ -91,13 +91,13 @@ class LogManager:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
+            except BlockingIOError as err:
                 if time.monotonic() < deadline:
                     time.sleep(0.005)
                     continue
                 os.close(fd)
                 raise LogDirLockedError(f"{self.data_dir} is in use by another process "
-                                        "(is a broker already running on it?)") from None
+                                        "(is a broker already running on it?)") from err
         self._lock_fd = fd
 
     def _unlock(self) -> None:

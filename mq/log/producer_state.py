@@ -19,8 +19,8 @@ appended:
 
 A transactional batch opens its producer's transaction at its base offset; a COMMIT or ABORT
 marker closes it (a marker from an older coordinator epoch raises
-``TransactionCoordinatorFencedError``) and clears the batch window, so the next batch starts at
-sequence 0. The *first unstable offset* is the first offset of the earliest open transaction;
+``TransactionCoordinatorFencedError``). Sequences go on across transactions; a marker of a
+newer epoch (a fence) starts the window over, and the next batch starts at sequence 0. The *first unstable offset* is the first offset of the earliest open transaction;
 the last stable offset is the smaller of it and the high watermark.
 
 Snapshots (``<20-digit offset>.snapshot``, Kafka's ``ProducerSnapshot`` v1, big-endian)::
@@ -56,7 +56,7 @@ from mq.log.records import CONTROL_ABORT, CONTROL_COMMIT, RecordBatch
 from mq.log.txnindex import AbortedTxn
 
 __all__ = ["BATCHES_TO_RETAIN", "BatchInfo", "CompletedTxn", "ProducerEntry",
-           "ProducerStateManager", "marker_coordinator_epoch", "read_snapshot", "rebuild", "replay", "replay_batch",
+           "ProducerStateManager", "read_snapshot", "rebuild", "replay", "replay_batch",
            "snapshot_offsets", "snapshot_path", "write_snapshot"]
 
 BATCHES_TO_RETAIN: Final = 5
@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 _SNAPSHOT_VERSION: Final = 1
 _SNAPSHOT_HEAD: Final = struct.Struct(">hIi")           # version, crc, count
 _SNAPSHOT_ENTRY: Final = struct.Struct(">qhiqiqiq")     # 46 bytes
-_MARKER_VALUE: Final = struct.Struct(">hi")              # version, coordinator epoch
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -203,18 +202,20 @@ class ProducerStateManager:
         self.map_end_offset = max(self.map_end_offset, last_offset + 1)
 
     def complete_txn(self, producer_id: int, epoch: int, coordinator_epoch: int,
-                     marker_offset: int, aborted: bool, timestamp: int) -> CompletedTxn:
-        """Record a COMMIT/ABORT marker appended at ``marker_offset``; returns what it closed.
-        A marker without an open transaction closes an empty one at its own offset."""
+                     marker_offset: int, aborted: bool, timestamp: int) -> CompletedTxn | None:
+        """Record a COMMIT/ABORT marker appended at ``marker_offset``; returns the transaction
+        it closed, or None when the producer had none open here (Kafka's
+        ``appendEndTxnMarker``: only a non-empty transaction completes). Sequences go on
+        across transactions; only a new epoch starts the batch window over."""
         entry = self.producers.get(producer_id)
         if entry is None:
             entry = self.producers[producer_id] = ProducerEntry(producer_id)
         first = entry.current_txn_first_offset
-        done = CompletedTxn(producer_id, first if first >= 0 else marker_offset, marker_offset,
-                            aborted)
-        entry.epoch = epoch
+        done = CompletedTxn(producer_id, first, marker_offset, aborted) if first >= 0 else None
+        if epoch != entry.epoch:
+            entry.epoch = epoch
+            entry.batches.clear()
         entry.coordinator_epoch = coordinator_epoch
-        entry.batches.clear()
         entry.current_txn_first_offset = -1
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
         self.map_end_offset = max(self.map_end_offset, marker_offset + 1)
@@ -232,14 +233,17 @@ class ProducerStateManager:
             heapq.heappop(heap)                  # closed (or expired) since it was pushed
         return None
 
-    def aborted_txn(self, producer_id: int, marker_offset: int) -> AbortedTxn:
+    def aborted_txn(self, producer_id: int, marker_offset: int) -> AbortedTxn | None:
         """The ``.txnindex`` entry an ABORT marker of ``producer_id`` at ``marker_offset``
-        would write, computed before the marker is appended (the entry goes in with it)."""
+        would write, computed before the marker is appended (the entry goes in with it); None
+        when the producer has no transaction open here (nothing to skip)."""
         entry = self.producers.get(producer_id)
         first = entry.current_txn_first_offset if entry is not None else -1
+        if first < 0:
+            return None
         others = [e.current_txn_first_offset for e in self.producers.values()
                   if e.current_txn_first_offset >= 0 and e.producer_id != producer_id]
-        return AbortedTxn(producer_id, first if first >= 0 else marker_offset, marker_offset,
+        return AbortedTxn(producer_id, first, marker_offset,
                           min(others) if others else marker_offset + 1)
 
     def last_stable_offset(self, high_watermark: int) -> int:
@@ -345,26 +349,18 @@ def read_snapshot(directory: str, offset: int) -> list[ProducerEntry]:
         return decode_snapshot(f.read(), path)
 
 
-def marker_coordinator_epoch(batch: RecordBatch) -> int:
-    """The coordinator epoch of a COMMIT/ABORT marker batch (its record's value), or -1."""
-    value = batch.records()[0].value
-    if value is None or len(value) < _MARKER_VALUE.size:
-        return -1
-    return _MARKER_VALUE.unpack_from(value)[1]
-
-
 def replay_batch(state: ProducerStateManager, batch: RecordBatch) -> CompletedTxn | None:
     """Apply one batch read back from the log to ``state`` (recovery, truncation, snapshot
     catch-up: no checks). Returns the transaction a COMMIT/ABORT marker closed, if any."""
     if batch.producer_id < 0:
         return None
     if batch.is_control:
-        ctype = batch.control_type()
-        if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
+        marker = batch.end_txn_marker()
+        if marker is None:
             return None
-        return state.complete_txn(batch.producer_id, batch.producer_epoch,
-                                  marker_coordinator_epoch(batch), batch.base_offset,
-                                  ctype == CONTROL_ABORT, batch.max_timestamp)
+        return state.complete_txn(batch.producer_id, batch.producer_epoch, marker[1],
+                                  batch.base_offset, marker[0] == CONTROL_ABORT,
+                                  batch.max_timestamp)
     state.append(batch.producer_id, batch.producer_epoch, batch.base_sequence,
                  batch.last_sequence, batch.base_offset, batch.last_offset,
                  batch.max_timestamp, batch.is_transactional)

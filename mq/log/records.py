@@ -432,7 +432,7 @@ class RecordBatch:
         try:
             return memoryview(_decompress(codec, body))
         except UnsupportedCodecError as err:
-            raise UnsupportedCodecError(self.path, self.position, err.reason) from None
+            raise UnsupportedCodecError(self.path, self.position, err.reason) from err
         except Exception as err:   # zlib.error, lz4/zstd/cramjam errors: each library its own
             self._fail(f"cannot decompress {CODEC_NAMES.get(codec, codec)} records: {err}", err)
 
@@ -562,6 +562,17 @@ class RecordBatch:
                 pos += hvlen
             headers.append((hkey, hval))
         return headers, pos
+
+    def end_txn_marker(self) -> tuple[int, int] | None:
+        """For a COMMIT/ABORT marker batch, ``(control type, coordinator epoch)``; None for
+        other control types. Raises ``CorruptRecordError`` if the record is malformed."""
+        ctype = self.control_type()
+        if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
+            return None
+        value = self.records()[0].value
+        if value is None or len(value) < _END_TXN_VALUE.size:
+            self._fail("end-transaction marker value must hold 6 bytes")
+        return ctype, _END_TXN_VALUE.unpack_from(value)[1]
 
     def control_type(self) -> int:
         """For a control batch, the control record type (``CONTROL_ABORT``, ``CONTROL_COMMIT``,

@@ -365,7 +365,7 @@ class LogSegment:
                     consumed += batch.size
                     yield batch
             except CorruptRecordError as err:
-                raise CorruptRecordError(self.log_path, pos + err.position, err.reason) from None
+                raise CorruptRecordError(self.log_path, pos + err.position, err.reason) from err
             if consumed == 0:
                 # The next batch is larger than a chunk (or torn): read it whole.
                 size = read_frame_length(chunk)

@@ -4,7 +4,8 @@ The model keeps every producer's whole history and decides each batch from it di
 duplicate if it repeats one of the last five batches of its epoch (since the last marker),
 refused for an older epoch, a bump not starting at 0, a sequence that does not follow, or a
 plain batch inside an open transaction. Sends of every kind (next, recent and old retries,
-gaps, stale and bumped epochs, transactional or not) and COMMIT/ABORT markers are interleaved;
+gaps, stale and bumped epochs, transactional or not) and COMMIT/ABORT markers are interleaved
+(a marker keeps the window: sequences go on across transactions of one epoch);
 after each step the table and the model must agree on the outcome, the open transactions and
 the last stable offset.
 """
@@ -64,10 +65,14 @@ class Model:
         if txn and p.open_first is None:
             p.open_first = fo
 
-    def marker(self, pid, epoch, offset):
+    def marker(self, pid, epoch):
+        """The first offset of the transaction the marker closes (the model's rule: a new
+        epoch starts the window over; the same epoch keeps counting)."""
         p = self.producers.setdefault(pid, ModelProducer(epoch))
-        first = p.open_first if p.open_first is not None else offset
-        p.epoch, p.window, p.open_first = epoch, [], None
+        first = p.open_first
+        if epoch != p.epoch:
+            p.epoch, p.window = epoch, []
+        p.open_first = None
         return first
 
     def open_firsts(self):
@@ -131,7 +136,7 @@ class ProducerTable(RuleBasedStateMachine):
         _, pid = opens[pick % len(opens)]
         epoch = self.model.producers[pid].epoch
         done = self.psm.complete_txn(pid, epoch, 0, self.leo, aborted, 1)
-        first = self.model.marker(pid, epoch, self.leo)
+        first = self.model.marker(pid, epoch)
         assert (done.producer_id, done.first_offset, done.last_offset, done.aborted) == \
             (pid, first, self.leo, aborted)
         self.leo += 1

@@ -460,9 +460,14 @@ def test_a_marker_stays_while_its_data_may_remain_then_gets_a_horizon_then_goes(
     put_each(plog, [("a", "2")] + [("z", "z")] * 8)
     plog.roll()
     clean(plog, T0)              # drops the committed record (superseded); its data was seen
-    batches = list(plog.batches())
-    assert batches[0].is_control and batches[0].base_offset == 1
-    assert batches[0].control_type() == CONTROL_COMMIT and batches[0].delete_horizon_ms < 0
+    header, marker = list(plog.batches())[:2]
+    # The batch stays as a header while producer 9 is known (its sequence survives a replay).
+    assert (header.producer_id, header.records_count) == (9, 0)
+    assert marker.is_control and marker.base_offset == 1
+    assert marker.control_type() == CONTROL_COMMIT and marker.delete_horizon_ms < 0
+    plog.producers.expire(now_ms=T0 + 10**9, expiration_ms=1)    # producer 9 expires
+    clean(plog, T0 + 1, first_dirty_offset=0)    # the header goes; the marker saw it: stays
+    assert next(plog.batches()).is_control
     clean(plog, T0 + 1, first_dirty_offset=0)    # no data of it left: a delete horizon
     marker = next(plog.batches())
     assert marker.is_control and marker.delete_horizon_ms == T0 + 1 + CFG.delete_retention_ms

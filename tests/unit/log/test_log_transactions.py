@@ -78,8 +78,8 @@ def test_transactions_hold_the_last_stable_offset_and_aborts_go_to_the_txnindex(
     with pytest.raises(errors.TransactionCoordinatorFencedError):
         plog.append_marker(2, 0, commit=True, coordinator_epoch=4)
     with pytest.raises(errors.InvalidTxnStateError):
-        plog.append(batch(1, 0, 1, txn=True))             # opens a new txn...
-        plog.append(batch(1, 1, 1))                       # ...then a plain batch inside it
+        plog.append(batch(1, 2, 1, txn=True))             # sequences go on: opens a new txn
+        plog.append(batch(1, 3, 1))                       # ...then a plain batch inside it
 
 
 def test_producer_state_survives_a_clean_restart_through_the_snapshot(open_log, tmp_path):

@@ -86,10 +86,13 @@ def test_transactions_set_the_last_stable_offset_and_markers_close_them():
     assert psm.first_unstable_offset == 12
     done = psm.complete_txn(2, 0, 5, 15, aborted=False, timestamp=2)
     assert psm.first_unstable_offset is None and psm.last_stable_offset(16) == 16
-    # After a marker the window is empty: the producer starts over at sequence 0.
-    assert psm.check(1, 0, 0, 0, True) is None
+    # Sequences go on across transactions of one epoch (Kafka's producers keep counting).
+    assert psm.check(1, 0, 3, 3, True) is None
     with pytest.raises(errors.OutOfOrderSequenceError):
-        psm.check(1, 0, 3, 3, True)
+        psm.check(1, 0, 0, 0, True)
+    # A marker of a newer epoch (a fence) starts the window over.
+    psm.complete_txn(1, 1, 5, 16, aborted=True, timestamp=3)
+    assert psm.check(1, 1, 0, 0, True) is None
 
 
 def test_markers_from_an_older_coordinator_or_epoch_are_fenced():
@@ -101,8 +104,8 @@ def test_markers_from_an_older_coordinator_or_epoch_are_fenced():
     with pytest.raises(errors.InvalidProducerEpochError):
         psm.check_marker(PID, 3, 7)
     psm.check_marker(PID, 5, 7)
-    empty = psm.complete_txn(PID, 5, 7, 9, aborted=True, timestamp=1)
-    assert (empty.first_offset, empty.last_offset) == (9, 9)   # nothing was open
+    assert psm.complete_txn(PID, 5, 7, 9, aborted=True, timestamp=1) is None   # none open
+    assert psm.producers[PID].epoch == 5
 
 
 def test_expiry_keeps_producers_with_open_transactions():
