@@ -24,6 +24,7 @@ __all__ = [
     "ConfigError",
     "LogDirLockedError",
     "LogWriteError",
+    "CheckpointError",
 ]
 
 
@@ -119,6 +120,10 @@ class ConfigError(MQError, ValueError):
 
 class LogDirLockedError(StorageError):
     """Another process holds the data directory's lock."""
+
+
+class CheckpointError(StorageError):
+    """A checkpoint file (recovery points, log start offsets, cleaner progress) is malformed."""
 
 
 class LogWriteError(StorageError):

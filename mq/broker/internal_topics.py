@@ -12,15 +12,19 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["INTERNAL_CONFIG", "INTERNAL_PREFIX", "METADATA_TOPIC", "OFFSETS_TOPIC", "is_internal"]
+__all__ = ["INTERNAL_CONFIG", "INTERNAL_PREFIX", "METADATA_TOPIC", "OFFSETS_TOPIC",
+           "TRANSACTION_STATE_TOPIC", "is_internal"]
 
 INTERNAL_PREFIX: Final = "__"
 METADATA_TOPIC: Final = "__cluster_metadata"      # topic metadata records (metadata.py)
 OFFSETS_TOPIC: Final = "__consumer_offsets"       # committed offsets (offsets.py)
+TRANSACTION_STATE_TOPIC: Final = "__transaction_state"   # the transaction coordinator's
 
 # Their fixed overrides of the broker's topic defaults (they have no metadata record).
 INTERNAL_CONFIG: Final[dict[str, dict[str, str]]] = {
     OFFSETS_TOPIC: {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024)},
+    TRANSACTION_STATE_TOPIC: {"cleanup.policy": "compact",
+                              "segment.bytes": str(100 * 1024 * 1024)},
 }
 
 

@@ -23,7 +23,6 @@ none — is a ``Partition`` in the ``PartitionTable``:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Iterable, Iterator
 
@@ -145,12 +144,12 @@ class PartitionTable:
             seg = plog.active_segment
             hw_base, hw_position = seg.base_offset, seg.size
         else:
-            seg = segments[max(0, bisect.bisect_right(segments, hw,
-                                                      key=_base_offset) - 1)]
+            seg = segments[plog.segment_for(hw)]
             found = seg.translate_offset(hw)
             hw_base, hw_position = seg.base_offset, (found.position if found else seg.size)
         return PartitionState(
-            high_watermark=hw, last_stable_offset=hw, log_start_offset=plog.log_start_offset,
+            high_watermark=hw, last_stable_offset=plog.last_stable_offset,
+            log_start_offset=plog.log_start_offset,
             active_segment_base=hw_base, hw_position=hw_position,
             segment_generation=part.generation, log_end_offset=plog.log_end_offset)
 
@@ -192,7 +191,3 @@ class PartitionTable:
         for part in self._by_key.values():
             if part.waiters:
                 part.waiters = [w for w in part.waiters if w[0] is not conn]
-
-
-def _base_offset(segment) -> int:
-    return segment.base_offset

@@ -21,10 +21,11 @@ import struct
 from collections.abc import Iterable
 from typing import Final
 
+from mq.broker.internal_topics import TRANSACTION_STATE_TOPIC
+
 __all__ = ["TRANSACTION_STATE_TOPIC", "TxnMetadata", "TxnState", "decode_key", "decode_value",
            "encode_key", "encode_value"]
 
-TRANSACTION_STATE_TOPIC: Final = "__transaction_state"
 _I16: Final = struct.Struct(">h")
 _I32: Final = struct.Struct(">i")
 _VALUE_HEAD: Final = struct.Struct(">hqhib")        # version, pid, epoch, timeout, status

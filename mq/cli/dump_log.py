@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import struct
 import sys
 from collections.abc import Callable
 
@@ -25,15 +24,13 @@ from mq.log.check import Problem, index_entries, require_regular_file, scan_segm
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.producer_state import decode_snapshot
-from mq.log.records import LOG_APPEND_TIME, RecordBatch
+from mq.log.records import CONTROL_KEY, END_TXN_VALUE, LOG_APPEND_TIME, RecordBatch
 from mq.log.segment import LogSegment
 from mq.log.txnindex import read_entries
 
 __all__ = ["Dumper", "add_parser", "json_bytes", "run", "timestamp_type_name"]
 
 _CONFIG = LogConfig()
-_CONTROL_KEY = struct.Struct(">hh")
-_END_TXN_VALUE = struct.Struct(">hi")
 _KINDS = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,
           files.SNAPSHOT_SUFFIX)
 
@@ -174,11 +171,11 @@ def batch_line(batch: RecordBatch, valid: bool) -> str:
 def _control_text(record) -> str:
     key = b"" if record.key is None else bytes(record.key)
     value = b"" if record.value is None else bytes(record.value)
-    if len(key) < _CONTROL_KEY.size:
+    if len(key) < CONTROL_KEY.size:
         return " controlType: unknown"
-    _, control_type = _CONTROL_KEY.unpack_from(key)
-    if control_type in (0, 1) and len(value) >= _END_TXN_VALUE.size:
-        _, coordinator_epoch = _END_TXN_VALUE.unpack_from(value)
+    _, control_type = CONTROL_KEY.unpack_from(key)
+    if control_type in (0, 1) and len(value) >= END_TXN_VALUE.size:
+        _, coordinator_epoch = END_TXN_VALUE.unpack_from(value)
         marker = "COMMIT" if control_type == 1 else "ABORT"
         return f" endTxnMarker: {marker} coordinatorEpoch: {coordinator_epoch}"
     return f" controlType: {control_type}"

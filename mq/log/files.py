@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from mq.errors import StorageError
+from mq.errors import CheckpointError
 from mq.log import diskio
 
 __all__ = [
@@ -59,10 +59,6 @@ _SEGMENT_RE: Final = re.compile(
     r"(\.deleted|\.cleaned|\.swap)?$")
 _PARTITION_RE: Final = re.compile(r"^(.+)-(\d+)$")
 _TOPIC_RE: Final = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-
-
-class CheckpointError(StorageError):
-    """A checkpoint file is malformed."""
 
 
 def segment_name(base_offset: int, suffix: str) -> str:

@@ -53,7 +53,7 @@ __all__ = [
     "RECORD_BATCH_OVERHEAD", "LOG_OVERHEAD", "HEADER_SIZE_UP_TO_MAGIC", "MAGIC",
     "NONE", "GZIP", "SNAPPY", "LZ4", "ZSTD", "CODEC_NAMES", "codec_from_name",
     "CREATE_TIME", "LOG_APPEND_TIME", "NO_TIMESTAMP", "NO_PRODUCER_ID",
-    "CONTROL_ABORT", "CONTROL_COMMIT",
+    "CONTROL_ABORT", "CONTROL_COMMIT", "CONTROL_KEY", "END_TXN_VALUE",
     "BatchRecord", "RecordBatch", "BatchBuilder", "iter_batches", "control_batch",
     "stamp_batch", "set_log_append_time", "crc32c", "available_codecs",
     "encode_varint", "decode_varint",
@@ -90,8 +90,8 @@ CREATE_TIME, LOG_APPEND_TIME = 0, 1
 NO_TIMESTAMP: Final = -1
 NO_PRODUCER_ID: Final = -1
 CONTROL_ABORT, CONTROL_COMMIT = 0, 1
-_CONTROL_KEY: Final = struct.Struct(">hh")
-_END_TXN_VALUE: Final = struct.Struct(">hi")
+CONTROL_KEY: Final = struct.Struct(">hh")         # version, control type
+END_TXN_VALUE: Final = struct.Struct(">hi")       # version, coordinator epoch
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -570,9 +570,9 @@ class RecordBatch:
         if ctype not in (CONTROL_ABORT, CONTROL_COMMIT):
             return None
         value = self.records()[0].value
-        if value is None or len(value) < _END_TXN_VALUE.size:
+        if value is None or len(value) < END_TXN_VALUE.size:
             self._fail("end-transaction marker value must hold 6 bytes")
-        return ctype, _END_TXN_VALUE.unpack_from(value)[1]
+        return ctype, END_TXN_VALUE.unpack_from(value)[1]
 
     def control_type(self) -> int:
         """For a control batch, the control record type (``CONTROL_ABORT``, ``CONTROL_COMMIT``,
@@ -582,7 +582,7 @@ class RecordBatch:
         records = self.records()
         if len(records) != 1 or records[0].key is None or len(records[0].key) < 4:
             self._fail("control batch must hold one record with a 4-byte key")
-        version, ctype = _CONTROL_KEY.unpack_from(records[0].key)
+        version, ctype = CONTROL_KEY.unpack_from(records[0].key)
         if version < 0:
             self._fail(f"negative control record version {version}")
         return ctype
@@ -806,8 +806,8 @@ def control_batch(control_type: int, *, producer_id: int, producer_epoch: int,
     builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch,
                            is_transactional=True, is_control=True, base_offset=base_offset,
                            partition_leader_epoch=partition_leader_epoch)
-    builder.append(timestamp_ms, _CONTROL_KEY.pack(0, control_type),
-                   _END_TXN_VALUE.pack(0, coordinator_epoch))
+    builder.append(timestamp_ms, CONTROL_KEY.pack(0, control_type),
+                   END_TXN_VALUE.pack(0, coordinator_epoch))
     return builder.build()
 
 

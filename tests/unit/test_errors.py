@@ -13,7 +13,7 @@ from mq import errors
 # Defined elsewhere for now: the storage engine's checkpoint parser keeps its own class (to be
 # moved to mq.errors), and the CLI's UsageError is argparse-level control flow, never raised
 # out of ``mq``'s main().
-ELSEWHERE = {"mq.log.files.CheckpointError", "mq.cli.main.UsageError"}
+ELSEWHERE = {"mq.cli.main.UsageError"}
 
 
 def _exception_classes():
