@@ -30,6 +30,25 @@ Schemas (fields after ``request_id``)::
                         assignor str|nil, owned [[topic str, partition int]]|nil
     ConsumerGroupDescribe 69  group str
 
+    InitProducerId  22  transactional_id str|nil, transaction_timeout_ms int
+                        -> producer_id int, producer_epoch int
+    AddPartitionsToTxn 24  transactional_id str, producer_id int, producer_epoch int,
+                        [[topic str, partition int], ...]
+    AddOffsetsToTxn 25  transactional_id str, producer_id int, producer_epoch int, group str
+    EndTxn          26  transactional_id str, producer_id int, producer_epoch int,
+                        commit int (1 commit, 0 abort)
+    TxnOffsetCommit 28  transactional_id str, group str, producer_id int, producer_epoch int,
+                        member_id str, member_epoch int (-1: no group member),
+                        [[topic str, partition int, offset int, leader_epoch int, metadata str]]
+    DescribeTransactions 65  [transactional_id str, ...]
+                        -> [{transactional_id, state, producer_id, producer_epoch, timeout_ms,
+                             start_ms, last_update_ms, partitions [[topic, partition]]}, ...]
+    ListTransactions 66  (no fields) -> [[transactional_id, producer_id, state], ...]
+
+A Produce reply is ``first_offset, log_append_time, log_start_offset``; for a batch an
+idempotent producer sent again (a retry the partition has), the first offset is the one the
+batch got the first time, and nothing is appended.
+
 The broker also *pushes* ``[68, 0, 0, nil]`` (request id 0, never used by a request) on a
 member's heartbeat connection when the member should heartbeat now: its assignment changed.
 """
@@ -67,6 +86,13 @@ class Api(enum.IntEnum):
     DELETE_GROUPS = 42
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    INIT_PRODUCER_ID = 22
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
     WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
 
 
@@ -101,6 +127,18 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
         ("topics", _OPT_STR_LIST), ("pattern", _OPT_STR), ("assignor", _OPT_STR),
         ("owned", _OPT_TP_LIST)),
     Api.CONSUMER_GROUP_DESCRIBE: (("group", str),),
+    Api.INIT_PRODUCER_ID: (("transactional_id", _OPT_STR), ("transaction_timeout_ms", int)),
+    Api.ADD_PARTITIONS_TO_TXN: (("transactional_id", str), ("producer_id", int),
+                                ("producer_epoch", int), ("partitions", _OPT_TP_LIST)),
+    Api.ADD_OFFSETS_TO_TXN: (("transactional_id", str), ("producer_id", int),
+                             ("producer_epoch", int), ("group", str)),
+    Api.END_TXN: (("transactional_id", str), ("producer_id", int), ("producer_epoch", int),
+                  ("commit", int)),
+    Api.TXN_OFFSET_COMMIT: (("transactional_id", str), ("group", str), ("producer_id", int),
+                            ("producer_epoch", int), ("member_id", str), ("member_epoch", int),
+                            ("offsets", _COMMIT_LIST)),
+    Api.DESCRIBE_TRANSACTIONS: (("transactional_ids", _OPT_STR_LIST),),
+    Api.LIST_TRANSACTIONS: (),
 }
 
 ONE_WAY: Final = frozenset({Api.WAIT})
