@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from mq import errors
 from mq.broker.conns import Conn, Connections
@@ -43,6 +44,8 @@ log = logging.getLogger("mq.broker")
 
 # A reply held until an fsync covers its partition: (connection, response, partition).
 HeldReply = tuple[Conn, list, Partition]
+# Called once an fsync covered every partition of a set, with the ones whose fsync failed.
+DurableCallback = Callable[[dict[Partition, OSError]], None]
 
 
 @dataclasses.dataclass(eq=False)
@@ -51,6 +54,8 @@ class FlushJob:
     targets: dict[Partition, int]        # -> the log end offset the fsync covers
     replies: list[HeldReply]
     failed: dict[Partition, OSError] = dataclasses.field(default_factory=dict)
+    callbacks: list[tuple[frozenset[Partition], DurableCallback]] = \
+        dataclasses.field(default_factory=list)
 
 
 class Flusher(threading.Thread):
@@ -115,6 +120,7 @@ class FlushTracker:
     def __init__(self) -> None:
         self.targets: dict[Partition, int] = {}       # -> log end offset to fsync
         self.replies: list[HeldReply] = []
+        self.callbacks: list[tuple[frozenset[Partition], DurableCallback]] = []
         self.inflight = 0                             # jobs submitted, not yet done
 
     def hold(self, part: Partition, offset: int, conn: Conn | None = None,
@@ -124,6 +130,13 @@ class FlushTracker:
         self.targets[part] = offset
         if conn is not None:
             self.replies.append((conn, reply, part))
+
+    def on_durable(self, offsets: dict[Partition, int], callback: DurableCallback) -> None:
+        """Call ``callback(failed)`` once this round's job made each partition durable up to
+        its offset (``failed``: those whose fsync failed, or could not be tried)."""
+        for part, offset in offsets.items():
+            self.targets[part] = max(self.targets.get(part, 0), offset)
+        self.callbacks.append((frozenset(offsets), callback))
 
     def want(self, part: Partition, offset: int) -> None:
         """Fsync ``part`` up to ``offset`` in this round's job, unless it is in already."""
@@ -135,12 +148,14 @@ class FlushTracker:
         self.targets.pop(part, None)
 
     def __bool__(self) -> bool:
-        return bool(self.targets or self.replies)
+        return bool(self.targets or self.replies or self.callbacks)
 
-    def take(self) -> tuple[dict[Partition, int], list[HeldReply]]:
-        """This round's targets and held replies; the tracker starts the next round empty."""
-        taken = self.targets, self.replies
-        self.targets, self.replies = {}, []
+    def take(self) -> tuple[dict[Partition, int], list[HeldReply],
+                            list[tuple[frozenset[Partition], DurableCallback]]]:
+        """This round's targets, held replies and callbacks; the tracker starts the next
+        round empty."""
+        taken = self.targets, self.replies, self.callbacks
+        self.targets, self.replies, self.callbacks = {}, [], []
         return taken
 
     @staticmethod
@@ -199,6 +214,13 @@ class GroupCommit:
     def start(self) -> None:
         self._flusher.start()
 
+    def on_durable(self, parts, callback: DurableCallback) -> None:
+        """Call ``callback(failed)`` once an fsync made every partition of ``parts`` durable up
+        to its log end now (the multi-step writes of a transaction chain on it)."""
+        offsets = {part: part.log.log_end_offset for part in parts}
+        self.tracker.on_durable(offsets, callback)
+        self._table.touched.update(offsets)
+
     def ack_after_flush(self, part: Partition, conn: Conn | None = None,
                         reply: list | None = None) -> None:
         """Fsync what ``part`` holds now in this round's job (and send ``reply`` once it
@@ -212,7 +234,7 @@ class GroupCommit:
         held replies fail with a retriable storage error, and the log stays online."""
         if not self.tracker:
             return
-        targets, replies = self.tracker.take()
+        targets, replies, callbacks = self.tracker.take()
         fds: dict[Partition, list[int]] = {}
         undone: dict[Partition, OSError] = {}
         for part, offset in list(targets.items()):
@@ -229,9 +251,16 @@ class GroupCommit:
         answers, replies = FlushTracker.refuse(replies, undone)
         for conn, message in answers:
             self._conns.send(conn, message)
-        if targets or replies:
+        kept = []
+        for parts, callback in callbacks:
+            failed = {part: undone[part] for part in parts if part in undone}
+            if failed:
+                callback(failed)
+            else:
+                kept.append((parts, callback))
+        if targets or replies or kept:
             self.tracker.inflight += 1
-            self._flusher.submit(FlushJob(fds, targets, replies))
+            self._flusher.submit(FlushJob(fds, targets, replies, callbacks=kept))
 
     def done(self) -> None:
         """The flusher finished jobs: advance recovery points (and durable high watermarks)
@@ -259,6 +288,8 @@ class GroupCommit:
                     self._publisher.wake(part)
             for conn, message in FlushTracker.settle(job):
                 self._conns.send(conn, message)
+            for parts, callback in job.callbacks:
+                callback({part: job.failed[part] for part in parts if part in job.failed})
 
     def periodic(self, metadata_log: PartitionLog) -> None:
         """Every ``flush_interval_ms``: queue an fsync (in the flusher thread) of what acks=0/1

@@ -5,6 +5,11 @@ Each record's key is the topic name; its value is msgpack ``{"id", "partitions",
 the topic. Replaying the log from the start rebuilds the current state, so a change is
 durable once its record is fsync'd — the broker does that before answering. The log is a
 normal partition log: ``mq dump-log --print-data`` shows its history.
+
+Producer ids (KRaft's ProducerIdsRecord): the key ``@producer-ids`` (no topic name holds an
+``@``) records the end of the last block of ids handed out, ``{"block_end": N}``. Ids are
+taken from a block of ``PRODUCER_ID_BLOCK``; a new block is recorded (and fsync'd) before its
+first id is given, and a restart starts a new block, so an id is never handed out twice.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import uuid
 import msgpack
 
 from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
+
+PRODUCER_IDS_KEY = "@producer-ids"
+PRODUCER_ID_BLOCK = 1000
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
@@ -35,11 +43,15 @@ class MetadataStore:
     def __init__(self, log: PartitionLog) -> None:
         self.log = log
         self.topics: dict[str, TopicInfo] = {}
+        self._block_end = 0
         for batch in log.batches():
             for rec in batch.records():
                 if rec.key is None:
                     continue
                 name = bytes(rec.key).decode()
+                if name == PRODUCER_IDS_KEY:
+                    self._block_end = msgpack.unpackb(bytes(rec.value))["block_end"]
+                    continue
                 if rec.value is None:
                     self.topics.pop(name, None)
                     continue
@@ -47,11 +59,26 @@ class MetadataStore:
                 self.topics[name] = TopicInfo(name, value["id"], value["partitions"],
                                               dict(value["config"]))
 
+        self._next_producer_id = self._block_end      # a restart starts a new block
+
+    def allocate_producer_id(self) -> int:
+        """A producer id never handed out before (raises ``LogWriteError`` when a new block
+        cannot be recorded)."""
+        if self._next_producer_id >= self._block_end:
+            end = self._next_producer_id + PRODUCER_ID_BLOCK
+            self._record(PRODUCER_IDS_KEY, msgpack.packb({"block_end": end}))
+            self._block_end = end
+        self._next_producer_id += 1
+        return self._next_producer_id - 1
+
+    def _record(self, key: str, value: bytes | None) -> None:
+        self.log.append(build_batch([(int(time.time() * 1000), key.encode(), value)]))
+        self.log.flush()            # durable before the broker answers
+
     def _write(self, name: str, info: TopicInfo | None) -> None:
         value = None if info is None else msgpack.packb(
             {"id": info.topic_id, "partitions": info.partitions, "config": info.config})
-        self.log.append(build_batch([(int(time.time() * 1000), name.encode(), value)]))
-        self.log.flush()            # durable before the broker answers
+        self._record(name, value)
         if info is None:
             self.topics.pop(name, None)
         else:

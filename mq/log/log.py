@@ -195,7 +195,7 @@ class PartitionLog:
 
     # --- append -------------------------------------------------------------------------------
     def append(self, batch, *, leader_epoch: int = 0, assign_offsets: bool = True,
-               now_ms: int | None = None) -> AppendInfo:
+               now_ms: int | None = None, from_client: bool = True) -> AppendInfo:
         """Validate and append one RecordBatch v2; the broker's leader append.
 
         With ``assign_offsets`` the batch's baseOffset becomes the log end offset (stamped in
@@ -203,7 +203,10 @@ class PartitionLog:
         tools, tests of replicated appends) the batch keeps its offsets, which must be >= the
         log end offset. Raises ``CorruptRecordError`` for an invalid batch, ``ValueError``
         for one that breaks the topic's limits and ``LogWriteError`` when it could not be
-        stored (then nothing of it was).
+        stored (then nothing of it was). A client's batch with a producer id is checked against
+        the producer table (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
+        ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
+        offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
         """
         self._check_writable()
         buf = batch if isinstance(batch, bytearray) else bytearray(batch)
@@ -237,7 +240,7 @@ class PartitionLog:
                                         self._where)
             if ctype == CONTROL_ABORT:
                 aborted = self.producers.aborted_txn(pid, base_offset)
-        elif pid >= 0 and assign_offsets and not parsed.is_control:
+        elif pid >= 0 and assign_offsets and from_client and not parsed.is_control:
             if parsed.base_sequence < 0 or parsed.producer_epoch < 0:
                 raise InvalidRecordError(f"{self._where}a batch of producer {pid} needs a "
                                          "base sequence and an epoch >= 0")

@@ -65,6 +65,7 @@ class LogManager:
         self.closed = True
         self._lock_fd = -1
         self.write_failures = 0           # the data dir's own (checkpoints, topic removal)
+        self.leader_epoch = 0             # this start's epoch, stamped into every batch
 
     @classmethod
     def open(cls, data_dir: str, config_for: Callable[[str], LogConfig] | None = None,
@@ -133,6 +134,9 @@ class LogManager:
                 log_start_offset=starts.get(parsed, 0), clean_shutdown=self.clean_shutdown,
                 now_ms=now_ms)
         self.checkpoint()
+        # One broker: every start is a new leader epoch, above any a partition recorded.
+        self.leader_epoch = 1 + max((lg.leader_epochs.latest_epoch for lg in self.logs.values()),
+                                    default=0)
         if not self.logs:
             log.info("%s: new data directory", self.data_dir)
         else:

@@ -61,10 +61,24 @@ def test_hold_want_drop_take():
     t.hold(c, 7)
     t.drop(c)
     assert t
-    targets, replies = t.take()
+    targets, replies, callbacks = t.take()
     assert targets == {a: 5, b: 3}
-    assert replies == [(c1, reply(1), a)]
-    assert not t and t.take() == ({}, [])
+    assert replies == [(c1, reply(1), a)] and callbacks == []
+    assert not t and t.take() == ({}, [], [])
+
+
+def test_on_durable_covers_each_partitions_log_end_and_keeps_the_callback():
+    t = FlushTracker()
+    a, b = part(0), part(1)
+    t.want(a, 0)
+    def callback(failed):
+        raise AssertionError("the tracker never calls it")
+    t.on_durable({a: 4, b: 2}, callback)
+    assert t
+    targets, replies, callbacks = t.take()
+    assert targets == {a: 4, b: 2}
+    [(parts, called)] = callbacks
+    assert parts == {a, b} and called is callback
 
 
 def test_refuse_answers_what_cannot_be_synced_with_a_retriable_storage_error():

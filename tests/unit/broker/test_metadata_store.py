@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mq.broker.metadata import MetadataStore
+from mq.broker.metadata import PRODUCER_ID_BLOCK, MetadataStore
 from mq.broker.offsets import OFFSETS_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
@@ -21,5 +21,27 @@ def test_internal_topics_keep_their_fixed_config_over_any_defaults(tmp_path):
         store.create_topic("t", 1, {"retention.ms": "5"})
         assert store.config_for("t", defaults).retention_ms == 5
         assert store.config_for("unknown", defaults) is defaults
+    finally:
+        plog.close()
+
+
+def test_producer_ids_come_in_recorded_blocks_and_are_never_handed_out_twice(tmp_path):
+    path = str(tmp_path / "__cluster_metadata-0")
+    seen = set()
+    for restart in range(3):
+        plog = PartitionLog.open(path)
+        try:
+            store = MetadataStore(plog)
+            store.create_topic(f"t{restart}", 1, {})
+            ids = [store.allocate_producer_id() for _ in range(PRODUCER_ID_BLOCK + 5)]
+        finally:
+            plog.close()
+        assert len(set(ids)) == len(ids) and not seen & set(ids)
+        seen |= set(ids)
+    plog = PartitionLog.open(path)
+    try:
+        store = MetadataStore(plog)                       # topics replay past the records
+        assert set(store.topics) == {"t0", "t1", "t2"}
+        assert store.allocate_producer_id() == 6 * PRODUCER_ID_BLOCK
     finally:
         plog.close()
