@@ -42,6 +42,7 @@ __all__ = ["BrokerConfig", "ConfigError"]
 
 _NON_NEGATIVE_INTS = frozenset({"min_free_bytes"})
 _POSITIVE_INTS = frozenset({
+    "transaction_max_timeout_ms", "producer_id_expiration_ms",
     "retention_check_interval_ms", "flush_interval_ms", "max_request_bytes", "state_slots",
     "cleaner_backoff_ms", "cleaner_dedupe_buffer_bytes",
     "offsets_retention_check_interval_ms", "group_heartbeat_interval_ms",
@@ -57,6 +58,8 @@ class BrokerConfig:
     # nothing; directories get search permission wherever read is granted.
     file_mode: int = 0o640
     min_free_bytes: int = 64 * 1024 * 1024        # produce refused below this (0: never)
+    transaction_max_timeout_ms: int = 900_000     # transaction.max.timeout.ms (15 min)
+    producer_id_expiration_ms: int = 86_400_000   # producer.id.expiration.ms (1 day)
     log_level: str = "INFO"
     retention_check_interval_ms: int = 300_000    # log.retention.check.interval.ms
     flush_interval_ms: int = 1000                 # background fsync + checkpoint period

@@ -21,14 +21,14 @@ import uuid
 import msgpack
 
 from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
-
-PRODUCER_IDS_KEY = "@producer-ids"
-PRODUCER_ID_BLOCK = 1000
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
 
-__all__ = ["MetadataStore", "TopicInfo", "METADATA_TOPIC"]
+__all__ = ["METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK", "MetadataStore", "TopicInfo"]
+
+PRODUCER_IDS_KEY = "@producer-ids"
+PRODUCER_ID_BLOCK = 1000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

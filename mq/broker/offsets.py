@@ -18,6 +18,12 @@ The partition of a group is Kafka's ``abs(java_string_hash(group)) % partitions`
 keeps every committed offset in a dict and rebuilds it by replaying the topic at start, so a
 commit survives kill -9 once its record is in the log (acked after an fsync, like
 ``acks="all"``). The cleaner compacts the topic: the latest record per key wins.
+
+Offsets committed inside a transaction (``TxnOffsetCommit``) are written as a transactional
+batch of the producer (its id and epoch, no sequence) and held apart, per partition and
+producer, until the transaction's COMMIT marker lands on that partition (they join the cache)
+or its ABORT marker (they are dropped); replay at start follows the same rule, and what is
+still pending then stays pending until the coordinator ends the transaction.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Final
 from mq.broker.internal_topics import OFFSETS_TOPIC
 from mq.errors import CorruptRecordError
 from mq.log.log import PartitionLog
-from mq.log.records import build_batch
+from mq.log.records import CONTROL_COMMIT, build_batch
 
 __all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "decode_key",
            "encode_group_key", "encode_group_value", "decode_group_key",
@@ -148,12 +154,27 @@ class OffsetStore:
         self.logs = logs
         self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
         self.live_groups: set[str] = set()        # groups whose record says "has members"
+        # (offsets partition, producer id) -> offsets of its open transaction, not yet applied
+        self.pending: dict[tuple[int, int], list[tuple[str, tuple[str, int],
+                                                       CommittedOffset]]] = {}
         for plog in logs:
             self._replay(plog)
 
     def _replay(self, plog: PartitionLog) -> None:
         for batch in plog.batches():
             if batch.is_control:
+                marker = batch.end_txn_marker() if batch.producer_id >= 0 else None
+                if marker is not None:
+                    self.end_transaction(plog.partition, batch.producer_id,
+                                         marker[0] == CONTROL_COMMIT)
+                continue
+            if batch.is_transactional and batch.producer_id >= 0:
+                held = self.pending.setdefault((plog.partition, batch.producer_id), [])
+                for rec in batch.records():
+                    key = decode_key(bytes(rec.key)) if rec.key is not None else None
+                    if key is not None and rec.value is not None:
+                        group, topic, partition = key
+                        held.append((group, (topic, partition), decode_value(bytes(rec.value))))
                 continue
             for rec in batch.records():
                 if rec.key is None:
@@ -214,16 +235,35 @@ class OffsetStore:
         return plog
 
     def commit(self, group: str, offsets: Iterable[tuple[str, int, CommittedOffset]],
-               now_ms: int) -> PartitionLog:
+               now_ms: int, producer_id: int = -1, producer_epoch: int = -1) -> PartitionLog:
         """Append one batch with every offset of the commit (atomic: one batch), update the
-        cache, and return the log the caller must flush before acknowledging."""
+        cache, and return the log the caller must flush before acknowledging. With a
+        ``producer_id`` the batch is that producer's, transactional: its offsets wait for the
+        transaction's marker (``end_transaction``)."""
         items = list(offsets)
-        plog = self._append(group, [(now_ms, encode_key(group, topic, partition),
-                                     encode_value(value)) for topic, partition, value in items])
-        group_offsets = self.offsets.setdefault(group, {})
-        for topic, partition, value in items:
-            group_offsets[(topic, partition)] = value
+        records = [(now_ms, encode_key(group, topic, partition), encode_value(value))
+                   for topic, partition, value in items]
+        if producer_id < 0:
+            plog = self._append(group, records)
+            group_offsets = self.offsets.setdefault(group, {})
+            for topic, partition, value in items:
+                group_offsets[(topic, partition)] = value
+            return plog
+        plog = self.log_for(group)
+        plog.append(build_batch(records, producer_id=producer_id,
+                                producer_epoch=producer_epoch, is_transactional=True),
+                    from_client=False)
+        self.pending.setdefault((plog.partition, producer_id), []).extend(
+            (group, (topic, partition), value) for topic, partition, value in items)
         return plog
+
+    def end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A COMMIT/ABORT marker of ``producer_id`` landed on offsets partition
+        ``partition``: apply (commit) or drop (abort) its pending offsets."""
+        held = self.pending.pop((partition, producer_id), [])
+        if commit:
+            for group, tp, value in held:
+                self.offsets.setdefault(group, {})[tp] = value
 
     def delete(self, group: str, partitions: Iterable[tuple[str, int]] | None = None,
                now_ms: int = 0) -> PartitionLog | None:

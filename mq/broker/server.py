@@ -42,6 +42,7 @@ from mq.broker.apis import ApiComponent, Handler
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.produce import ProduceApis
 from mq.broker.apis.topics import TopicApis
+from mq.broker.apis.transactions import TransactionApis
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.conns import Conn, Connections
@@ -91,6 +92,7 @@ class Broker:
         # The api components and the loop side of group commit, built by start().
         self.topics: TopicApis | None = None
         self.groups: GroupApis | None = None
+        self.transactions: TransactionApis | None = None
         self._publisher: StatePublisher | None = None
         self._commit: GroupCommit | None = None
         self._handlers: dict[Api, Handler] = {}
@@ -159,8 +161,16 @@ class Broker:
         self.groups = GroupApis(self.topics, self.partitions, self.conns, self._commit,
                                 self.config)
         self.topics.add_listener(self.groups)
-        produce = ProduceApis(self.partitions, self._commit, self._space, self._sem_prefix)
-        self._handlers = dispatch_table([self, produce, self.topics, self.groups])
+        self.transactions = TransactionApis(
+            self.topics, self.partitions, self.conns, self._commit, self.groups, self.metadata,
+            coordinator_epoch=self.logs.leader_epoch,
+            max_timeout_ms=self.config.transaction_max_timeout_ms)
+        produce = ProduceApis(self.partitions, self._commit, self._space, self._sem_prefix,
+                              leader_epoch=self.logs.leader_epoch,
+                              verify_transaction=self.transactions.verify)
+        self._handlers = dispatch_table([self, produce, self.topics, self.groups,
+                                         self.transactions])
+        self.transactions.recover()
 
     def handlers(self) -> dict[Api, Handler]:
         """The loop's own api: the Handshake every connection opens with."""
@@ -201,7 +211,8 @@ class Broker:
         while not self._stop:
             now = time.monotonic()
             timeout = max(0.0, min(self._next_retention, self._next_flush) - now)
-            timeout = min(timeout, self.groups.deadline_s())
+            timeout = min(timeout, self.groups.deadline_s(),
+                          self.transactions.deadline_s(now))
             for key, events in self._sel.select(timeout):
                 what = key.data
                 if what == "accept":
@@ -221,6 +232,7 @@ class Broker:
                     self._write(what)
             self._background(self.groups.timers, "group timers")
             now = time.monotonic()
+            self._background(self.transactions.timers, "transaction timers", now)
             if now >= self._next_flush:
                 self._background(self._periodic_flush, "the periodic flush", now)
             if now >= self._next_retention:
@@ -409,10 +421,13 @@ class Broker:
         self.logs.checkpoint()
 
     def _retention(self) -> None:
-        """Apply retention; ``_end_of_round`` publishes the partitions it changed."""
+        """Apply retention, and forget producers idle past ``producer_id_expiration_ms``
+        (Kafka's producer.id.expiration.ms); ``_end_of_round`` publishes what changed."""
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3
         changed = False
+        now_ms = int(time.time() * 1000)
         for part in self.partitions:
+            part.log.producers.expire(now_ms, self.config.producer_id_expiration_ms)
             if self._cleaner.is_cleaning(part.log):
                 continue        # a pass reads its segments (Kafka skips it too): next check
             try:

@@ -55,13 +55,15 @@ class Transition:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MarkerJob:
-    """Markers to write: one per partition, for ``producer_id`` at ``producer_epoch``."""
+    """Markers to write: one per partition, for ``producer_id`` at ``producer_epoch``;
+    ``marked`` collects the partitions done (a retry writes only the rest)."""
 
     transition: Transition
     producer_id: int
     producer_epoch: int
     commit: bool
     partitions: frozenset[tuple[str, int]]
+    marked: set[tuple[str, int]] = dataclasses.field(default_factory=set, compare=False)
 
 
 class TransactionCoordinator:

@@ -126,7 +126,7 @@ def test_every_segment_mq_writes_decodes_in_kafka_python(log_dir):
     log = PartitionLog.open(log_dir, SMALL, now_ms=NOW)
     expected: list[tuple[dict, list[tuple]]] = []
     # One idempotent producer and one transactional producer, each with its own sequence; a
-    # marker ends the transactional one's transaction, and its sequence starts over.
+    # marker ends the transactional one's transaction (its sequence goes on).
     pids = {"idempotent": 4_000_000_001, "transactional": 4_000_000_002}
     seqs = dict.fromkeys(pids, 0)
     epoch = 3
@@ -138,7 +138,6 @@ def test_every_segment_mq_writes_decodes_in_kafka_python(log_dir):
             if i % 9 == 8:
                 ctype = CONTROL_ABORT if i % 2 else CONTROL_COMMIT
                 pid = pids["transactional"]
-                seqs["transactional"] = 0
                 marker = control_batch(ctype, producer_id=pid, producer_epoch=epoch,
                                        coordinator_epoch=7, timestamp_ms=NOW + i)
                 info = log.append(marker, leader_epoch=5, now_ms=NOW)

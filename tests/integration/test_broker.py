@@ -284,15 +284,15 @@ def test_sighup_reloads_and_keeps_serving(tmp_path):
 def test_partitions_beyond_the_state_slots_are_refused_before_anything_changes(tmp_path):
     with broker_with(tmp_path, state_slots=8) as b:
         with Admin(b.socket) as admin:
-            admin.create_topic("t", 4)               # + __consumer_offsets-0: 5 slots used
+            admin.create_topic("t", 4)   # + __consumer_offsets, __transaction_state: 6 used
             with pytest.raises(InvalidPartitionsError, match="state slots"):
-                admin.create_partitions("t", 10)
+                admin.create_partitions("t", 7)
             assert admin.describe_topic("t")["partitions"] == 4
         b.kill()
         b.start()                                    # the metadata still matches the logs
         with Admin(b.socket) as admin:
             assert admin.describe_topic("t")["partitions"] == 4
-            admin.create_partitions("t", 7)
+            admin.create_partitions("t", 6)
 
 
 def test_no_broker_gives_a_clear_error(tmp_path):

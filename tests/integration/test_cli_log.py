@@ -816,7 +816,7 @@ def test_dump_txnindex_and_snapshot_text_and_json(tmp_path):
     assert objs == [{"version": 0, "producerId": 7, "firstOffset": 0, "lastOffset": 3,
                      "lastStableOffset": 1}]
     objs = [json.loads(line) for line in mq("dump-log", "--json", snap).stdout.splitlines()]
-    assert {o["producerId"]: o["lastSequence"] for o in objs} == {7: -1, 8: 0}
+    assert {o["producerId"]: o["lastSequence"] for o in objs} == {7: 1, 8: 0}
     marker = [json.loads(line) for line in mq("dump-log", "--json", logs(directory)[0])
               .stdout.splitlines()][-1]
     assert marker["isControl"] and marker["isTransactional"] and marker["producerId"] == 7

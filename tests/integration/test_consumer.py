@@ -22,15 +22,20 @@ from brokers import broker_with, create_topic
 
 import mq.client.consumer as consumer_module
 import mq.testing
-from mq.protocol.state import PartitionState, StateReader, semaphore_prefix
 from mq.client.admin import Admin
 from mq.client.connection import Connection
 from mq.client.consumer import Consumer, NoOffsetForPartitionError, Record
 from mq.client.types import TopicPartition
-from mq.errors import (ClosedError, CorruptRecordError, OffsetOutOfRangeError,
-                       UnknownTopicOrPartitionError)
+from mq.errors import (
+    ClosedError,
+    CorruptRecordError,
+    InvalidRecordError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 from mq.log.records import CONTROL_COMMIT, GZIP, LOG_APPEND_TIME, BatchBuilder, control_batch
 from mq.protocol.messages import Api
+from mq.protocol.state import PartitionState, StateReader, semaphore_prefix
 
 # Consumer processes are forked (the fork-safety test needs fork anyway); the xdist worker
 # may run threads, which Python >= 3.12 warns about.
@@ -250,14 +255,25 @@ def test_max_records_and_fairness_between_partitions(broker):
         assert sum(map(len, consumer.poll(timeout_ms=0, max_records=1000).values())) == 200
 
 
+def end_empty_transaction(conn: Connection, topic: str, partition: int) -> None:
+    """A transaction with one partition and no record in it, committed: a COMMIT marker."""
+    pid, epoch = conn.call(Api.INIT_PRODUCER_ID, "marker-maker", 60_000).fields
+    conn.call(Api.ADD_PARTITIONS_TO_TXN, "marker-maker", pid, epoch, [[topic, partition]])
+    conn.call(Api.END_TXN, "marker-maker", pid, epoch, 1)
+
+
 def test_control_batches_are_skipped(broker):
+    """Markers only come from the transaction coordinator (a client's control batch is
+    refused); a consumer never returns them and moves past them."""
     with Connection(broker.socket) as conn:
+        with pytest.raises(InvalidRecordError, match="control"):
+            conn.call(Api.PRODUCE, "t", 0, 1, bytes(control_batch(CONTROL_COMMIT,
+                                                                  producer_id=1,
+                                                                  producer_epoch=0)))
         produce(conn, T0, [b"a", b"b"])
-        conn.call(Api.PRODUCE, "t", 0, 1, bytes(control_batch(CONTROL_COMMIT, producer_id=1,
-                                                              producer_epoch=0)))
+        end_empty_transaction(conn, "t", 0)
         produce(conn, T0, [b"c"])
-        conn.call(Api.PRODUCE, "t", 0, 1, bytes(control_batch(CONTROL_COMMIT, producer_id=1,
-                                                              producer_epoch=0)))
+        end_empty_transaction(conn, "t", 0)
     with Consumer(socket=broker.socket) as consumer:
         consumer.assign([T0])
         assert as_tuples(drain(consumer, 3)[T0]) == [(0, None, b"a"), (1, None, b"b"),

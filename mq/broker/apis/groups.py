@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from mq import errors
 from mq.broker.apis import Handler
@@ -33,7 +33,7 @@ from mq.broker.flushing import GroupCommit
 from mq.broker.group_coordinator import GroupCoordinator
 from mq.broker.group_model import Effects, GroupState
 from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
-from mq.broker.offsets import CommittedOffset, OffsetStore
+from mq.broker.offsets import CommittedOffset, OffsetStore, partition_for_group
 from mq.broker.partitions import PartitionTable
 from mq.errors import InvalidRequestError
 from mq.log.log import PartitionLog
@@ -84,11 +84,16 @@ class GroupApis:
         self._next_pid_check = now + _PID_CHECK_MS
         self._next_offsets_expiry = now + c.offsets_retention_check_interval_ms
         self._group_wakeup_ms = now
+        # The partitions of a producer's open transaction (pid, epoch) -> set | None; the
+        # transactions component plugs its coordinator in (none: no transaction is open).
+        self.transaction_partitions: Callable[[int, int], frozenset | None] = \
+            lambda producer_id, epoch: None
 
     def handlers(self) -> Mapping[Api, Handler]:
         return {Api.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, Api.OFFSET_COMMIT: self.commit,
                 Api.OFFSET_FETCH: self.fetch_offsets, Api.LIST_GROUPS: self.list_groups,
-                Api.CONSUMER_GROUP_DESCRIBE: self.describe, Api.DELETE_GROUPS: self.delete}
+                Api.CONSUMER_GROUP_DESCRIBE: self.describe, Api.DELETE_GROUPS: self.delete,
+                Api.TXN_OFFSET_COMMIT: self.txn_commit}
 
     # --- timers -------------------------------------------------------------------------------
     def deadline_s(self) -> float:
@@ -208,7 +213,36 @@ class GroupApis:
                         result.heartbeat_interval_ms, sorted(map(list, result.assignment)))
 
     def commit(self, conn: Conn, req: Request) -> list | None:
-        group, member_id, epoch = req["group"], req["member_id"], req["member_epoch"]
+        group = req["group"]
+        items = self._commit_items(group, req["member_id"], req["member_epoch"], req["offsets"])
+        if not items:
+            return response(req.api, req.request_id, 0, None)
+        plog = self.offsets.commit(group, items, wall_ms())
+        self._flush_offsets(plog, conn, response(req.api, req.request_id, 0, None))
+        return None
+
+    def txn_commit(self, conn: Conn, req: Request) -> list | None:
+        """TxnOffsetCommit: offsets committed inside the producer's transaction. The group's
+        offsets partition must be in the transaction (AddOffsetsToTxn); the offsets count once
+        its COMMIT marker lands there (``OffsetStore.end_transaction``)."""
+        group, pid, epoch = req["group"], req["producer_id"], req["producer_epoch"]
+        items = self._commit_items(group, req["member_id"], req["member_epoch"], req["offsets"])
+        partition = partition_for_group(group, len(self.offsets.logs))
+        held = self.transaction_partitions(pid, epoch)
+        if held is None or (OFFSETS_TOPIC, partition) not in held:
+            raise errors.InvalidTxnStateError(
+                f"transactional id {req['transactional_id']!r} has not added group {group!r} "
+                "to its transaction (send_offsets_to_transaction does that first)")
+        if not items:
+            return response(req.api, req.request_id, 0, None)
+        plog = self.offsets.commit(group, items, wall_ms(), producer_id=pid,
+                                   producer_epoch=epoch)
+        self._flush_offsets(plog, conn, response(req.api, req.request_id, 0, None))
+        return None
+
+    def _commit_items(self, group: str, member_id: str, epoch: int, offsets: list
+                      ) -> list[tuple[str, int, CommittedOffset]]:
+        """Validate a commit (the group, the member, each offset); the items to store."""
         if not group:
             raise errors.InvalidGroupIdError("the group id must be a non-empty string")
         if epoch < 0 and not member_id:
@@ -223,7 +257,7 @@ class GroupApis:
                           f"{group!r}: {refused.__doc__}")
         now = wall_ms()
         items = []
-        for topic, partition, offset, leader_epoch, metadata in req["offsets"]:
+        for topic, partition, offset, leader_epoch, metadata in offsets:
             self._table.partition(topic, partition)     # UnknownTopicOrPartition
             if is_internal(topic):
                 raise InvalidRequestError(f"cannot commit offsets of internal topic {topic!r}")
@@ -234,11 +268,7 @@ class GroupApis:
                 raise errors.OffsetMetadataTooLargeError(
                     f"offset metadata is longer than {OFFSET_METADATA_MAX_BYTES} bytes")
             items.append((topic, partition, CommittedOffset(offset, leader_epoch, metadata, now)))
-        if not items:
-            return response(req.api, req.request_id, 0, None)
-        plog = self.offsets.commit(group, items, now)
-        self._flush_offsets(plog, conn, response(req.api, req.request_id, 0, None))
-        return None
+        return items
 
     def fetch_offsets(self, conn: Conn, req: Request) -> list:
         group, wanted = req["group"], req["partitions"]

@@ -7,12 +7,16 @@ remembers the waiter and the loop posts the consumer's semaphore once the high w
 passes its position (``wakeups.py``; ``mq/client/consumer.py`` draws the protocol).
 
 Produce is the broker's hot path: one table lookup, one append, one set insertion and the
-response, with no per-record work.
+response, with no per-record work. The partition log checks an idempotent producer's
+sequence and answers its retries with their first offsets (``PartitionLog.append``); a
+transactional batch is first checked against its producer's open transaction (``verify``, one
+byte of the header tells). Batches are stamped with this broker start's leader epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Mapping
 
 import posix_ipc
 
@@ -29,15 +33,27 @@ from mq.protocol.messages import ACKS_ALL, Api, Request, response
 
 __all__ = ["ProduceApis"]
 
+# Where a batch header says it is transactional and whose it is (records.HEADER's layout).
+_ATTRIBUTES_LOW = 22               # the low byte of the int16 attributes at 21
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
+_PRODUCER_ID = struct.Struct(">q")         # at 43
+_PRODUCER_EPOCH = struct.Struct(">h")      # at 51
+_PRODUCER_EPOCH_END = 53
+
 
 class ProduceApis:
     """Produce, ListOffsets and Wait over the partition table."""
 
     def __init__(self, table: PartitionTable, commit: GroupCommit, space: FreeSpaceGuard,
-                 semaphore_prefix: str) -> None:
+                 semaphore_prefix: str, *, leader_epoch: int = 0,
+                 verify_transaction: Callable[[str, int, int, int], None] | None = None
+                 ) -> None:
         self._table = table
         self._space = space
         self._semaphore_prefix = semaphore_prefix
+        self._epoch = leader_epoch
+        self._verify_transaction = verify_transaction
         # Bound once: the produce path uses them per request.
         self._lookup = table.partition
         self._touched = table.touched
@@ -61,8 +77,16 @@ class ProduceApis:
                 f"batch of {len(batch)} bytes exceeds max.message.bytes "
                 f"{plog.config.max_message_bytes} of topic {topic!r}")
         self._space.admit(len(batch))
+        attributes = batch[_ATTRIBUTES_LOW] if len(batch) > _PRODUCER_EPOCH_END else 0
+        if attributes & _CONTROL:
+            raise errors.InvalidRecordError("clients may not produce control batches "
+                                            "(transaction markers come from the coordinator)")
+        if attributes & _TRANSACTIONAL and self._verify_transaction is not None:
+            self._verify_transaction(topic, req["partition"],
+                                     _PRODUCER_ID.unpack_from(batch, 43)[0],
+                                     _PRODUCER_EPOCH.unpack_from(batch, 51)[0])
         info = plog.append(batch if isinstance(batch, bytearray) else bytearray(batch),
-                           leader_epoch=0)
+                           leader_epoch=self._epoch)
         self._touched.add(part)
         reply = response(req.api, req.request_id, 0, None, info.first_offset,
                          info.log_append_time, plog.log_start_offset)
