@@ -36,7 +36,7 @@ Selection, every round (Kafka's ``grabFilthiestCompactedLog``): among logs whose
 ``max.compaction.lag.ms``), the filthiest first; when none is, a log whose tombstones' delete
 horizon (from its last pass) has passed, so tombstones go after ``delete.retention.ms`` even
 on a quiet topic. With nothing to do the thread sleeps ``backoff_ms``; ``wake`` and ``stop``
-cut the sleep short. The last stable offset is the high watermark (no transactions yet).
+cut the sleep short. A pass never cleans at or past the log's last stable offset.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ class BackgroundCleaner(threading.Thread):
         first_dirty, _ = resolve_first_dirty_offset(checkpointed, plog.log_start_offset,
                                                     plog.log_end_offset)
         active = plog.active_segment.base_offset
-        lso = plog.high_watermark
+        lso = plog.last_stable_offset
         rng = cleanable_range(metas, first_dirty, active, lso, now_ms, cfg.min_compaction_lag_ms)
         delay = max_compaction_delay_ms(metas, first_dirty, active, now_ms,
                                         cfg.max_compaction_lag_ms)
