@@ -49,13 +49,22 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 
-from mq.errors import CorruptRecordError, LogDirLockedError, StorageError, UnsupportedCodecError
+from mq.errors import (
+    CorruptIndexError,
+    CorruptRecordError,
+    LogDirLockedError,
+    StorageError,
+    UnsupportedCodecError,
+)
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.log import PartitionLog, RecoveryReport
+from mq.log.producer_state import decode_snapshot
 from mq.log.records import RecordBatch
 from mq.log.segment import LogSegment
+from mq.log.txnindex import ENTRY_SIZE as TXN_ENTRY_SIZE
+from mq.log.txnindex import TransactionIndex
 
 __all__ = [
     "CheckResult",
@@ -88,7 +97,8 @@ class Problem:
     byte offset in that file when one applies, ``kind`` a stable identifier for scripts:
     ``corrupt-batch``, ``torn-tail``, ``offset-order``, ``unsupported-codec``,
     ``index-mismatch``, ``index-corrupt``, ``index-untrimmed``, ``index-missing``,
-    ``orphan-index``, ``leftover``. ``message`` is one line naming the file and position.
+    ``orphan-index``, ``leftover``, ``txnindex-corrupt``, ``snapshot-corrupt``. ``message`` is
+    one line naming the file and position.
     """
 
     path: str
@@ -581,7 +591,43 @@ def check_partition(directory: str, *, live_broker: bool | None = None) -> Check
             result.problems.append(Problem(
                 scan.path, "offset-order", f"{scan.path}: offsets up to {scan.next_offset - 1} "
                 f"reach into the next segment, which starts at offset {bases[i + 1]}"))
+        result.problems.extend(_check_txnindex(directory, base, scan.next_offset, names))
+    result.problems.extend(_check_snapshots(directory, names))
     return result
+
+
+def _check_txnindex(directory: str, base: int, next_offset: int, names) -> list[Problem]:
+    """A segment's ``.txnindex``: whole entries, markers inside the segment, in order."""
+    name = files.segment_name(base, files.TXNINDEX_SUFFIX)
+    if name not in names:
+        return []
+    path = os.path.join(directory, name)
+    try:
+        index = TransactionIndex(path)
+        index.validate(base, next_offset)
+        if os.path.getsize(path) % TXN_ENTRY_SIZE:
+            raise CorruptIndexError(path, f"length {os.path.getsize(path)} is not a multiple "
+                                    f"of the {TXN_ENTRY_SIZE}-byte entry size")
+    except CorruptIndexError as err:
+        return [Problem(path, "txnindex-corrupt", str(err))]
+    return []
+
+
+def _check_snapshots(directory: str, names) -> list[Problem]:
+    """Producer snapshots: version, length and CRC (a damaged one is ignored by the broker,
+    which replays from an older one; ``--repair`` removes it)."""
+    problems = []
+    for name in sorted(names):
+        parsed = files.parse_segment_name(name)
+        if parsed is None or parsed[1] != files.SNAPSHOT_SUFFIX or parsed[2]:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path, "rb") as f:
+                decode_snapshot(f.read(), path)
+        except CorruptRecordError as err:
+            problems.append(Problem(path, "snapshot-corrupt", str(err)))
+    return problems
 
 
 # --- repair -----------------------------------------------------------------------------------

@@ -824,3 +824,27 @@ def test_dump_txnindex_and_snapshot_text_and_json(tmp_path):
     assert "endTxnMarker: ABORT coordinatorEpoch: 4" in text
     snap.write_bytes(snap.read_bytes()[:-1])
     assert_one_error(mq("dump-log", snap), "snapshot")
+
+
+def test_damaged_snapshot_and_txnindex_check_and_repair(tmp_path):
+    directory = tmp_path / "t-0"
+    with PartitionLog.open(str(directory), CONFIG) as plog:
+        for pid in (7, 8):
+            b = BatchBuilder(producer_id=pid, producer_epoch=0, base_sequence=0,
+                             is_transactional=True)
+            b.append(1000, None, b"x")
+            plog.append(b.build())
+        plog.append_marker(7, 0, commit=False, now_ms=1000)
+        plog.append_marker(8, 0, commit=True, now_ms=1000)
+    txn = logs(directory)[-1].with_suffix(".txnindex")
+    snap = sorted(directory.glob("*.snapshot"))[-1]
+    assert mq("log", "check", directory).returncode == 0
+    good_txn = txn.read_bytes()
+    txn.write_bytes(good_txn + b"\x00" * 5)                  # a torn entry
+    snap.write_bytes(snap.read_bytes()[:-3])                 # a torn snapshot
+    problems = _check_finds(directory, "txnindex", "snapshot")
+    assert sorted(p["kind"] for p in problems) == ["snapshot-corrupt", "txnindex-corrupt"]
+    proc = mq("log", "check", "--repair", directory)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert mq("log", "check", directory).returncode == 0
+    assert txn.read_bytes() == good_txn                       # rebuilt from the log
