@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from mq import errors
 from mq.client.admin import fetch_committed
 from mq.client.membership import ConsumerRebalanceListener, Membership
-from mq.client.types import TopicPartition
+from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.protocol.messages import Api
 
 __all__ = ["GroupConsumer", "ConsumerRebalanceListener"]
@@ -245,6 +245,16 @@ class GroupConsumer:
             plain[tp] = offset
             items.append([tp.topic, tp.partition, offset, -1, metadata])
         return plain, items
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """This consumer's group id, member id and member epoch (Kafka's
+        ``groupMetadata()``), for ``Producer.send_offsets_to_transaction``. Raises
+        ``ValueError`` without a ``group_id``."""
+        if self.group_id is None:
+            raise ValueError("group_metadata() needs a consumer with a group_id")
+        m = self._membership
+        member_id, epoch = m.commit_identity() if m is not None else ("", -1)
+        return ConsumerGroupMetadata(self.group_id, member_id, epoch, self.group_instance_id)
 
     def commit(self, offsets: Mapping | None = None) -> None:
         """Commit offsets and wait until the broker has them on disk. Default: the position

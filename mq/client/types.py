@@ -1,7 +1,7 @@
-"""Small value types of the clients: ``RecordMetadata``, and ``TopicPartition`` (defined in
-``mq.protocol.types``, which the broker shares).
+"""Small value types of the clients: ``RecordMetadata``, ``ConsumerGroupMetadata``, and
+``TopicPartition`` (defined in ``mq.protocol.types``, which the broker shares).
 
-Both are ``NamedTuple``s, so they are immutable, hashable, ordered (topic, then partition, ...)
+All are ``NamedTuple``s, so they are immutable, hashable, ordered (topic, then partition, ...)
 and cheap to create, as in kafka-python.
 """
 
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from mq.protocol.types import TopicPartition
 
-__all__ = ["TopicPartition", "RecordMetadata"]
+__all__ = ["ConsumerGroupMetadata", "RecordMetadata", "TopicPartition"]
 
 
 class RecordMetadata(NamedTuple):
@@ -30,3 +30,17 @@ class RecordMetadata(NamedTuple):
     @property
     def topic_partition(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """Who a consumer is in its group, as ``Consumer.group_metadata()`` reports it (Kafka's
+    ``ConsumerGroupMetadata``): what ``Producer.send_offsets_to_transaction`` hands the broker
+    so that a consumer that lost its partitions cannot commit offsets for them.
+
+    ``member_id`` is ``""`` and ``member_epoch`` -1 for a consumer that is not (yet) a member.
+    """
+
+    group_id: str
+    member_id: str = ""
+    member_epoch: int = -1
+    group_instance_id: str | None = None
