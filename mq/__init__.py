@@ -5,8 +5,10 @@ The public names live here; everything else is private to its module. See API.md
 
 from mq import errors
 from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CorruptIndexError,
-                       CorruptRecordError, KafkaStorageError, MQError, NoOffsetForPartitionError,
-                       OffsetOutOfRangeError, StorageError, UnsupportedCodecError)
+                       CorruptRecordError, InvalidTxnStateError, KafkaStorageError, MQError,
+                       NoOffsetForPartitionError, OffsetOutOfRangeError,
+                       OutOfOrderSequenceError, ProducerFencedError, StorageError,
+                       UnsupportedCodecError)
 
 __version__ = "0.1.0"
 
@@ -19,6 +21,7 @@ _LAZY = {
     "Admin": "mq.client.admin",
     "TopicPartition": "mq.protocol.types",
     "RecordMetadata": "mq.client.types",
+    "ConsumerGroupMetadata": "mq.client.types",
     "testing": "mq.testing",
 }
 
@@ -27,7 +30,8 @@ __all__ = [
     "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing",
     "errors", "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "OffsetOutOfRangeError", "ClosedError", "BrokerError",
-    "BrokerUnavailableError", "KafkaStorageError", "__version__",
+    "BrokerUnavailableError", "KafkaStorageError", "ProducerFencedError",
+    "OutOfOrderSequenceError", "InvalidTxnStateError", "ConsumerGroupMetadata", "__version__",
 ]
 
 

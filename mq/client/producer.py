@@ -16,6 +16,30 @@ The sending half — request pipelining, the I/O thread, retries and reconnects,
 delivery guarantees — is ``producer_io.py``; batches and the futures ``send()`` returns are
 ``producer_batches.py``.
 
+Exactly once
+------------
+Idempotence is on by default (Kafka 3.x): with ``acks="all"`` and ``max_in_flight <= 5`` the
+producer asks the broker for a producer id (InitProducerId) when it is constructed — eagerly,
+so that a broker without it fails the constructor rather than a later send, and the first
+batch never waits for a round trip — and seals every batch with that id, its epoch and the
+partition's next base sequence (``idempotence.py``; a few attribute writes per batch, nothing
+per record). A retried or re-sent batch the partition already has is answered with its first
+offsets and not appended again: no duplicates, in order, whatever the broker restarts. Asking
+for ``enable_idempotence=True`` with ``acks`` 0/1 or ``max_in_flight > 5`` is a ``ValueError``;
+leaving it unset with those settings turns it off. A broker that does not serve
+InitProducerId (an mq before it) gets a non-idempotent producer, with a warning, unless
+``enable_idempotence=True`` was asked for, which then raises. What happens when a batch fails
+for good (a gap in its partition's sequences) is in ``producer_io.py``.
+
+``transactional_id`` makes the producer transactional (and idempotent):
+``init_transactions()``, ``begin_transaction()``, ``send()`` inside it,
+``send_offsets_to_transaction(offsets, group)``, ``commit_transaction()`` /
+``abort_transaction()`` — Kafka's names and semantics, described in ``transactions.py``; the
+client's state machine and its errors (``InvalidTxnStateError`` for misuse,
+``ProducerFencedError`` once a newer producer took the id, after which every call raises it)
+in ``transaction_manager.py``. A transactional producer belongs to one process: a forked child
+must call ``init_transactions()`` again (which fences the parent's).
+
 Fork safety: a producer used in a forked child gets a fresh lock, connection and I/O thread on
 first use there. Records the parent had buffered are not inherited — the child never sends them
 and their futures never complete in the child; ``flush()`` before forking.
@@ -35,17 +59,24 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mq.client.connection import Connection, resolve_socket
+from mq.client.idempotence import ProducerIdentity, resolve_idempotence
 from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
 from mq.client.producer_io import Sender
+from mq.client.transaction_manager import TransactionManager
+from mq.client.transactions import Transactions
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
+    BrokerError,
     BrokerUnavailableError,
     ClosedError,
+    InvalidRequestError,
+    InvalidTxnStateError,
     MessageTooLargeError,
     MQError,
     RecordListTooLargeError,
     UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
 )
 from mq.log.records import RECORD_BATCH_OVERHEAD, BatchBuilder, available_codecs, codec_from_name
 from mq.protocol.messages import ACKS_ALL, Api
@@ -114,8 +145,16 @@ class Producer(Sender):
     ``request_timeout_ms``: a request unanswered that long drops the connection (its batches
     are re-sent). ``max_block_ms``: how long ``send()`` may wait for room or metadata.
     ``key_serializer``/``value_serializer``: callables applied to non-None keys/values.
+    ``enable_idempotence``: None (default: on when ``acks="all"`` and ``max_in_flight <= 5``),
+    True or False. ``transactional_id`` / ``transaction_timeout_ms``: a transactional producer
+    (see the module doc); the coordinator aborts its open transaction, fencing it, when it
+    stays open longer than ``transaction_timeout_ms``.
 
-    Raises ``BrokerUnavailableError`` if no broker answers on the socket.
+    Raises ``BrokerUnavailableError`` if no broker answers on the socket, ``ValueError`` for
+    settings that conflict (``enable_idempotence=True`` or a ``transactional_id`` with
+    ``acks`` other than "all" or ``max_in_flight > 5``), the broker's error if InitProducerId
+    fails (``UnsupportedVersionError``/``InvalidRequestError`` from a broker without it when
+    ``enable_idempotence=True``).
     """
 
     def __init__(self, socket: str | None = None, acks: int | str = "all", linger_ms: float = 5,
@@ -126,9 +165,16 @@ class Producer(Sender):
                  max_in_flight: int = 5, max_block_ms: float = 60000,
                  metadata_max_age_ms: float = 300000, client_id: str = "mq-producer",
                  key_serializer: Callable[[Any], bytes] | None = None,
-                 value_serializer: Callable[[Any], bytes] | None = None) -> None:
+                 value_serializer: Callable[[Any], bytes] | None = None,
+                 enable_idempotence: bool | None = None, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60000) -> None:
         if acks not in _ACKS:
             raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
+        if type(transaction_timeout_ms) is not int or transaction_timeout_ms <= 0:
+            raise ValueError(f"transaction_timeout_ms must be a positive int, got "
+                             f"{transaction_timeout_ms!r}")
+        idempotent = resolve_idempotence(enable_idempotence, _ACKS[acks], max_in_flight,
+                                         transactional_id)
         codec = codec_from_name(compression_type)
         if compression_type and not available_codecs().get(compression_type.lower()):
             raise ValueError(f"{compression_type} compression is not available; install "
@@ -169,6 +215,10 @@ class Producer(Sender):
         self._on_batch_closed = getattr(self._partitioner, "on_batch_closed", None)
         self._all_topics: dict[str, TopicState] = {}    # every topic seen, updated in place
         self._closed = False
+        self._explicit_idempotence = enable_idempotence is True
+        self._transactional_id = transactional_id
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._ids = ProducerIdentity(transactional_id is not None) if idempotent else None
         self._init_state()
         self._start()
         _LIVE.add(self)
@@ -201,10 +251,25 @@ class Producer(Sender):
         self._helper_wake_at = math.inf
         self._wake_r = self._wake_w = -1
         self._check_stash = False
+        self._pid_pending = False                    # a new producer id is being fetched
+        self._pid_retry_at = 0.0
+        self._pid_backoff = self._backoff_s
+        self._txn: Transactions | None = None
+        if self._transactional_id is not None:
+            self._txn = Transactions(
+                TransactionManager(self._transactional_id, self._transaction_timeout_ms),
+                self._ids, self._cond, self._request, self.flush, self._max_block_s,
+                self._request_timeout_s, self._backoff_s)
 
     def _start(self) -> None:
         """Connect and start the I/O thread (in ``__init__``, and in a forked child)."""
         conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+        if self._ids is not None and self._txn is None:
+            try:
+                self._init_producer_id(conn)
+            except BaseException:
+                conn.close()
+                raise
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -213,6 +278,27 @@ class Producer(Sender):
                                         daemon=True)
         self._helper.start()
         self._helper_ident = self._helper.ident
+
+    def _init_producer_id(self, conn: Connection) -> None:
+        """InitProducerId for an idempotent producer, on a connection no other thread reads
+        yet. A broker without it: no idempotence, unless it was asked for explicitly."""
+        try:
+            reply = conn.call(Api.INIT_PRODUCER_ID, None, self._transaction_timeout_ms)
+        except (InvalidRequestError, UnsupportedVersionError) as err:
+            if self._explicit_idempotence:
+                raise
+            log.warning("the broker at %s does not give producer ids (%s): this producer is "
+                        "not idempotent", self._socket, err)
+            self._ids = None
+            return
+        except BrokerError as err:
+            if not err.retriable:
+                raise
+            log.warning("InitProducerId failed (%s); the I/O thread asks again", err)
+            self._pid_pending = True              # batches wait for it (producer_io.py)
+            return
+        assert self._ids is not None
+        self._ids.set(reply.fields[0], reply.fields[1])
 
     def _limit_requests(self, broker_max_request) -> None:
         """Size batches for this broker: ``max_request_size``, capped by the broker's
@@ -263,6 +349,8 @@ class Producer(Sender):
         for info in self._all_topics.values():
             info.open = [None] * len(info.open)
         state = self._state
+        if self._ids is not None:
+            self._ids.clear()                     # the parent's id is the parent's
         self._init_state()
         self._state = state
         self._meta_version = state.metadata_version if state is not None else -1
@@ -283,9 +371,12 @@ class Producer(Sender):
         that is not bytes-like, ``UnknownTopicOrPartitionError`` for an unknown topic or a
         partition out of range, ``MessageTooLargeError`` for a record over
         ``max_request_size``, ``RecordListTooLargeError`` for one over what the broker accepts
-        in a request (its ``max_request_bytes``), ``ClosedError`` after ``close()``, ``BrokerUnavailableError``
-        when metadata is needed and no broker answers, ``TimeoutError`` after waiting
-        ``max_block_ms`` for room."""
+        in a request (its ``max_request_bytes``), ``ClosedError`` after ``close()``,
+        ``BrokerUnavailableError`` when metadata is needed and no broker answers,
+        ``TimeoutError`` after waiting ``max_block_ms`` for room. A transactional producer
+        also raises ``InvalidTxnStateError`` outside a transaction (or once it can only be
+        aborted), ``ProducerFencedError`` once fenced, and AddPartitionsToTxn's errors for
+        the first record of a partition in the transaction."""
         if self._closed:
             raise ClosedError("producer is closed")
         if value is not None:
@@ -350,6 +441,9 @@ class Producer(Sender):
             if len(self._ready) >= self._max_in_flight and \
                     threading.get_ident() != self._helper_ident:
                 self._wait_for_room()
+            if self._txn is not None:
+                self._admit(topic, partition)
+                sticky = False                    # stay on the partition the txn has
             batch = info.open[partition]
             closed = False
             while batch is not None and batch.size + size + 21 > info.batch_limit and \
@@ -467,6 +561,56 @@ class Producer(Sender):
             self._wake_r = self._wake_w = -1
         _LIVE.discard(self)
 
+    # --- transactions (transactions.py) ---------------------------------------------------------
+    def _transactions(self) -> Transactions:
+        if self._closed:
+            raise ClosedError("producer is closed")
+        if self._txn is None:
+            raise InvalidTxnStateError("not a transactional producer: create it with "
+                                       "transactional_id=...")
+        self._ensure_started()
+        return self._txn
+
+    def init_transactions(self) -> None:
+        """Register ``transactional_id`` with the broker: get the producer id and a new epoch,
+        fencing older producers with the same id (an open transaction of theirs is aborted
+        first). Once per producer. Raises ``InvalidTxnStateError`` when called twice,
+        ``TimeoutError`` after ``max_block_ms`` (call it again), the broker's error
+        (``InvalidTransactionTimeoutError``...)."""
+        self._transactions().init()
+
+    def begin_transaction(self) -> None:
+        """Open a transaction: the following sends and offsets commit or abort together.
+        Raises ``InvalidTxnStateError`` (before ``init_transactions()``, or with a transaction
+        open), ``ProducerFencedError`` once fenced."""
+        self._transactions().begin()
+
+    def send_offsets_to_transaction(self, offsets: dict, group: Any) -> None:
+        """Commit consumed offsets (``{TopicPartition: offset}`` or ``{tp: (offset,
+        metadata)}``: positions, the next record to read) for ``group`` as part of the open
+        transaction: the group sees them only if it commits. ``group``: a group id, a
+        ``Consumer`` (its ``group_metadata()``: the broker then refuses the offsets of a
+        member that lost its partitions) or a ``ConsumerGroupMetadata``. Raises
+        ``InvalidTxnStateError`` outside a transaction, ``ProducerFencedError``, the group's
+        errors (``FencedMemberEpochError``, ``StaleMemberEpochError``...; the transaction
+        must then be aborted), ``TimeoutError``."""
+        self._transactions().send_offsets(offsets, group)
+
+    def commit_transaction(self) -> None:
+        """Flush every send of the transaction, then commit it: its records become visible
+        to ``read_committed`` consumers and its offsets the group's. Raises
+        ``InvalidTxnStateError`` without an open transaction, or (caused by the failure) when
+        a send of the transaction failed — then only ``abort_transaction()`` is left;
+        ``ProducerFencedError``; ``TimeoutError`` (call it again to finish)."""
+        self._transactions().commit()
+
+    def abort_transaction(self) -> None:
+        """Wait for the transaction's pending sends, then abort it: ``read_committed``
+        consumers skip its records and its offsets are dropped. Raises
+        ``InvalidTxnStateError`` without an open transaction, ``ProducerFencedError``,
+        ``TimeoutError`` (call it again to finish)."""
+        self._transactions().abort()
+
     def partitions_for(self, topic: str) -> set[int]:
         """The partition ids of ``topic``. Raises ``UnknownTopicOrPartitionError``."""
         info = self._topics.get(topic) or self._topic(topic)
@@ -570,7 +714,20 @@ class Producer(Sender):
             info.open[batch.partition] = None
         del self._open[batch]
         self._full.pop(batch, None)
-        batch.data = batch.builder.build()
+        builder = batch.builder
+        ids = self._ids
+        if ids is not None:                         # idempotent: seal with the sequence
+            if ids.producer_id >= 0:
+                batch.producer_id = builder.producer_id = ids.producer_id
+                batch.producer_epoch = builder.producer_epoch = ids.epoch
+                builder.base_sequence = ids.assign(batch.topic, batch.partition, len(builder))
+                builder.is_transactional = ids.transactional
+            else:                                   # waits for an id (producer_io.py)
+                self._pid_backoff = self._backoff_s
+                if self._pid_retry_at > time.monotonic() + self._backoff_s:
+                    self._pid_retry_at = time.monotonic() + self._backoff_s
+                    self._wake()
+        batch.data = builder.build()
         self._seq += 1
         batch.seq = self._seq
         self._ready.append(batch)
@@ -580,6 +737,16 @@ class Producer(Sender):
                                       info.partitions)
             except Exception:
                 log.exception("partitioner's on_batch_closed raised")
+
+    def _admit(self, topic: str, partition: int) -> None:
+        """Transactional ``send()``, under the lock: return once a record for this partition
+        may join the open transaction (AddPartitionsToTxn done), with room to queue it."""
+        while not self._txn.admit(topic, partition):   # it waited for a reply: look again
+            if self._closed:
+                raise ClosedError("producer is closed")
+            if len(self._ready) >= self._max_in_flight and \
+                    threading.get_ident() != self._helper_ident:
+                self._wait_for_room()
 
     def _wait_for_room(self) -> None:
         deadline = time.monotonic() + self._max_block_s
@@ -594,8 +761,14 @@ class Producer(Sender):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "connected" if self._conn else "disconnected"
-        return (f"<Producer {self._client_id} {self._socket} acks={self._acks} {state}, "
-                f"{len(self._incomplete)} batch(es) pending>")
+        ids = self._ids
+        idempotence = "" if ids is None else \
+            f" producer_id={ids.producer_id} epoch={ids.epoch}"
+        if self._txn is not None:
+            idempotence += f" txn={self._transactional_id!r} " \
+                           f"({self._txn.manager.state.value})"
+        return (f"<Producer {self._client_id} {self._socket} acks={self._acks}{idempotence} "
+                f"{state}, {len(self._incomplete)} batch(es) pending>")
 
 
 # --- process-wide hooks -----------------------------------------------------------------------

@@ -53,7 +53,8 @@ class Batch:
 
     __slots__ = ("topic", "partition", "info", "builder", "size", "created", "deadline", "data",
                  "seq", "attempts", "not_before", "sent_at", "base_offset", "log_append_time",
-                 "error", "last_error", "done", "event", "callbacks", "lock")
+                 "error", "last_error", "done", "event", "callbacks", "lock", "producer_id",
+                 "producer_epoch")
 
     def __init__(self, info: TopicState, partition: int, builder: BatchBuilder, now: float,
                  linger_s: float, lock: threading.Lock) -> None:
@@ -65,7 +66,9 @@ class Batch:
         self.created = now
         self.deadline = now + linger_s
         self.data: bytearray | None = None
-        self.seq = 0
+        self.seq = 0                               # the producer's close order
+        self.producer_id = -1                      # sealed with (idempotence), else -1
+        self.producer_epoch = -1
         self.attempts = 0
         self.not_before = 0.0
         self.sent_at = 0.0
@@ -124,7 +127,7 @@ class FutureRecordMetadata:
     @property
     def attempts(self) -> int:
         """How many times this record's batch was sent (more than 1: it was re-sent after an
-        error or a lost connection, so it may be in the log twice)."""
+        error or a lost connection; without idempotence it may then be in the log twice)."""
         return self._batch.attempts
 
     def add_callback(self, fn: Callable, *args: Any, **kwargs: Any) -> FutureRecordMetadata:

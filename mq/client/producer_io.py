@@ -32,12 +32,37 @@ reconnects with backoff and re-sends every batch that was in flight, in order (o
 per partition until the first is acknowledged), counting one attempt each; a batch that
 exhausts ``retries`` fails with ``BrokerUnavailableError``, and any batch still undelivered
 ``delivery_timeout_ms`` after it was created fails with the last error. The broker may have
-appended an in-flight batch whose reply was lost, so delivery is **at least once**: a re-sent
-batch can appear twice in the log (``future.attempts > 1`` tells which records were re-sent).
+appended an in-flight batch whose reply was lost. Without idempotence delivery is therefore
+**at least once**: a re-sent batch can appear twice in the log (``future.attempts > 1`` tells
+which records were re-sent). With idempotence (the default) the partition recognises the
+re-sent batch by its producer id and sequence and answers with the offsets it got the first
+time: every acknowledged record is in the log **exactly once**, in order.
 A batch acknowledged with ``acks="all"`` was fsync'd before the reply and is never lost; with
 ``acks=1`` it was in the page cache (survives a broker crash, not a power loss); with
 ``acks=0`` nothing is acknowledged and futures resolve, with offset -1, as soon as the request
 is written to the socket.
+
+Idempotence: sequence answers and gaps
+--------------------------------------
+- ``DuplicateSequenceError`` (a batch the partition had) counts as success (offset -1 when
+  the broker did not say where), as in Kafka's producer.
+- ``OutOfOrderSequenceError`` while an earlier batch of the same partition (same producer id
+  and epoch) is still unacknowledged only means that batch is being retried: the later one is
+  queued behind it again. Otherwise it is final: the partition lost track of this producer.
+- A batch that fails for good (that error, a non-retriable one, retries or
+  ``delivery_timeout_ms`` exhausted) leaves a gap in its partition's sequences, so no later
+  batch sealed with the same id could be appended there: the later batches of that partition
+  still queued fail with the same error (those in flight come back with
+  ``OutOfOrderSequenceError``). A plain idempotent producer then takes a new producer id
+  (InitProducerId, on the I/O thread, the lock released meanwhile); batches sealed while it is
+  fetched wait unstamped and are stamped, in order, when it arrives. A transactional producer
+  keeps its id: the transaction becomes abortable, and the abort takes a new epoch
+  (``transactions.py``); ``InvalidProducerEpochError`` makes it fatal (fenced).
+- A retriable error to InitProducerId (the broker cannot write its producer id block: disk
+  full) does not fail the constructor: the I/O thread asks again (backoff from
+  ``retry_backoff_ms``, doubling to 1 s, back to the start when a batch starts waiting), and
+  each failure counts as one attempt of every batch waiting for the id, so those fail as
+  their sends would (``future.attempts`` counts them).
 """
 
 from __future__ import annotations
@@ -52,9 +77,12 @@ from typing import Any
 from mq.client.connection import Connection
 from mq.client.producer_batches import Batch, finish_batch
 from mq.errors import (
+    BrokerError,
     BrokerUnavailableError,
     ClosedError,
+    DuplicateSequenceError,
     MQError,
+    OutOfOrderSequenceError,
     RecordListTooLargeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
@@ -85,17 +113,20 @@ class Sender:
         blocked: set | None = None
         i = 0
         muted = self._muted
+        unstamped = self._pid_pending
         while i < len(ready) and (acks == 0 or len(in_flight) < limit):
             batch = ready[i]
-            if muted or self._retrying:
+            if muted or self._retrying or unstamped:
                 # A partition in retry sends only its retried batch, and nothing after it
-                # until that one is acknowledged; so do batches still in backoff.
+                # until that one is acknowledged; so do batches still in backoff, and those
+                # waiting for a producer id.
                 tp = (batch.topic, batch.partition)
                 if blocked is not None and tp in blocked:
                     i += 1
                     continue
                 holder = muted.get(tp)
-                if (holder is not None and holder is not batch) or batch.not_before > now:
+                if (holder is not None and holder is not batch) or batch.not_before > now \
+                        or (unstamped and batch.producer_id < 0):
                     if blocked is None:
                         blocked = set()
                     blocked.add(tp)
@@ -249,6 +280,11 @@ class Sender:
                         self._attach(conn)
                         self._cond.notify_all()
                     now = time.monotonic()
+                if self._pid_pending and self._conn is not None and now >= self._pid_retry_at:
+                    self._renew_producer_id(finished)
+                    if self._stopping:
+                        return
+                    now = time.monotonic()
                 self._service(now, finished)
                 wake_at = self._next_wake(now)
                 self._helper_wake_at = wake_at
@@ -326,6 +362,10 @@ class Sender:
             if err.retriable:
                 backoff = min(self._backoff_s * 2 ** max(batch.attempts - 1, 0), _MAX_BACKOFF_S)
                 self._requeue(batch, err, backoff, finished)
+            elif isinstance(err, OutOfOrderSequenceError) and self._earlier_pending(batch):
+                self._requeue(batch, err, 0.0, finished)   # behind the batch being retried
+            elif isinstance(err, DuplicateSequenceError):
+                self._done(batch, -1, -1, None, finished)
             else:
                 if isinstance(err, UnknownTopicOrPartitionError):
                     self._topics.pop(batch.topic, None)
@@ -338,7 +378,13 @@ class Sender:
         tp = (batch.topic, batch.partition)
         if self._muted.get(tp) is batch:
             del self._muted[tp]
-        finished.append((batch, base_offset, log_append_time, error))
+        if error is None or batch.producer_id < 0 or self._stopping:
+            finished.append((batch, base_offset, log_append_time, error))
+            return
+        if self._txn is not None:                 # abortable, or fenced: fatal
+            error = self._txn.manager.batch_failed(error)
+        finished.append((batch, -1, -1, error))
+        self._sequence_gap(batch, error, finished)
 
     def _service(self, now: float, finished: list) -> None:
         """Timeouts, then send: queued batches first, then lingered ones while there is room."""
@@ -348,8 +394,11 @@ class Sender:
                 self._disconnected(self._conn, RequestTimedOutError(
                     f"no reply to a produce request for {oldest.topic}-{oldest.partition} "
                     f"within {self._request_timeout_s} s"), finished)
-        if self._ready and (self._conn is None or self._retrying or self._muted):
+        if self._ready and (self._conn is None or self._retrying or self._muted
+                            or self._pid_pending):
             for batch in [b for b in self._ready if now - b.created > self._delivery_timeout_s]:
+                if batch not in self._incomplete:
+                    continue                      # failed meanwhile (_sequence_gap)
                 self._ready.remove(batch)
                 if batch.not_before:
                     self._retrying -= 1
@@ -381,9 +430,100 @@ class Sender:
                        + self._request_timeout_s)
         if self._conn is None:
             wake = min(wake, self._reconnect_at)
-        if self._retrying or (self._ready and self._conn is None):
+        elif self._pid_pending:
+            wake = min(wake, self._pid_retry_at)
+        if self._retrying or (self._ready and (self._conn is None or self._pid_pending)):
             for batch in self._ready:
                 if batch.not_before > now:        # a past one waits for room, not time
                     wake = min(wake, batch.not_before)
                 wake = min(wake, batch.created + self._delivery_timeout_s)
         return wake
+
+    # --- idempotence (see the module doc) ------------------------------------------------------
+    def _earlier_pending(self, batch: Batch) -> bool:
+        """Whether a batch sealed before ``batch`` for its partition, with the same producer id
+        and epoch, is still unacknowledged. Only looked at on an error."""
+        for b in self._incomplete:
+            if b.seq < batch.seq and b.partition == batch.partition and \
+                    b.topic == batch.topic and b.producer_id == batch.producer_id and \
+                    b.producer_epoch == batch.producer_epoch:
+                return True
+        return False
+
+    def _sequence_gap(self, failed: Batch, error: BaseException, finished: list) -> None:
+        """``failed`` will never be in its partition: fail the later batches of the partition
+        still queued with the same id (their sequences follow the gap); a plain idempotent
+        producer that still uses that id takes a new one."""
+        tp = (failed.topic, failed.partition)
+        doomed = [b for b in self._ready if b.seq > failed.seq and b.partition == tp[1]
+                  and b.topic == tp[0] and b.producer_id == failed.producer_id
+                  and b.producer_epoch == failed.producer_epoch]
+        for b in doomed:
+            self._ready.remove(b)
+            if b.not_before:
+                self._retrying -= 1
+            self._incomplete.discard(b)
+            if self._muted.get(tp) is b:
+                del self._muted[tp]
+            finished.append((b, -1, -1, error))
+        ids = self._ids
+        if self._txn is None and ids is not None and ids.producer_id == failed.producer_id \
+                and ids.epoch == failed.producer_epoch:
+            log.warning("producer id %d: a batch for %s-%d failed for good (%s: %s); taking a "
+                        "new producer id", ids.producer_id, tp[0], tp[1],
+                        type(error).__name__, error)
+            ids.clear()
+            self._pid_pending = True
+            self._pid_retry_at = 0.0
+            self._wake()
+
+    def _renew_producer_id(self, finished: list) -> None:
+        """On the I/O thread, under the lock (released during the call): InitProducerId for a
+        new producer id, then stamp the batches that waited for it, in order."""
+        conn = self._conn
+        assert conn is not None and self._ids is not None
+        self._lock.release()
+        try:
+            reply = conn.call(Api.INIT_PRODUCER_ID, None, self._transaction_timeout_ms,
+                              timeout=self._request_timeout_s)
+            failure: BaseException | None = None
+        except (MQError, TimeoutError, OSError) as err:
+            reply, failure = None, err
+        finally:
+            self._lock.acquire()
+            self._check_stash = True              # replies that came meanwhile wait there
+        if self._stopping or not self._pid_pending:
+            return
+        if failure is not None:
+            if isinstance(failure, BrokerError):
+                log.warning("producer: InitProducerId failed (%s); retrying", failure)
+                self._pid_retry_at = time.monotonic() + self._pid_backoff
+                self._pid_backoff = min(self._pid_backoff * 2, _MAX_BACKOFF_S)
+                self._pid_failed(failure, finished)
+            else:
+                self._disconnected(conn, failure, finished)
+            return
+        ids = self._ids
+        ids.set(reply.fields[0], reply.fields[1])
+        self._pid_pending = False
+        self._pid_backoff = self._backoff_s
+        for batch in self._ready:
+            if batch.producer_id < 0:
+                builder = batch.builder
+                batch.producer_id = builder.producer_id = ids.producer_id
+                batch.producer_epoch = builder.producer_epoch = ids.epoch
+                builder.base_sequence = ids.assign(batch.topic, batch.partition, len(builder))
+                batch.data = builder.build()
+        self._cond.notify_all()
+
+    def _pid_failed(self, err: BrokerError, finished: list) -> None:
+        """InitProducerId failed: each batch waiting for the id counts one attempt (so it
+        fails as a send would: at once for a non-retriable error, else after ``retries``)."""
+        for batch in [b for b in self._ready if b.producer_id < 0]:
+            batch.attempts += 1
+            batch.last_error = err
+            if not err.retriable or batch.attempts > self._retries:
+                self._ready.remove(batch)
+                if batch.not_before:
+                    self._retrying -= 1
+                self._done(batch, -1, -1, err, finished)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
 
+import fake_broker as fakes
 import pytest
 from brokers import broker_with, create_topic
 
@@ -22,11 +22,17 @@ from mq.client.admin import Admin
 from mq.client.partitioner import murmur2, to_positive
 from mq.client.producer import REQUEST_ENVELOPE_BYTES, FutureRecordMetadata, Producer
 from mq.client.types import RecordMetadata, TopicPartition
-from mq.errors import (BrokerUnavailableError, ClosedError, MessageTooLargeError,
-                       RecordListTooLargeError, UnknownTopicOrPartitionError)
+from mq.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    MessageTooLargeError,
+    RecordListTooLargeError,
+    UnknownTopicOrPartitionError,
+)
 from mq.log.log import PartitionLog
 from mq.log.records import GZIP, LZ4, NONE, available_codecs
 
+fake_broker = fakes.fake_broker        # the fixture (fake_broker.py)
 WAIT = 30        # seconds: generous bound for any single wait on a loaded 2-core box
 
 
@@ -468,11 +474,12 @@ def test_several_producer_processes_acks_all(broker, start_method):
 
 def test_broker_killed_mid_stream_acks_all(tmp_path):
     """kill -9 the broker while records flow: every acknowledged record is in the log after the
-    restart; a record appears twice only if its batch was re-sent (``attempts > 1``)."""
+    restart; without idempotence (at least once) a record appears twice only if its batch was
+    re-sent (``attempts > 1``). With idempotence: test_idempotence.py."""
     with mq.testing.broker(tmp_path / "data") as b:
         create_topic(b, "crash", 2)
         producer = Producer(socket=b.socket, acks="all", linger_ms=1, retries=10,
-                            delivery_timeout_ms=60_000)
+                            delivery_timeout_ms=60_000, enable_idempotence=False)
         futures: list = []
         started, reached, stop = threading.Event(), threading.Event(), threading.Event()
         target = [1500]
@@ -601,105 +608,8 @@ def test_topic_partition_and_record_metadata_types():
 
 # --- retries, ordering and timeouts against a scripted broker ---------------------------------
 # The real broker never answers Produce with a retriable error, so these tests put a small fake
-# broker (same sans-I/O protocol module) on a Unix socket; its ``script`` decides each reply.
-
-class FakeBroker:
-    """Answers Handshake and Metadata; Produce replies come from ``script(partition, values,
-    attempt)`` returning an error code (0 appends), or ``None`` to never answer."""
-
-    def __init__(self, path: str, partitions: int, script) -> None:
-        import socket as _socket
-        self.path = path
-        self.partitions = partitions
-        self.script = script
-        self.log: dict[int, list[bytes]] = defaultdict(list)
-        self.requests: list[tuple[int, list[bytes]]] = []
-        self.attempts: Counter = Counter()          # first value of a batch -> times seen
-        self.connections = 0
-        self._lock = threading.Lock()
-        self._listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self._listener.bind(path)
-        self._listener.listen(8)
-        self._socks: list = []
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self.connections += 1
-                self._socks.append(sock)
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
-
-    def _serve(self, sock) -> None:
-        from mq.log.records import RecordBatch
-        from mq.protocol.frames import FrameReader, encode_frame
-        from mq.protocol.messages import PROTOCOL_VERSION, Api, response
-        reader = FrameReader()
-        while True:
-            try:
-                data = sock.recv(1 << 20)
-            except OSError:
-                return
-            if not data:
-                return
-            reader.feed(data)
-            for msg in reader.messages():
-                api, rid, fields = msg[0], msg[1], msg[2:]
-                if api == Api.HANDSHAKE:
-                    reply = response(api, rid, 0, None, PROTOCOL_VERSION,
-                                     {"data_dir": os.path.dirname(self.path)})
-                elif api == Api.METADATA:
-                    reply = response(api, rid, 0, None,
-                                     {t: {"partitions": self.partitions} for t in fields[0]})
-                elif api == Api.DESCRIBE_CONFIGS:
-                    reply = response(api, rid, 0, None, {"max.message.bytes": "1048588"}, {})
-                else:
-                    _, partition, _, batch = fields
-                    values = [bytes(r.value) for r in RecordBatch(batch).records()]
-                    with self._lock:
-                        self.attempts[values[0]] += 1
-                        attempt = self.attempts[values[0]]
-                        self.requests.append((partition, values))
-                        code = self.script(partition, values, attempt)
-                        if code is None:
-                            continue
-                        base = len(self.log[partition])
-                        if code == 0:
-                            self.log[partition].extend(values)
-                    reply = response(api, rid, code, "scripted" if code else None, base, -1, 0)
-                try:
-                    sock.sendall(encode_frame(reply))
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self._listener.close()
-        with self._lock:
-            for sock in self._socks:
-                sock.close()
-
-
-@pytest.fixture
-def fake_broker(tmp_path):
-    brokers = []
-
-    def make(partitions: int, script) -> FakeBroker:
-        path = str(tmp_path / f"fake{len(brokers)}.sock")
-        if len(path) > 100:                            # sun_path holds 108 bytes
-            path = os.path.join(tempfile.mkdtemp(prefix="mq-fake-"), "fake.sock")
-        b = FakeBroker(path, partitions, script)
-        brokers.append(b)
-        return b
-
-    yield make
-    for b in brokers:
-        b.close()
-
+# broker (same sans-I/O protocol module, fake_broker.py) on a Unix socket; its ``script``
+# decides each reply.
 
 @pytest.mark.parametrize("max_in_flight", [1, 5])
 def test_retriable_errors_are_retried_in_order(fake_broker, max_in_flight):
