@@ -1,6 +1,6 @@
 """What the commands share: the client commands' ``--socket`` option (also before a subcommand:
 ``mq topics --socket S list``), the partitions of a topic, ``key=value`` parsing, ISO 8601
-datetimes and integer argument types; the offline tools' one-error-per-item loop.
+datetimes and integer argument types, tables; the offline tools' one-error-per-item loop.
 
 Parsers raise ``ValueError`` with a one-line message; ``mq.cli.main`` prints it as
 ``mq: error: ...`` and exits 2 (a bad argument).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from mq.cli import PROG, print_error
 from mq.errors import MQError
@@ -29,6 +29,7 @@ __all__ = [
     "positive_int",
     "run_each",
     "socket_of",
+    "table",
     "topic_partitions",
 ]
 
@@ -103,6 +104,14 @@ def run_each(items: Iterable, check: Callable[..., bool]) -> int:
             ok = False
         failed |= not ok
     return 1 if failed else 0
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    """Left-aligned columns two spaces apart (as Kafka's tools print them); '-' for None."""
+    lines = [list(header)] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() + "\n"
+                   for line in lines)
 
 
 def plural(n: int, word: str) -> str:

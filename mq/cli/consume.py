@@ -65,6 +65,11 @@ output:
                   {{"base64": "..."}}
   At the end 'consumed N records from TOPIC' goes to stderr.
 
+transactions: --isolation-level read_committed prints only records of committed transactions
+(and records written outside any): it stops at each partition's last stable offset, so it
+waits while a transaction there is open, and skips aborted records. The default,
+read_uncommitted, prints every record as it is written (as Kafka's console consumer).
+
 when it stops: after --max-messages N records; when no record arrives for --timeout-ms T
 (exit status 0 even if fewer than N came); otherwise it runs until Ctrl-C or SIGTERM, which
 print the records already read and exit with status 0 (as Kafka's console consumer does).
@@ -85,7 +90,8 @@ examples:
   mq consume orders --partition 2 --offset 1500 --print-offset --print-key
   mq consume orders --from-datetime 2024-05-01T12:00:00Z --timeout-ms 1000 --format json
   mq consume orders --from-beginning --timeout-ms 500 | wc -l
-  mq consume orders --group billing --max-messages 100     (again: the next 100)"""
+  mq consume orders --group billing --max-messages 100     (again: the next 100)
+  mq consume payments --from-beginning --isolation-level read_committed"""
 
 
 def add_parser(subparsers) -> None:
@@ -110,6 +116,10 @@ def add_parser(subparsers) -> None:
                         help="exit after N records")
     parser.add_argument("--timeout-ms", type=non_negative_int, metavar="T",
                         help="exit when no record arrives for T milliseconds")
+    parser.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"),
+                        default="read_uncommitted",
+                        help="read_committed: only records of committed transactions (default: "
+                             "read_uncommitted, every record)")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="text: the value per line (default); json: one object per record")
     for field in ("timestamp", "partition", "offset", "headers", "key"):
@@ -203,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Reset to the beginning (partitions added later, positions deleted by retention);
         # the initial positions are set explicitly below.
-        with Consumer(topic, socket=args.socket, auto_offset_reset="earliest") as consumer:
+        with Consumer(topic, socket=args.socket, auto_offset_reset="earliest",
+                      isolation_level=args.isolation_level) as consumer:
             if args.partition is not None:
                 consumer.assign(topic_partitions(consumer, topic, [args.partition]))
             tps = sorted(consumer.assignment())
@@ -252,8 +263,8 @@ def _run_group(args: argparse.Namespace, render) -> int:
     previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
     try:
         with Consumer(group_id=args.group, socket=args.socket, enable_auto_commit=True,
-                      auto_offset_reset="earliest" if args.from_beginning else "latest"
-                      ) as consumer:
+                      auto_offset_reset="earliest" if args.from_beginning else "latest",
+                      isolation_level=args.isolation_level) as consumer:
             # A group may subscribe to a topic that does not exist yet; here that is a typo.
             if consumer.partitions_for_topic(topic) is None:
                 raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")

@@ -17,7 +17,6 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
 from mq.cli import json_line
@@ -31,6 +30,7 @@ from mq.cli.common import (
     parse_datetime,
     plural,
     socket_of,
+    table,
     topic_partitions,
 )
 
@@ -243,19 +243,6 @@ _duration = _argument_type(parse_duration)
 
 # --- output -----------------------------------------------------------------------------------
 
-def _cell(value) -> str:
-    return "-" if value is None else str(value)
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
-    """Left-aligned columns two spaces apart (as kafka-consumer-groups prints them); '-' for
-    None."""
-    lines = [list(header)] + [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() + "\n"
-                   for line in lines)
-
-
 def _lag_seconds(lag_ms: int | None) -> float | None:
     return None if lag_ms is None else lag_ms / 1000
 
@@ -293,7 +280,7 @@ def run_list(args: argparse.Namespace) -> int:
         sys.stdout.write("".join(json_line({"group": g["group"], "state": g["state"],
                                             "members": g["members"]}) for g in groups))
     elif groups:
-        sys.stdout.write(_table(("GROUP", "STATE", "MEMBERS"),
+        sys.stdout.write(table(("GROUP", "STATE", "MEMBERS"),
                                 ((g["group"], g["state"], g["members"]) for g in groups)))
     return 0
 
@@ -315,13 +302,13 @@ def run_describe(args: argparse.Namespace) -> int:
                   f"group epoch {desc['group_epoch']}, assignor {desc['assignor']}.")
     else:
         status = f"Consumer group {group!r} has no active members."
-    out = [status, "", _table(
+    out = [status, "", table(
         ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS",
          "MEMBER-ID", "PID"),
         ((group, o["topic"], o["partition"], o["committed_offset"], o["end_offset"], o["lag"],
           _lag_seconds(o["lag_ms"]), o["member_id"], o["pid"]) for o in offsets)).rstrip("\n")]
     if desc["members"]:
-        out += ["", _table(
+        out += ["", table(
             ("MEMBER-ID", "INSTANCE-ID", "PID", "EPOCH", "STATE", "#PARTITIONS", "ASSIGNMENT"),
             ((m["member_id"], m["instance_id"], m["pid"], m["member_epoch"],
               "Away" if m.get("away") else m["state"], len(m["assignment"]),
@@ -369,7 +356,7 @@ def run_reset_offsets(args: argparse.Namespace) -> int:
             except NonEmptyGroupError as err:          # a member joined since the check
                 _refuse_if_live(admin, group, err)
                 raise
-    sys.stdout.write(_table(("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"),
+    sys.stdout.write(table(("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"),
                             ((group, tp.topic, tp.partition, committed.get(tp), new[tp])
                              for tp in tps)))
     if args.dry_run:

@@ -28,7 +28,7 @@ from mq.errors import ConfigError, MQError
 __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
 
 # In the order ``mq --help`` lists them (the API's order: broker and demo, topics, produce,
-# consume, offsets, groups, then the offline storage tools).
+# consume, offsets, groups, transactions, then the offline storage tools).
 COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.broker",
     "mq.cli.demo",
@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.consume",
     "mq.cli.offsets",
     "mq.cli.groups",
+    "mq.cli.transactions",
     "mq.cli.dump_log",
     "mq.cli.log_check",
 )
@@ -54,6 +55,7 @@ examples:
   mq topics create orders --partitions 4
   seq 10 | mq produce orders && mq consume orders --from-beginning --max-messages 10
   mq groups describe billing                    committed offsets, lag and members of a group
+  mq transactions describe billing-1            state and partitions of a transactional id
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log
   mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline
 

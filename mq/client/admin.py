@@ -1,5 +1,6 @@
-"""``mq.Admin``: topic operations (create, delete, list, describe, add partitions, configs) and
-consumer-group operations (list, describe, delete, read and reset committed offsets)."""
+"""``mq.Admin``: topic operations (create, delete, list, describe, add partitions, configs),
+consumer-group operations (list, describe, delete, read and reset committed offsets) and the
+transaction coordinator's view of transactional ids (list, describe)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,30 @@ class Admin:
         items = [[tp[0], tp[1], int(offset), -1, ""] for tp, offset in offsets.items()]
         if items:
             self._conn.call(Api.OFFSET_COMMIT, group, "", -1, items)
+
+    # --- transactions ---------------------------------------------------------------------------
+    def list_transactions(self) -> list[dict]:
+        """``[{"transactional_id", "producer_id", "state"}]``, every transactional id the
+        coordinator knows, sorted. ``state`` is Kafka's: Empty, Ongoing, PrepareCommit,
+        PrepareAbort, CompleteCommit, CompleteAbort (PrepareEpochFence while fencing)."""
+        rows = self._conn.call(Api.LIST_TRANSACTIONS).fields[0]
+        return [{"transactional_id": tid, "producer_id": pid, "state": state}
+                for tid, pid, state in rows]
+
+    def describe_transactions(self, transactional_ids: Iterable[str] | None = None
+                              ) -> list[dict]:
+        """``describe_transaction`` for several ids (None: every one). Raises
+        ``TransactionalIdNotFoundError`` naming the first unknown id."""
+        ids = None if transactional_ids is None else [str(t) for t in transactional_ids]
+        return self._conn.call(Api.DESCRIBE_TRANSACTIONS, ids).fields[0]
+
+    def describe_transaction(self, transactional_id: str) -> dict:
+        """The coordinator's state of a transactional id, as the broker sends it:
+        ``{"transactional_id", "state", "producer_id", "producer_epoch", "timeout_ms",
+        "start_ms" (when its current or last transaction began; -1: none), "last_update_ms",
+        "partitions": [[topic, partition], ...] (of the open transaction)}``. Raises
+        ``TransactionalIdNotFoundError``."""
+        return self.describe_transactions([transactional_id])[0]
 
     def close(self) -> None:
         self._conn.close()
