@@ -3,7 +3,11 @@ does on purpose: retriable errors, lost replies, sequence errors. It speaks the 
 protocol module as the real one.
 
 It answers Handshake, Metadata, DescribeConfigs and InitProducerId (``init_error``: answer that
-error code instead; each call hands out the next producer id at epoch 0). Produce replies come
+error code instead, or a callable ``init_error(call_number)`` giving it; without a transactional
+id each call hands out the next producer id at epoch 0, with one the id's producer id at the
+next epoch). AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit and EndTxn are answered by
+``txn_script(api, fields)`` (default: success). ``events`` lists every request but the first
+three kinds in arrival order: ``(api name, fields)``, ``("PRODUCE", partition, values)``. Produce replies come
 from ``script(partition, values, attempt)``: an error code (0 appends), ``None`` to never
 answer, or ``"lost"`` to append and never answer (a reply lost with the connection). With ``sequences=True`` an appended batch also goes through the partition's rules for
 idempotent producers (``mq/log/producer_state.py``): a batch equal to one of the producer's
@@ -32,7 +36,7 @@ OUT_OF_ORDER_SEQUENCE = 45
 
 class FakeBroker:
     def __init__(self, path: str, partitions: int, script, sequences: bool = False,
-                 init_error: int = 0) -> None:
+                 init_error=0, txn_script=None) -> None:
         self.path = path
         self.partitions = partitions
         self.script = script
@@ -45,8 +49,11 @@ class FakeBroker:
         self.attempts: Counter = Counter()          # first value of a batch -> times seen
         self.connections = 0
         self.init_requests: list[list] = []
+        self.txn_script = txn_script or (lambda api, fields: 0)
+        self.events: list[tuple] = []
+        self._txn_ids: dict[str, list[int]] = {}     # transactional id -> [pid, epoch]
         self._next_pid = 1000
-        self._windows: dict[tuple[int, int], deque] = {}    # (partition, pid) -> last 5
+        self._windows: dict[tuple, deque] = {}     # (partition, pid, epoch) -> last 5
         self._lock = threading.Lock()
         self._listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self._listener.bind(path)
@@ -87,12 +94,13 @@ class FakeBroker:
                 elif api == Api.DESCRIBE_CONFIGS:
                     reply = response(api, rid, 0, None, {"max.message.bytes": "1048588"}, {})
                 elif api == Api.INIT_PRODUCER_ID:
+                    reply = self._init_producer_id(api, rid, fields)
+                elif api in (Api.ADD_PARTITIONS_TO_TXN, Api.ADD_OFFSETS_TO_TXN,
+                             Api.TXN_OFFSET_COMMIT, Api.END_TXN):
                     with self._lock:
-                        self.init_requests.append(fields)
-                        pid = self._next_pid
-                        self._next_pid += 1
-                    reply = response(api, rid, self.init_error,
-                                     "scripted" if self.init_error else None, pid, 0)
+                        self.events.append((Api(api).name, fields))
+                        code = self.txn_script(Api(api), fields)
+                    reply = response(api, rid, code, "scripted" if code else None)
                 elif api == Api.PRODUCE:
                     reply = self._produce(api, rid, fields)
                     if reply is None:
@@ -104,6 +112,25 @@ class FakeBroker:
                 except OSError:
                     return
 
+    def _init_producer_id(self, api, rid, fields):
+        with self._lock:
+            self.events.append(("INIT_PRODUCER_ID", fields))
+            self.init_requests.append(fields)
+            code = self.init_error(len(self.init_requests)) if callable(self.init_error) \
+                else self.init_error
+            if code:
+                return response(api, rid, code, "scripted")
+            tid = fields[0]
+            if tid is not None and tid in self._txn_ids:
+                self._txn_ids[tid][1] += 1
+                pid, epoch = self._txn_ids[tid]
+            else:
+                pid, epoch = self._next_pid, 0
+                self._next_pid += 1
+                if tid is not None:
+                    self._txn_ids[tid] = [pid, epoch]
+        return response(api, rid, 0, None, pid, epoch)
+
     def _produce(self, api, rid, fields):
         _, partition, _, data = fields
         batch = RecordBatch(data)
@@ -112,6 +139,7 @@ class FakeBroker:
             self.attempts[values[0]] += 1
             attempt = self.attempts[values[0]]
             self.requests.append((partition, values))
+            self.events.append(("PRODUCE", partition, values))
             self.batches.append((partition, batch.producer_id, batch.producer_epoch,
                                  batch.base_sequence, batch.is_transactional, values))
             code = self.script(partition, values, attempt)
@@ -121,8 +149,8 @@ class FakeBroker:
             code = 0 if lost else code
             base = len(self.log[partition])
             if code == 0 and self.sequences and batch.producer_id >= 0:
-                window = self._windows.setdefault((partition, batch.producer_id),
-                                                  deque(maxlen=5))
+                key = (partition, batch.producer_id, batch.producer_epoch)
+                window = self._windows.setdefault(key, deque(maxlen=5))
                 for first, last, offset in window:
                     if (first, last) == (batch.base_sequence, batch.last_sequence):
                         return response(api, rid, 0, None, offset, -1, 0)    # a duplicate
