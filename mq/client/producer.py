@@ -18,27 +18,20 @@ delivery guarantees — is ``producer_io.py``; batches and the futures ``send()`
 
 Exactly once
 ------------
-Idempotence is on by default (Kafka 3.x): with ``acks="all"`` and ``max_in_flight <= 5`` the
-producer asks the broker for a producer id (InitProducerId) when it is constructed — eagerly,
-so that a broker without it fails the constructor rather than a later send, and the first
-batch never waits for a round trip — and seals every batch with that id, its epoch and the
-partition's next base sequence (``idempotence.py``; a few attribute writes per batch, nothing
-per record). A retried or re-sent batch the partition already has is answered with its first
-offsets and not appended again: no duplicates, in order, whatever the broker restarts. Asking
-for ``enable_idempotence=True`` with ``acks`` 0/1 or ``max_in_flight > 5`` is a ``ValueError``;
-leaving it unset with those settings turns it off. A broker that does not serve
-InitProducerId (an mq before it) gets a non-idempotent producer, with a warning, unless
-``enable_idempotence=True`` was asked for, which then raises. What happens when a batch fails
-for good (a gap in its partition's sequences) is in ``producer_io.py``.
-
-``transactional_id`` makes the producer transactional (and idempotent):
-``init_transactions()``, ``begin_transaction()``, ``send()`` inside it,
-``send_offsets_to_transaction(offsets, group)``, ``commit_transaction()`` /
-``abort_transaction()`` — Kafka's names and semantics, described in ``transactions.py``; the
-client's state machine and its errors (``InvalidTxnStateError`` for misuse,
-``ProducerFencedError`` once a newer producer took the id, after which every call raises it)
-in ``transaction_manager.py``. A transactional producer belongs to one process: a forked child
-must call ``init_transactions()`` again (which fences the parent's).
+Idempotence is on by default (Kafka 3.x: with ``acks="all"`` and ``max_in_flight <= 5``;
+``idempotence.py`` has the rules and the sequence numbers). The producer gets its producer id
+(InitProducerId) when it is constructed — eagerly, so that a broker without it fails the
+constructor rather than a later send, and the first batch never waits for a round trip — and
+seals every batch with it, its epoch and the partition's next base sequence: a few attribute
+writes per batch, nothing per record. A retried or re-sent batch the partition already has is
+answered with its first offsets and not appended again. Sequence errors, gaps and new ids:
+``producer_io.py``. ``transactional_id`` makes the producer transactional:
+``init_transactions()``, ``begin_transaction()``, ``send()``,
+``send_offsets_to_transaction()``, ``commit_transaction()``/``abort_transaction()``, as in
+Kafka (``transactions.py``; the client's state machine and its errors —
+``InvalidTxnStateError`` for misuse, ``ProducerFencedError`` once fenced, fatal — in
+``transaction_manager.py``). A transactional producer belongs to one process: a forked child
+must call ``init_transactions()`` again (which fences the parent).
 
 Fork safety: a producer used in a forked child gets a fresh lock, connection and I/O thread on
 first use there. Records the parent had buffered are not inherited — the child never sends them
@@ -63,26 +56,22 @@ from mq.client.idempotence import ProducerIdentity, resolve_idempotence
 from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
 from mq.client.producer_io import Sender
+from mq.client.producer_records import as_bytes, check_headers, check_record_size
 from mq.client.transaction_manager import TransactionManager
 from mq.client.transactions import Transactions
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
-    BrokerError,
     BrokerUnavailableError,
     ClosedError,
-    InvalidRequestError,
     InvalidTxnStateError,
-    MessageTooLargeError,
     MQError,
-    RecordListTooLargeError,
     UnknownTopicOrPartitionError,
-    UnsupportedVersionError,
 )
 from mq.log.records import RECORD_BATCH_OVERHEAD, BatchBuilder, available_codecs, codec_from_name
 from mq.protocol.messages import ACKS_ALL, Api
 from mq.protocol.state import StateReader
 
-__all__ = ["Producer", "FutureRecordMetadata", "RecordMetadata", "TopicPartition"]
+__all__ = ["FutureRecordMetadata", "Producer", "RecordMetadata", "TopicPartition"]
 
 log = logging.getLogger("mq.producer")
 
@@ -97,34 +86,6 @@ _RECORD_OVERHEAD_BOUND = 32
 REQUEST_ENVELOPE_BYTES = 512
 # Keys repeat (user ids, order ids): remembering recent hashes saves murmur2's Python loop.
 _KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
-
-
-def _as_bytes(data: Any, what: str) -> bytes:
-    if isinstance(data, str):
-        raise TypeError(f"{what} must be bytes-like or None, got str; encode it "
-                        f"({what}.encode()) or pass {what}_serializer= to the Producer")
-    try:
-        return memoryview(data).tobytes()
-    except TypeError as err:
-        raise TypeError(f"{what} must be bytes-like or None, got "
-                        f"{type(data).__name__}") from err
-
-
-def _check_headers(headers: Iterable) -> tuple[list, int]:
-    out, size = [], 0
-    for item in headers:
-        try:
-            hkey, hval = item
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r:.60}") \
-                from err
-        if not isinstance(hkey, str):
-            raise TypeError(f"header key must be str, got {type(hkey).__name__}")
-        if hval is not None and type(hval) is not bytes:
-            hval = _as_bytes(hval, "header value")
-        size += len(hkey.encode("utf-8")) + (len(hval) if hval is not None else 0) + 10
-        out.append((hkey, hval))
-    return out, size
 
 
 _ACKS = {0: 0, 1: 1, -1: ACKS_ALL, "all": ACKS_ALL, "0": 0, "1": 1, "-1": ACKS_ALL}
@@ -279,27 +240,6 @@ class Producer(Sender):
         self._helper.start()
         self._helper_ident = self._helper.ident
 
-    def _init_producer_id(self, conn: Connection) -> None:
-        """InitProducerId for an idempotent producer, on a connection no other thread reads
-        yet. A broker without it: no idempotence, unless it was asked for explicitly."""
-        try:
-            reply = conn.call(Api.INIT_PRODUCER_ID, None, self._transaction_timeout_ms)
-        except (InvalidRequestError, UnsupportedVersionError) as err:
-            if self._explicit_idempotence:
-                raise
-            log.warning("the broker at %s does not give producer ids (%s): this producer is "
-                        "not idempotent", self._socket, err)
-            self._ids = None
-            return
-        except BrokerError as err:
-            if not err.retriable:
-                raise
-            log.warning("InitProducerId failed (%s); the I/O thread asks again", err)
-            self._pid_pending = True              # batches wait for it (producer_io.py)
-            return
-        assert self._ids is not None
-        self._ids.set(reply.fields[0], reply.fields[1])
-
     def _limit_requests(self, broker_max_request) -> None:
         """Size batches for this broker: ``max_request_size``, capped by the broker's
         ``max_request_bytes`` (its handshake says; None: unknown) less the request envelope.
@@ -383,12 +323,12 @@ class Producer(Sender):
             if self._value_serializer is not None:
                 value = self._value_serializer(value)
             if type(value) is not bytes:
-                value = _as_bytes(value, "value")
+                value = as_bytes(value, "value")
         if key is not None:
             if self._key_serializer is not None:
                 key = self._key_serializer(key)
             if type(key) is not bytes:
-                key = _as_bytes(key, "key")
+                key = as_bytes(key, "key")
         info = self._topics.get(topic)
         if info is None:
             info = self._topic(topic)
@@ -429,12 +369,14 @@ class Producer(Sender):
                             f"{type(timestamp_ms).__name__}")
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
         if headers:
-            headers, hsize = _check_headers(headers)
+            headers, hsize = check_headers(headers)
             size += hsize
         else:
             headers = ()
         if size > self._big_record:
-            self._check_record_size(topic, partition, timestamp_ms, key, value, headers)
+            check_record_size(topic, partition, timestamp_ms, key, value, headers,
+                              self._max_request_size, self._request_cap,
+                              self._broker_max_request)
         with self._lock:
             if self._closed:
                 raise ClosedError("producer is closed")
@@ -666,22 +608,6 @@ class Producer(Sender):
                         min(self._max_request_size, max_message), time.monotonic())
             self._topics[topic] = info
             return info
-
-    def _check_record_size(self, topic: str, partition: int, ts: int, key: bytes | None,
-                           value: bytes | None, headers) -> None:
-        probe = BatchBuilder()
-        probe.append(ts, key, value, headers)
-        if probe.size_in_bytes <= self._max_request_size:
-            return
-        record = (f"record for {topic}-{partition} is {probe.size_in_bytes} bytes as a batch "
-                  f"(key {len(key) if key is not None else 0} B, value "
-                  f"{len(value) if value is not None else 0} B)")
-        if self._max_request_size == self._request_cap:
-            raise RecordListTooLargeError(
-                f"{record}: a request carrying it would be larger than the broker accepts "
-                f"(max_request_bytes {self._broker_max_request} B, of which a batch may take "
-                f"{self._request_cap} B)")
-        raise MessageTooLargeError(f"{record}, over max_request_size {self._max_request_size} B")
 
     # --- accumulator (all under self._lock) ---------------------------------------------------
     def _new_batch(self, info: TopicState, partition: int) -> Batch:

@@ -81,11 +81,13 @@ from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
     DuplicateSequenceError,
+    InvalidRequestError,
     MQError,
     OutOfOrderSequenceError,
     RecordListTooLargeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
     error_for_code,
 )
 from mq.protocol.messages import Api
@@ -440,6 +442,27 @@ class Sender:
         return wake
 
     # --- idempotence (see the module doc) ------------------------------------------------------
+    def _init_producer_id(self, conn: Connection) -> None:
+        """InitProducerId for an idempotent producer, on a connection no other thread reads
+        yet. A broker without it: no idempotence, unless it was asked for explicitly."""
+        try:
+            reply = conn.call(Api.INIT_PRODUCER_ID, None, self._transaction_timeout_ms)
+        except (InvalidRequestError, UnsupportedVersionError) as err:
+            if self._explicit_idempotence:
+                raise
+            log.warning("the broker at %s does not give producer ids (%s): this producer is "
+                        "not idempotent", self._socket, err)
+            self._ids = None
+            return
+        except BrokerError as err:
+            if not err.retriable:
+                raise
+            log.warning("InitProducerId failed (%s); the I/O thread asks again", err)
+            self._pid_pending = True              # batches wait for it (_renew_producer_id)
+            return
+        assert self._ids is not None
+        self._ids.set(reply.fields[0], reply.fields[1])
+
     def _earlier_pending(self, batch: Batch) -> bool:
         """Whether a batch sealed before ``batch`` for its partition, with the same producer id
         and epoch, is still unacknowledged. Only looked at on an error."""
