@@ -16,6 +16,7 @@ from brokers import create_topic
 from txn_workers import TxnWorker
 
 import mq
+import mq.testing
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer
 from mq.client.producer import Producer
@@ -233,9 +234,10 @@ def test_a_killed_producers_transaction_is_aborted_after_its_timeout(broker):
         plain.send("k", value=b"after", partition=0).get(timeout=WAIT)
     assert read(broker.socket, "k", "read_committed",
                 until=lambda got: b"after" in got) == [b"after"]
-    with Admin(broker.socket) as admin:
-        desc = admin.describe_transaction("killed")
-    assert desc["state"] in ("CompleteAbort", "Empty") and desc["producer_epoch"] >= 1
+    with Admin(broker.socket) as admin:             # the markers came first: then the end
+        mq.testing.wait_for(lambda: admin.describe_transaction("killed")["state"] ==
+                            "CompleteAbort", timeout=WAIT, message="CompleteAbort")
+        assert admin.describe_transaction("killed")["producer_epoch"] >= 1     # fenced
     assert read(broker.socket, "k", "read_uncommitted") == [b"doomed-1", b"doomed-2", b"after"]
 
 
