@@ -57,7 +57,7 @@ from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
 from mq.client.producer_io import Sender
 from mq.client.producer_records import as_bytes, check_headers, check_record_size
-from mq.client.transaction_manager import TransactionManager
+from mq.client.transaction_manager import TransactionManager, TxnState
 from mq.client.transactions import Transactions
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
@@ -88,6 +88,7 @@ REQUEST_ENVELOPE_BYTES = 512
 _KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
 
 
+_IN_TRANSACTION = TxnState.IN_TRANSACTION
 _ACKS = {0: 0, 1: 1, -1: ACKS_ALL, "all": ACKS_ALL, "0": 0, "1": 1, "-1": ACKS_ALL}
 
 
@@ -383,8 +384,11 @@ class Producer(Sender):
             if len(self._ready) >= self._max_in_flight and \
                     threading.get_ident() != self._helper_ident:
                 self._wait_for_room()
-            if self._txn is not None:
-                self._admit(topic, partition)
+            txn = self._txn
+            if txn is not None:                   # inline: in the txn with this partition?
+                m = txn.manager
+                if m.state is not _IN_TRANSACTION or (topic, partition) not in m.partitions:
+                    self._admit(topic, partition)
                 sticky = False                    # stay on the partition the txn has
             batch = info.open[partition]
             closed = False
