@@ -96,6 +96,26 @@ def test_a_broker_without_init_producer_id(fake_broker, caplog):
         Producer(socket=b.path, enable_idempotence=True)        # asked for: refused
 
 
+def test_init_producer_id_failing_retriably_is_asked_again_by_the_io_thread(fake_broker):
+    """A broker that cannot write its producer id block (a full disk) answers a retriable
+    KafkaStorageError: the constructor does not fail, batches wait for the id (each failed
+    try counts as one of their attempts) and go out once it comes."""
+    failures = {"until": 2}
+    b = fake_broker(1, lambda partition, values, attempt: 0, sequences=True,
+                    init_error=lambda n: STORAGE_ERROR if n <= failures["until"] else 0)
+    with Producer(socket=b.path, linger_ms=0, retry_backoff_ms=5) as producer:
+        meta = producer.send("t", value=b"waited").get(timeout=WAIT)
+        assert meta.offset == 0
+        assert len(b.init_requests) == 3
+        assert b.batches[0][1:4] == (1000, 0, 0)
+    failures["until"] = 10**9                              # never again
+    with Producer(socket=b.path, linger_ms=0, retries=1, retry_backoff_ms=5) as producer:
+        fut = producer.send("t", value=b"never")
+        assert isinstance(_wait_error(fut), KafkaStorageError)
+        assert fut.attempts == 2
+    assert [values for _, _, _, _, _, values in b.batches] == [[b"waited"]]
+
+
 # --- retries and lost replies -----------------------------------------------------------------
 
 @pytest.mark.parametrize("max_in_flight", [1, 5])

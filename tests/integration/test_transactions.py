@@ -9,6 +9,7 @@ sleeps to wait: the tests poll consumers or the coordinator's state, each with a
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -119,6 +120,25 @@ def test_misuse_raises_invalid_txn_state(broker):
         producer.send("m", value=b"x").get(timeout=WAIT)
         producer.commit_transaction()
     assert isinstance(InvalidTxnStateError(), mq.MQError)
+
+
+def test_threads_send_in_one_transaction(broker):
+    create_topic(broker, "threads", 3)
+    with Producer(socket=broker.socket, transactional_id="threads") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+
+        def send(n: int) -> None:
+            for i in range(500):
+                producer.send("threads", value=b"%d-%d" % (n, i), key=b"%d" % i)
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        producer.commit_transaction()
+    got = read(broker.socket, "threads", "read_committed")
+    assert sorted(got) == sorted(b"%d-%d" % (n, i) for n in range(4) for i in range(500))
 
 
 # --- consumed offsets -------------------------------------------------------------------------
