@@ -250,3 +250,9 @@ class TransactionCoordinator:
 
     def transactional_id_of(self, producer_id: int) -> str | None:
         return self._by_producer.get(producer_id)
+
+    def epoch_of(self, producer_id: int) -> int:
+        """The current epoch of the transactional id ``producer_id`` holds (-1: none)."""
+        tid = self._by_producer.get(producer_id)
+        meta = self.txns.get(tid) if tid is not None else None
+        return -1 if meta is None else meta.producer_epoch

@@ -244,8 +244,9 @@ def test_a_prepared_transaction_is_finished_by_the_next_start():
             assert describe_on(conn, "crash")["state"] == "PrepareCommit"
         b.stop()
         b.start()                                     # recovery, then recover(): markers
-        mq.testing.wait_for(lambda: read_from(sock, "read_committed") == [b"kept"],
-                            timeout=10, message="the commit finished at restart")
         with Connection(sock) as conn:
-            assert describe_on(conn, "crash")["state"] == "CompleteCommit"
+            mq.testing.wait_for(lambda: describe_on(conn, "crash")["state"] ==
+                                "CompleteCommit", timeout=10,
+                                message="the commit finished at restart")
+        assert read_from(sock, "read_committed") == [b"kept"]
         b.stop()

@@ -124,6 +124,10 @@ class TransactionApis:
     def verify(self, topic: str, partition: int, producer_id: int, epoch: int) -> None:
         """A transactional batch: its partition must be in the producer's open transaction."""
         held = self.coordinator.open_partitions(producer_id, epoch)
+        if held is None and self.coordinator.epoch_of(producer_id) > epoch:
+            raise errors.InvalidProducerEpochError(
+                f"producer {producer_id} epoch {epoch} is fenced: a newer producer holds its "
+                "transactional id")
         if held is None or (topic, partition) not in held:
             raise errors.InvalidTxnStateError(
                 f"producer {producer_id} (epoch {epoch}) has no open transaction holding "

@@ -156,3 +156,11 @@ def test_record_formats_are_kafkas():
     assert decode_value("billing", value) == meta
     with pytest.raises(ValueError):
         decode_key(struct.pack(">hh", 1, 0))
+
+
+def test_epoch_of_tells_the_current_epoch_of_a_producer_id():
+    c = coordinator()
+    meta = init(c)
+    assert c.epoch_of(meta.producer_id) == 0 and c.epoch_of(12345) == -1
+    init(c)
+    assert c.epoch_of(meta.producer_id) == 1
