@@ -1,6 +1,7 @@
-"""The README's "Using it" examples, run as written against a real broker: the shell lines,
+"""The README's examples, run as written against a real broker. "Using it": the shell lines,
 then the Python snippet, in that order (both used to create ``orders``, so the second failed
-with TopicAlreadyExistsError), and the ``--from-datetime`` line ends by itself."""
+with TopicAlreadyExistsError), and the ``--from-datetime`` line ends by itself. "Exactly
+once": the consume-transform-produce loop."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import sys
 from pathlib import Path
 
 from cli_run import ENV, WAIT, Lines
+
+from mq.client.admin import Admin
+from mq.client.consumer import Consumer
+from mq.client.producer import Producer
+from mq.client.types import TopicPartition
+from mq.testing import wait_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -53,6 +60,45 @@ def test_using_it_runs_in_order(broker):
             "b'...'\n", "b'{\"qty\": 2}'\n", "b'{\"qty\": 2}'\n", "b'{\"qty\": 5}'\n"]
         assert len(metadata) == 1 and "topic='orders'" in metadata[0]
         assert proc.poll() is None                      # still consuming, as documented
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _section_python(title: str) -> str:
+    section = README.read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def test_the_exactly_once_example_runs(broker):
+    """The consume-transform-produce loop, as written: every order becomes one invoice,
+    visible to read_committed readers, and the group's offsets move with them."""
+    with Admin(broker.socket) as admin:
+        admin.create_topic("orders", 2)
+        admin.create_topic("invoices", 1)
+    with Producer(socket=broker.socket) as p:
+        for i in range(6):
+            p.send("orders", value=b"order-%d" % i, key=b"k%d" % i)
+    env = {**ENV, "MQ_SOCKET": broker.socket}
+    proc = subprocess.Popen([sys.executable, "-c", _section_python("Exactly once")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tp = TopicPartition("invoices", 0)
+    try:
+        with Consumer(socket=broker.socket, isolation_level="read_committed") as c:
+            c.assign([tp])
+
+            def six_invoices() -> bool:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                return c.end_offsets([tp])[tp] >= 6 + 1          # 6 records and a marker
+            wait_for(six_invoices, timeout=WAIT, message="the invoices")
+            c.seek_to_beginning()
+            got = sorted(bytes(r.value) for rs in c.poll(timeout_ms=2000).values() for r in rs)
+        assert got == sorted(b"order-%d" % i for i in range(6))
+        with Consumer(socket=broker.socket, group_id="billing") as c:
+            ends = c.end_offsets([TopicPartition("orders", p) for p in (0, 1)])
+            assert {tp: c.committed(tp) for tp in ends} == ends
     finally:
         proc.kill()
         proc.wait()
