@@ -141,6 +141,7 @@ class Chaos:
         self.commits = CommitLedger()
         self.scans = self.fresh_scans()
         self.lost: set[tuple[int, int]] = set()
+        self.duplicated: set[tuple[int, int]] = set()
         self.procs: dict[str, dict[int, mp.Process]] = {"producer": {}, "member": {}}
         self.ledger_paths: dict[str, dict[int, str]] = {"producer": {}, "member": {}}
         self.next_id = {"producer": 1, "member": 1}
@@ -305,8 +306,26 @@ class Chaos:
                                     f"{describe_code(acked[off])} acknowledged "
                                     f"({self.where(self.acks.times[p][off])}) {why}")
             self.acks.pending[p] = []
+        if full:
+            self.check_duplicates()
         if self.broker.alive():
             self.check_commits()
+
+    def check_duplicates(self) -> None:
+        """The producers are idempotent (mq's default with acks="all"): a record sent once is
+        in the log once, however often the broker was killed while its batch was in flight."""
+        for p, scan in enumerate(self.scans):
+            seen: dict[int, int] = {}
+            for offset, code in enumerate(scan.codes):
+                if code < 0:
+                    continue
+                first = seen.setdefault(code, offset)
+                if first != offset and (p, offset) not in self.duplicated:
+                    self.duplicated.add((p, offset))
+                    self.violations.add("duplicate", f"partition {p} offset {offset}",
+                                        f"{describe_code(code)} is in the log twice (first at "
+                                        f"offset {first}): an idempotent producer's re-send "
+                                        "was written again")
 
     def check_commits(self) -> None:
         from mq.client.admin import Admin
