@@ -223,6 +223,8 @@ _ERROR_TABLE = [
     ("ProducerFencedError", 90, False, "A newer producer with the same transactional id "
                                        "fenced this one."),
     ("TransactionalIdNotFoundError", 105, False, "No such transactional id."),
+    ("UnstableOffsetCommitError", 88, True, "An open transaction holds newer offsets for the "
+                                            "partition; retry once it ends."),
     # consumer groups
     ("InvalidGroupIdError", 24, False, "The group id is not valid."),
     ("UnknownMemberIdError", 25, False, "The group does not know this member (rejoin)."),

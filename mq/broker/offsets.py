@@ -279,6 +279,10 @@ class OffsetStore:
             self._forget(group, tp)
         return plog
 
+    def pending_partitions(self, group: str) -> set[tuple[str, int]]:
+        """The partitions of ``group`` with offsets held by a transaction not yet ended."""
+        return {tp for held in self.pending.values() for g, tp, _ in held if g == group}
+
     def committed(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
         return self.offsets.get(group, {}).get((topic, partition))
 

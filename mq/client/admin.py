@@ -9,18 +9,31 @@ from typing import Any
 
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
+from mq.errors import UnstableOffsetCommitError, error_for_code
 from mq.protocol.messages import Api
 
 __all__ = ["Admin"]
 
 
-def fetch_committed(conn: Connection, group: str, partitions: Iterable[TopicPartition] | None
-                    ) -> dict[TopicPartition, int]:
-    """OffsetFetch: ``group``'s committed offsets of ``partitions`` (None: all); partitions
-    without one are left out. (Shared with ``Consumer.committed``.)"""
+def fetch_committed(conn: Connection, group: str, partitions: Iterable[TopicPartition] | None,
+                    require_stable: bool = False
+                    ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+    """OffsetFetch: ``group``'s committed offsets of ``partitions`` (None: all), partitions
+    without one left out, and, with ``require_stable``, the partitions whose newer offsets an
+    unfinished transaction holds (no offset given for them: ask again once it ends). (Shared
+    with the group consumer.)"""
     wanted = None if partitions is None else [[tp.topic, tp.partition] for tp in partitions]
-    rows = conn.call(Api.OFFSET_FETCH, group, wanted).fields[0]
-    return {TopicPartition(t, p): offset for t, p, offset, *_ in rows if offset >= 0}
+    rows = conn.call(Api.OFFSET_FETCH, group, wanted, int(require_stable)).fields[0]
+    offsets: dict[TopicPartition, int] = {}
+    unstable: set[TopicPartition] = set()
+    for t, p, offset, _epoch, _metadata, _ts, error_code in rows:
+        if error_code == UnstableOffsetCommitError.code:
+            unstable.add(TopicPartition(t, p))
+        elif error_code:
+            raise error_for_code(error_code, f"committed offset of {t}-{p}")
+        elif offset >= 0:
+            offsets[TopicPartition(t, p)] = offset
+    return offsets, unstable
 
 
 class Admin:
@@ -98,7 +111,7 @@ class Admin:
 
     def list_group_offsets(self, group: str) -> dict[TopicPartition, int]:
         """The group's committed offsets (``{}`` for an unknown group)."""
-        return fetch_committed(self._conn, group, None)
+        return fetch_committed(self._conn, group, None)[0]
 
     def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
         """Set committed offsets of a group without live members (an offset reset). Raises

@@ -334,6 +334,12 @@ class Consumer(Fetcher, GroupConsumer):
         self._check_open()
         f = self._fetch_of(partition)
         position = self._positions([f.tp]).get(f.tp)
+        if position is None and f.tp in self._unstable:
+            committed = self.committed(f.tp)     # waits for the transaction holding it
+            if f.offset is None:
+                self._unstable.discard(f.tp)
+                self._start_at(f.tp, committed)
+            position = f.position
         if position is None:
             self._reset(f, self._state(f.tp), None)
             position = f.position
@@ -451,6 +457,8 @@ class Consumer(Fetcher, GroupConsumer):
     def _wait(self, session: Session | None, remaining: float | None) -> None:
         """Block until the broker posts, ``remaining`` passes or a liveness check is due."""
         slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
+        if self._unstable:                    # asking again for held offsets is due then
+            slice_s = max(0.0, min(slice_s, self._unstable_retry_at - time.monotonic()))
         if session is None:
             # Disconnected: back off until the next reconnect attempt (nothing can post).
             pause = max(0.0, self._reconnect_at - time.monotonic())

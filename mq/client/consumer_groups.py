@@ -5,7 +5,10 @@ heartbeat thread. Each pass of ``poll`` first calls ``_group_round``: callbacks 
 async commits, a due auto-commit, and — when the heartbeat thread saw the assignment change —
 reconciliation: revoke (commit, ``on_partitions_revoked``, stop reading), then start the new
 partitions at their committed offsets (``on_partitions_assigned``); each step is reported to
-the broker at once, so a partition's next owner can start as soon as this one let go.
+the broker at once, so a partition's next owner can start as soon as this one let go. A
+``read_committed`` consumer does not start a partition whose newer offsets an unfinished
+transaction holds (the previous owner's commit under way): it asks again each round until the
+transaction ends, then starts where it left the offsets.
 
 Commits carry the member id and epoch; the broker rejects a commit from a fenced member. A
 commit whose epoch went stale while in flight (the member moved on meanwhile) is retried once
@@ -31,6 +34,7 @@ __all__ = ["GroupConsumer", "ConsumerRebalanceListener"]
 log = logging.getLogger("mq.client.consumer")
 
 _STALE_RETRIES = 5
+_UNSTABLE_BACKOFF_S = (0.01, 0.2)   # asking again for offsets a transaction holds: first, most
 _EMPTY: frozenset[TopicPartition] = frozenset()
 CommitCallback = Callable[[dict[TopicPartition, int], Exception | None], None]
 
@@ -57,6 +61,11 @@ class GroupConsumer:
         # before an earlier one that waits for its fsync.
         self._async_commits: dict[int, list] = {}
         self._last_committed: dict[TopicPartition, int] = {}
+        # read_committed: assigned partitions whose committed offset an unfinished transaction
+        # holds (no position yet, not read), and when to ask again (KIP-447)
+        self._unstable: set[TopicPartition] = set()
+        self._unstable_retry_at = 0.0
+        self._unstable_backoff = _UNSTABLE_BACKOFF_S[0]
         self._next_auto_commit = time.monotonic() + auto_commit_interval_ms / 1000
 
     # --- subscription ---------------------------------------------------------------------------
@@ -146,6 +155,8 @@ class GroupConsumer:
                 self._send_commit(changed, None, auto=True)
         if m.version != self._seen_version:
             self._reconcile(session, m)
+        if self._unstable and time.monotonic() >= self._unstable_retry_at:
+            self._settle_unstable(session)
 
     def _reconcile(self, session, m: Membership) -> None:
         with m.lock:
@@ -180,22 +191,50 @@ class GroupConsumer:
             self._check_metadata(session)
             added = frozenset(tp for tp in added if tp.topic in self._topics and
                               tp.partition < self._topics[tp.topic]["partitions"])
-            committed = self._fetch_committed(session, added)
+            committed, unstable = self._fetch_committed(session, added)
             self._assign([f.tp for f in self._order] + sorted(added))
             for tp in added:
-                f = self._fetches[tp]
-                if tp in committed:
-                    self._seek(f, committed[tp])
-                    self._last_committed[tp] = committed[tp]
+                if tp in unstable:
+                    self._hold_unstable(tp)
                 else:
-                    # Resolve now, as Kafka does: "latest" means the end at assignment time,
-                    # not whenever the partition is first read.
-                    self._reset(f, self._state(tp), None)
+                    self._start_at(tp, committed.get(tp))
             m.set_owned(owned | added)
             self._notify("on_partitions_assigned", added, failures)
         self._seen_version = version
         if failures:
             raise failures[0]
+
+    def _start_at(self, tp: TopicPartition, committed: int | None) -> None:
+        """Position a newly assigned partition at its committed offset or, without one, by
+        ``auto_offset_reset`` (now, as Kafka does: "latest" means the end at assignment time,
+        not whenever the partition is first read)."""
+        f = self._fetches[tp]
+        if committed is not None:
+            self._seek(f, committed)
+            self._last_committed[tp] = committed
+        else:
+            self._reset(f, self._state(tp), None)
+
+    def _hold_unstable(self, tp: TopicPartition) -> None:
+        """An unfinished transaction holds newer offsets of ``tp``: starting at the committed
+        offset would read again what that transaction consumed once it commits. Leave it
+        without a position (not read) and ask again shortly."""
+        if not self._unstable:
+            self._unstable_backoff = _UNSTABLE_BACKOFF_S[0]
+            self._unstable_retry_at = time.monotonic() + self._unstable_backoff
+        self._unstable.add(tp)
+        log.debug("group %s: %s-%d waits for a transaction's offsets", self.group_id, *tp)
+
+    def _settle_unstable(self, session) -> None:
+        """Ask again for the held partitions' offsets; start those now settled."""
+        waiting = {tp for tp in self._unstable
+                   if tp in self._fetches and self._fetches[tp].offset is None}
+        committed, unstable = self._fetch_committed(session, waiting) if waiting else ({}, set())
+        for tp in waiting - unstable:
+            self._start_at(tp, committed.get(tp))
+        self._unstable = unstable
+        self._unstable_backoff = min(self._unstable_backoff * 2, _UNSTABLE_BACKOFF_S[1])
+        self._unstable_retry_at = time.monotonic() + self._unstable_backoff
 
     def _drop(self, tps: Iterable[TopicPartition]) -> None:
         tps = set(tps)
@@ -203,6 +242,7 @@ class GroupConsumer:
         self._assign([f.tp for f in self._order if f.tp not in tps])
         for tp in tps:
             self._last_committed.pop(tp, None)
+        self._unstable -= tps
 
     def _notify(self, name: str, tps: frozenset[TopicPartition], failures: list) -> None:
         try:
@@ -350,9 +390,25 @@ class GroupConsumer:
         if self.group_id is None:
             raise ValueError("committed() needs a group_id")
         tp = TopicPartition(*partition)
-        return self._fetch_committed(self._require_session(), [tp]).get(tp)
+        deadline = time.monotonic() + self._timeout
+        backoff = _UNSTABLE_BACKOFF_S[0]
+        while True:
+            committed, unstable = self._fetch_committed(self._require_session(), [tp])
+            if not unstable:
+                return committed.get(tp)
+            if time.monotonic() + backoff > deadline:
+                raise errors.UnstableOffsetCommitError(
+                    f"{tp.topic}-{tp.partition}: an unfinished transaction still holds the "
+                    f"group's newer offsets")
+            time.sleep(backoff)
+            backoff = min(backoff * 2, _UNSTABLE_BACKOFF_S[1])
 
     def _fetch_committed(self, session, tps: Iterable[TopicPartition]
-                         ) -> dict[TopicPartition, int]:
+                         ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+        """Committed offsets, and (``read_committed``) the partitions an unfinished
+        transaction's offsets hold."""
         tps = list(tps)
-        return fetch_committed(session.conn, self.group_id, tps) if tps else {}
+        if not tps:
+            return {}, set()
+        return fetch_committed(session.conn, self.group_id, tps,
+                               require_stable=self._read_committed)

@@ -324,6 +324,8 @@ class Fetcher:
         """Read batches at the position from the map; False when nothing is readable."""
         st = self._state(f.tp, session)
         if f.offset is None:
+            if f.tp in self._unstable:
+                return False              # a transaction holds its offsets: not yet
             self._reset(f, st, None)
         elif f.offset < st.log_start_offset or f.offset > st.log_end_offset:
             self._reset(f, st, f.offset)

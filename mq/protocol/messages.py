@@ -21,7 +21,11 @@ Schemas (fields after ``request_id``)::
 
     OffsetCommit     8  group str, member_id str, member_epoch int,
                         [[topic str, partition int, offset int, leader_epoch int, metadata str]]
-    OffsetFetch      9  group str, [[topic str, partition int], ...] | nil (nil: all)
+    OffsetFetch      9  group str, [[topic str, partition int], ...] | nil (nil: all),
+                        require_stable int (1: a partition whose offsets an open transaction
+                        holds answers UNSTABLE_OFFSET_COMMIT in its row)
+                        -> [[topic, partition, offset (-1: none), leader_epoch, metadata,
+                             commit_timestamp_ms, error_code int], ...]
     ListGroups      16  (no fields)
     DeleteGroups    42  group str
     ConsumerGroupHeartbeat 68  group str, member_id str|nil, member_epoch int,
@@ -118,7 +122,7 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
     Api.OFFSET_COMMIT: (("group", str), ("member_id", str), ("member_epoch", int),
                         ("offsets", _COMMIT_LIST)),
-    Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST)),
+    Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST), ("require_stable", int)),
     Api.LIST_GROUPS: (),
     Api.DELETE_GROUPS: (("group", str),),
     Api.CONSUMER_GROUP_HEARTBEAT: (

@@ -185,6 +185,44 @@ def test_send_offsets_commit_the_groups_offsets_only_with_the_transaction(broker
     assert out == [b"committed"] + [b"copy-" + v for v in values("in", 10)]
 
 
+def test_read_committed_consumers_wait_for_offsets_an_open_transaction_holds(broker):
+    """KIP-447: while a transaction holds newer offsets of a partition, a read_committed
+    group consumer neither starts there nor answers ``committed()`` from the old commit; it
+    waits for the transaction's end. A read_uncommitted one is answered at once."""
+    create_topic(broker, "in", 1)
+    with Producer(socket=broker.socket) as plain:
+        for value in values("in", 10):
+            plain.send("in", value=value)
+    tp = TopicPartition("in", 0)
+    with Producer(socket=broker.socket, transactional_id="holder") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({tp: 3}, "g")
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({tp: 7}, "g")        # held, not yet committed
+        with Consumer("in", group_id="g", socket=broker.socket, enable_auto_commit=False,
+                      value_bytes=True) as uncommitted:
+            assert uncommitted.committed(tp) == 3
+        with Consumer("in", group_id="g", socket=broker.socket, enable_auto_commit=False,
+                      isolation_level="read_committed", value_bytes=True) as consumer:
+            mq.testing.wait_for(lambda: consumer.poll(timeout_ms=20) == {} and
+                                tp in consumer.assignment(), timeout=WAIT,
+                                message="the partition to be assigned")
+            assert consumer.poll(timeout_ms=100) == {}             # not started at 3
+            answers: list[int | None] = []
+            asking = threading.Thread(target=lambda: answers.append(consumer.committed(tp)))
+            asking.start()
+            producer.commit_transaction()
+            asking.join(WAIT)
+            assert answers == [7]
+            got: list = []
+            mq.testing.wait_for(lambda: got.extend(
+                r for rs in consumer.poll(timeout_ms=50).values() for r in rs) or len(got) >= 3,
+                timeout=WAIT, message="records from offset 7")
+            assert [r.offset for r in got] == [7, 8, 9]
+
+
 # --- fencing ----------------------------------------------------------------------------------
 
 def test_a_zombie_producer_process_is_fenced(broker):

@@ -25,6 +25,7 @@ from mq.errors import (
     KafkaStorageError,
     OutOfOrderSequenceError,
     ProducerFencedError,
+    UnstableOffsetCommitError,
 )
 from mq.log import diskio
 from mq.log.diskio import Fault, FaultyDiskIO
@@ -212,17 +213,25 @@ def test_offsets_sent_to_a_transaction_count_only_when_it_commits(broker):
             conn.call(Api.ADD_OFFSETS_TO_TXN, "etl", pid, epoch, "g")
             group_tp[0][2] = offset
             conn.call(Api.TXN_OFFSET_COMMIT, "etl", "g", pid, epoch, "", -1, group_tp)
-            fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]]).fields[0]
+            fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 0).fields[0]
             assert fetched[0][2] == -1                  # pending until the marker
+            # A read_committed consumer is told to wait instead (KIP-447).
+            stable = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 1).fields[0]
+            assert stable[0][2] == -1 and stable[0][6] == UnstableOffsetCommitError.code
             conn.call(Api.END_TXN, "etl", pid, epoch, commit)
-            fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]]).fields[0]
-            assert fetched[0][2] == (-1 if not commit else 7)
+            for require_stable in (0, 1):
+                fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], require_stable).fields[0]
+                assert fetched[0][2] == (-1 if not commit else 7) and fetched[0][6] == 0
         with pytest.raises(InvalidTxnStateError):
             conn.call(Api.TXN_OFFSET_COMMIT, "etl", "g", pid, epoch, "", -1, group_tp)
-    broker.kill()                                     # replayed from __consumer_offsets
+        conn.call(Api.ADD_OFFSETS_TO_TXN, "etl", pid, epoch, "g")
+        conn.call(Api.TXN_OFFSET_COMMIT, "etl", "g", pid, epoch, "", -1, [["t", 0, 9, -1, ""]])
+    broker.kill()                   # replayed from __consumer_offsets, the open one pending
     broker.start()
     with Connection(broker.socket) as conn:
-        assert conn.call(Api.OFFSET_FETCH, "g", [["t", 0]]).fields[0][0][2] == 7
+        assert conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 0).fields[0][0][2] == 7
+        stable = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 1).fields[0]
+        assert stable[0][6] == UnstableOffsetCommitError.code
 
 
 def test_a_prepared_transaction_is_finished_by_the_next_start():

@@ -271,14 +271,26 @@ class GroupApis:
         return items
 
     def fetch_offsets(self, conn: Conn, req: Request) -> list:
+        """OffsetFetch. With ``require_stable`` (read_committed consumers), a partition whose
+        newer offsets an open or prepared transaction holds answers UNSTABLE_OFFSET_COMMIT in
+        its row (KIP-447): the committed offset would be stale the moment the transaction
+        commits, and a new owner starting there would process the transaction's input again.
+        """
         group, wanted = req["group"], req["partitions"]
         committed = self.offsets.offsets.get(group, {})
         keys = sorted(committed) if wanted is None else [(t, p) for t, p in wanted]
+        unstable = self.offsets.pending_partitions(group) if req["require_stable"] else ()
+        unstable_code = errors.UnstableOffsetCommitError.code
         rows = []
         for key in keys:
             c = committed.get(key)
-            rows.append([*key, -1, -1, "", -1] if c is None else
-                        [*key, c.offset, c.leader_epoch, c.metadata, c.commit_timestamp_ms])
+            if key in unstable:
+                rows.append([*key, -1, -1, "", -1, unstable_code])
+            elif c is None:
+                rows.append([*key, -1, -1, "", -1, 0])
+            else:
+                rows.append([*key, c.offset, c.leader_epoch, c.metadata,
+                             c.commit_timestamp_ms, 0])
         return response(req.api, req.request_id, 0, None, rows)
 
     def list_groups(self, conn: Conn, req: Request) -> list:

@@ -11,7 +11,7 @@ HEARTBEAT = ["g", None, 0, None, -1, -1, ["t"], None, None, None]
 VALID = {
     Api.CONSUMER_GROUP_HEARTBEAT: HEARTBEAT,
     Api.OFFSET_COMMIT: ["g", "", -1, [["t", 0, 5, -1, "meta"]]],
-    Api.OFFSET_FETCH: ["g", None],
+    Api.OFFSET_FETCH: ["g", None, 0],
     Api.LIST_GROUPS: [],
     Api.DELETE_GROUPS: ["g"],
     Api.CONSUMER_GROUP_DESCRIBE: ["g"],
@@ -41,6 +41,7 @@ def test_heartbeat_optional_fields_take_values():
     (Api.OFFSET_COMMIT, 3, [["t", 0, 5, -1, None]]),    # metadata a string
     (Api.OFFSET_COMMIT, 3, None),
     (Api.OFFSET_FETCH, 1, [[0, 0]]),
+    (Api.OFFSET_FETCH, 2, None),                        # require_stable an int
     (Api.DELETE_GROUPS, 0, 1),
 ])
 def test_wrong_field_types_are_named(api, index, bad):
