@@ -102,8 +102,9 @@ class Producer(Sender):
     "zstd". ``partitioner``: ``callable(topic, key_bytes, all_partitions, available) -> int``
     or an object with such a ``partition`` method. ``max_request_size``: the largest batch
     (and so record) sent; never more than the broker accepts (its ``max_request_bytes``, less
-    ``REQUEST_ENVELOPE_BYTES`` for the rest of the request). ``max_in_flight``: unanswered requests at once. ``retries`` /
-    ``retry_backoff_ms`` / ``delivery_timeout_ms``: how long a batch is retried.
+    ``REQUEST_ENVELOPE_BYTES`` for the rest of the request). ``max_in_flight``: unanswered
+    requests at once. ``retries`` / ``retry_backoff_ms`` / ``delivery_timeout_ms``: how long
+    a batch is retried.
     ``request_timeout_ms``: a request unanswered that long drops the connection (its batches
     are re-sent). ``max_block_ms``: how long ``send()`` may wait for room or metadata.
     ``key_serializer``/``value_serializer``: callables applied to non-None keys/values.

@@ -2,9 +2,9 @@
 first record to its reply, and the futures ``send()`` returns, which read that outcome.
 
 A ``Batch`` is filled and closed by the accumulator (``producer.py``) under the producer's
-lock and sent by the sender (``producer_io.py``). ``finish_batch`` gives it its outcome exactly once,
-outside that lock, and runs its futures' callbacks on the thread that finished it (normally the
-I/O thread; ``close()`` fails what is left).
+lock and sent by the sender (``producer_io.py``). ``finish_batch`` gives it its outcome exactly
+once, outside that lock, and runs its futures' callbacks on the thread that finished it
+(normally the I/O thread; ``close()`` fails what is left).
 """
 
 from __future__ import annotations
