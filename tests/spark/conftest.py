@@ -1,0 +1,41 @@
+"""Local-mode Spark for the ``mq.spark`` tests: one SparkSession per xdist worker (a JVM
+takes about 10 s to start), ``local[2]``, no UI, two shuffle partitions, the ``mq`` format
+registered. The tests are skipped when pyspark or Java is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs Java 17 (apt-get install openjdk-17-jre-headless)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    from pyspark.sql import SparkSession
+
+    import mq.spark
+
+    # Executors' Python workers must import mq from this interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = (SparkSession.builder.master("local[2]")
+               .appName("mq-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.warehouse.dir", str(warehouse))
+               .config("spark.driver.memory", "1g")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    mq.spark.register(session)
+    yield session
+    session.stop()
