@@ -356,11 +356,14 @@ class PartitionReader:
                 if not at_end and seg.final_size < 0:
                     seg.final_size = seg.size()   # rolled: this size never changes again
                 limit = seg.size()
-            got = self._read_segment(seg, offset, limit, budget, not out)
+            got, more = self._read_segment(seg, offset, limit, budget, not out)
             for batch in got:
                 budget -= batch.size
             out += got
-            if budget <= 0 or (end_base is not None and base >= end_base):
+            # ``more``: the budget stopped the read before the segment's end. The next
+            # segment comes only after the rest of this one, or the batches returned would
+            # skip the offsets between them.
+            if more or budget <= 0 or (end_base is not None and base >= end_base):
                 break
             if got:
                 offset = got[-1].next_offset
@@ -368,9 +371,12 @@ class PartitionReader:
         return out
 
     def _read_segment(self, seg: _Segment, offset: int, limit: int, max_bytes: int,
-                      need_one: bool) -> list[RecordBatch]:
+                      need_one: bool) -> tuple[list[RecordBatch], bool]:
+        """Whole batches of ``seg`` from the one reaching ``offset``, below ``limit``, at most
+        ``max_bytes`` (at least one if ``need_one``); and whether readable bytes of the segment
+        were left for lack of budget (then the caller must not go on to the next segment)."""
         if limit <= 0:
-            return []
+            return [], False
         self._ensure_mapped(seg, limit)
         hint = self._hint
         if hint is not None and (hint[0] != seg.base or hint[1] > offset or hint[2] > limit):
@@ -386,7 +392,7 @@ class PartitionReader:
             head = seg.header(pos, limit)
             if head is None:
                 self._hint = (seg.base, offset, pos)
-                return []
+                return [], False
             base, size, last_delta = head
             if base + last_delta >= offset:
                 break
@@ -404,26 +410,31 @@ class PartitionReader:
         out: list[RecordBatch] = []
         taken = 0
         pos = start
+        more = False
         while True:
             if out:
                 head = seg.header(pos, end) if shift == 0 else _header_in(buf, pos - shift,
                                                                            end - shift, seg.path,
                                                                            pos)
                 if head is None:
+                    more = end < limit            # a pread window ended before the limit
                     break
                 base, size, last_delta = head
             if out and taken + size > max_bytes:
+                more = True
                 break
             if not out and size > max_bytes and not need_one:
+                more = True
                 break
             out.append(RecordBatch(buf[pos - shift:pos - shift + size], pos, seg.path))
             taken += size
             pos += size
             if taken >= max_bytes:
+                more = pos < limit
                 break
         if out:
             self._hint = (seg.base, out[-1].next_offset, pos)
-        return out
+        return out, more
 
     def _ensure_mapped(self, seg: _Segment, limit: int) -> None:
         """Map or remap ``seg`` when the readable part passes its map (policy: module doc)."""

@@ -118,6 +118,30 @@ def test_batches_are_whole_and_bounded_by_max_bytes(open_log, open_reader):
         assert isinstance(batch.buffer, memoryview)
 
 
+def test_a_read_cut_by_max_bytes_never_skips_the_rest_of_a_segment(open_log, open_reader):
+    """A small batch, a big one, a roll, a small one: a budget that takes the first small
+    batch but not the big one returns the small batch alone, not the next segment's batch
+    (that skipped the big batch: a consumer crossing a roll lost the rest of the segment)."""
+    plog = open_log(LogConfig(segment_bytes=700, index_interval_bytes=0))
+    for value in (b"a" * 10, b"b" * 500, b"c" * 10):
+        builder = BatchBuilder()
+        builder.append(1_000, None, value)
+        plog.append(builder.build(), now_ms=0)
+    assert [s.base_offset for s in plog.segments] == [0, 2]
+    reader = open_reader(plog.dir)
+    sizes = [b.size for b in reader.read(0, *end_of(plog), 1 << 20)]
+    assert len(sizes) == 3
+    budget = sizes[0] + sizes[2]                 # room for the small ones, not the big one
+    assert [b.base_offset for b in reader.read(0, *end_of(plog), budget)] == [0]
+    assert [b.base_offset for b in reader.read(0, None, None, budget)] == [0]
+    got = []
+    offset = 0
+    while batches := reader.read(offset, *end_of(plog), budget):
+        got += [b.base_offset for b in batches]
+        offset = batches[-1].next_offset
+    assert got == [0, 1, 2]
+
+
 def test_compressed_batches(open_log, open_reader):
     plog = open_log()
     for i in range(5):
