@@ -566,6 +566,222 @@ done:
     return out;
 }
 
+/* ---- decode_columns: the same records, as column buffers (no object per record) ---- */
+
+PyDoc_STRVAR(decode_columns_doc,
+"decode_columns(payload, base_offset, base_timestamp, log_append_time, max_timestamp, count,\n"
+"               lo, hi, columns) -> int\n\n"
+"Decode `count` records as decode_records does (the same input is accepted and rejected),\n"
+"but append those whose offset is in [lo, hi) to the eight bytearrays of the list `columns`\n"
+"instead of building objects: offsets (int64), timestamps (int64, ms), key ends (int32: the\n"
+"length of the key data column after each key), key data, key validity (one byte each: 1,\n"
+"or 0 for a null key), then the same three for values; native byte order. This is the\n"
+"layout of Arrow's int64 and binary columns, which Spark's data source reads take. Returns\n"
+"how many records were appended. Raises ValueError(reason) on malformed input, OverflowError\n"
+"when an offset or timestamp does not fit int64 or a data column would pass 2**31 - 1\n"
+"bytes; the columns are then left as they were.");
+
+/* A length varint (-1: null) and the bytes after it: *at, *len (len -1 for null). */
+#define FIELD(at, len, what) \
+    do { \
+        int64_t n_; \
+        VARINT(rec_end, &n_); \
+        if (n_ < -1 || n_ > rec_end - pos) \
+            CORRUPT("invalid " what " length %lld", (long long)n_); \
+        *(at) = pos; \
+        *(len) = (Py_ssize_t)n_; \
+        if (n_ > 0) \
+            pos += (Py_ssize_t)n_; \
+    } while (0)
+
+enum { C_OFF, C_TS, C_KEND, C_KDATA, C_KVALID, C_VEND, C_VDATA, C_VVALID, C_COLUMNS };
+
+static PyObject *
+decode_columns(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *mv, *cols;
+    long long base_offset, base_ts, max_ts, lo, hi;
+    int log_append;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!LLpLnLLO!:decode_columns", &PyMemoryView_Type, &mv,
+                          &base_offset, &base_ts, &log_append, &max_ts, &count, &lo, &hi,
+                          &PyList_Type, &cols))
+        return NULL;
+    if (PyList_GET_SIZE(cols) != C_COLUMNS) {
+        PyErr_SetString(PyExc_TypeError, "columns must be a list of 8 bytearrays");
+        return NULL;
+    }
+    PyObject *ba[C_COLUMNS];
+    for (int c = 0; c < C_COLUMNS; c++) {
+        ba[c] = PyList_GET_ITEM(cols, c);
+        if (!PyByteArray_Check(ba[c])) {
+            PyErr_SetString(PyExc_TypeError, "columns must be a list of 8 bytearrays");
+            return NULL;
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const Py_buffer *mvb = PyMemoryView_GET_BUFFER(mv);
+    if (mvb->ndim != 1 || mvb->itemsize != 1 || (mvb->format && strcmp(mvb->format, "B"))) {
+        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of format 'B'");
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)view.buf;
+    const Py_ssize_t end = view.len;
+    Py_ssize_t pos = 0, rec_start = 0, i = 0, n = 0;
+    const char *why = NULL;
+    char msg[160];
+    Py_ssize_t old[C_COLUMNS], used[C_COLUMNS];
+    int grown = 0;
+    PyObject *result = NULL;
+
+    if (count < 0 || count > end) {        /* every record takes at least 7 bytes */
+        PyErr_Format(PyExc_ValueError, "record count %zd exceeds the %zd bytes of records",
+                     count, end);
+        goto fail;
+    }
+    /* Room for every record first (the data columns: at most the payload), trimmed at the
+     * end; a bytearray overallocates as it grows, so appending batch after batch is linear. */
+    const Py_ssize_t room[C_COLUMNS] = {8 * count, 8 * count, 4 * count, end, count,
+                                        4 * count, end, count};
+    for (int c = 0; c < C_COLUMNS; c++) {
+        old[c] = PyByteArray_GET_SIZE(ba[c]);
+        used[c] = 0;
+    }
+    for (; grown < C_COLUMNS; grown++)
+        if (PyByteArray_Resize(ba[grown], old[grown] + room[grown]) < 0)
+            goto fail;
+    char *w[C_COLUMNS];
+    for (int c = 0; c < C_COLUMNS; c++)
+        w[c] = PyByteArray_AS_STRING(ba[c]) + old[c];
+
+    for (i = 0; i < count; i++) {
+        int64_t length, od, hcount, tsd = 0;
+        uint64_t tlo;
+        unsigned thi;
+        Py_ssize_t kat, klen, vat, vlen;
+        rec_start = pos;
+        VARINT(end, &length);
+        if (length < 6 || length > end - pos)
+            CORRUPT("record length %lld does not fit the batch", (long long)length);
+        const Py_ssize_t rec_end = pos + (Py_ssize_t)length;   /* <= end; bounds all below */
+        pos += 1;                                        /* attributes (unused) */
+        if (pos < rec_end && p[pos] < 0x80) {            /* timestamp delta: a varlong */
+            tlo = p[pos++];
+            thi = 0;
+        } else if (read_raw(p, &pos, rec_end, 10, &tlo, &thi, &why) < 0) {
+            goto corrupt;
+        }
+        if (thi == 0)
+            tsd = unzigzag(tlo);
+        VARINT(rec_end, &od);
+        FIELD(&kat, &klen, "key");
+        FIELD(&vat, &vlen, "value");
+        VARINT(rec_end, &hcount);
+        if (hcount < 0 || hcount > rec_end - pos)
+            CORRUPT("invalid header count %lld", (long long)hcount);
+        for (int64_t h = 0; h < hcount; h++) {
+            int64_t hklen;
+            Py_ssize_t hvat, hvlen;
+            VARINT(rec_end, &hklen);
+            if (hklen < 0 || hklen > rec_end - pos)
+                CORRUPT("invalid header key length %lld", (long long)hklen);
+            /* Strict UTF-8, as decode_records checks it (headers are rare: a decode is ok) */
+            PyObject *s = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)hklen, NULL);
+            if (s == NULL) {
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyErr_NormalizeException(&type, &exc, &tb);
+                PyObject *str = exc != NULL ? PyObject_Str(exc) : NULL;
+                const char *txt = str != NULL ? PyUnicode_AsUTF8(str) : NULL;
+                if (txt != NULL)
+                    snprintf(msg, sizeof msg, "%s", txt);
+                Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb); Py_XDECREF(str);
+                if (txt == NULL)
+                    goto fail;
+                why = msg;
+                goto corrupt;
+            }
+            Py_DECREF(s);
+            pos += (Py_ssize_t)hklen;
+            FIELD(&hvat, &hvlen, "header value");
+        }
+        if (pos != rec_end)                              /* pos < rec_end: reads are bounded */
+            CORRUPT("record consumed %lld bytes but declared %lld",
+                    (long long)(length - (rec_end - pos)), (long long)length);
+
+        int64_t offset, ts;
+        if ((od > 0 && base_offset > INT64_MAX - od) || (od < 0 && base_offset < INT64_MIN - od)) {
+            PyErr_SetString(PyExc_OverflowError, "record offset does not fit int64");
+            goto fail;
+        }
+        offset = base_offset + od;
+        if (offset < lo || offset >= hi)
+            continue;
+        if (log_append) {
+            ts = max_ts;
+        } else if (thi != 0 || (tsd > 0 && base_ts > INT64_MAX - tsd) ||
+                   (tsd < 0 && base_ts < INT64_MIN - tsd)) {
+            PyErr_SetString(PyExc_OverflowError, "record timestamp does not fit int64");
+            goto fail;
+        } else {
+            ts = base_ts + tsd;
+        }
+        memcpy(w[C_OFF] + 8 * n, &offset, 8);
+        memcpy(w[C_TS] + 8 * n, &ts, 8);
+        const Py_ssize_t at[2] = {kat, vat}, len[2] = {klen, vlen};
+        const int data[2] = {C_KDATA, C_VDATA};
+        for (int f = 0; f < 2; f++) {
+            const int d = data[f];
+            if (len[f] > 0) {
+                memcpy(w[d] + used[d], p + at[f], (size_t)len[f]);
+                used[d] += len[f];
+            }
+            if (old[d] + used[d] > INT32_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "a data column would pass 2**31 - 1 bytes");
+                goto fail;
+            }
+            const int32_t e = (int32_t)(old[d] + used[d]);
+            memcpy(w[d - 1] + 4 * n, &e, 4);              /* the ends column precedes data */
+            w[d + 1][n] = len[f] >= 0;                    /* validity follows it */
+        }
+        n++;
+    }
+    if (pos != end) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes left after %zd records (incorrect declared "
+                     "batch size)", end - pos, count);
+        goto fail;
+    }
+    used[C_OFF] = used[C_TS] = 8 * n;
+    used[C_KEND] = used[C_VEND] = 4 * n;
+    used[C_KVALID] = used[C_VVALID] = n;
+    for (int c = 0; c < C_COLUMNS; c++)
+        if (PyByteArray_Resize(ba[c], old[c] + used[c]) < 0)
+            goto fail;
+    result = PyLong_FromSsize_t(n);
+    goto done;
+
+corrupt:
+    PyErr_Format(PyExc_ValueError, "malformed record %zd of %zd at records byte %zd: %s",
+                 i, count, rec_start, why);
+fail:
+    for (int c = 0; c < grown; c++) {             /* leave the columns as they were */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        if (PyByteArray_Resize(ba[c], old[c]) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, exc, tb);
+    }
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+#undef FIELD
+
 /* ---- encode_record: one record, for BatchBuilder.append ---- */
 
 static uint64_t
@@ -710,6 +926,7 @@ encode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
      encode_record_doc},
     {NULL, NULL, 0, NULL}

@@ -36,6 +36,7 @@ int16 type (0 ABORT, 1 COMMIT) and whose value is int16 version + int32 coordina
 
 from __future__ import annotations
 
+import array
 import gzip
 import importlib
 import os
@@ -259,10 +260,13 @@ def _decompress(codec: int, data: memoryview) -> bytes:
 
 _decode_records_c: Callable[..., list] | None = None
 _encode_record_c: Callable[..., bytes] | None = None
+_decode_columns_c: Callable[..., int] | None = None
 if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
     try:
         _crecords = importlib.import_module("mq.log._crecords")
         _decode_records_c, _encode_record_c = _crecords.decode_records, _crecords.encode_record
+        # getattr: an extension built before decode_columns existed still serves the rest.
+        _decode_columns_c = getattr(_crecords, "decode_columns", None)
     except ImportError:
         pass
 
@@ -457,6 +461,30 @@ class RecordBatch:
                 raise CorruptRecordError(self.path, self.position, str(err)) from err
         return self._records_py(buf, count)
 
+    def decode_columns(self, columns: list[bytearray], lo: int, hi: int) -> int:
+        """Append the records whose offsets are in ``[lo, hi)`` to eight column bytearrays
+        instead of building objects (``mq.spark`` builds Arrow columns of them): offsets
+        (int64), timestamps (int64 ms), key ends (int32: the key data's length after each key),
+        key data, key validity (a byte: 1, or 0 for null), then the same three for values,
+        native byte order. Header values are validated but not kept. Returns how many records
+        were appended. Raises ``CorruptRecordError`` as ``records()`` does (the columns are
+        then left as they were)."""
+        count = self.records_count
+        if count < 0:
+            self._fail(f"negative record count {count}")
+        buf = self.records_payload()
+        if count > len(buf):
+            self._fail(f"record count {count} exceeds the {len(buf)} bytes of records")
+        if _decode_columns_c is not None:          # optional C codec, see above
+            try:
+                return _decode_columns_c(buf, self.base_offset, self.base_timestamp,
+                                         self.attributes & _TIMESTAMP_TYPE_MASK,
+                                         self.max_timestamp, count, lo, hi, columns)
+            except (ValueError, OverflowError) as err:
+                raise CorruptRecordError(self.path, self.position, str(err)) from err
+        return _append_columns(columns, [r for r in self._records_py(buf, count)
+                                         if lo <= r.offset < hi])
+
     def _records_py(self, buf: memoryview, count: int) -> list[BatchRecord]:
         """The pure-Python decoder of the records section: the reference ``_crecords`` mirrors."""
         end = len(buf)
@@ -591,6 +619,30 @@ class RecordBatch:
         return (f"RecordBatch(base_offset={self.base_offset}, last_offset={self.last_offset}, "
                 f"count={self.records_count}, size={self.size}, "
                 f"codec={self.compression_name}, position={self.position})")
+
+
+def _append_columns(columns: list[bytearray], records: list[BatchRecord]) -> int:
+    """The pure-Python ``decode_columns``: what the C codec appends, from decoded records."""
+    try:
+        out = [array.array("q", [r.offset for r in records]).tobytes(),
+               array.array("q", [r.timestamp for r in records]).tobytes()]
+    except OverflowError as err:
+        raise CorruptRecordError(None, 0, "record offset or timestamp does not fit int64") \
+            from err
+    for field, column in (("key", 3), ("value", 6)):
+        values = [getattr(r, field) for r in records]
+        ends = array.array("q")
+        size = len(columns[column])
+        for v in values:
+            size += 0 if v is None else len(v)
+            ends.append(size)
+        if size > _INT32_MAX:
+            raise CorruptRecordError(None, 0, "a data column would pass 2**31 - 1 bytes")
+        out += [array.array("i", ends).tobytes(), b"".join(v for v in values if v is not None),
+                bytes(v is not None for v in values)]
+    for column, data in zip(columns, out, strict=True):
+        column += data
+    return len(records)
 
 
 def iter_batches(buffer, start: int = 0, end: int | None = None, path=None,
