@@ -51,12 +51,14 @@ group is not kept waiting.
 
 Client contract (what the consumer must do for the invariant to hold end to end): report its
 owned partitions on every heartbeat (``None`` only when unchanged since its last report — the
-coordinator then assumes it started everything granted since); after each response stop
-consuming whatever is not in ``assignment`` (``on_partitions_revoked``, commit) and heartbeat at
-once to report it; heartbeat at once when woken; on ``FENCED_MEMBER_EPOCH`` or
-``UNKNOWN_MEMBER_ID`` drop everything (``on_partitions_lost``) and rejoin with epoch 0; treat
-its own connection closing as having stopped consuming, except when the broker restarted (a
-new broker generation): then keep consuming and rejoin reporting what it owns.
+coordinator then assumes it started everything granted since), counting those it may still
+start from an assignment already received: a granted partition left out is released at once;
+after each response stop consuming whatever is not in ``assignment``
+(``on_partitions_revoked``, commit) and heartbeat at once to report it; heartbeat at once when
+woken; on ``FENCED_MEMBER_EPOCH`` or ``UNKNOWN_MEMBER_ID`` drop everything
+(``on_partitions_lost``) and rejoin with epoch 0; treat its own connection closing as having
+stopped consuming, except when the broker restarted (a new broker generation): then keep
+consuming and rejoin reporting what it owns.
 
 Errors are Kafka's codes as mq's broker error classes (``mq.errors``), returned as values:
 nothing here raises on bad client input. The values and records are in ``group_model.py``.

@@ -159,12 +159,11 @@ class GroupConsumer:
             self._settle_unstable(session)
 
     def _reconcile(self, session, m: Membership) -> None:
-        with m.lock:
-            version, target, lost, error = m.version, m.target, m.lost, m.error
+        owned = frozenset(self._fetches)
+        version, target, lost, error = m.reconciling(owned)
         if error is not None:
             raise error
         failures: list[Exception] = []
-        owned = frozenset(self._fetches)
         if lost:
             self._drop(owned)
             m.set_owned(_EMPTY, lost_handled=True)
@@ -198,8 +197,9 @@ class GroupConsumer:
                     self._hold_unstable(tp)
                 else:
                     self._start_at(tp, committed.get(tp))
-            m.set_owned(owned | added)
+            owned |= added
             self._notify("on_partitions_assigned", added, failures)
+        m.reconciled(owned)
         self._seen_version = version
         if failures:
             raise failures[0]

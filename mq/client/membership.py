@@ -10,10 +10,17 @@ Two threads share the state below under one lock:
   changed: another member died, joined or revoked) and at once when the poll thread asks
   (it finished revoking). It stores the broker's assignment in ``target`` and posts the
   consumer's semaphore so a poll blocked on it looks at once.
-- the *poll thread* (the user's, inside ``Consumer.poll``) reconciles: it revokes what left
-  ``target`` (commit, ``on_partitions_revoked``), starts what joined it (committed offsets,
-  ``on_partitions_assigned``) and records the result in ``owned``, which the next heartbeat
-  reports. A partition therefore moves only after its old owner stopped reading it.
+- the *poll thread* (the user's, inside ``Consumer.poll``) reconciles: it takes ``target``
+  (``reconciling``), revokes what left it (commit, ``on_partitions_revoked``), starts what
+  joined it (committed offsets, ``on_partitions_assigned``) and records the result in ``owned``
+  (``reconciled``). A partition therefore moves only after its old owner stopped reading it.
+
+A heartbeat reports as owned everything the poll thread may read before it sees the reply:
+``owned``, the latest ``target`` and the target it is reconciling (``starting``). The broker
+hands a granted partition on as soon as a heartbeat leaves it out (it takes that for a lost
+response), so reporting only ``owned`` would let a partition go while the poll thread, acting
+on an assignment received a moment before, starts it: two members would read it at once. A
+report that shrank (a partition revoked, or taken back before it was started) is sent at once.
 
 Fencing (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH), a connection lost to a broker that kept
 running, or ``max_poll_interval_ms`` without a poll set ``lost``: the poll thread drops every
@@ -95,6 +102,9 @@ class Membership(threading.Thread):
         self.epoch = JOIN_EPOCH
         self.target: frozenset[TopicPartition] = _EMPTY
         self.owned: frozenset[TopicPartition] = _EMPTY
+        # the target the poll thread is reconciling (between ``reconciling`` and ``reconciled``)
+        self.starting: frozenset[TopicPartition] = _EMPTY
+        self._reported: frozenset[TopicPartition] = _EMPTY     # in the last heartbeat sent
         self.lost = False
         self.version = 0               # bumped on every change the poll thread must act on
         self.error: Exception | None = None
@@ -125,12 +135,34 @@ class Membership(threading.Thread):
         except OSError:                 # full (it is non-blocking) or closed: awake anyway
             pass
 
+    def reconciling(self, reading: frozenset[TopicPartition]
+                    ) -> tuple[int, frozenset[TopicPartition], bool, Exception | None]:
+        """The poll thread, reading ``reading``, starts reconciling: the ``(version, target,
+        lost, error)`` to act on. Until ``reconciled``, heartbeats report that target as owned:
+        the poll thread may start any of it even after a newer reply took part of it away."""
+        with self.lock:
+            self.owned, self.starting = reading, self.target
+            return self.version, self.target, self.lost, self.error
+
     def set_owned(self, owned: frozenset[TopicPartition], *, lost_handled: bool = False) -> None:
         with self.lock:
             self.owned = owned
             if lost_handled:
                 self.lost = False
         self.heartbeat_now()
+
+    def reconciled(self, owned: frozenset[TopicPartition]) -> None:
+        """The poll thread finished reconciling and reads exactly ``owned``; heartbeat at once
+        if the broker still counts on us for a partition we will not read."""
+        with self.lock:
+            self.owned, self.starting = owned, _EMPTY
+            shrank = bool(self._reported - self._report())
+        if shrank:
+            self.heartbeat_now()
+
+    def _report(self) -> frozenset[TopicPartition]:
+        """(lock held) What the poll thread may be reading until it sees the next reply."""
+        return self.owned | self.target | self.starting
 
     def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None) -> None:
         with self.lock:
@@ -271,13 +303,14 @@ class Membership(threading.Thread):
         with self.lock:
             joining = self.epoch == JOIN_EPOCH
             send_sub = self._send_subscription or joining
+            self._reported = self._report()
             fields = (self.group_id, self.member_id, self.epoch, self.instance_id,
                       self.max_poll_interval_ms, self.session_timeout_ms,
                       (None if self._pattern is not None else self._topics) if send_sub
                       else None,
                       self._pattern if send_sub else None,
                       self.assignor if send_sub else None,
-                      sorted([tp.topic, tp.partition] for tp in self.owned))
+                      sorted([tp.topic, tp.partition] for tp in self._reported))
             self._send_subscription = False
         reply = self._conn.wait_raw(self._conn.send(Api.CONSUMER_GROUP_HEARTBEAT, *fields))
         if reply.error_code:
@@ -293,6 +326,8 @@ class Membership(threading.Thread):
             if changed:
                 self.target = target
                 self.version += 1
+            if self._reported - self._report():
+                self._hb_due = True       # released before the poll thread started it: say so
         self.joined.set()
         if changed:
             self._wake()
@@ -314,7 +349,7 @@ class Membership(threading.Thread):
         if self.owned or self.target:
             log.warning("group %s: partitions lost: %s", self.group_id, reason)
         self.target = _EMPTY
-        self.lost = bool(self.owned)
+        self.lost = bool(self.owned or self.starting)
         self.version += 1
         self._wake()
 
