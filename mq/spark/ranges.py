@@ -37,7 +37,7 @@ from mq.spark.offsets import format_tps
 from mq.spark.options import TP
 
 __all__ = ["OffsetRange", "DataLossError", "rate_limit", "delay_batch", "split_ranges",
-           "plan_ranges", "report_data_loss"]
+           "plan_ranges", "clamp_to_log_start", "report_data_loss"]
 
 log = logging.getLogger("mq.spark")
 
@@ -159,6 +159,24 @@ def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int],
         if until < begin:
             report_data_loss(f"Partition {tp[0]}-{tp[1]}'s offset was changed from {begin} to "
                              f"{until}, some data may have been missed", fail_on_data_loss)
+        out.append((tp, begin, until))
+    return out
+
+
+def clamp_to_log_start(planned: list[tuple[TP, int, int]], earliest: Mapping[TP, int],
+                       fail_on_data_loss: bool) -> list[tuple[TP, int, int]]:
+    """Ranges that start below their partition's log start offset (retention or
+    DeleteRecords removed them since they were planned) are data loss: reported, and then
+    started at the log start. Kafka's source finds this on the executor; finding it here too
+    gives the same outcome, and an exact one when the log start lies inside a segment (whose
+    bytes below it are still on disk)."""
+    out = []
+    for tp, begin, until in planned:
+        first = earliest.get(tp)
+        if first is not None and begin < min(first, until):
+            report_data_loss(f"Cannot read offsets [{begin}, {min(first, until)}) of "
+                             f"{tp[0]}-{tp[1]}: its log starts at {first}", fail_on_data_loss)
+            begin = min(first, until)
         out.append((tp, begin, until))
     return out
 

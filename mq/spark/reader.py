@@ -54,6 +54,7 @@ from mq.spark.offsets import TP, assigned_partitions, from_json, resolve, to_jso
 from mq.spark.options import ReadOptions, SpecificOffsets, parse_read_options
 from mq.spark.ranges import (
     OffsetRange,
+    clamp_to_log_start,
     delay_batch,
     plan_ranges,
     rate_limit,
@@ -139,10 +140,10 @@ def plan_batch(opts: ReadOptions) -> list[OffsetRange]:
         end = resolve(opts.ending, tps, view, starting=False)
         states = view.states(tps)
         data_dir = opts.data_dir or view.data_dir
-    planned = []
     for tp in tps:
-        first, latest = states[tp].log_start_offset, view_bound(states[tp], opts)
         name = f"{tp[0]}-{tp[1]}"
+        latest = states[tp].last_stable_offset if opts.read_committed \
+            else states[tp].high_watermark
         if end[tp] > latest:
             bound = "last stable offset" if opts.read_committed else "high watermark"
             raise ConfigError(f"endingOffsets of {name} is {end[tp]}, past the end of its log "
@@ -150,17 +151,10 @@ def plan_batch(opts: ReadOptions) -> list[OffsetRange]:
         if start[tp] > end[tp]:
             raise ConfigError(f"startingOffsets of {name} ({start[tp]}) is after its "
                               f"endingOffsets ({end[tp]})")
-        begin = start[tp]
-        if begin < first:
-            report_data_loss(f"Cannot read offsets [{begin}, {min(first, end[tp])}) of {name}: "
-                             f"its log starts at {first}", opts.fail_on_data_loss)
-            begin = min(first, end[tp])
-        planned.append((tp, begin, end[tp]))
+    planned = clamp_to_log_start([(tp, start[tp], end[tp]) for tp in tps],
+                                 {tp: st.log_start_offset for tp, st in states.items()},
+                                 opts.fail_on_data_loss)
     return _split(opts, data_dir, planned)
-
-
-def view_bound(state, opts: ReadOptions) -> int:
-    return state.last_stable_offset if opts.read_committed else state.high_watermark
 
 
 def _plan_offline(opts: ReadOptions) -> list[OffsetRange]:
@@ -264,6 +258,8 @@ class MQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         planned = plan_ranges(begin, until, lambda tps: self._metadata().earliest(tps),
                               self.opts.fail_on_data_loss)
+        planned = clamp_to_log_start(planned, self._metadata().earliest(begin),
+                                     self.opts.fail_on_data_loss)
         return _split(self.opts, self._data_dir(), planned)
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:

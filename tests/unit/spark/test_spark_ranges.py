@@ -16,6 +16,7 @@ pytest.importorskip("pyspark")
 from mq.spark.ranges import (  # noqa: E402  (after the skip)
     DataLossError,
     OffsetRange,
+    clamp_to_log_start,
     delay_batch,
     plan_ranges,
     rate_limit,
@@ -145,6 +146,19 @@ def test_plan_ranges_reports_data_loss(start, end, earliest, message, caplog):
     assert any("may have been" in r.getMessage() or "gone" in r.getMessage()
                for r in caplog.records)
     assert {tp for tp, _, _ in planned} <= set(end)
+
+
+def test_clamp_to_log_start(caplog):
+    planned = [(T1, 5, 20), (T2, 0, 3), (T3, 7, 9)]
+    earliest = {T1: 10, T2: 8, T3: 0}
+    with pytest.raises(DataLossError, match=r"Cannot read offsets \[5, 10\) of t-1: its log "
+                       "starts at 10"):
+        clamp_to_log_start(planned, earliest, True)
+    with caplog.at_level(logging.WARNING, logger="mq.spark"):
+        assert clamp_to_log_start(planned, earliest, False) == \
+            [(T1, 10, 20), (T2, 3, 3), (T3, 7, 9)]
+    assert "[0, 3) of t-2" in caplog.text
+    assert clamp_to_log_start([(T1, 10, 12)], {}, True) == [(T1, 10, 12)]   # unknown: as is
 
 
 def test_offset_range_is_a_picklable_input_partition():
