@@ -68,7 +68,10 @@ log = logging.getLogger("mq.spark")
 
 _READ_BYTES = 4 << 20              # bytes of batches taken from the map per read
 _CHUNK_BYTES = 32 << 20            # an Arrow batch is cut after this many bytes of log too
-_MAX_READERS = 64                  # partition readers kept open per executor process
+# Partition readers kept open per executor process, each with at most 4 segments mapped (a
+# task reads forward): about 130 descriptors at most, well inside the usual limit of 1024.
+_MAX_READERS = 32
+_MAPPED_SEGMENTS = 4
 
 
 def read_schema(options) -> StructType:
@@ -292,7 +295,7 @@ def _reader(path: str) -> PartitionReader:
         _readers_pid = os.getpid()
     reader = _readers.pop(path, None)
     if reader is None or reader.closed:
-        reader = PartitionReader(path)
+        reader = PartitionReader(path, max_mapped_segments=_MAPPED_SEGMENTS)
     else:
         reader.refresh()
     _readers[path] = reader
