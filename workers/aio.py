@@ -1,0 +1,309 @@
+"""The child's loop for an ``async def`` handler: one event loop, up to ``concurrency`` records
+in flight, each key's records (``ordering="key"``, the default) or each partition's
+(``ordering="partition"``) one after another in offset order.
+
+Scheduling: records taken from a poll wait in their partition's queue. A waiting record starts
+when a place is free and no earlier record of its key (or of its partition) is still waiting
+or running; records without a key never wait for each other. A record runs as one task: its
+attempts one after another, each under ``asyncio.timeout(handler_timeout_s)`` (an expired one
+is a failed attempt, ``HandlerTimeout``), with the backoff between them awaited, so a failing
+record holds back its key and nothing else. The supervisor kills the child only if the loop
+itself stops turning (a blocking call inside the handler) past the timeout plus a grace.
+
+Completion is out of order, commits are not: a partition's done position moves over the
+longest run of finished records from its first unfinished one (``release``). At least once, a
+record's outputs (and its dead letter) are sent when its attempt succeeds; exactly once they
+are sent when the record is released, in offset order, so a transaction never holds the
+outputs of a record whose offset it does not commit.
+
+The consumer is used from the loop's thread only. The loop blocks in ``poll`` only when no
+task runs; otherwise it polls without waiting and waits for a task to finish for at most
+``_BUSY_WAIT_S`` (a new record waits that long at most for a free place to be noticed).
+Revoked partitions' tasks are cancelled before their done positions are committed; an aborted
+transaction cancels every task and reads again from the committed positions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+import mq
+from workers.delivery import BadOutput, TransactionAborted
+from workers.engine import Base
+from workers.failures import error_text
+from workers.logs import record_fields
+
+__all__ = ["AsyncEngine"]
+
+log = logging.getLogger("workers.aio")
+
+_IDLE_POLL_S = 0.1
+_BUSY_WAIT_S = 0.005
+_monotonic_ns = time.monotonic_ns
+
+
+class _Partition:
+    """One assigned partition's records between poll and commit."""
+
+    __slots__ = ("waiting", "outstanding", "finished", "running")
+
+    def __init__(self) -> None:
+        self.waiting: collections.deque = collections.deque()    # records not started
+        self.outstanding: collections.deque[int] = collections.deque()   # taken, unreleased
+        self.finished: dict[int, tuple] = {}                     # offset -> what to release
+        self.running = 0
+
+
+class AsyncEngine(Base):
+    """The loop of a child with an ``async def`` handler (see the module doc)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.parts: dict[mq.TopicPartition, _Partition] = {}
+        self.tasks: dict[asyncio.Task, tuple[mq.TopicPartition, int]] = {}
+        self.free = list(range(self.config.concurrency))
+        self.keys: dict[tuple, int] = collections.Counter()    # (tp, key) running or held
+        self.by_key = self.config.ordering == "key"
+        self.words = self.table.words
+        for i in self.free:
+            self.words[self.table.inflight_entry(self.slot, i) + 4] = 0
+
+    def run(self) -> None:
+        asyncio.run(self.main())
+
+    async def main(self) -> None:
+        consumer, delivery, counters = self.consumer, self.delivery, self.counters
+        limit = self.config.concurrency
+        while not self.draining():
+            self.tick()
+            self.refresh_suspects()
+            try:
+                self.schedule()
+                polled = False
+                if len(self.tasks) < limit:
+                    timeout = 0.0 if self.tasks or self.ready() else _IDLE_POLL_S
+                    batch = consumer.poll(timeout_ms=timeout * 1000)
+                    if batch:
+                        self.refresh_suspects()     # hints written before a rebalance
+                    for tp, records in batch.items():
+                        self.take(tp, records)
+                    polled = bool(batch)
+                    self.schedule()
+                idle = not polled and not self.tasks
+                if idle or delivery.due(time.monotonic()):
+                    self.settle(self.busy())
+                    delivery.commit()
+            except TransactionAborted:
+                self.rewind()
+            counters.committed = delivery.commits
+            counters.publish()
+            if self.tasks:
+                await asyncio.wait(list(self.tasks), return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=_BUSY_WAIT_S if len(self.tasks) < limit
+                                   else _IDLE_POLL_S)
+            else:
+                await asyncio.sleep(0)
+        await self.finish_running()
+
+    async def finish_running(self) -> None:
+        """Draining: let running records finish for most of ``drain_timeout_s`` (the
+        supervisor kills at all of it), cancel the rest; their records stay uncommitted."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=self.config.drain_timeout_s * 0.8)
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=1.0)
+
+    # --- taking and starting records -----------------------------------------------------------
+    def busy(self) -> set:
+        """Partitions with records taken and not released."""
+        return {tp for tp, part in self.parts.items() if part.outstanding}
+
+    def ready(self) -> bool:
+        return any(p.waiting for p in self.parts.values())
+
+    def take(self, tp: mq.TopicPartition, records: list) -> None:
+        self.delivery.committed.setdefault(tp, records[0].offset)
+        part = self.parts.get(tp)
+        if part is None:
+            part = self.parts[tp] = _Partition()
+        part.waiting.extend(records)
+        part.outstanding.extend(r.offset for r in records)
+        if len(part.waiting) >= self.config.max_poll_records:
+            self.consumer.pause(tp)
+
+    def schedule(self) -> None:
+        """Start every waiting record that may start (see the module doc)."""
+        if not self.free:
+            return
+        for tp, part in self.parts.items():
+            if not part.waiting:
+                continue
+            if not self.by_key:
+                if not part.running:
+                    self.start(tp, part, part.waiting.popleft())
+                continue
+            held: set = set()
+            keep = collections.deque()
+            while part.waiting:
+                r = part.waiting.popleft()
+                key = r.key
+                if key is not None and (key in held or self.keys[(tp, key)]):
+                    held.add(key)
+                    keep.append(r)
+                elif self.free:
+                    self.start(tp, part, r)
+                else:
+                    keep.append(r)
+                    keep.extend(part.waiting)
+                    part.waiting.clear()
+            part.waiting = keep
+            if not self.free:
+                return
+        for tp, part in self.parts.items():
+            if len(part.waiting) < self.config.max_poll_records and tp in self.consumer.paused():
+                self.consumer.resume(tp)
+
+    def start(self, tp: mq.TopicPartition, part: _Partition, r) -> None:
+        entry = self.free.pop()
+        part.running += 1
+        if r.key is not None:
+            self.keys[(tp, r.key)] += 1
+        task = asyncio.get_running_loop().create_task(self.attempts(r, entry))
+        self.tasks[task] = (tp, r.offset)
+        task.add_done_callback(lambda t, tp=tp, part=part, r=r, entry=entry:
+                               self.completed(t, tp, part, r, entry))
+
+    # --- one record ----------------------------------------------------------------------------
+    async def attempts(self, r, entry: int) -> tuple:
+        """Try ``r`` until it succeeds or its attempts are spent: ``("ok", outputs)`` or
+        ``("dead", error, attempts)``."""
+        config, counters, w = self.config, self.counters, self.words
+        e = self.table.inflight_entry(self.slot, entry)
+        attempt, error, not_before = self.prior_attempts(r)
+        if attempt >= config.max_attempts:
+            return ("dead", error, attempt)
+        if not_before > _monotonic_ns():              # its last owner's backoff
+            await asyncio.sleep((not_before - _monotonic_ns()) / 1e9)
+        w[e], w[e + 1], w[e + 2] = self.topic_index[r.topic], r.partition, r.offset
+        while True:
+            attempt += 1
+            w[e + 3] = attempt
+            t0 = _monotonic_ns()
+            w[e + 4] = t0
+            cm = asyncio.timeout(config.handler_timeout_s)
+            try:
+                async with cm:
+                    out = await self.handler(r)
+                outputs = None if out is None else self.delivery.normalize(out)
+                if outputs and not self.delivery.eos:
+                    self.delivery.send_normalized(outputs)
+            except Exception as err:            # noqa: BLE001 -- the handler's failure
+                if cm.expired():
+                    text = (f"HandlerTimeout: the handler ran longer than handler_timeout_s="
+                            f"{config.handler_timeout_s:g} s")
+                elif isinstance(err, BadOutput):
+                    text = f"BadOutput: {err}"
+                else:
+                    text = error_text(err)
+                counters.failed += 1
+                if attempt >= config.max_attempts:
+                    return ("dead", text, attempt)
+                delay = self.backoff(attempt)
+                self.hint_failed(r, attempt, delay)
+                counters.retried += 1
+                log.warning("attempt %d of %d failed, retrying in %.0f ms: %s", attempt,
+                            config.max_attempts, delay * 1000, text, extra=record_fields(r))
+                w[e + 4] = 0
+                counters.handler_ns += _monotonic_ns() - t0
+                await asyncio.sleep(delay)
+                continue
+            finally:
+                if w[e + 4] == t0:
+                    w[e + 4] = 0
+                    counters.handler_ns += _monotonic_ns() - t0
+            counters.handled += 1
+            if attempt > 1:
+                self.hint_done(r)
+            return ("ok", outputs)
+
+    def completed(self, task: asyncio.Task, tp: mq.TopicPartition, part: _Partition, r,
+                  entry: int) -> None:
+        self.tasks.pop(task, None)
+        self.free.append(entry)
+        self.words[self.table.inflight_entry(self.slot, entry) + 4] = 0
+        if self.parts.get(tp) is not part:
+            return                              # revoked or rewound meanwhile: dropped
+        part.running -= 1
+        if r.key is not None:
+            key = (tp, r.key)
+            self.keys[key] -= 1
+            if not self.keys[key]:
+                del self.keys[key]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:                     # a bug of the pool, not of the handler
+            log.error("record task failed: %r", exc, extra=record_fields(r), exc_info=exc)
+            raise exc
+        result = task.result()
+        if result[0] == "dead" and not self.delivery.eos:
+            self.give_up(r, result[1], result[2])
+            result = ("released",)
+        part.finished[r.offset] = (result, r)
+        try:
+            self.release(tp, part)
+        except TransactionAborted:
+            self.rewind()
+
+    def release(self, tp: mq.TopicPartition, part: _Partition) -> None:
+        """Move the done position over finished records from the first unfinished one."""
+        done = None
+        while part.outstanding and part.outstanding[0] in part.finished:
+            offset = part.outstanding.popleft()
+            result, r = part.finished.pop(offset)
+            if result[0] == "ok" and result[1]:
+                self.delivery.send_normalized(result[1])      # exactly once: in order
+            elif result[0] == "dead":
+                self.give_up(r, result[1], result[2])
+            done = offset + 1
+        if done is not None:
+            self.delivery.done[tp] = done
+
+    # --- partitions come and go ---------------------------------------------------------------
+    def cancel(self, tps) -> None:
+        tps = set(tps)
+        for task, (tp, _) in list(self.tasks.items()):
+            if tp in tps:
+                task.cancel()
+        for tp in tps:
+            self.parts.pop(tp, None)
+            for key in [k for k in self.keys if k[0] == tp]:
+                del self.keys[key]
+
+    def revoked(self, tps) -> None:
+        busy = self.busy()
+        self.cancel(tps)
+        self.settle(busy)
+        self.delivery.revoked(tps)
+
+    def lost(self, tps) -> None:
+        self.cancel(list(self.parts) + list(tps))
+        self.delivery.lost()
+
+    def rewind(self) -> None:
+        """A transaction was aborted: drop every task's result and read every partition
+        again from its committed position."""
+        assigned = self.consumer.assignment()
+        for tp in list(self.parts):
+            start = self.delivery.committed.get(tp)
+            if tp in assigned and start is not None:
+                self.consumer.seek(tp, start)
+            if tp in self.consumer.paused():
+                self.consumer.resume(tp)
+        self.cancel(list(self.parts))
+        self.delivery.done = dict(self.delivery.committed)

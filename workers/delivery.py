@@ -1,0 +1,300 @@
+"""A child's writes: handler outputs, dead letters and committed offsets, at least once or
+exactly once. The engines (``engine.py``, ``aio.py``) decide *what* is done; this decides how
+it becomes durable.
+
+Positions: ``done[tp]`` is the offset after the partition's done prefix — every record below
+it was handled or dead-lettered, and its outputs were handed to the producer. Only ``done``
+positions are ever committed, so a crash redelivers at most what the child took and had not
+committed yet (at least once), never a record it skipped.
+
+At least once: outputs and dead letters go through an idempotent producer (``acks="all"``).
+A commit first ``flush()``es it and checks that every output since the last commit was
+acknowledged (``OutputsLost`` if not: the child exits and the records are redelivered), then
+``commit_async`` the changed positions, one commit in flight at a time. Commits happen every
+``commit_interval_ms``, when the child goes idle, before a partition is revoked (synchronous)
+and at drain.
+
+Exactly once: a transactional producer whose ``transactional_id`` is stable per slot, made and
+``init_transactions()``-ed before the consumer joins (it fences a dead predecessor of the slot
+and aborts its open transaction, so the group's offsets are settled first). Outputs and dead
+letters are sent inside a transaction; a commit adds the changed positions
+(``send_offsets_to_transaction`` with the consumer's group metadata, so a member that lost its
+partitions cannot commit them) and commits. One transaction spans ``commit_interval_ms`` of
+records. A failed transaction is aborted and ``TransactionAborted`` tells the engine to go
+back to the committed positions; ``ProducerFencedError`` is fatal (a newer child of the slot
+exists), and ends the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import mq
+from mq.errors import (
+    InvalidTxnStateError,
+    MessageTooLargeError,
+    MQError,
+    ProducerFencedError,
+    RecordListTooLargeError,
+    UnknownTopicOrPartitionError,
+)
+from workers.config import PoolConfig
+from workers.failures import dead_letter_headers
+
+__all__ = ["BadOutput", "Delivery", "OutputsLost", "TransactionAborted"]
+
+log = logging.getLogger("workers.delivery")
+
+_TRIES = 10                 # commit/abort calls that time out before giving up
+# A record's own fault: retried, then dead-lettered. Any other error of a send is the pool's.
+_RECORD_ERRORS = (TypeError, ValueError, UnknownTopicOrPartitionError, MessageTooLargeError,
+                  RecordListTooLargeError)
+
+
+class BadOutput(Exception):
+    """An output the producer refused (not bytes, unknown topic, too large): the record's
+    attempt failed."""
+
+
+class OutputsLost(MQError):
+    """An output or dead letter was not acknowledged: the child must not commit past it."""
+
+
+class TransactionAborted(MQError):
+    """The open transaction failed and was aborted: go back to the committed positions."""
+
+
+def _again_on_timeout(call) -> None:
+    """``commit_transaction``/``abort_transaction``: ``TimeoutError`` means still under way;
+    calling again finishes it."""
+    for attempt in range(_TRIES):
+        try:
+            call()
+            return
+        except TimeoutError:
+            if attempt == _TRIES - 1:
+                raise
+
+
+class Delivery:
+    """Outputs, dead letters and commits of one child (see the module doc)."""
+
+    def __init__(self, config: PoolConfig, slot: int) -> None:
+        self.config = config
+        self.slot = slot
+        self.eos = config.exactly_once
+        self.consumer: mq.Consumer | None = None
+        self.done: dict[mq.TopicPartition, int] = {}
+        self.committed: dict[mq.TopicPartition, int] = {}
+        self.commits = 0                      # records committed (the counter table's)
+        self._producer: mq.Producer | None = None
+        self._futures: list = []
+        self._commit_pending = False
+        self._interval = config.commit_interval_ms / 1000
+        self._next_commit = time.monotonic() + self._interval
+        self._txn_open = False
+        self._topics: set[str] = set()          # output topics known to exist
+
+    # --- setup ------------------------------------------------------------------------------
+    def start(self) -> Delivery:
+        """Exactly once: the transactional producer, before the consumer exists."""
+        if self.eos and self._producer is None:
+            producer = self._new_producer()
+            try:
+                producer.init_transactions()
+            except BaseException:
+                producer.close(timeout=1)
+                raise
+            self._producer = producer
+        return self
+
+    def _new_producer(self) -> mq.Producer:
+        kw: dict = {"socket": self.config.socket, "linger_ms": 5}
+        if self.eos:
+            kw.update(transactional_id=self.config.transactional_id(self.slot),
+                      transaction_timeout_ms=self.config.transaction_timeout_ms)
+        return mq.Producer(**kw)
+
+    @property
+    def producer(self) -> mq.Producer:
+        if self._producer is None:
+            self._producer = self._new_producer()
+        return self._producer
+
+    # --- writes -----------------------------------------------------------------------------
+    def send_outputs(self, outputs) -> None:
+        """Check and send a handler's outputs (``normalize``)."""
+        self.send_normalized(self.normalize(outputs))
+
+    def normalize(self, outputs) -> list[tuple]:
+        """A handler's outputs — ``(topic, key, value)`` or ``(topic, key, value, headers)``
+        tuples; keys and values bytes-like, str (sent as UTF-8) or None — as a list of
+        4-tuples. Raises ``BadOutput`` for anything else or an unknown topic: the record's
+        attempt failed."""
+        try:
+            items = list(outputs)
+        except TypeError as err:
+            raise BadOutput(f"a handler returns None or an iterable of (topic, key, value) "
+                            f"tuples, not {type(outputs).__name__}") from err
+        out = []
+        for item in items:
+            if not isinstance(item, tuple) or len(item) not in (3, 4) or \
+                    not isinstance(item[0], str):
+                raise BadOutput(f"an output is (topic, key, value[, headers]), got {item!r}")
+            topic, key, value = item[0], _encoded(item[1]), _encoded(item[2])
+            if topic not in self._topics:
+                try:
+                    self.producer.partitions_for(topic)
+                except UnknownTopicOrPartitionError as err:
+                    raise BadOutput(f"unknown output topic {topic!r}") from err
+                self._topics.add(topic)
+            out.append((topic, key, value, item[3] if len(item) == 4 else None))
+        return out
+
+    def send_normalized(self, outputs: list[tuple]) -> None:
+        for topic, key, value, headers in outputs:
+            self._send(topic, key, value, headers)
+
+    def dead_letter(self, record, error: str, attempts: int) -> None:
+        topic = self.config.dead_letter_topic
+        assert topic is not None
+        headers = dead_letter_headers(record.headers, record.topic, record.partition,
+                                      record.offset, error, attempts, self.config.group_id,
+                                      record.timestamp_ms)
+        self._send(topic, record.key, record.value, headers)
+
+    def _send(self, topic, key, value, headers) -> None:
+        producer = self.producer
+        if self.eos and not self._txn_open:
+            producer.begin_transaction()
+            self._txn_open = True
+        try:
+            fut = producer.send(topic, value=value, key=key, headers=headers)
+        except _RECORD_ERRORS as err:
+            raise BadOutput(f"{type(err).__name__}: {err}") from err
+        except ProducerFencedError:
+            raise
+        except InvalidTxnStateError as err:             # an earlier send of the txn failed
+            self._abort(err)
+        if not self.eos:
+            self._futures.append(fut)
+
+    # --- commits ----------------------------------------------------------------------------
+    def due(self, now: float) -> bool:
+        return now >= self._next_commit
+
+    def changed(self, tps=None) -> dict:
+        done, committed = self.done, self.committed
+        return {tp: done[tp] for tp in (done if tps is None else tps)
+                if tp in done and committed.get(tp) != done[tp]}
+
+    def commit(self, sync: bool = False, tps=None) -> None:
+        """Make the done positions durable (all, or of ``tps``). ``sync``: wait for it (at
+        least once; a transaction always waits). Raises ``OutputsLost`` (at least once),
+        ``TransactionAborted`` and ``ProducerFencedError`` (exactly once)."""
+        self._next_commit = time.monotonic() + self._interval
+        if self.eos:
+            self._commit_transaction()
+            return
+        changed = self.changed(tps)
+        if not changed or (self._commit_pending and not sync):
+            return
+        if self._futures:
+            self._producer.flush()                        # type: ignore[union-attr]
+            lost = [f for f in self._futures if not f.succeeded()]
+            self._futures = []
+            if lost:
+                raise OutputsLost(f"{len(lost)} output(s) or dead letter(s) not acknowledged: "
+                                  f"{lost[0].exception()}")
+        consumer = self.consumer
+        assert consumer is not None
+        moved = sum(pos - self.committed.get(tp, pos) for tp, pos in changed.items())
+        if sync:
+            consumer.commit(changed)
+            self.committed.update(changed)
+        else:
+            self._commit_pending = True
+            self.committed.update(changed)
+            consumer.commit_async(changed, self._committed_async)
+        self.commits += moved
+
+    def _committed_async(self, offsets: dict, error: Exception | None) -> None:
+        self._commit_pending = False
+        if error is not None:
+            log.warning("commit failed (the next one retries it): %s", error)
+            for tp, offset in offsets.items():
+                if self.committed.get(tp) == offset:
+                    del self.committed[tp]
+
+    def _commit_transaction(self) -> None:
+        changed = self.changed()
+        if not changed and not self._txn_open:
+            return
+        producer = self.producer
+        try:
+            if not self._txn_open:
+                producer.begin_transaction()
+                self._txn_open = True
+            if changed:
+                producer.send_offsets_to_transaction(changed, self.consumer)
+            _again_on_timeout(producer.commit_transaction)
+        except ProducerFencedError:
+            raise
+        except (MQError, TimeoutError) as err:
+            self._abort(err)
+        self._txn_open = False
+        self.commits += sum(pos - self.committed.get(tp, pos) for tp, pos in changed.items())
+        self.committed.update(changed)
+
+    def _abort(self, err: BaseException):
+        log.warning("transaction failed, aborting it and going back to the committed "
+                    "offsets: %s: %s", type(err).__name__, err)
+        try:
+            _again_on_timeout(self.producer.abort_transaction)
+        except ProducerFencedError:
+            raise
+        except (MQError, TimeoutError) as again:
+            raise MQError(f"could not abort a failed transaction: {again}") from again
+        finally:
+            self._txn_open = False
+        raise TransactionAborted(f"{type(err).__name__}: {err}") from err
+
+    # --- partitions come and go ---------------------------------------------------------------
+    def revoked(self, tps) -> None:
+        """Commit before the partitions go: their next owner starts where this one stopped."""
+        try:
+            self.commit(sync=True, tps=None if self.eos else tps)
+        finally:
+            self.forget(tps)
+
+    def forget(self, tps) -> None:
+        for tp in tps:
+            self.done.pop(tp, None)
+            self.committed.pop(tp, None)
+
+    def lost(self) -> None:
+        """Every partition was taken without a revocation: commit nothing; an open
+        transaction's offsets would be refused, so abort it."""
+        self.done.clear()
+        self.committed.clear()
+        self._futures = []
+        if self.eos and self._txn_open:
+            try:
+                self._abort(MQError("the group took this member's partitions"))
+            except TransactionAborted:
+                pass
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(timeout=10)
+            self._producer = None
+
+
+def _encoded(value):
+    if value is None or isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise BadOutput(f"output keys and values are bytes, str or None, not "
+                    f"{type(value).__name__}")

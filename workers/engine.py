@@ -1,0 +1,385 @@
+"""The child's loop for a plain (synchronous) handler: one record at a time, in partition
+order, a failing record blocking only its own partition.
+
+::
+
+    loop:  attempts table changed?  -> reload it (records a death spent attempts on)
+           a parked partition due?   -> try its head record again
+           work on partitions with records taken and not handled, in turn
+           nothing ready?            -> poll (up to 100 ms, less when a retry or commit is due)
+           commit due / idle?        -> Delivery.commit
+
+A record's attempt: mark it in the child's in-flight entry of the counter table (the supervisor
+kills a child whose entry is older than ``handler_timeout_s``), call the handler, send its
+outputs. A failure parks the partition: paused in the consumer, its rest kept, the head tried
+again after the backoff while other partitions go on (``failures.py``). The last failed attempt
+dead-letters the record (or, without a dead-letter topic, logs and skips it). Either way the
+record is done and the partition's done position moves past it.
+
+Partitions are paused while they hold ``max_poll_records`` records not yet handled, so a
+parked partition does not fill memory. Revocation commits the done positions first; a lost
+partition (fenced member) is dropped without a commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import mq
+from workers.config import PoolConfig
+from workers.delivery import BadOutput, Delivery, TransactionAborted
+from workers.failures import backoff_s, death_error, error_text
+from workers.logs import record_fields
+from workers.stats import (
+    COMMITTED,
+    DEAD_LETTERED,
+    FAILED,
+    HANDLED,
+    HANDLER_NS,
+    LAST_ACTIVE_NS,
+    RETRIED,
+    SKIPPED,
+    StatsTable,
+)
+
+__all__ = ["Counters", "SyncEngine"]
+
+log = logging.getLogger("workers.engine")
+
+_IDLE_POLL_S = 0.1
+_monotonic_ns = time.monotonic_ns
+_GO, _DEAD, _WAIT = "go", "dead", "wait"
+
+
+class Counters:
+    """A child's counters: kept in plain attributes on the hot path, published to its row of
+    the counter table (cumulative per slot) by ``publish``."""
+
+    FIELDS = ((HANDLED, "handled"), (RETRIED, "retried"), (FAILED, "failed"),
+              (DEAD_LETTERED, "dead_lettered"), (SKIPPED, "skipped"),
+              (HANDLER_NS, "handler_ns"), (COMMITTED, "committed"))
+
+    def __init__(self, table: StatsTable, slot: int) -> None:
+        self.table = table
+        self.slot = slot
+        self.base = {i: table.words[table.row(slot) + i] for i, _ in self.FIELDS}
+        self.handled = self.retried = self.failed = self.dead_lettered = self.skipped = 0
+        self.handler_ns = self.committed = 0
+
+    def publish(self) -> None:
+        w, row = self.table.words, self.table.row(self.slot)
+        for i, name in self.FIELDS:
+            w[row + i] = self.base[i] + getattr(self, name)
+        w[row + LAST_ACTIVE_NS] = _monotonic_ns()
+
+
+class Base:
+    """What both engines share: the attempts a death spent, failure decisions, dead letters,
+    revocation."""
+
+    def __init__(self, config: PoolConfig, slot: int, handler: Callable, consumer: mq.Consumer,
+                 delivery: Delivery, table: StatsTable, counters: Counters,
+                 draining: Callable[[], bool]) -> None:
+        self.config = config
+        self.slot = slot
+        self.handler = handler
+        self.consumer = consumer
+        self.delivery = delivery
+        self.table = table
+        self.counters = counters
+        self.draining = draining
+        self.topic_index = {t: i for i, t in enumerate(config.topics)}
+        self.suspects: dict[tuple[int, int, int], tuple[int, str | None, int]] = {}
+        self._attempts_version = -1
+        self.hinted: set[tuple[int, int, int]] = set()
+        self.tick: Callable[[], None] = lambda: None    # the child's per-turn check
+
+    def refresh_suspects(self) -> None:
+        """Reload what other children and the supervisor know of failed attempts, when it
+        changed: deaths in the handler (the supervisor's ring) and every child's retry hints
+        (a record moved here by a rebalance goes on counting where its last owner stopped)."""
+        table = self.table
+        version = table.hints_version()
+        if version == self._attempts_version:
+            return
+        while True:
+            deaths, hints = table.attempt_entries(), table.hints()
+            again = table.hints_version()
+            if again == version:
+                break
+            version = again
+        merged = {key: (failed, death_error(kind, detail, self.config.handler_timeout_s), 0)
+                  for key, (failed, kind, detail) in deaths.items()}
+        for key, (failed, not_before) in hints.items():
+            if failed > merged.get(key, (0, None, 0))[0]:
+                merged[key] = (failed, "its attempts failed before its partition moved",
+                               not_before)
+        self.suspects = merged
+        self._attempts_version = version
+
+    def prior_attempts(self, r) -> tuple[int, str | None, int]:
+        """Attempts of ``r`` that failed elsewhere, the last one's error, and when the next
+        may start (CLOCK_MONOTONIC ns; 0: now)."""
+        return self.suspects.get((self.topic_index[r.topic], r.partition, r.offset),
+                                 (0, None, 0))
+
+    def hint_failed(self, r, attempt: int, delay_s: float) -> None:
+        """Attempt ``attempt`` of ``r`` failed and it will be tried again after ``delay_s``:
+        say so in this child's row, for whoever owns the partition next."""
+        key = (self.topic_index[r.topic], r.partition, r.offset)
+        self.hinted.add(key)
+        self.table.set_hint(self.slot, *key, attempt, _monotonic_ns() + int(delay_s * 1e9))
+
+    def hint_done(self, r) -> None:
+        key = (self.topic_index[r.topic], r.partition, r.offset)
+        if key in self.hinted:
+            self.hinted.discard(key)
+            self.table.clear_hint(self.slot, *key)
+
+    def give_up(self, r, error: str, attempts: int) -> None:
+        """The last attempt failed: dead-letter ``r`` (or log and skip it)."""
+        self.hint_done(r)
+        if self.config.dead_letter_topic is not None:
+            self.delivery.dead_letter(r, error, attempts)
+            self.counters.dead_lettered += 1
+            log.error("dead-lettered after %d attempts to %s: %s", attempts,
+                      self.config.dead_letter_topic, error, extra=record_fields(r))
+        else:
+            self.counters.skipped += 1
+            log.error("skipped after %d failed attempts (no dead-letter topic): %s",
+                      attempts, error, extra=record_fields(r))
+
+    def settle(self, busy) -> None:
+        """Move the done position of every partition with nothing left to handle
+        (``busy``: the partitions that have) up to the consumer's position: past transaction
+        markers, aborted records and compaction gaps, which never reach the handler. Without
+        it a transactional input would keep a lag of one (its last marker) forever."""
+        done, consumer = self.delivery.done, self.consumer
+        for tp, offset in list(done.items()):
+            if tp in busy:
+                continue
+            try:
+                position = consumer.position(tp)
+            except (ValueError, mq.MQError):
+                continue                            # no longer assigned
+            if position > offset:
+                done[tp] = position
+
+    def backoff(self, attempt: int) -> float:
+        return backoff_s(attempt, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
+
+
+class SyncEngine(Base):
+    """The loop of a child with a plain handler (see the module doc)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: dict[mq.TopicPartition, list] = {}     # tp -> [records, next index]
+        self.parked: dict[mq.TopicPartition, float] = {}     # tp -> when to try its head
+        self.tries: dict[mq.TopicPartition, tuple[int, str]] = {}   # head's attempts, error
+        self.entry = table_entry = self.table.inflight_entry(self.slot, 0)
+        self.words = self.table.words
+        self.words[table_entry + 4] = 0
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        """Until ``draining()``; then the done positions are committed."""
+        consumer, delivery, counters = self.consumer, self.delivery, self.counters
+        while not self.draining():
+            self.tick()
+            self.refresh_suspects()
+            try:
+                worked = self.work()
+                if not self.ready():
+                    timeout = 0.0 if worked else self.idle_timeout()
+                    batch = consumer.poll(timeout_ms=timeout * 1000)
+                    if batch:
+                        self.refresh_suspects()     # hints written before a rebalance
+                    for tp, records in batch.items():
+                        self.take(tp, records)
+                    idle = not batch and not self.ready()
+                else:
+                    idle = False
+                if idle or delivery.due(time.monotonic()):
+                    self.settle(self.busy())
+                    delivery.commit()
+            except TransactionAborted:
+                self.rewind()
+            counters.committed = delivery.commits
+            counters.publish()
+        self.words[self.entry + 4] = 0
+
+    def idle_timeout(self) -> float:
+        now = time.monotonic()
+        timeout = _IDLE_POLL_S
+        if self.parked:
+            timeout = min(timeout, min(self.parked.values()) - now)
+        return max(0.0, timeout)
+
+    def busy(self) -> set:
+        """Partitions with records taken and not handled."""
+        return set(self.pending)
+
+    def ready(self) -> bool:
+        """Some partition has records to handle now."""
+        return any(tp not in self.parked for tp in self.pending)
+
+    def take(self, tp: mq.TopicPartition, records: list) -> None:
+        # Where the group would resume this partition: where a rewind goes back to.
+        self.delivery.committed.setdefault(tp, records[0].offset)
+        work = self.pending.get(tp)
+        if work is None:
+            self.pending[tp] = [records, 0]
+        else:
+            work[0] = work[0][work[1]:] + records
+            work[1] = 0
+        if len(self.pending[tp][0]) >= self.config.max_poll_records:
+            self.consumer.pause(tp)
+
+    def work(self) -> bool:
+        """Handle what is ready; True if any record was finished."""
+        if not self.pending:
+            return False
+        finished = False
+        now = time.monotonic()
+        for tp in list(self.pending):
+            if self.draining():
+                break
+            due = self.parked.get(tp)
+            if due is not None:
+                if due > now:
+                    continue
+                del self.parked[tp]
+            work = self.pending.get(tp)
+            if work is None:                     # revoked inside a commit
+                continue
+            finished |= self.run_partition(tp, work)
+            if work[1] >= len(work[0]) and self.pending.get(tp) is work:
+                del self.pending[tp]
+                if tp in self.consumer.paused():
+                    self.consumer.resume(tp)
+        return finished
+
+    def run_partition(self, tp: mq.TopicPartition, work: list) -> bool:
+        """Handle ``tp``'s records from ``work``'s index until done, parked or draining."""
+        records, i = work
+        n = len(records)
+        w, e = self.words, self.entry
+        handler, counters, delivery = self.handler, self.counters, self.delivery
+        w[e] = self.topic_index[tp.topic]
+        w[e + 1] = tp.partition
+        suspects = self.suspects
+        start = i
+        while i < n:
+            r = records[i]
+            if suspects or tp in self.tries:
+                verdict = self.start_checked(tp, r)
+                if verdict is _WAIT:
+                    work[1] = i
+                    return i > start
+                if verdict is _DEAD:
+                    i += 1                           # dead-lettered without an attempt
+                    delivery.done[tp] = r.offset + 1
+                    continue
+                attempt = self.tries[tp][0] + 1 if tp in self.tries else 1
+            else:
+                attempt = 1
+            w[e + 2] = r.offset
+            w[e + 3] = attempt
+            t0 = _monotonic_ns()
+            w[e + 4] = t0
+            try:
+                out = handler(r)
+                if out is not None:
+                    delivery.send_outputs(out)
+            except Exception as err:            # noqa: BLE001 -- the handler's failure
+                w[e + 4] = 0
+                counters.handler_ns += _monotonic_ns() - t0
+                if self.failed(tp, r, attempt, err):
+                    work[1] = i
+                    return i > start                 # parked: its head waits
+            else:
+                w[e + 4] = 0
+                counters.handler_ns += _monotonic_ns() - t0
+                counters.handled += 1
+                if attempt > 1:
+                    self.tries.pop(tp, None)
+                    self.hint_done(r)
+            i += 1
+            delivery.done[tp] = r.offset + 1
+            if self.draining():
+                break
+        work[1] = i
+        return i > start
+
+    def start_checked(self, tp: mq.TopicPartition, r):
+        """Before an attempt: take up the attempts that failed elsewhere. ``_DEAD`` when none
+        is left (it was dead-lettered), ``_WAIT`` when its backoff is not over (the partition
+        is parked), else ``_GO``."""
+        if tp not in self.tries:
+            prior, error, not_before = self.prior_attempts(r)
+            if prior:
+                self.tries[tp] = (prior, error or "")
+                wait = (not_before - _monotonic_ns()) / 1e9
+                if wait > 0 and prior < self.config.max_attempts:
+                    self.parked[tp] = time.monotonic() + wait
+                    return _WAIT
+        if tp in self.tries and self.tries[tp][0] >= self.config.max_attempts:
+            attempts, error = self.tries.pop(tp)
+            self.give_up(r, error, attempts)
+            return _DEAD
+        return _GO
+
+    def failed(self, tp: mq.TopicPartition, r, attempt: int, err: Exception) -> bool:
+        """Attempt ``attempt`` of ``r`` raised: True if the partition is parked for a retry,
+        False if the record is done (dead-lettered or skipped)."""
+        self.counters.failed += 1
+        text = f"BadOutput: {err}" if isinstance(err, BadOutput) else error_text(err)
+        if attempt < self.config.max_attempts:
+            delay = self.backoff(attempt)
+            self.tries[tp] = (attempt, text)
+            self.hint_failed(r, attempt, delay)
+            self.parked[tp] = time.monotonic() + delay
+            self.counters.retried += 1
+            log.warning("attempt %d of %d failed, retrying in %.0f ms: %s", attempt,
+                        self.config.max_attempts, delay * 1000, text, extra=record_fields(r),
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            if self.delivery.eos:
+                self.delivery.commit()               # keep the transaction short
+            return True
+        self.tries.pop(tp, None)
+        self.give_up(r, text, attempt)
+        return False
+
+    # --- partitions come and go ---------------------------------------------------------------
+    def revoked(self, tps) -> None:
+        try:
+            self.settle(self.busy())
+            self.delivery.revoked(tps)
+        finally:
+            self.drop(tps)
+
+    def lost(self, tps) -> None:
+        self.delivery.lost()
+        self.drop(list(self.pending) + list(tps))
+
+    def drop(self, tps) -> None:
+        for tp in tps:
+            self.pending.pop(tp, None)
+            self.parked.pop(tp, None)
+            self.tries.pop(tp, None)
+
+    def rewind(self) -> None:
+        """A transaction was aborted: read every partition again from its committed
+        position."""
+        assigned = self.consumer.assignment()
+        for tp in set(self.pending) | set(self.delivery.done):
+            start = self.delivery.committed.get(tp)
+            if tp in assigned and start is not None:
+                self.consumer.seek(tp, start)
+            if tp in self.consumer.paused():
+                self.consumer.resume(tp)
+        self.delivery.done = dict(self.delivery.committed)
+        self.drop(list(self.pending))
