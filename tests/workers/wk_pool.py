@@ -1,0 +1,229 @@
+"""The tests' side of a worker pool: ``mq workers run`` as a real process with its own stats
+file and events file (``wk_handlers``), a feeder thread, and readers of what happened.
+
+Everything a test creates lives under its ``tmp_path`` and its own broker, so ``-n auto`` is
+safe. Nothing sleeps to wait for a condition: ``mq.testing.wait_for`` does.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mq
+import mq.testing
+import workers
+
+HERE = Path(__file__).resolve().parent
+TIMEOUT = 30.0              # for one condition, on a loaded 2-core box
+ENV = {k: v for k, v in os.environ.items()
+       if k not in ("MQ_SOCKET", "MQ_DATA_DIR", "XDG_STATE_HOME", "NOTIFY_SOCKET")}
+
+
+class Result:
+    """A finished ``python -m mq`` command: ``code``, ``out``, ``err``."""
+
+    def __init__(self, proc: subprocess.CompletedProcess) -> None:
+        self.code = proc.returncode
+        self.out = proc.stdout.decode("utf-8", "replace")
+        self.err = proc.stderr.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return f"exit {self.code}\nstdout: {self.out[-2000:]}\nstderr: {self.err[-2000:]}"
+
+
+def mq_run(*args, cwd=None, env: dict | None = None) -> Result:
+    full_env = dict(ENV, PYTHONPATH=os.pathsep.join(filter(None, (str(HERE),
+                                                                  ENV.get("PYTHONPATH")))))
+    full_env.update(env or {})
+    return Result(subprocess.run([sys.executable, "-m", "mq", *map(str, args)],
+                                 capture_output=True, env=full_env, cwd=cwd, timeout=60,
+                                 check=False))
+
+
+def read_events(path) -> list[dict]:
+    """The complete lines of an events file (a line being written is left out)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in data.split(b"\n")[:-1] if line]
+
+
+class Pool:
+    """``python -m mq workers run HANDLER ...`` with stderr, stats and events in ``directory``."""
+
+    _count = 0
+
+    def __init__(self, directory: Path, socket: str, handler: str = "wk_handlers:handle",
+                 topics=("jobs",), group: str = "g", processes: int = 2, args=(),
+                 env: dict | None = None, events: Path | None = None) -> None:
+        Pool._count += 1
+        n = Pool._count
+        self.directory = directory
+        self.socket = socket
+        self.group = group
+        self.events = events or directory / "events.jsonl"
+        self.stats_path = directory / f"pool{n}.stats"
+        self.stderr_path = directory / f"pool{n}.stderr"
+        cmd = [sys.executable, "-m", "mq", "workers", "run", handler, "--group", group,
+               "--processes", str(processes), "--socket", socket,
+               "--stats-file", str(self.stats_path), *map(str, args)]
+        for topic in topics:
+            cmd += ["--topic", topic]
+        full_env = dict(ENV, WK_EVENTS=str(self.events),
+                        PYTHONPATH=os.pathsep.join(filter(None, (str(HERE),
+                                                                 ENV.get("PYTHONPATH")))))
+        full_env.update(env or {})
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err, env=full_env,
+                                         cwd=directory)
+
+    # --- looking ----------------------------------------------------------------------------
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stats(self) -> dict | None:
+        try:
+            return workers.read_stats(str(self.stats_path))
+        except (OSError, ValueError):
+            return None
+
+    def slots(self) -> list[dict]:
+        snap = self.stats()
+        return snap["slots"] if snap else []
+
+    def total(self, counter: str) -> int:
+        return sum(s[counter] for s in self.slots())
+
+    def child_pids(self) -> list[int]:
+        return [s["pid"] for s in self.slots() if s["state"] in ("running", "starting")]
+
+    def wait_ready(self) -> None:
+        """Until every child joined the group (the supervisor logs it)."""
+        self.wait_for(lambda: "ready:" in self.stderr(), "the pool to be ready")
+
+    def wait_for(self, condition, message: str, timeout: float = TIMEOUT) -> None:
+        def check() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the pool exited ({self.proc.returncode}) while "
+                                     f"waiting for {message}:\n{self.stderr()[-4000:]}")
+            return condition()
+        try:
+            mq.testing.wait_for(check, timeout=timeout, interval=0.01, message=message)
+        except TimeoutError as err:
+            raise AssertionError(f"{err}\n{self.stderr()[-4000:]}") from err
+
+    # --- acting -----------------------------------------------------------------------------
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = TIMEOUT) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(f"the pool did not exit within {timeout} s:\n"
+                                 f"{self.stderr()[-4000:]}") from err
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the exit status."""
+        self.send_signal(signal.SIGTERM)
+        return self.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()                 # the children die with it (PR_SET_PDEATHSIG)
+        self.proc.wait()
+
+
+class Feeder(threading.Thread):
+    """Writes ``b"f%06d" % seq`` to partition ``seq % partitions`` at ``rate`` records/s until
+    ``stop()``; ``acked`` holds what the broker acknowledged."""
+
+    def __init__(self, socket: str, topic: str, partitions: int, rate: float) -> None:
+        super().__init__(daemon=True, name="wk-feeder")
+        self.socket, self.topic, self.partitions, self.rate = socket, topic, partitions, rate
+        self.acked: list[bytes] = []
+        self.sent = 0
+        self._done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with mq.Producer(socket=self.socket, linger_ms=1) as p:
+                start = time.monotonic()
+                while not self._done.is_set():
+                    ahead = start + self.sent / self.rate - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)            # pacing, not waiting for a condition
+                    value = b"f%06d" % self.sent
+                    fut = p.send(self.topic, value=value, partition=self.sent % self.partitions)
+                    fut.add_callback(lambda _m, v=value: self.acked.append(v))
+                    self.sent += 1
+                p.flush(TIMEOUT)
+        except BaseException as err:                  # noqa: BLE001 -- reported by stop()
+            self.error = err
+
+    def stop(self) -> list[bytes]:
+        self._done.set()
+        self.join(TIMEOUT)
+        if self.error is not None:
+            raise self.error
+        return self.acked
+
+
+def produce(socket: str, topic: str, values, partition=None, key=None) -> None:
+    with mq.Producer(socket=socket, linger_ms=2) as p:
+        for i, value in enumerate(values):
+            p.send(topic, value=value, key=key(i) if callable(key) else key,
+                   partition=partition(i) if callable(partition) else partition)
+        p.flush(TIMEOUT)
+
+
+def ends(socket: str, topic: str, isolation: str = "read_uncommitted") -> dict:
+    with mq.Consumer(topic, socket=socket, isolation_level=isolation) as c:
+        return c.end_offsets(sorted(c.assignment()))
+
+
+def committed(socket: str, group: str) -> dict:
+    with mq.Admin(socket) as admin:
+        return admin.list_group_offsets(group)
+
+
+def caught_up(socket: str, group: str, topic: str) -> bool:
+    """The group committed the end of every partition of ``topic`` (an empty one needs
+    no commit)."""
+    done = committed(socket, group)
+    return all(done.get(tp, 0) == end for tp, end in ends(socket, topic).items())
+
+
+def read_all(socket: str, topic: str, isolation: str = "read_uncommitted") -> list:
+    """Every record of ``topic`` up to its end as it is now."""
+    out: list = []
+    deadline = time.monotonic() + TIMEOUT
+    with mq.Consumer(topic, socket=socket, isolation_level=isolation, value_bytes=True) as c:
+        tps = sorted(c.assignment())
+        c.seek_to_beginning()
+        end = c.end_offsets(tps)
+        while not all(c.position(tp) >= end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"{isolation} read of {topic} stuck"
+            for records in c.poll(timeout_ms=100).values():
+                out.extend(records)
+    return out
+
+
+def calls(events: list[dict], kind: str = "call") -> collections.Counter:
+    """How many ``kind`` events each ``(partition, offset)`` has."""
+    return collections.Counter((e["partition"], e["offset"]) for e in events
+                               if e["kind"] == kind)
