@@ -23,7 +23,7 @@ import signal
 from workers.stats import KIND_DIED, KIND_TIMEOUT
 
 __all__ = ["DLQ_HEADERS", "DLQ_PREFIX", "backoff_s", "dead_letter_headers", "death_error",
-           "error_text", "original_headers"]
+           "error_text", "exit_text", "original_headers"]
 
 DLQ_PREFIX = "mq.dlq."
 # API.md's five, then two more a triage wants: the group that gave up and the record's time.
@@ -52,15 +52,18 @@ def death_error(kind: int, detail: int, handler_timeout_s: float | None) -> str:
         return (f"HandlerTimeout: the handler ran longer than handler_timeout_s="
                 f"{handler_timeout_s:g} s; the supervisor killed its child")
     if kind == KIND_DIED:
-        if detail < 0:
-            try:
-                how = f"killed by {signal.Signals(-detail).name}"
-            except ValueError:
-                how = f"killed by signal {-detail}"
-        else:
-            how = f"exit status {detail}"
-        return f"ChildDied: the child died while handling the record ({how})"
+        return f"ChildDied: the child died while handling the record ({exit_text(detail)})"
     return f"Unknown: attempt failed (kind {kind}, detail {detail})"
+
+
+def exit_text(status: int) -> str:
+    """A child's exit status as ``Popen`` gives it (negative: a signal), in words."""
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
 
 
 def dead_letter_headers(headers, topic: str, partition: int, offset: int, error: str,

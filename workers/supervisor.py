@@ -35,13 +35,13 @@ import logging
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 from workers.child import ENV_CONFIG, ENV_FENCE, ENV_PARENT, ENV_SLOT
 from workers.config import PoolConfig
+from workers.failures import exit_text
 from workers.stats import (
     BACKOFF,
     CRASH_LOOP,
@@ -57,8 +57,9 @@ from workers.stats import (
     STOPPED,
     StatsTable,
 )
+from workers.systemd import sd_notify
 
-__all__ = ["Supervisor", "sd_notify"]
+__all__ = ["Supervisor"]
 
 log = logging.getLogger("workers.supervisor")
 
@@ -67,20 +68,6 @@ _MAX_RESTART_BACKOFF_S = 5.0
 _ASYNC_GRACE_S = 1.0                # an async handler's own timeout acts first
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHILD_BLOCKED = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-
-
-def sd_notify(message: str) -> None:
-    """One datagram to systemd's ``NOTIFY_SOCKET``, if set (``@`` = abstract namespace)."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address[0] == "@":
-        address = "\0" + address[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.sendto(message.encode(), address)
-    except OSError as err:
-        log.warning("sd_notify %r failed: %s", message, err)
 
 
 class Slot:
@@ -295,7 +282,7 @@ class Supervisor:
         """A child is gone: account for it and plan the slot's next child."""
         table = self.table
         assert table is not None and slot.proc is not None
-        pid, how = slot.proc.pid, _how(status)
+        pid, how = slot.proc.pid, exit_text(status)
         in_flight = table.in_flight(slot.index)
         table.clear_in_flight(slot.index)
         table.set(slot.index, STATE, CRASH_LOOP if slot.stopped else STOPPED)
@@ -413,12 +400,3 @@ class Supervisor:
         if self.watchdog_s and now >= self.watchdog_at:
             self.watchdog_at = now + self.watchdog_s
             sd_notify("WATCHDOG=1")
-
-
-def _how(status: int) -> str:
-    if status < 0:
-        try:
-            return f"killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"killed by signal {-status}"
-    return f"exit status {status}"

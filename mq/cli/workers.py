@@ -107,6 +107,9 @@ def add_parser(subparsers) -> None:
                      help="kill a child whose handler runs longer (default 300)")
     run.add_argument("--drain-timeout-s", type=_non_negative_float, default=30.0, metavar="S",
                      help="how long a drain may take (default 30)")
+    run.add_argument("--commit-interval-ms", type=_non_negative_float, default=100.0,
+                     metavar="MS", help="how often offsets (and, exactly once, transactions) "
+                                        "commit (default 100)")
     run.add_argument("--concurrency", type=positive_int, default=16, metavar="N",
                      help="records in flight per child, async handlers (default 16)")
     run.add_argument("--ordering", choices=("key", "partition"), default="key",
@@ -184,6 +187,7 @@ def run_pool(args: argparse.Namespace) -> int:
                        handler_timeout_s=args.handler_timeout_s,
                        drain_timeout_s=args.drain_timeout_s, socket=socket_of(args),
                        concurrency=args.concurrency, ordering=args.ordering,
+                       commit_interval_ms=args.commit_interval_ms,
                        transactional_id_prefix=args.transactional_id_prefix,
                        log_format=args.log_format, log_level=args.log_level,
                        stats_path=args.stats_file)

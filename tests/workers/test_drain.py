@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import signal
 
-from wk_pool import Feeder, Pool, caught_up, calls, committed, read_all, read_events
+from wk_pool import Feeder, Pool, calls, caught_up, committed, read_all, read_events
 
 import mq
 
@@ -99,3 +99,21 @@ def test_async_handler_keeps_key_order_with_records_in_flight(broker, tmp_path, 
             open_keys.add(ident)
         else:
             open_keys.discard(ident)
+
+
+def test_systemd_hears_ready_once_every_child_joined_then_stopping(broker, tmp_path, pools):
+    import socket as sockets
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("jobs", 2)
+    with sockets.socket(sockets.AF_UNIX, sockets.SOCK_DGRAM) as listener:
+        listener.bind(str(tmp_path / "notify.sock"))
+        listener.settimeout(30)
+        pool = Pool(tmp_path, broker.socket, processes=2,
+                    env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+        pools(pool)
+        ready = listener.recv(4096).decode()
+        assert ready.startswith("READY=1\nSTATUS=2 children in group g"), ready
+        assert [s["state"] for s in pool.slots()] == ["running", "running"]
+        pool.send_signal(signal.SIGTERM)
+        assert listener.recv(4096) == b"STOPPING=1"
+        assert pool.wait() == 0

@@ -34,6 +34,12 @@ def seed() -> int:
     return value
 
 
+def progressed(pool: Pool, since: int):
+    """A condition: a record was handled after ``since`` (CLOCK_MONOTONIC ns)."""
+    return lambda: any(e["t"] > since and e["kind"] == "done"
+                       for e in read_events(pool.events)[-200:])
+
+
 @pytest.mark.parametrize("handler", ["wk_handlers:handle", "wk_handlers:ahandle"])
 def test_exactly_once_under_kill9_of_children_and_broker(broker, tmp_path, pools, handler):
     rng = random.Random(seed())
@@ -52,9 +58,7 @@ def test_exactly_once_under_kill9_of_children_and_broker(broker, tmp_path, pools
     kills = collections.Counter()
     killed: dict[int, list[float]] = collections.defaultdict(list)
     for _ in range(KILLS):
-        since = time.monotonic_ns()
-        pool.wait_for(lambda: any(e["t"] > since and e["kind"] == "done"
-                                  for e in read_events(pool.events)[-200:]),
+        pool.wait_for(progressed(pool, time.monotonic_ns()),
                       "the pool to make progress since the last kill")
         time.sleep(rng.uniform(0.0, 0.3))          # places the kill; waits for nothing
         if rng.random() < 0.3:

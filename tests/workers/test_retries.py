@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from wk_pool import Pool, caught_up, calls, mq_run, read_all, read_events
+from wk_pool import Pool, calls, caught_up, mq_run, read_all, read_events
 
 import mq
 
@@ -47,7 +47,7 @@ def test_poison_records_go_to_the_dlq_and_redrive_puts_them_back(broker, tmp_pat
     for key in POISON:
         times = [e["t"] for e in events if e["kind"] == "call" and
                  (e["partition"], e["offset"]) == key]
-        gaps = [(b - a) / 1e6 for a, b in zip(times, times[1:])]
+        gaps = [(b - a) / 1e6 for a, b in zip(times, times[1:], strict=False)]
         assert gaps[0] >= 10 and gaps[1] >= 20, gaps
 
     dead = read_all(broker.socket, "jobs.dlq")

@@ -14,7 +14,7 @@ import signal
 import time
 
 import psutil
-from wk_pool import TIMEOUT, Feeder, Pool, caught_up, calls, produce, read_all, read_events
+from wk_pool import TIMEOUT, Feeder, Pool, calls, caught_up, produce, read_all, read_events
 
 import mq
 import mq.testing
