@@ -67,6 +67,7 @@ class AsyncEngine(Base):
         self.free = list(range(self.config.concurrency))
         self.keys: dict[tuple, int] = collections.Counter()    # (tp, key) running or held
         self.by_key = self.config.ordering == "key"
+        self.fatal: BaseException | None = None
         self.words = self.table.words
         for i in self.free:
             self.words[self.table.inflight_entry(self.slot, i) + 4] = 0
@@ -78,6 +79,8 @@ class AsyncEngine(Base):
         consumer, delivery, counters = self.consumer, self.delivery, self.counters
         limit = self.config.concurrency
         while not self.draining():
+            if self.fatal is not None:          # from a done callback (fenced, a bug...)
+                raise self.fatal
             self.tick()
             self.refresh_suspects()
             try:
@@ -107,6 +110,8 @@ class AsyncEngine(Base):
             else:
                 await asyncio.sleep(0)
         await self.finish_running()
+        if self.fatal is not None:
+            raise self.fatal
 
     async def finish_running(self) -> None:
         """Draining: let running records finish for most of ``drain_timeout_s`` (the
@@ -246,19 +251,17 @@ class AsyncEngine(Base):
                 del self.keys[key]
         if task.cancelled():
             return
-        exc = task.exception()
-        if exc is not None:                     # a bug of the pool, not of the handler
-            log.error("record task failed: %r", exc, extra=record_fields(r), exc_info=exc)
-            raise exc
-        result = task.result()
-        if result[0] == "dead" and not self.delivery.eos:
-            self.give_up(r, result[1], result[2])
-            result = ("released",)
-        part.finished[r.offset] = (result, r)
         try:
+            result = task.result()
+            if result[0] == "dead" and not self.delivery.eos:
+                self.give_up(r, result[1], result[2])
+                result = ("released",)
+            part.finished[r.offset] = (result, r)
             self.release(tp, part)
         except TransactionAborted:
             self.rewind()
+        except BaseException as err:            # noqa: BLE001 -- raised by the main loop
+            self.fatal = self.fatal or err
 
     def release(self, tp: mq.TopicPartition, part: _Partition) -> None:
         """Move the done position over finished records from the first unfinished one."""

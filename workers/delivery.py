@@ -90,7 +90,7 @@ class Delivery:
         self.commits = 0                      # records committed (the counter table's)
         self._producer: mq.Producer | None = None
         self._futures: list = []
-        self._commit_pending = False
+        self._sent: dict = {}                   # the async commit in flight
         self._interval = config.commit_interval_ms / 1000
         self._next_commit = time.monotonic() + self._interval
         self._txn_open = False
@@ -184,10 +184,12 @@ class Delivery:
     def due(self, now: float) -> bool:
         return now >= self._next_commit
 
-    def changed(self, tps=None) -> dict:
-        done, committed = self.done, self.committed
+    def changed(self, tps=None, against: dict | None = None) -> dict:
+        """Done positions (all, or of ``tps``) that differ from ``against`` (default: the
+        confirmed commits)."""
+        done, base = self.done, self.committed if against is None else against
         return {tp: done[tp] for tp in (done if tps is None else tps)
-                if tp in done and committed.get(tp) != done[tp]}
+                if tp in done and base.get(tp) != done[tp]}
 
     def commit(self, sync: bool = False, tps=None) -> None:
         """Make the done positions durable (all, or of ``tps``). ``sync``: wait for it (at
@@ -197,8 +199,13 @@ class Delivery:
         if self.eos:
             self._commit_transaction()
             return
-        changed = self.changed(tps)
-        if not changed or (self._commit_pending and not sync):
+        if sync:                        # whatever an async commit in flight may carry
+            changed = self.changed(tps)
+        elif self._sent:
+            return                      # one async commit in flight at a time
+        else:
+            changed = self.changed(tps)
+        if not changed:
             return
         if self._futures:
             self._producer.flush()                        # type: ignore[union-attr]
@@ -209,23 +216,26 @@ class Delivery:
                                   f"{lost[0].exception()}")
         consumer = self.consumer
         assert consumer is not None
-        moved = sum(pos - self.committed.get(tp, pos) for tp, pos in changed.items())
         if sync:
             consumer.commit(changed)
-            self.committed.update(changed)
+            self._confirmed(changed)
         else:
-            self._commit_pending = True
-            self.committed.update(changed)
+            self._sent = dict(changed)
             consumer.commit_async(changed, self._committed_async)
-        self.commits += moved
+
+    def _confirmed(self, offsets: dict) -> None:
+        for tp, offset in offsets.items():
+            before = self.committed.get(tp)
+            if before is None or offset > before:
+                self.commits += 0 if before is None else offset - before
+                self.committed[tp] = offset
 
     def _committed_async(self, offsets: dict, error: Exception | None) -> None:
-        self._commit_pending = False
+        self._sent = {}
         if error is not None:
             log.warning("commit failed (the next one retries it): %s", error)
-            for tp, offset in offsets.items():
-                if self.committed.get(tp) == offset:
-                    del self.committed[tp]
+        else:
+            self._confirmed(offsets)
 
     def _commit_transaction(self) -> None:
         changed = self.changed()
@@ -244,8 +254,7 @@ class Delivery:
         except (MQError, TimeoutError) as err:
             self._abort(err)
         self._txn_open = False
-        self.commits += sum(pos - self.committed.get(tp, pos) for tp, pos in changed.items())
-        self.committed.update(changed)
+        self._confirmed(changed)
 
     def _abort(self, err: BaseException):
         log.warning("transaction failed, aborting it and going back to the committed "
@@ -272,12 +281,14 @@ class Delivery:
         for tp in tps:
             self.done.pop(tp, None)
             self.committed.pop(tp, None)
+            self._sent.pop(tp, None)
 
     def lost(self) -> None:
         """Every partition was taken without a revocation: commit nothing; an open
         transaction's offsets would be refused, so abort it."""
         self.done.clear()
         self.committed.clear()
+        self._sent = {}
         self._futures = []
         if self.eos and self._txn_open:
             try:
