@@ -89,8 +89,12 @@ def run(handler: Callable | str, topics: Iterable[str], group_id: str,
     _check_topics(config)
 
     from workers.logs import setup_logging
+    from workers.stats import remove_stale
     from workers.supervisor import Supervisor
     log = setup_logging(config.log_format, config.log_level, config.group_id)
+    if stats_path is None:
+        for path in remove_stale(group_id):
+            log.info("removed %s, left by a pool that was killed", path)
     if config.dead_letter_topic is None:
         log.warning("no dead-letter topic: records that fail %d attempts are logged and "
                     "skipped", config.max_attempts)

@@ -8,8 +8,9 @@ records it had in flight) where the supervisor finds them.
 
 Where: ``/dev/shm/mq-workers-<group>-<supervisor pid>.stats`` (a tmpfs, so no disk I/O; the
 system temp dir where there is no ``/dev/shm``), unless ``stats_path=`` says otherwise. The
-supervisor creates it, logs its path and removes it when it exits; ``find_stats()`` lists the
-tables of live pools.
+supervisor creates it, logs its path and removes it when it exits (a supervisor killed with
+SIGKILL cannot: the next pool of the group removes such leftovers, ``remove_stale``);
+``find_stats()`` lists the tables of live pools.
 
 Layout (little-endian int64 words; every field is one aligned 8-byte word, so a reader never
 sees half a value)::
@@ -48,7 +49,8 @@ import re
 import tempfile
 import time
 
-__all__ = ["COUNTERS", "STATES", "StatsTable", "default_stats_path", "find_stats", "read_stats"]
+__all__ = ["COUNTERS", "STATES", "StatsTable", "default_stats_path", "find_stats", "read_stats",
+           "remove_stale"]
 
 MAGIC = int.from_bytes(b"MQWORK01", "little")
 VERSION = 1
@@ -347,6 +349,22 @@ def find_stats(group_id: str | None = None, directory: str | None = None) -> lis
         if pid.isdigit() and _alive(int(pid)):
             out.append(path)
     return out
+
+
+def remove_stale(group_id: str, directory: str | None = None) -> list[str]:
+    """Remove the tables ``group_id``'s pools left behind when their supervisor was killed
+    (its pid is gone); returns their paths."""
+    pattern = f"mq-workers-{_sanitize(group_id)}-*.stats"
+    gone = []
+    for path in glob.glob(os.path.join(directory or stats_dir(), pattern)):
+        pid = path.rsplit("-", 1)[-1].removesuffix(".stats")
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(path)
+                gone.append(path)
+            except OSError:
+                pass
+    return gone
 
 
 def _alive(pid: int) -> bool:

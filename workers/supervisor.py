@@ -11,7 +11,10 @@ Its loop wakes on a signal (``signal.set_wakeup_fd``) or every ``_TICK_S`` and t
   death in the last ``crash_loop_window_s``; a death with nothing in flight (a crash at
   start, outside the handler) counts toward the crash loop: ``crash_loop_deaths`` of them
   within the window stop the slot, with an error in the log and ``crash-loop`` in the table.
-  When every slot is stopped so, the pool exits 1.
+  When every slot is stopped so, the pool exits 1. Exactly once, a slot that stops with a dead
+  child (crash loop, or the pool stopping) gets one short-lived child that only fences its
+  transactional id: the dead child's open transaction is aborted at once instead of holding
+  ``read_committed`` readers and the partitions' next owners until it times out.
 - **kills hung handlers.** An in-flight entry older than ``handler_timeout_s`` (plus a grace
   for async handlers, which time out by themselves first) gets its child SIGKILLed; the
   record spends an attempt (``HandlerTimeout``) and the slot restarts at once.

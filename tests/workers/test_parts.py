@@ -6,6 +6,7 @@ carry their fields, ``mq workers stats`` reads a running pool."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import mq.testing
 import workers
 from workers.config import HandlerRef, PoolConfig, load_handler
 from workers.failures import backoff_s, dead_letter_headers, death_error, error_text
-from workers.stats import KIND_DIED, KIND_TIMEOUT, StatsTable, find_stats
+from workers.stats import KIND_DIED, KIND_TIMEOUT, StatsTable, find_stats, remove_stale
 
 
 def config(**kw) -> PoolConfig:
@@ -113,6 +114,19 @@ def test_counter_table(tmp_path):
         table.close()
     with pytest.raises(ValueError, match="not a worker pool stats table"):
         StatsTable.open(__file__)
+
+
+def test_tables_of_killed_pools_are_found_and_removed(tmp_path):
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, check=True)
+    stale = tmp_path / f"mq-workers-g-{int(exited.stdout)}.stats"
+    live = tmp_path / f"mq-workers-g-{os.getpid()}.stats"
+    other = tmp_path / f"mq-workers-h-{int(exited.stdout)}.stats"
+    for path in (stale, live, other):
+        path.write_bytes(b"")
+    assert find_stats("g", str(tmp_path)) == [str(live)]
+    assert remove_stale("g", str(tmp_path)) == [str(stale)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
 def test_cli_usage_errors_are_one_line(broker, tmp_path):

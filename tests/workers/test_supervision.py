@@ -68,7 +68,7 @@ def test_kill9_child_under_load(broker, tmp_path, pools):
     failover_ms = (max(taken_over().values()) - killed_at) / 1e6
     print(f"kill -9 of a child: its {len(moved)} partitions handled again after "
           f"{failover_ms:.1f} ms")
-    assert failover_ms < 2000
+    assert failover_ms < 5000
     pool.wait_for(lambda: sum(s["deaths"] for s in pool.slots()) == 1 and
                   sorted(s["state"] for s in pool.slots()) == ["running"] * 3,
                   "the victim's slot to be restarted")
