@@ -20,6 +20,7 @@ __all__ = [
     "IndexFullError",
     "OffsetOutOfRangeError",
     "NoOffsetForPartitionError",
+    "DataLossError",
     "ClosedError",
     "ConfigError",
     "LogDirLockedError",
@@ -107,6 +108,11 @@ class NoOffsetForPartitionError(OffsetOutOfRangeError):
     def __str__(self) -> str:
         return (f"{self.partition}: no position and auto_offset_reset='none' (seek first; "
                 f"the log holds [{self.log_start_offset}, {self.log_end_offset}))")
+
+
+class DataLossError(MQError):
+    """Offsets a Spark query must read are gone from the log (retention, a deleted topic)
+    while ``failOnDataLoss`` is true (Kafka's source raises IllegalStateException)."""
 
 
 class ClosedError(MQError):

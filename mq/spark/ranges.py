@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 
 from pyspark.sql.datasource import InputPartition
 
-from mq.errors import MQError
+from mq.errors import DataLossError
 from mq.spark.offsets import format_tps
 from mq.spark.options import TP
 
@@ -46,11 +46,6 @@ _FAIL_TRUE_HINT = ("Some data may have been lost because they are no longer avai
                    "to go on, set the source option 'failOnDataLoss' to 'false'.")
 _FAIL_FALSE_HINT = ("Some data may have been lost because they are no longer available in the "
                     "log; the query goes on (failOnDataLoss=false).")
-
-
-class DataLossError(MQError):
-    """Offsets a query must read are gone from the log (retention, a deleted topic) while
-    ``failOnDataLoss`` is true (Kafka's source raises IllegalStateException)."""
 
 
 def report_data_loss(message: str, fail_on_data_loss: bool) -> None:
