@@ -14,8 +14,9 @@ ignored)::
     headers    array<struct<key: string, value: binary>>   optional; null -> no headers
 
 Options are Spark's ``CaseInsensitiveDict`` (lowercased keys, string values): ``topic``;
-``socket`` (the broker's Unix socket; without it the clients' rules: ``$MQ_SOCKET``, then the
-data dir's ``mq.sock``); ``mq.transactional`` (streaming only, default ``true``); a few Kafka
+``socket`` (the broker's Unix socket; without it the clients' rules: ``$MQ_SOCKET``, then
+``<dataDir>/mq.sock`` with the ``dataDir`` option or the default data dir, as the source finds
+it); ``mq.transactional`` (streaming only, default ``true``); a few Kafka
 producer settings under Kafka's ``kafka.`` prefix (``_PRODUCER_OPTIONS``). Spark adds
 ``checkpointLocation`` and ``queryName`` to a streaming query's options. Anything else is a
 ``ConfigError`` naming the option, raised when Spark plans the write.
@@ -39,6 +40,7 @@ import pyarrow as pa
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from mq.errors import ConfigError
+from mq.protocol.paths import default_socket_path
 
 __all__ = ["SinkColumns", "StreamTask", "WriteOptions", "already_committed", "batch_marker",
            "committed_batch", "parse_write_options", "plan_columns", "transactional_id"]
@@ -46,7 +48,7 @@ __all__ = ["SinkColumns", "StreamTask", "WriteOptions", "already_committed", "ba
 _CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 # What Spark itself puts in a streaming sink's options.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
-_KNOWN = frozenset({"topic", "socket", "mq.transactional"})
+_KNOWN = frozenset({"topic", "socket", "datadir", "mq.transactional"})
 
 
 def _number(kind, minimum):
@@ -103,7 +105,8 @@ def parse_write_options(options: Mapping[str, str], streaming: bool) -> WriteOpt
     ``mq.transactional`` defaults to true for a streaming write and must stay false for a
     batch write (which is at least once, as Kafka's). Raises ``ConfigError`` naming the
     option."""
-    known = sorted(_KNOWN | set(_PRODUCER_OPTIONS))
+    known = sorted(["topic", "socket", "dataDir", "mq.transactional", *_PRODUCER_OPTIONS],
+                   key=str.lower)
     for name in options:
         key = name.lower()
         if key in _KNOWN or key in _PRODUCER_OPTIONS or key in _SPARK_OPTIONS:
@@ -119,6 +122,8 @@ def parse_write_options(options: Mapping[str, str], streaming: bool) -> WriteOpt
     if topic is not None and not topic:
         raise ConfigError("mq sink: option topic is empty")
     socket = lower.get("socket") or None
+    if socket is None and lower.get("datadir"):
+        socket = default_socket_path(lower["datadir"])
     if "mq.transactional" in lower:
         transactional = _bool("mq.transactional", lower["mq.transactional"])
     else:

@@ -62,6 +62,15 @@ def test_producer_settings_under_kafkas_names():
                                     "transaction_timeout_ms": 120000}
 
 
+def test_the_socket_from_the_data_dir_as_the_source_finds_it(monkeypatch):
+    monkeypatch.delenv("MQ_SOCKET", raising=False)
+    assert parse_write_options({"datadir": "/srv/mq"}, False).socket == "/srv/mq/mq.sock"
+    assert parse_write_options({"datadir": "/srv/mq", "socket": "/s"}, False).socket == "/s"
+    monkeypatch.setenv("MQ_SOCKET", "/env.sock")
+    assert parse_write_options({"datadir": "/srv/mq"}, False).socket == "/env.sock"
+    assert parse_write_options({}, False).socket is None      # the Producer's own rules
+
+
 def test_spark_s_own_streaming_options_are_accepted():
     opts = parse_write_options({"checkpointlocation": "/ck", "queryname": "q", "topic": "t"},
                                streaming=True)
@@ -69,7 +78,7 @@ def test_spark_s_own_streaming_options_are_accepted():
 
 
 @pytest.mark.parametrize(("options", "streaming", "message"), [
-    ({"subscribe": "t"}, False, "unknown option 'subscribe'; known: kafka.batch.size"),
+    ({"subscribe": "t"}, False, "unknown option 'subscribe'; known: dataDir, kafka.batch.size"),
     ({"kafka.bootstrap.servers": "h:9092"}, True, "by the socket option"),
     ({"path": "/x"}, False, "takes no path"),
     ({"topic": ""}, False, "option topic is empty"),
