@@ -50,6 +50,7 @@ from pyspark.sql.datasource import (
 )
 
 from mq.errors import ConfigError, MQError
+from mq.protocol.types import TopicPartition
 from mq.spark.sink_plan import (
     SinkColumns,
     StreamTask,
@@ -127,30 +128,30 @@ class Sink:
         producer = self._producer(transactional_id=tid)
         try:
             producer.init_transactions()      # fences older attempts, ends their transaction
-            if already_committed(self._committed_batch(tid), task.batch_id):
+            skipped = already_committed(self._committed_batch(tid), task.batch_id)
+            rows = 0
+            if skipped:
                 for _ in batches:             # Spark hands every row to the task: take them
                     pass
                 log.info("%s: batch %d already committed by an earlier attempt", tid,
                          task.batch_id)
-                return ProduceResult(task.partition_id, 0, task.batch_id, tid, skipped=True)
-            producer.begin_transaction()
-            send, records = producer.send, self.columns.records
-            rows = 0
-            for batch in itertools.chain([first], batches):
-                for topic, value, key, partition, headers in records(batch):
-                    send(topic, value, key, partition, headers)
-                rows += batch.num_rows
-            from mq.protocol.types import TopicPartition
-            marker = TopicPartition(self.columns.first_topic(first), 0)
-            producer.send_offsets_to_transaction({marker: batch_marker(task.batch_id, rows)},
-                                                 tid)
-            producer.commit_transaction()
+            else:
+                producer.begin_transaction()
+                send, records = producer.send, self.columns.records
+                for batch in itertools.chain([first], batches):
+                    for topic, value, key, partition, headers in records(batch):
+                        send(topic, value, key, partition, headers)
+                    rows += batch.num_rows
+                marker = TopicPartition(self.columns.first_topic(first), 0)
+                producer.send_offsets_to_transaction(
+                    {marker: batch_marker(task.batch_id, rows)}, tid)
+                producer.commit_transaction()
         except BaseException:
             _abort_quietly(producer, tid)
             producer.close(timeout=0)
             raise
         producer.close()
-        return ProduceResult(task.partition_id, rows, task.batch_id, tid)
+        return ProduceResult(task.partition_id, rows, task.batch_id, tid, skipped)
 
     def _committed_batch(self, group: str) -> int | None:
         """The marker of ``group`` (the task's own transactional id). Read after

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
 import mq
 import mq.testing
+from mq.spark.sink_plan import SinkColumns, StreamTask, WriteOptions
+from mq.spark.writer import Sink
 
 pytestmark = pytest.mark.spark
 
@@ -167,3 +170,39 @@ def test_complete_mode_appends_the_whole_result_each_batch(spark, broker, tmp_pa
     got = [(r.key, r.value) for r in read_all(broker, "counts")]
     assert sorted(got) == sorted([(str(k).encode(), b"1") for k in range(4)]
                                  + [(str(k).encode(), b"2") for k in range(4)])
+
+
+def test_a_task_fences_the_attempt_before_it_and_closes_its_producer(broker):
+    """The write task's protocol without Spark: an earlier attempt of the same task (its
+    transaction open, rows sent) is fenced; a replay finds the marker and writes nothing; an
+    empty task opens no transaction; every producer is closed when the task returns."""
+    import pyarrow as pa
+
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("out", 2)
+    task = StreamTask("query", 4, 1)
+    rows = pa.record_batch([pa.array([b"a", b"b", b"c"], pa.binary())], names=["value"])
+    sink = Sink(WriteOptions("out", broker.socket, transactional=True),
+                SinkColumns(0, topic_option="out"))
+    zombie = mq.Producer(socket=broker.socket, transactional_id=task.transactional_id)
+    zombie.init_transactions()
+    zombie.begin_transaction()
+    zombie.send("out", b"zombie", partition=0).get(timeout=30)
+
+    result = sink.write_exactly_once(iter([rows]), task)
+    assert (result.rows, result.skipped, result.transactional_id) == \
+        (3, False, "mq-spark-sink-query-1")
+    with pytest.raises(mq.ProducerFencedError):
+        zombie.commit_transaction()
+    zombie.close()
+    replay = sink.write_exactly_once(iter([rows]), task)
+    assert (replay.rows, replay.skipped) == (0, True)
+    empty = sink.write_exactly_once(iter([rows.slice(0, 0)]), StreamTask("query", 5, 1))
+    assert (empty.rows, empty.skipped) == (0, False)
+
+    assert sorted(r.value for r in read_all(broker, "out")) == [b"a", b"b", b"c"]
+    assert b"zombie" in {r.value for r in read_all(broker, "out", "read_uncommitted")}
+    with mq.Admin(broker.socket) as admin:
+        assert admin.list_group_offsets("mq-spark-sink-query-1") == \
+            {mq.TopicPartition("out", 0): 5}
+    assert not [t for t in threading.enumerate() if t.name == "mq-producer-mq-spark-sink"]
