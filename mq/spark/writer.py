@@ -49,6 +49,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from mq.client.admin import Admin
+from mq.client.producer import Producer
 from mq.errors import ConfigError, MQError
 from mq.protocol.types import TopicPartition
 from mq.spark.sink_plan import (
@@ -88,8 +90,7 @@ class Sink:
         self.options = options
         self.columns = columns
 
-    def _producer(self, **extra):
-        from mq.client.producer import Producer
+    def _producer(self, **extra) -> Producer:
         return Producer(socket=self.options.socket, acks="all", client_id="mq-spark-sink",
                         **self.options.producer_config, **extra)
 
@@ -158,7 +159,6 @@ class Sink:
         ``init_transactions()``: only this id commits offsets for this group, and its earlier
         transactions are finished by then, so the value is stable (no read_committed wait
         needed)."""
-        from mq.client.admin import Admin
         with Admin(self.options.socket) as admin:
             return committed_batch(admin.list_group_offsets(group))
 
