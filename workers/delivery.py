@@ -92,6 +92,7 @@ class Delivery:
         self._producer: mq.Producer | None = None
         self._futures: list = []
         self._sent: dict = {}                   # the async commit in flight
+        self._blocked = 0.0                     # seconds in sends since the last commit (EOS)
         self._interval = config.commit_interval_ms / 1000
         self._next_commit = time.monotonic() + self._interval
         self._txn_open = False
@@ -171,7 +172,12 @@ class Delivery:
             producer.begin_transaction()
             self._txn_open = True
         try:
-            fut = producer.send(topic, value=value, key=key, headers=headers)
+            if self.eos:
+                started = time.monotonic()
+                fut = producer.send(topic, value=value, key=key, headers=headers)
+                self._blocked += time.monotonic() - started
+            else:
+                fut = producer.send(topic, value=value, key=key, headers=headers)
         except _RECORD_ERRORS as err:
             raise BadOutput(f"{type(err).__name__}: {err}") from err
         except ProducerFencedError:
@@ -198,17 +204,20 @@ class Delivery:
         ``TransactionAborted`` and ``ProducerFencedError`` (exactly once).
 
         The next commit is due ``commit_interval_ms`` later, or ``_BLOCKED_FACTOR`` times as
-        long as this one blocked, if that is longer: on a loaded box a transaction's commit
-        (its sends' fsync, then the coordinator's markers and fsyncs) can take 100 ms, and a
-        child committing every 100 ms would then spend half its time waiting. So a child
-        spends at most about a fifth of its time blocked in commits, and batches more
-        records per transaction when commits are slow."""
+        long as this one blocked, if that is longer. Exactly once, the blocking includes the
+        transaction's sends: the first record of each partition in a transaction waits for
+        AddPartitionsToTxn, which the coordinator makes durable (an fsync each), and the
+        commit waits for the sends' fsync, then the markers and their fsyncs. On a loaded box
+        that added up to 100-300 ms per transaction, and a child committing every 100 ms
+        spent most of its time waiting. So a child spends at most about a fifth of its time
+        blocked in commits, and batches more records per transaction when they are slow."""
         started = time.monotonic()
         try:
             self._commit(sync, tps)
         finally:
             now = time.monotonic()
-            self._next_commit = now + max(self._interval, _BLOCKED_FACTOR * (now - started))
+            blocked, self._blocked = now - started + self._blocked, 0.0
+            self._next_commit = now + max(self._interval, _BLOCKED_FACTOR * blocked)
 
     def _commit(self, sync: bool, tps) -> None:
         if self.eos:
