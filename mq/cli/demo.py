@@ -69,6 +69,8 @@ examples:
   mq demo
   mq demo --records 1000000 --partitions 8
   mq demo --data-dir /tmp/mq-demo --records 2000
+  mq demo --spark                     the Spark pipeline (see above)
+  mq demo --spark --records 50000 --rate 5000 --output /tmp/totals
 afterwards (with a broker running, e.g. 'mq broker &'):
   mq topics describe demo
   mq consume demo --from-beginning --max-messages 5 --print-key
@@ -89,6 +91,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--records", type=int, default=200_000, metavar="N",
                         help=f"records to produce in all, split between the two producers "
                              f"(default 200000, {VALUE_BYTES} B values)")
+    from mq.cli.demo_spark import add_arguments
+    add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -290,6 +294,10 @@ def _start_broker(args: argparse.Namespace, progress: _Progress):
 
 
 def run(args: argparse.Namespace) -> int:
+    from mq.cli.demo_spark import run as run_spark
+    from mq.cli.demo_spark import wants_spark
+    if wants_spark(args):
+        return run_spark(args)
     if not 1 <= args.partitions <= 1000:
         raise ValueError(f"--partitions must be between 1 and 1000, got {args.partitions}")
     if not 2 <= args.records <= 100_000_000:
