@@ -8,9 +8,12 @@ Its loop wakes on a signal (``signal.set_wakeup_fd``) or every ``_TICK_S`` and t
   its in-flight entries each spend an attempt (``stats.record_attempt``: the next owner
   starts from there, so a record that kills its child ends in the dead-letter topic after
   ``max_retries + 1`` deaths). The slot restarts after ``restart_backoff_ms`` doubled per
-  death in the last ``crash_loop_window_s``; a death with nothing in flight (a crash at
-  start, outside the handler) counts toward the crash loop: ``crash_loop_deaths`` of them
-  within the window stop the slot, with an error in the log and ``crash-loop`` in the table.
+  death in the last ``crash_loop_window_s``. A child that dies before it joined its group
+  (its import fails in the child, its config is wrong) is a crash loop in the making:
+  ``crash_loop_deaths`` of those within the window stop the slot, with an error in the log
+  and ``crash-loop`` in the table. A child that joined proved the code runs; its deaths only
+  lengthen the backoff (to at most 5 s), so repeated kills of healthy children never stop a
+  slot.
   When every slot is stopped so, the pool exits 1. Exactly once, a slot that stops with a dead
   child (crash loop, or the pool stopping) gets one short-lived child that only fences its
   transactional id: the dead child's open transaction is aborted at once instead of holding
@@ -49,6 +52,7 @@ from workers.stats import (
     BACKOFF,
     CRASH_LOOP,
     DEATHS,
+    DRAINING,
     HANG_KILLS,
     INCARNATIONS,
     KIND_DIED,
@@ -79,7 +83,8 @@ class Slot:
     def __init__(self, index: int) -> None:
         self.index = index
         self.proc: subprocess.Popen | None = None
-        self.deaths: collections.deque[float] = collections.deque()   # crash-loop window
+        self.deaths: collections.deque[float] = collections.deque()   # backoff window
+        self.early_deaths: collections.deque[float] = collections.deque()   # crash loop
         self.restart_at: float | None = None
         self.expected = False          # asked to drain: its exit is not a death
         self.kill_at: float | None = None
@@ -287,6 +292,7 @@ class Supervisor:
         assert table is not None and slot.proc is not None
         pid, how = slot.proc.pid, exit_text(status)
         in_flight = table.in_flight(slot.index)
+        joined = table.words[table.row(slot.index) + STATE] in (RUNNING, DRAINING)
         table.clear_in_flight(slot.index)
         table.set(slot.index, STATE, CRASH_LOOP if slot.stopped else STOPPED)
         now = time.monotonic()
@@ -309,15 +315,18 @@ class Supervisor:
                         "failed; restarting it", slot.index, pid, how, self.describe(in_flight))
             self.schedule(slot, now + self.config.restart_backoff_ms / 1000)
             return
-        deaths = slot.deaths
+        deaths, early = slot.deaths, slot.early_deaths
         deaths.append(now)
-        while deaths and deaths[0] < now - self.config.crash_loop_window_s:
-            deaths.popleft()
-        if len(deaths) >= self.config.crash_loop_deaths:
+        if not joined:
+            early.append(now)
+        for window in (deaths, early):
+            while window and window[0] < now - self.config.crash_loop_window_s:
+                window.popleft()
+        if len(early) >= self.config.crash_loop_deaths:
             slot.stopped = True
-            log.error("slot %d: crash loop: %d deaths within %g s, the last %s; not restarting "
-                      "it (SIGHUP tries again)", slot.index, len(deaths),
-                      self.config.crash_loop_window_s, how)
+            log.error("slot %d: crash loop: %d deaths within %g s before joining the group, "
+                      "the last %s; not restarting it (SIGHUP tries again)", slot.index,
+                      len(early), self.config.crash_loop_window_s, how)
             if self.config.exactly_once and not self.stopping:
                 self.start(slot, fence_only=True)   # its open transaction must not wait
                 self.ask_drain(slot)
@@ -379,6 +388,7 @@ class Supervisor:
                 return
             slot.stopped = False                    # crash-looped or in backoff: anew
             slot.deaths.clear()
+            slot.early_deaths.clear()
             self.start(slot)
             self.roll_stage = "starting"
         elif self.roll_stage == "draining":

@@ -126,7 +126,7 @@ def test_crash_loop_stops_and_reports(broker, tmp_path, pools):
     pools(pool)
     assert pool.wait() == 1
     err = pool.stderr()
-    assert err.count("crash loop: 5 deaths within 10 s") == 2, err
+    assert err.count("crash loop: 5 deaths within 10 s before joining the group") == 2, err
     assert "cannot reach the database" in err
     assert "every slot is stopped by a crash loop" in err
 
