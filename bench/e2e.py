@@ -40,13 +40,12 @@ from bench.harness import (
     MIB,
     Rows,
     WorkerError,
-    format_table,
     hist_stats,
     machine_facts,
     merge_hists,
     mm,
     percentiles,
-    print_contention,
+    print_report,
     process_cpu,
     progress,
     quiet_gc,
@@ -760,14 +759,8 @@ def main(argv: list[str] | None = None) -> int:
         meta["wall_seconds"] = time.perf_counter() - t_start
         rows = res["table"] = build_table(res)
         write_json(args.out, res, default=_json_default)
-        print(f"mq end-to-end benchmarks - {meta['date_utc']}, Python {meta['python']}, "
-              f"{meta['cpus_usable']} CPUs ({meta['cpu_model']}), {meta['kernel']}, temp dir on "
-              f"{meta['data_dir_mount']['fstype']} {meta['data_dir_mount']['device']}; "
-              f"{args.runs} runs{' (quick)' if args.quick else ''}; loadavg "
-              f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}")
-        print_contention(meta["contention"])
-        print(format_table(rows))
-        print(f"JSON: {args.out} ({meta['wall_seconds']:.0f} s)")
+        print_report("mq end-to-end benchmarks", meta, rows, args.out,
+                     f"{args.runs} runs{' (quick)' if args.quick else ''}")
     finally:
         if broker is not None and broker.proc is not None and broker.proc.poll() is None:
             broker.kill()

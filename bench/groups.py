@@ -57,11 +57,10 @@ from array import array
 import mq
 from bench.harness import (
     Rows,
-    format_table,
     machine_facts,
     mm,
     pct,
-    print_contention,
+    print_report,
     progress_printer,
     quiet_gc,
     rotated,
@@ -957,16 +956,8 @@ def main(argv: list[str] | None = None) -> int:
         meta["wall_seconds"] = time.monotonic() - t_start
         rows = res["table"] = build_table(res)
         write_json(args.out, res)
-        print(f"mq consumer-group benchmarks - {meta['date_utc']}, Python {meta['python']}, "
-              f"{meta['cpus_usable']} CPUs ({meta['cpu_model']}), {meta['kernel']}, data dir on "
-              f"{meta['data_dir_mount']['fstype']} {meta['data_dir_mount']['device']}"
-              f"{' (quick)' if args.quick else ''}; loadavg {meta['loadavg_start'][0]:.2f} -> "
-              f"{meta['loadavg_end'][0]:.2f}")
-        print_contention(meta["contention"])
-        for note in ctx.truncated:
-            print(f"NOTE: {note}")
-        print(format_table(rows))
-        print(f"JSON: {args.out} ({meta['wall_seconds']:.0f} s)")
+        print_report("mq consumer-group benchmarks", meta, rows, args.out,
+                     "quick" if args.quick else "", notes=ctx.truncated)
     finally:
         if broker is not None:
             broker.close()

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import posix_ipc
@@ -608,6 +608,23 @@ def print_contention(contention: dict) -> None:
         print(f"other processes' CPU use per section (of {os.cpu_count()} CPUs): "
               + ", ".join(f"{k} {v['other_cpus']:.2f} (steal {v['steal_cpus']:.2f})"
                           for k, v in contention.items()))
+
+
+def print_report(title: str, meta: dict, rows: Rows, out: str, detail: str = "",
+                 notes: Iterable[str] = ()) -> None:
+    """The end of a benchmark run on stdout: a line of facts about the machine and the run
+    (``detail``: e.g. "5 runs (quick)"), the neighbours' CPU per section, ``notes``, the
+    table, and where the JSON went."""
+    mount = meta["data_dir_mount"]
+    print(f"{title} - {meta['date_utc']}, Python {meta['python']}, {meta['cpus_usable']} CPUs "
+          f"({meta['cpu_model']}), {meta['kernel']}, data on {mount['fstype']} "
+          f"{mount['device']}{'; ' + detail if detail else ''}; loadavg "
+          f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}")
+    print_contention(meta.get("contention", {}))
+    for note in notes:
+        print(f"NOTE: {note}")
+    print(format_table(rows))
+    print(f"JSON: {out} ({meta['wall_seconds']:.0f} s)")
 
 
 def write_json(path: str, res: dict, default: Callable[[Any], Any] | None = None) -> None:
