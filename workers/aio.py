@@ -99,7 +99,8 @@ class AsyncEngine(Base):
                 if idle or delivery.due(time.monotonic()):
                     self.settle(self.busy())
                     delivery.commit()
-            except TransactionAborted:
+            except TransactionAborted as err:
+                self.remember_refused(err.refused)
                 self.rewind()
             counters.committed = delivery.commits
             counters.publish()
@@ -189,6 +190,10 @@ class AsyncEngine(Base):
         ``("dead", error, attempts)``."""
         config, counters, w = self.config, self.counters, self.words
         e = self.table.inflight_entry(self.slot, entry)
+        key = (self.topic_index[r.topic], r.partition, r.offset)
+        if key in self.refusals:                  # an output refused in an aborted txn
+            error, dead_letter = self.refusals.pop(key)
+            return ("skip", error) if dead_letter else ("dead", error, 1)
         attempt, error, not_before = self.prior_attempts(r)
         if attempt >= config.max_attempts:
             return ("dead", error, attempt)
@@ -206,7 +211,7 @@ class AsyncEngine(Base):
                     out = await self.handler(r)
                 outputs = None if out is None else self.delivery.normalize(out)
                 if outputs and not self.delivery.eos:
-                    self.delivery.send_normalized(outputs)
+                    self.delivery.send_normalized(outputs, r)
             except Exception as err:            # noqa: BLE001 -- the handler's failure
                 if cm.expired():
                     text = (f"HandlerTimeout: the handler ran longer than handler_timeout_s="
@@ -256,9 +261,14 @@ class AsyncEngine(Base):
             if result[0] == "dead" and not self.delivery.eos:
                 self.give_up(r, result[1], result[2])
                 result = ("released",)
+            elif result[0] == "skip":
+                self.hint_done(r)
+                self.counters.skipped += 1
+                result = ("released",)
             part.finished[r.offset] = (result, r)
             self.release(tp, part)
-        except TransactionAborted:
+        except TransactionAborted as err:
+            self.remember_refused(err.refused)
             self.rewind()
         except BaseException as err:            # noqa: BLE001 -- raised by the main loop
             self.fatal = self.fatal or err
@@ -270,7 +280,7 @@ class AsyncEngine(Base):
             offset = part.outstanding.popleft()
             result, r = part.finished.pop(offset)
             if result[0] == "ok" and result[1]:
-                self.delivery.send_normalized(result[1])      # exactly once: in order
+                self.delivery.send_normalized(result[1], r)   # exactly once: in order
             elif result[0] == "dead":
                 self.give_up(r, result[1], result[2])
             done = offset + 1

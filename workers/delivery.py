@@ -63,7 +63,14 @@ class OutputsLost(MQError):
 
 
 class TransactionAborted(MQError):
-    """The open transaction failed and was aborted: go back to the committed positions."""
+    """The open transaction failed and was aborted: go back to the committed positions.
+    ``refused``: ``(record, error, was a dead letter)`` of the outputs the producer refused
+    (too large, ...): handling those records again would fail the same way, so they are
+    dead-lettered (or, a refused dead letter, skipped) when they come back."""
+
+    def __init__(self, message: str, refused=()) -> None:
+        super().__init__(message)
+        self.refused = list(refused)
 
 
 def _again_on_timeout(call) -> None:
@@ -90,7 +97,8 @@ class Delivery:
         self.committed: dict[mq.TopicPartition, int] = {}
         self.commits = 0                      # records committed (the counter table's)
         self._producer: mq.Producer | None = None
-        self._futures: list = []
+        self._pending: list = []                # (future, record, a dead letter?) unchecked
+        self.on_refused = None                  # at least once: (record, error, dlq) -> None
         self._sent: dict = {}                   # the async commit in flight
         self._blocked = 0.0                     # seconds in sends since the last commit (EOS)
         self._interval = config.commit_interval_ms / 1000
@@ -125,10 +133,6 @@ class Delivery:
         return self._producer
 
     # --- writes -----------------------------------------------------------------------------
-    def send_outputs(self, outputs) -> None:
-        """Check and send a handler's outputs (``normalize``)."""
-        self.send_normalized(self.normalize(outputs))
-
     def normalize(self, outputs) -> list[tuple]:
         """A handler's outputs — ``(topic, key, value)`` or ``(topic, key, value, headers)``
         tuples; keys and values bytes-like, str (sent as UTF-8) or None — as a list of
@@ -154,19 +158,34 @@ class Delivery:
             out.append((topic, key, value, item[3] if len(item) == 4 else None))
         return out
 
-    def send_normalized(self, outputs: list[tuple]) -> None:
+    def send_normalized(self, outputs: list[tuple], record) -> None:
+        """Send checked outputs of ``record``. Raises ``BadOutput`` for an output the producer
+        refuses at once (too large for the topic): the attempt failed. Exactly once that
+        aborts the transaction instead, which may hold the record's other outputs:
+        ``TransactionAborted`` naming the record."""
         for topic, key, value, headers in outputs:
-            self._send(topic, key, value, headers)
+            try:
+                self._send(topic, key, value, headers, record)
+            except BadOutput as err:
+                if self.eos:
+                    self._abort(err, [(record, f"BadOutput: {err}", False)])
+                raise
 
     def dead_letter(self, record, error: str, attempts: int) -> None:
+        """Send ``record`` to the dead-letter topic; one the producer refuses at once is
+        logged and dropped (nothing else can be done with it)."""
         topic = self.config.dead_letter_topic
         assert topic is not None
         headers = dead_letter_headers(record.headers, record.topic, record.partition,
                                       record.offset, error, attempts, self.config.group_id,
                                       record.timestamp_ms)
-        self._send(topic, record.key, record.value, headers)
+        try:
+            self._send(topic, record.key, record.value, headers, record, dead_letter=True)
+        except BadOutput as err:
+            log.error("could not dead-letter %s-%d@%d, skipped: %s", record.topic,
+                      record.partition, record.offset, err)
 
-    def _send(self, topic, key, value, headers) -> None:
+    def _send(self, topic, key, value, headers, record, dead_letter: bool = False) -> None:
         producer = self.producer
         if self.eos and not self._txn_open:
             producer.begin_transaction()
@@ -184,8 +203,7 @@ class Delivery:
             raise
         except InvalidTxnStateError as err:             # an earlier send of the txn failed
             self._abort(err)
-        if not self.eos:
-            self._futures.append(fut)
+        self._pending.append((fut, record, dead_letter))
 
     # --- commits ----------------------------------------------------------------------------
     def due(self, now: float) -> bool:
@@ -231,13 +249,18 @@ class Delivery:
             changed = self.changed(tps)
         if not changed:
             return
-        if self._futures:
+        for _ in range(3):                  # refused outputs' dead letters, checked too
+            if not self._pending:
+                break
             self._producer.flush()                        # type: ignore[union-attr]
-            lost = [f for f in self._futures if not f.succeeded()]
-            self._futures = []
-            if lost:
+            refused = self._refused(self._pending)
+            lost = [f for f, _, _ in self._pending if not f.succeeded()]
+            self._pending = []
+            if len(lost) > len(refused):
                 raise OutputsLost(f"{len(lost)} output(s) or dead letter(s) not acknowledged: "
                                   f"{lost[0].exception()}")
+            for item in refused:
+                self.on_refused(*item)                    # type: ignore[misc]
         consumer = self.consumer
         assert consumer is not None
         if sync:
@@ -278,9 +301,23 @@ class Delivery:
         except (MQError, TimeoutError) as err:
             self._abort(err)
         self._txn_open = False
+        self._pending = []
         self._confirmed(changed)
 
-    def _abort(self, err: BaseException):
+    @staticmethod
+    def _refused(pending) -> list[tuple]:
+        """``(record, error, a dead letter?)`` of the sends the producer refused for the
+        record's own fault (``_RECORD_ERRORS``)."""
+        out = []
+        for fut, record, dead_letter in pending:
+            if fut.is_done and fut.failed() and isinstance(fut.exception(), _RECORD_ERRORS):
+                exc = fut.exception()
+                out.append((record, f"BadOutput: {type(exc).__name__}: {exc}", dead_letter))
+        return out
+
+    def _abort(self, err: BaseException, refused=()):
+        refused = list(refused) + self._refused(self._pending)
+        self._pending = []
         log.warning("transaction failed, aborting it and going back to the committed "
                     "offsets: %s: %s", type(err).__name__, err)
         try:
@@ -291,7 +328,7 @@ class Delivery:
             raise MQError(f"could not abort a failed transaction: {again}") from again
         finally:
             self._txn_open = False
-        raise TransactionAborted(f"{type(err).__name__}: {err}") from err
+        raise TransactionAborted(f"{type(err).__name__}: {err}", refused) from err
 
     # --- partitions come and go ---------------------------------------------------------------
     def revoked(self, tps) -> None:
@@ -313,7 +350,7 @@ class Delivery:
         self.done.clear()
         self.committed.clear()
         self._sent = {}
-        self._futures = []
+        self._pending = []
         if self.eos and self._txn_open:
             try:
                 self._abort(MQError("the group took this member's partitions"))

@@ -94,6 +94,8 @@ class Base:
         self.suspects: dict[tuple[int, int, int], tuple[int, str | None, int]] = {}
         self._attempts_version = -1
         self.hinted: set[tuple[int, int, int]] = set()
+        self.refusals: dict[tuple[int, int, int], tuple[str, bool]] = {}
+        delivery.on_refused = self.on_refused
         self.tick: Callable[[], None] = lambda: None    # the child's per-turn check
 
     def refresh_suspects(self) -> None:
@@ -114,7 +116,7 @@ class Base:
                   for key, (failed, kind, detail) in deaths.items()}
         for key, (failed, not_before) in hints.items():
             if failed > merged.get(key, (0, None, 0))[0]:
-                merged[key] = (failed, "its attempts failed before its partition moved",
+                merged[key] = (failed, "its earlier attempts failed (see the pool's log)",
                                not_before)
         self.suspects = merged
         self._attempts_version = version
@@ -167,6 +169,42 @@ class Base:
             if position > offset:
                 done[tp] = position
 
+    def on_refused(self, r, error: str, dead_letter: bool) -> None:
+        """The producer refused an output (or the dead letter) of ``r``, which was handled:
+        at least once, dead-letter it now (or, its dead letter refused, skip it)."""
+        log.error("%s refused: %s", "its dead letter was" if dead_letter else "an output was",
+                  error, extra=record_fields(r))
+        if dead_letter:
+            self.counters.skipped += 1
+        else:
+            self.give_up(r, error, 1)
+
+    def remember_refused(self, refused) -> None:
+        """Exactly once, a transaction was aborted because outputs of these records were
+        refused: handling them again would fail the same way. Dead-letter them (skip them,
+        if the dead letter was refused) when they come back; other children learn of it
+        from a retry hint with every attempt spent."""
+        for r, error, dead_letter in refused:
+            log.error("%s refused: %s; it is %s when it comes back",
+                      "its dead letter was" if dead_letter else "an output was", error,
+                      "skipped" if dead_letter else "dead-lettered", extra=record_fields(r))
+            self.refusals[(self.topic_index[r.topic], r.partition, r.offset)] = \
+                (error, dead_letter)
+            self.hint_failed(r, self.config.max_attempts, 0.0)
+
+    def refused_before(self, r) -> bool:
+        """``r`` had an output refused in an aborted transaction: give up on it now."""
+        seen = self.refusals.pop((self.topic_index[r.topic], r.partition, r.offset), None)
+        if seen is None:
+            return False
+        error, dead_letter = seen
+        if dead_letter:
+            self.hint_done(r)
+            self.counters.skipped += 1
+        else:
+            self.give_up(r, error, 1)
+        return True
+
     def backoff(self, attempt: int) -> float:
         return backoff_s(attempt, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
 
@@ -205,7 +243,8 @@ class SyncEngine(Base):
                 if idle or delivery.due(time.monotonic()):
                     self.settle(self.busy())
                     delivery.commit()
-            except TransactionAborted:
+            except TransactionAborted as err:
+                self.remember_refused(err.refused)
                 self.rewind()
             counters.committed = delivery.commits
             counters.publish()
@@ -290,19 +329,24 @@ class SyncEngine(Base):
             w[e + 3] = attempt
             t0 = _monotonic_ns()
             w[e + 4] = t0
+            error = None
             try:
                 out = handler(r)
-                if out is not None:
-                    delivery.send_outputs(out)
+                outputs = None if out is None else delivery.normalize(out)
             except Exception as err:            # noqa: BLE001 -- the handler's failure
-                w[e + 4] = 0
-                counters.handler_ns += _monotonic_ns() - t0
-                if self.failed(tp, r, attempt, err):
+                error = err
+            w[e + 4] = 0
+            counters.handler_ns += _monotonic_ns() - t0
+            if error is None and outputs:
+                try:
+                    delivery.send_normalized(outputs, r)   # exactly once: raises
+                except BadOutput as err:                   # TransactionAborted instead
+                    error = err
+            if error is not None:
+                if self.failed(tp, r, attempt, error):
                     work[1] = i
                     return i > start                 # parked: its head waits
             else:
-                w[e + 4] = 0
-                counters.handler_ns += _monotonic_ns() - t0
                 counters.handled += 1
                 if attempt > 1:
                     self.tries.pop(tp, None)
@@ -316,8 +360,11 @@ class SyncEngine(Base):
 
     def start_checked(self, tp: mq.TopicPartition, r):
         """Before an attempt: take up the attempts that failed elsewhere. ``_DEAD`` when none
-        is left (it was dead-lettered), ``_WAIT`` when its backoff is not over (the partition
-        is parked), else ``_GO``."""
+        is left (it was dead-lettered) or an output of it was refused, ``_WAIT`` when its
+        backoff is not over (the partition is parked), else ``_GO``."""
+        if self.refusals and self.refused_before(r):
+            self.tries.pop(tp, None)
+            return _DEAD
         if tp not in self.tries:
             prior, error, not_before = self.prior_attempts(r)
             if prior:

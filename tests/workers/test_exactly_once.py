@@ -97,3 +97,30 @@ def test_exactly_once_under_kill9_of_children_and_broker(broker, tmp_path, pools
     assert not twice and not missing, (f"{len(twice)} inputs with two outputs (first "
                                        f"{twice[:5]}), {len(missing)} without (first "
                                        f"{missing[:5]})")
+
+
+@pytest.mark.parametrize("handler", ["wk_handlers:handle", "wk_handlers:ahandle"])
+def test_a_refused_output_aborts_the_transaction_and_dead_letters_its_record(
+        broker, tmp_path, pools, handler):
+    """Exactly once, a record whose second output the producer refuses (too large) after its
+    first joined the transaction: the transaction is aborted, the record dead-lettered when it
+    comes back, and no output of it is ever committed."""
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("in", 1)
+        admin.create_topic("out", 1, {"max.message.bytes": "10000"})
+        admin.create_topic("in.dlq", 1)
+    with mq.Producer(socket=broker.socket) as p:
+        for i in range(20):
+            p.send("in", value=b"big" if i == 7 else b"v%d" % i)
+    pool = Pool(tmp_path, broker.socket, handler=handler, topics=("in",), processes=1,
+                args=["--exactly-once", "--dead-letter-topic", "in.dlq"],
+                env={"WK_OUTPUT": "out"})
+    pools(pool)
+    pool.wait_for(lambda: caught_up(broker.socket, "g", "in"), "the group to catch up")
+    [dead] = read_all(broker.socket, "in.dlq", "read_committed")
+    assert dict(dead.headers)["mq.dlq.offset"] == b"7"
+    outputs = [parse_output(r.value)[:2] for r in read_all(broker.socket, "out",
+                                                           "read_committed")]
+    assert sorted(outputs) == [(0, o) for o in range(20) if o != 7]
+    assert "an output was refused: BadOutput: MessageTooLargeError" in pool.stderr()
+    assert pool.stop() == 0

@@ -88,3 +88,28 @@ def test_poison_records_go_to_the_dlq_and_redrive_puts_them_back(broker, tmp_pat
     assert sorted(dict(r.headers)["trace"] for r in back) == sorted(
         b"t%d" % o for _, o in POISON)
     assert pool.stop() == 0
+
+
+def test_an_output_the_broker_refuses_dead_letters_its_record(broker, tmp_path, pools):
+    """At least once, an output refused after the handler returned (too large for its topic,
+    found when the batch is answered): the record is dead-lettered at the next commit,
+    instead of the child exiting and the record coming back forever."""
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("jobs", 1)
+        admin.create_topic("out", 1, {"max.message.bytes": "10000"})
+        admin.create_topic("jobs.dlq", 1)
+    with mq.Producer(socket=broker.socket) as p:
+        for i in range(20):
+            p.send("jobs", value=b"big" if i == 7 else b"v%d" % i)
+    pool = Pool(tmp_path, broker.socket, processes=1, env={"WK_OUTPUT": "out"},
+                args=["--dead-letter-topic", "jobs.dlq"])
+    pools(pool)
+    pool.wait_for(lambda: caught_up(broker.socket, "g", "jobs"), "the group to catch up")
+    [dead] = read_all(broker.socket, "jobs.dlq")
+    headers = dict(dead.headers)
+    assert headers["mq.dlq.offset"] == b"7"
+    assert headers["mq.dlq.error"].startswith(b"BadOutput: MessageTooLargeError")
+    assert len(read_all(broker.socket, "out")) == 20        # record 7's first output too
+    assert calls(read_events(pool.events)) == {(0, o): 1 for o in range(20)}
+    assert [s["deaths"] for s in pool.slots()] == [0]
+    assert pool.stop() == 0

@@ -8,7 +8,8 @@ steered by environment variables the children inherit:
 - ``WK_SLEEP_MS``: time each record takes. ``WK_OUTPUT``: the topic of one output per record,
   value ``b"<partition>:<offset>:<value reversed>"`` (``transform``).
 - values starting ``poison`` raise ``ValueError`` until the file ``WK_FIXED`` exists;
-  ``hang`` sleeps for an hour; ``crash`` ends the child with ``os._exit(13)``.
+  ``hang`` sleeps for an hour; ``crash`` ends the child with ``os._exit(13)``; ``big`` adds a
+  second output of 20,000 bytes (too large for a topic with ``max.message.bytes=10000``).
 """
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ def _behave(r) -> None:
 
 
 def _outputs(r):
-    if _OUTPUT:
-        return [(_OUTPUT, r.key, transform(r.partition, r.offset, bytes(r.value)))]
-    return None
+    if not _OUTPUT:
+        return None
+    out = [(_OUTPUT, r.key, transform(r.partition, r.offset, bytes(r.value)))]
+    if bytes(r.value).startswith(b"big"):                 # a second output, too large
+        out.append((_OUTPUT, r.key, b"x" * 20_000))
+    return out
 
 
 def handle(r):
