@@ -32,8 +32,8 @@ import time
 
 import mq
 from workers.delivery import BadOutput, TransactionAborted
-from workers.engine import Base
 from workers.failures import error_text
+from workers.handling import Base
 from workers.logs import record_fields
 
 __all__ = ["AsyncEngine"]
@@ -186,14 +186,14 @@ class AsyncEngine(Base):
 
     # --- one record ----------------------------------------------------------------------------
     async def attempts(self, r, entry: int) -> tuple:
-        """Try ``r`` until it succeeds or its attempts are spent: ``("ok", outputs)`` or
-        ``("dead", error, attempts)``."""
+        """Try ``r`` until it succeeds or its attempts are spent: ``("ok", outputs to send
+        at release, a suspect to isolate)``, ``("dead", error, attempts)`` or ``("skip",
+        error)``."""
         config, counters, w = self.config, self.counters, self.words
         e = self.table.inflight_entry(self.slot, entry)
-        key = (self.topic_index[r.topic], r.partition, r.offset)
-        if key in self.refusals:                  # an output refused in an aborted txn
-            error, dead_letter = self.refusals.pop(key)
-            return ("skip", error) if dead_letter else ("dead", error, 1)
+        refusal = self.take_refusal(r) if self.refusals else None
+        if refusal is not None and refusal != "isolate":   # refused in an aborted txn
+            return refusal if refusal[0] == "skip" else ("dead", refusal[1], 1)
         attempt, error, not_before = self.prior_attempts(r)
         if attempt >= config.max_attempts:
             return ("dead", error, attempt)
@@ -239,7 +239,8 @@ class AsyncEngine(Base):
             counters.handled += 1
             if attempt > 1:
                 self.hint_done(r)
-            return ("ok", outputs)
+            # At least once the outputs went out above; exactly once release sends them.
+            return ("ok", outputs if self.delivery.eos else None, refusal == "isolate")
 
     def completed(self, task: asyncio.Task, tp: mq.TopicPartition, part: _Partition, r,
                   entry: int) -> None:
@@ -262,8 +263,7 @@ class AsyncEngine(Base):
                 self.give_up(r, result[1], result[2])
                 result = ("released",)
             elif result[0] == "skip":
-                self.hint_done(r)
-                self.counters.skipped += 1
+                self.skip(r)
                 result = ("released",)
             part.finished[r.offset] = (result, r)
             self.release(tp, part)
@@ -274,18 +274,24 @@ class AsyncEngine(Base):
             self.fatal = self.fatal or err
 
     def release(self, tp: mq.TopicPartition, part: _Partition) -> None:
-        """Move the done position over finished records from the first unfinished one."""
-        done = None
+        """Move the done position over finished records from the first unfinished one. A
+        suspect of a refused output (exactly once) gets a transaction of its own."""
+        delivery = self.delivery
         while part.outstanding and part.outstanding[0] in part.finished:
             offset = part.outstanding.popleft()
             result, r = part.finished.pop(offset)
             if result[0] == "ok" and result[1]:
-                self.delivery.send_normalized(result[1], r)   # exactly once: in order
+                isolate = result[2]
+                if isolate:
+                    delivery.commit()                 # what came before, without it
+                delivery.send_normalized(result[1], r)    # exactly once: in order
+                if isolate:
+                    delivery.done[tp] = offset + 1
+                    delivery.commit()                 # raises TransactionAborted if it was it
+                    self.isolated(r)
             elif result[0] == "dead":
                 self.give_up(r, result[1], result[2])
-            done = offset + 1
-        if done is not None:
-            self.delivery.done[tp] = done
+            delivery.done[tp] = offset + 1
 
     # --- partitions come and go ---------------------------------------------------------------
     def cancel(self, tps) -> None:

@@ -114,7 +114,7 @@ def serve(child: Child, config, handler, table, log: logging.Logger) -> int:
     from mq.errors import ProducerFencedError
     from workers.config import is_async
     from workers.delivery import Delivery, OutputsLost
-    from workers.engine import Counters
+    from workers.handling import Counters
     from workers.stats import RUNNING, STATE
 
     counters = Counters(table, child.slot)

@@ -65,8 +65,10 @@ class OutputsLost(MQError):
 class TransactionAborted(MQError):
     """The open transaction failed and was aborted: go back to the committed positions.
     ``refused``: ``(record, error, was a dead letter)`` of the outputs the producer refused
-    (too large, ...): handling those records again would fail the same way, so they are
-    dead-lettered (or, a refused dead letter, skipped) when they come back."""
+    (too large, ...). When that names one record, handling it again would fail the same way:
+    it is dead-lettered (or, its dead letter refused, skipped) when it comes back. Several
+    records may share one culprit's failure; each is then handled again in a transaction of
+    its own, which tells."""
 
     def __init__(self, message: str, refused=()) -> None:
         super().__init__(message)
@@ -97,7 +99,7 @@ class Delivery:
         self.committed: dict[mq.TopicPartition, int] = {}
         self.commits = 0                      # records committed (the counter table's)
         self._producer: mq.Producer | None = None
-        self._pending: list = []                # (future, record, a dead letter?) unchecked
+        self._pending: list = []                # (future, record, dead letter?, the send)
         self.on_refused = None                  # at least once: (record, error, dlq) -> None
         self._sent: dict = {}                   # the async commit in flight
         self._blocked = 0.0                     # seconds in sends since the last commit (EOS)
@@ -203,7 +205,7 @@ class Delivery:
             raise
         except InvalidTxnStateError as err:             # an earlier send of the txn failed
             self._abort(err)
-        self._pending.append((fut, record, dead_letter))
+        self._pending.append((fut, record, dead_letter, (topic, key, value, headers)))
 
     # --- commits ----------------------------------------------------------------------------
     def due(self, now: float) -> bool:
@@ -253,14 +255,10 @@ class Delivery:
             if not self._pending:
                 break
             self._producer.flush()                        # type: ignore[union-attr]
-            refused = self._refused(self._pending)
-            lost = [f for f, _, _ in self._pending if not f.succeeded()]
+            failed = [item for item in self._pending if not item[0].succeeded()]
             self._pending = []
-            if len(lost) > len(refused):
-                raise OutputsLost(f"{len(lost)} output(s) or dead letter(s) not acknowledged: "
-                                  f"{lost[0].exception()}")
-            for item in refused:
-                self.on_refused(*item)                    # type: ignore[misc]
+            for record, error, dead_letter in self._resend_alone(failed):
+                self.on_refused(record, error, dead_letter)   # type: ignore[misc]
         consumer = self.consumer
         assert consumer is not None
         if sync:
@@ -304,12 +302,31 @@ class Delivery:
         self._pending = []
         self._confirmed(changed)
 
+    def _resend_alone(self, failed: list) -> list[tuple]:
+        """At least once: send each failed output again on its own and wait for it. A batch
+        fails as a whole, and the batches queued behind a failed one fail with its error, so
+        only a send that fails alone is its record's fault: ``(record, error, a dead
+        letter?)`` of those. Raises ``OutputsLost`` for any other failure."""
+        refused = []
+        for fut, record, dead_letter, (topic, key, value, headers) in failed:
+            try:
+                self.producer.send(topic, value=value, key=key, headers=headers).get()
+            except _RECORD_ERRORS as err:
+                refused.append((record, f"BadOutput: {type(err).__name__}: {err}",
+                                dead_letter))
+            except (MQError, TimeoutError) as err:
+                raise OutputsLost(f"an output or dead letter was not acknowledged: "
+                                  f"{fut.exception()}; sent again: {err}") from err
+        return refused
+
     @staticmethod
     def _refused(pending) -> list[tuple]:
-        """``(record, error, a dead letter?)`` of the sends the producer refused for the
-        record's own fault (``_RECORD_ERRORS``)."""
+        """Exactly once: ``(record, error, a dead letter?)`` of the sends of an aborted
+        transaction that failed for a record's fault (``_RECORD_ERRORS``). Several records
+        may be named for one culprit (a batch fails as a whole): the engines try each again
+        in a transaction of its own."""
         out = []
-        for fut, record, dead_letter in pending:
+        for fut, record, dead_letter, _ in pending:
             if fut.is_done and fut.failed() and isinstance(fut.exception(), _RECORD_ERRORS):
                 exc = fut.exception()
                 out.append((record, f"BadOutput: {type(exc).__name__}: {exc}", dead_letter))

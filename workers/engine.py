@@ -25,188 +25,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import mq
-from workers.config import PoolConfig
-from workers.delivery import BadOutput, Delivery, TransactionAborted
-from workers.failures import backoff_s, death_error, error_text
+from workers.delivery import BadOutput, TransactionAborted
+from workers.failures import error_text
+from workers.handling import Base
 from workers.logs import record_fields
-from workers.stats import (
-    COMMITTED,
-    DEAD_LETTERED,
-    FAILED,
-    HANDLED,
-    HANDLER_NS,
-    LAST_ACTIVE_NS,
-    RETRIED,
-    SKIPPED,
-    StatsTable,
-)
 
-__all__ = ["Counters", "SyncEngine"]
+__all__ = ["SyncEngine"]
 
 log = logging.getLogger("workers.engine")
 
 _IDLE_POLL_S = 0.1
 _monotonic_ns = time.monotonic_ns
 _GO, _DEAD, _WAIT = "go", "dead", "wait"
-
-
-class Counters:
-    """A child's counters: kept in plain attributes on the hot path, published to its row of
-    the counter table (cumulative per slot) by ``publish``."""
-
-    FIELDS = ((HANDLED, "handled"), (RETRIED, "retried"), (FAILED, "failed"),
-              (DEAD_LETTERED, "dead_lettered"), (SKIPPED, "skipped"),
-              (HANDLER_NS, "handler_ns"), (COMMITTED, "committed"))
-
-    def __init__(self, table: StatsTable, slot: int) -> None:
-        self.table = table
-        self.slot = slot
-        self.base = {i: table.words[table.row(slot) + i] for i, _ in self.FIELDS}
-        self.handled = self.retried = self.failed = self.dead_lettered = self.skipped = 0
-        self.handler_ns = self.committed = 0
-
-    def publish(self) -> None:
-        w, row = self.table.words, self.table.row(self.slot)
-        for i, name in self.FIELDS:
-            w[row + i] = self.base[i] + getattr(self, name)
-        w[row + LAST_ACTIVE_NS] = _monotonic_ns()
-
-
-class Base:
-    """What both engines share: the attempts a death spent, failure decisions, dead letters,
-    revocation."""
-
-    def __init__(self, config: PoolConfig, slot: int, handler: Callable, consumer: mq.Consumer,
-                 delivery: Delivery, table: StatsTable, counters: Counters,
-                 draining: Callable[[], bool]) -> None:
-        self.config = config
-        self.slot = slot
-        self.handler = handler
-        self.consumer = consumer
-        self.delivery = delivery
-        self.table = table
-        self.counters = counters
-        self.draining = draining
-        self.topic_index = {t: i for i, t in enumerate(config.topics)}
-        self.suspects: dict[tuple[int, int, int], tuple[int, str | None, int]] = {}
-        self._attempts_version = -1
-        self.hinted: set[tuple[int, int, int]] = set()
-        self.refusals: dict[tuple[int, int, int], tuple[str, bool]] = {}
-        delivery.on_refused = self.on_refused
-        self.tick: Callable[[], None] = lambda: None    # the child's per-turn check
-
-    def refresh_suspects(self) -> None:
-        """Reload what other children and the supervisor know of failed attempts, when it
-        changed: deaths in the handler (the supervisor's ring) and every child's retry hints
-        (a record moved here by a rebalance goes on counting where its last owner stopped)."""
-        table = self.table
-        version = table.hints_version()
-        if version == self._attempts_version:
-            return
-        while True:
-            deaths, hints = table.attempt_entries(), table.hints()
-            again = table.hints_version()
-            if again == version:
-                break
-            version = again
-        merged = {key: (failed, death_error(kind, detail, self.config.handler_timeout_s), 0)
-                  for key, (failed, kind, detail) in deaths.items()}
-        for key, (failed, not_before) in hints.items():
-            if failed > merged.get(key, (0, None, 0))[0]:
-                merged[key] = (failed, "its earlier attempts failed (see the pool's log)",
-                               not_before)
-        self.suspects = merged
-        self._attempts_version = version
-
-    def prior_attempts(self, r) -> tuple[int, str | None, int]:
-        """Attempts of ``r`` that failed elsewhere, the last one's error, and when the next
-        may start (CLOCK_MONOTONIC ns; 0: now)."""
-        return self.suspects.get((self.topic_index[r.topic], r.partition, r.offset),
-                                 (0, None, 0))
-
-    def hint_failed(self, r, attempt: int, delay_s: float) -> None:
-        """Attempt ``attempt`` of ``r`` failed and it will be tried again after ``delay_s``:
-        say so in this child's row, for whoever owns the partition next."""
-        key = (self.topic_index[r.topic], r.partition, r.offset)
-        self.hinted.add(key)
-        self.table.set_hint(self.slot, *key, attempt, _monotonic_ns() + int(delay_s * 1e9))
-
-    def hint_done(self, r) -> None:
-        key = (self.topic_index[r.topic], r.partition, r.offset)
-        if key in self.hinted:
-            self.hinted.discard(key)
-            self.table.clear_hint(self.slot, *key)
-
-    def give_up(self, r, error: str, attempts: int) -> None:
-        """The last attempt failed: dead-letter ``r`` (or log and skip it)."""
-        self.hint_done(r)
-        if self.config.dead_letter_topic is not None:
-            self.delivery.dead_letter(r, error, attempts)
-            self.counters.dead_lettered += 1
-            log.error("dead-lettered after %d attempts to %s: %s", attempts,
-                      self.config.dead_letter_topic, error, extra=record_fields(r))
-        else:
-            self.counters.skipped += 1
-            log.error("skipped after %d failed attempts (no dead-letter topic): %s",
-                      attempts, error, extra=record_fields(r))
-
-    def settle(self, busy) -> None:
-        """Move the done position of every partition with nothing left to handle
-        (``busy``: the partitions that have) up to the consumer's position: past transaction
-        markers, aborted records and compaction gaps, which never reach the handler. Without
-        it a transactional input would keep a lag of one (its last marker) forever."""
-        done, consumer = self.delivery.done, self.consumer
-        for tp, offset in list(done.items()):
-            if tp in busy:
-                continue
-            try:
-                position = consumer.position(tp)
-            except (ValueError, mq.MQError):
-                continue                            # no longer assigned
-            if position > offset:
-                done[tp] = position
-
-    def on_refused(self, r, error: str, dead_letter: bool) -> None:
-        """The producer refused an output (or the dead letter) of ``r``, which was handled:
-        at least once, dead-letter it now (or, its dead letter refused, skip it)."""
-        log.error("%s refused: %s", "its dead letter was" if dead_letter else "an output was",
-                  error, extra=record_fields(r))
-        if dead_letter:
-            self.counters.skipped += 1
-        else:
-            self.give_up(r, error, 1)
-
-    def remember_refused(self, refused) -> None:
-        """Exactly once, a transaction was aborted because outputs of these records were
-        refused: handling them again would fail the same way. Dead-letter them (skip them,
-        if the dead letter was refused) when they come back; other children learn of it
-        from a retry hint with every attempt spent."""
-        for r, error, dead_letter in refused:
-            log.error("%s refused: %s; it is %s when it comes back",
-                      "its dead letter was" if dead_letter else "an output was", error,
-                      "skipped" if dead_letter else "dead-lettered", extra=record_fields(r))
-            self.refusals[(self.topic_index[r.topic], r.partition, r.offset)] = \
-                (error, dead_letter)
-            self.hint_failed(r, self.config.max_attempts, 0.0)
-
-    def refused_before(self, r) -> bool:
-        """``r`` had an output refused in an aborted transaction: give up on it now."""
-        seen = self.refusals.pop((self.topic_index[r.topic], r.partition, r.offset), None)
-        if seen is None:
-            return False
-        error, dead_letter = seen
-        if dead_letter:
-            self.hint_done(r)
-            self.counters.skipped += 1
-        else:
-            self.give_up(r, error, 1)
-        return True
-
-    def backoff(self, attempt: int) -> float:
-        return backoff_s(attempt, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
 
 
 class SyncEngine(Base):
@@ -313,7 +145,21 @@ class SyncEngine(Base):
         start = i
         while i < n:
             r = records[i]
+            isolate = False
             if suspects or tp in self.tries:
+                refusal = self.take_refusal(r) if self.refusals else None
+                if refusal is not None and refusal != "isolate":
+                    self.tries.pop(tp, None)
+                    if refusal[0] == "dead":
+                        self.give_up(r, refusal[1], 1)
+                    else:
+                        self.skip(r)
+                    i += 1
+                    delivery.done[tp] = r.offset + 1
+                    continue
+                if refusal == "isolate":             # exactly once: its own transaction
+                    isolate = True
+                    delivery.commit()
                 verdict = self.start_checked(tp, r)
                 if verdict is _WAIT:
                     work[1] = i
@@ -351,6 +197,10 @@ class SyncEngine(Base):
                 if attempt > 1:
                     self.tries.pop(tp, None)
                     self.hint_done(r)
+                if isolate:
+                    delivery.done[tp] = r.offset + 1
+                    delivery.commit()                # raises TransactionAborted if it was it
+                    self.isolated(r)
             i += 1
             delivery.done[tp] = r.offset + 1
             if self.draining():
@@ -360,11 +210,8 @@ class SyncEngine(Base):
 
     def start_checked(self, tp: mq.TopicPartition, r):
         """Before an attempt: take up the attempts that failed elsewhere. ``_DEAD`` when none
-        is left (it was dead-lettered) or an output of it was refused, ``_WAIT`` when its
+        is left (it was dead-lettered), ``_WAIT`` when its
         backoff is not over (the partition is parked), else ``_GO``."""
-        if self.refusals and self.refused_before(r):
-            self.tries.pop(tp, None)
-            return _DEAD
         if tp not in self.tries:
             prior, error, not_before = self.prior_attempts(r)
             if prior:

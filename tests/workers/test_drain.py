@@ -67,13 +67,16 @@ def test_async_handler_keeps_key_order_with_records_in_flight(broker, tmp_path, 
     with mq.Producer(socket=broker.socket) as p:
         for i in range(400):
             p.send("jobs", partition=i % 2, key=keys[(i // 2) % 5], value=b"v%d" % i)
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("out", 1)
     pool = Pool(tmp_path, broker.socket, handler="wk_handlers:ahandle", processes=1,
-                env={"WK_SLEEP_MS": "2"}, args=["--concurrency", "8"])
+                env={"WK_SLEEP_MS": "2", "WK_OUTPUT": "out"}, args=["--concurrency", "8"])
     pools(pool)
     pool.wait_for(lambda: caught_up(broker.socket, "g", "jobs"), "the group to catch up")
     assert pool.stop() == 0
     events = read_events(pool.events)
     assert len(calls(events, "done")) == 400 and max(calls(events).values()) == 1
+    assert len(read_all(broker.socket, "out")) == 400       # each output sent once
     running, most = set(), 0
     last_of: dict[tuple, int] = {}
     for e in events:

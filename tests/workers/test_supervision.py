@@ -94,9 +94,12 @@ def test_kill9_child_under_load(broker, tmp_path, pools):
         again = sorted(o for q, o in twice if q == p)
         assert again == victims[len(victims) - len(again):], \
             f"partition {p}: what ran twice is not the victim's uncommitted tail"
+    recent = sum(1 for e in events if e["kind"] == "call" and e["pid"] == victim and
+                 killed_at - 3_000_000_000 < e["t"] < killed_at)
     print(f"{len(twice)} records ran twice (the victim's uncommitted tail), "
-          f"{len(records)} in all")
-    assert len(twice) <= 600
+          f"{len(records)} in all; the victim started {recent} in its last 3 s")
+    # Commits come every 100 ms, stretched to 4x a slow commit's time on a loaded box.
+    assert len(twice) <= recent
 
 
 def test_kill9_supervisor_leaves_no_child(broker, tmp_path, pools):
