@@ -71,6 +71,10 @@ def run(handler: Callable | str, topics: Iterable[str], group_id: str,
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("workers.run() must be called from the main thread: the pool owns "
                            "the process's signals")
+    if os.environ.get("MQ_WORKERS_PARENT") and os.environ.get("MQ_WORKERS_SLOT"):
+        raise RuntimeError("workers.run() called in a pool's child: a child imports the "
+                           "script that defines the handler, so call workers.run() under "
+                           "'if __name__ == \"__main__\":'")
     ref = HandlerRef.of(handler)
     function = load_handler(ref) if isinstance(handler, str) else handler
     config = PoolConfig(

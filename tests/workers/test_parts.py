@@ -212,3 +212,27 @@ def test_workers_run_from_a_script_with_its_own_handler(broker, tmp_path):
     lines = events.read_text().split("\n")[:-1]
     assert len(lines) == 20 and all(line.endswith(" __mp_main__") for line in lines)
     assert read_events(tmp_path / "none") == []
+
+
+def test_a_script_without_the_main_guard_is_told_so(broker, tmp_path):
+    """Children import the handler's script; a ``workers.run`` call at its top level would
+    start a pool in every child. It raises there instead, and the pool stops saying why."""
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("jobs", 1)
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import workers
+
+        def handle(record):
+            return None
+
+        raise SystemExit(workers.run(handle, topics=["jobs"], group_id="u", processes=1,
+                                     socket={broker.socket!r},
+                                     stats_path={str(tmp_path / 'u.stats')!r}))
+        """))
+    done = subprocess.run([sys.executable, str(script)], env=ENV, cwd=tmp_path,
+                          capture_output=True, timeout=60, check=False)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "workers.run() called in a pool's child" in err
+    assert "crash loop" in err
