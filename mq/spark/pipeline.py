@@ -36,11 +36,13 @@ that is, in the query itself::
         .option("subscribe", "orders")
 
 The mq code passes no connection option: the source and the sink find the broker by
-``$MQ_SOCKET`` (or the default data dir), which Spark's Python workers inherit. Two things
-change with the move, neither in the code: Kafka's sink is at least once (mq's streaming sink
-is exactly once per micro-batch), and the executors no longer need to run on the broker's host
-(mq's executors map the broker's log files, so mq runs in local mode or on executors sharing
-the broker's host).
+``$MQ_SOCKET`` (or the default data dir), which Spark's Python workers inherit. What changes
+with the move is outside the code: Spark needs its Kafka connector
+(``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``); Kafka's sink is at
+least once (mq's streaming sink is exactly once per micro-batch, for ``read_committed``
+readers); and the executors may run anywhere (mq's executors map the broker's log files
+read-only, so mq runs in local mode, or on a cluster whose executors share the broker's
+host).
 """
 
 from __future__ import annotations
