@@ -330,6 +330,8 @@ def run(args: argparse.Namespace) -> int:
         socket, broker, data_dir = _broker(args, temp)
         summary, problems = _pipeline(args, socket, work)
     except MQError as err:
+        if not os.path.exists(os.path.join(work, "spark.log")):
+            raise                                   # before Spark: nothing to look at
         keep = bool(os.listdir(temp))
         where = f"kept in {temp}" if keep else f"in {work}"
         raise MQError(f"{err} (Spark's log and the data are {where})") from err
@@ -349,14 +351,18 @@ def run(args: argparse.Namespace) -> int:
         out(f"Kept in {work}: order-totals.parquet (the totals), checkpoints/ (the queries'), "
             "spark.log\n")
     else:
-        out("The temporary directories are removed; --output DIR keeps the Parquet files and "
-            "the checkpoints, --data-dir DIR the topics.\n")
-    if args.data_dir or args.socket:
+        out("The Parquet files and checkpoints were in a temporary dir, now removed "
+            "(--output DIR keeps them).\n")
+    if not (args.data_dir or args.socket):
+        out("The broker's data dir was temporary too, now removed (--data-dir DIR keeps the "
+            "topics).\n")
+    else:
         out("Try next:\n")
         if broker is not None:
             out(f"  mq broker --data-dir {data_dir} &\n")
-        out("  mq consume order-totals --from-beginning --isolation-level read_committed "
-            "--max-messages 5 --print-key\n")
+        where = f" --socket {socket}" if args.socket else ""
+        out(f"  mq consume order-totals --from-beginning --isolation-level read_committed "
+            f"--max-messages 5 --print-key{where}\n")
     return 0
 
 
