@@ -151,6 +151,13 @@ def mq_lat_consumer(start, socket: str, topic: str, n: int, warm: int,
     import mq
     c = mq.Consumer(socket=socket)
     c.assign([mq.TopicPartition(topic, 0)])
+    return consume_latencies(c, start, n, warm, timeout_s)
+
+
+def consume_latencies(c, start, n: int, warm: int, timeout_s: float) -> dict:
+    """The consumer side of a latency run: start the producer (``start()``), then poll ``c``
+    until ``n`` records (``warm`` of them discarded) carried their send time to us; closes
+    ``c``. Shared with ``bench.spark_latency``."""
     rec = peers.LatencyRecorder(n, warm)
     add, poll, clock = rec.add, c.poll, time.perf_counter_ns
     quiet_gc()

@@ -30,9 +30,8 @@ import statistics
 import time
 
 from bench import harness
-from bench.e2e import MQ_LATENCY, mq_lat_producer
+from bench.e2e import MQ_LATENCY, consume_latencies, mq_lat_producer
 from bench.harness import hist_stats, merge_hists, run_percentiles, run_workers, summary
-from bench.peers import LatencyRecorder
 
 SIDES = ("spark, exactly once", "spark, at least once", "no spark")
 TRIGGER = "100 milliseconds"
@@ -48,22 +47,7 @@ def lat_consumer(start, socket: str, topic: str, n: int, warm: int, timeout_s: f
     c.seek_to_end()
     for tp in tps:
         c.position(tp)                         # resolved now, before the producer starts
-    rec = LatencyRecorder(n, warm)
-    add, poll, clock = rec.add, c.poll, time.perf_counter_ns
-    harness.quiet_gc()
-    start()
-    cpu0 = harness.cpu_seconds()
-    deadline = time.monotonic() + timeout_s
-    while rec.got < n and time.monotonic() < deadline:
-        out = poll(100)
-        now = clock()
-        for recs in out.values():
-            for r in recs:
-                add(now, r.value)
-    res = rec.result()
-    res["cpu_s"] = harness.cpu_seconds() - cpu0
-    c.close()
-    return res
+    return consume_latencies(c, start, n, warm, timeout_s)
 
 
 def _start_query(ctx, side: str, src: str, dst: str, checkpoint: str):
