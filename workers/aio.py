@@ -76,7 +76,7 @@ class AsyncEngine(Base):
         asyncio.run(self.main())
 
     async def main(self) -> None:
-        consumer, delivery, counters = self.consumer, self.delivery, self.counters
+        delivery, counters = self.delivery, self.counters
         limit = self.config.concurrency
         while not self.draining():
             if self.fatal is not None:          # from a done callback (fenced, a bug...)
@@ -88,20 +88,14 @@ class AsyncEngine(Base):
                 polled = False
                 if len(self.tasks) < limit:
                     timeout = 0.0 if self.tasks or self.ready() else _IDLE_POLL_S
-                    batch = consumer.poll(timeout_ms=timeout * 1000)
-                    if batch:
-                        self.refresh_suspects()     # hints written before a rebalance
-                    for tp, records in batch.items():
-                        self.take(tp, records)
-                    polled = bool(batch)
+                    polled = bool(self.poll(timeout))
                     self.schedule()
                 idle = not polled and not self.tasks
                 if idle or delivery.due(time.monotonic()):
                     self.settle(self.busy())
                     delivery.commit()
             except TransactionAborted as err:
-                self.remember_refused(err.refused)
-                self.rewind()
+                self.aborted(err)
             counters.committed = delivery.commits
             counters.publish()
             if self.tasks:
@@ -268,8 +262,7 @@ class AsyncEngine(Base):
             part.finished[r.offset] = (result, r)
             self.release(tp, part)
         except TransactionAborted as err:
-            self.remember_refused(err.refused)
-            self.rewind()
+            self.aborted(err)
         except BaseException as err:            # noqa: BLE001 -- raised by the main loop
             self.fatal = self.fatal or err
 
@@ -317,12 +310,5 @@ class AsyncEngine(Base):
     def rewind(self) -> None:
         """A transaction was aborted: drop every task's result and read every partition
         again from its committed position."""
-        assigned = self.consumer.assignment()
-        for tp in list(self.parts):
-            start = self.delivery.committed.get(tp)
-            if tp in assigned and start is not None:
-                self.consumer.seek(tp, start)
-            if tp in self.consumer.paused():
-                self.consumer.resume(tp)
+        self.seek_committed(list(self.parts))
         self.cancel(list(self.parts))
-        self.delivery.done = dict(self.delivery.committed)

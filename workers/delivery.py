@@ -243,12 +243,9 @@ class Delivery:
         if self.eos:
             self._commit_transaction()
             return
-        if sync:                        # whatever an async commit in flight may carry
-            changed = self.changed(tps)
-        elif self._sent:
+        if self._sent and not sync:     # sync: whatever an async commit in flight may carry
             return                      # one async commit in flight at a time
-        else:
-            changed = self.changed(tps)
+        changed = self.changed(tps)
         if not changed:
             return
         for _ in range(3):                  # refused outputs' dead letters, checked too

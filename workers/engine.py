@@ -56,7 +56,7 @@ class SyncEngine(Base):
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         """Until ``draining()``; then the done positions are committed."""
-        consumer, delivery, counters = self.consumer, self.delivery, self.counters
+        delivery, counters = self.delivery, self.counters
         while not self.draining():
             self.tick()
             self.refresh_suspects()
@@ -64,11 +64,7 @@ class SyncEngine(Base):
                 worked = self.work()
                 if not self.ready():
                     timeout = 0.0 if worked else self.idle_timeout()
-                    batch = consumer.poll(timeout_ms=timeout * 1000)
-                    if batch:
-                        self.refresh_suspects()     # hints written before a rebalance
-                    for tp, records in batch.items():
-                        self.take(tp, records)
+                    batch = self.poll(timeout)
                     idle = not batch and not self.ready()
                 else:
                     idle = False
@@ -76,8 +72,7 @@ class SyncEngine(Base):
                     self.settle(self.busy())
                     delivery.commit()
             except TransactionAborted as err:
-                self.remember_refused(err.refused)
-                self.rewind()
+                self.aborted(err)
             counters.committed = delivery.commits
             counters.publish()
         self.words[self.entry + 4] = 0
@@ -268,12 +263,5 @@ class SyncEngine(Base):
     def rewind(self) -> None:
         """A transaction was aborted: read every partition again from its committed
         position."""
-        assigned = self.consumer.assignment()
-        for tp in set(self.pending) | set(self.delivery.done):
-            start = self.delivery.committed.get(tp)
-            if tp in assigned and start is not None:
-                self.consumer.seek(tp, start)
-            if tp in self.consumer.paused():
-                self.consumer.resume(tp)
-        self.delivery.done = dict(self.delivery.committed)
+        self.seek_committed(set(self.pending) | set(self.delivery.done))
         self.drop(list(self.pending))

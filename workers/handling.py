@@ -2,7 +2,8 @@
 counters they publish to the counter table, and what they know about a record's earlier
 attempts — deaths in the handler (the supervisor's ring), retry hints of other children,
 outputs refused in an aborted transaction — with the decisions that follow (retry delay,
-dead letter or skip). Nothing here touches the consumer's loop.
+dead letter or skip), and the steps of their loops that are the same (``poll``,
+``aborted``, ``seek_committed``). The loops themselves are the engines'.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 import mq
 from workers.config import PoolConfig
-from workers.delivery import Delivery
+from workers.delivery import Delivery, TransactionAborted
 from workers.failures import backoff_s, death_error
 from workers.logs import record_fields
 from workers.stats import (
@@ -103,21 +104,52 @@ class Base:
         self.suspects = merged
         self._attempts_version = version
 
+    def record_key(self, r) -> tuple[int, int, int]:
+        """``r``'s key in the counter table's entries: (topic index, partition, offset)."""
+        return (self.topic_index[r.topic], r.partition, r.offset)
+
+    def poll(self, timeout_s: float) -> dict:
+        """Poll for up to ``timeout_s`` and take what came; returns the batch."""
+        batch = self.consumer.poll(timeout_ms=timeout_s * 1000)
+        if batch:
+            self.refresh_suspects()             # hints written before a rebalance
+        for tp, records in batch.items():
+            self.take(tp, records)
+        return batch
+
+    def aborted(self, err: TransactionAborted) -> None:
+        """The open transaction was aborted: remember its refused outputs, read again from
+        the committed positions."""
+        self.remember_refused(err.refused)
+        self.rewind()
+
+    def seek_committed(self, tps) -> None:
+        """After an abort: read ``tps`` again from their committed positions (resumed), and
+        move every done position back to its committed one."""
+        consumer, committed = self.consumer, self.delivery.committed
+        assigned = consumer.assignment()
+        for tp in tps:
+            start = committed.get(tp)
+            if tp in assigned and start is not None:
+                consumer.seek(tp, start)
+            if tp in consumer.paused():
+                consumer.resume(tp)
+        self.delivery.done = dict(committed)
+
     def prior_attempts(self, r) -> tuple[int, str | None, int]:
         """Attempts of ``r`` that failed elsewhere, the last one's error, and when the next
         may start (CLOCK_MONOTONIC ns; 0: now)."""
-        return self.suspects.get((self.topic_index[r.topic], r.partition, r.offset),
-                                 (0, None, 0))
+        return self.suspects.get(self.record_key(r), (0, None, 0))
 
     def hint_failed(self, r, attempt: int, delay_s: float) -> None:
         """Attempt ``attempt`` of ``r`` failed and it will be tried again after ``delay_s``:
         say so in this child's row, for whoever owns the partition next."""
-        key = (self.topic_index[r.topic], r.partition, r.offset)
+        key = self.record_key(r)
         self.hinted.add(key)
         self.table.set_hint(self.slot, *key, attempt, _monotonic_ns() + int(delay_s * 1e9))
 
     def hint_done(self, r) -> None:
-        key = (self.topic_index[r.topic], r.partition, r.offset)
+        key = self.record_key(r)
         if key in self.hinted:
             self.hinted.discard(key)
             self.table.clear_hint(self.slot, *key)
@@ -168,9 +200,9 @@ class Base:
         other children learn it from a retry hint with every attempt spent. Several records
         (a batch fails as a whole): each is a suspect, handled again in a transaction of its
         own (``isolate``), which tells."""
-        keys = {(self.topic_index[r.topic], r.partition, r.offset) for r, _, _ in refused}
+        keys = {self.record_key(r) for r, _, _ in refused}
         for r, error, dead_letter in refused:
-            key = (self.topic_index[r.topic], r.partition, r.offset)
+            key = self.record_key(r)
             confirmed = len(keys) == 1
             log.error("%s refused: %s; %s", "its dead letter was" if dead_letter
                       else "an output was", error, "giving up on the record" if confirmed
@@ -184,7 +216,7 @@ class Base:
         """What a refused output of ``r`` means now: None (nothing), ``"isolate"`` (a
         suspect: handle it in a transaction of its own), ``("dead", error)`` or ``("skip",
         error)`` (give up on it: its output, or its dead letter, was refused)."""
-        key = (self.topic_index[r.topic], r.partition, r.offset)
+        key = self.record_key(r)
         seen = self.refusals.get(key)
         if seen is None:
             return None
@@ -201,7 +233,7 @@ class Base:
 
     def isolated(self, r) -> None:
         """A suspect's own transaction committed: it was not the culprit."""
-        self.refusals.pop((self.topic_index[r.topic], r.partition, r.offset), None)
+        self.refusals.pop(self.record_key(r), None)
 
     def backoff(self, attempt: int) -> float:
         return backoff_s(attempt, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
