@@ -154,9 +154,10 @@ class OffsetStore:
         self.logs = logs
         self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
         self.live_groups: set[str] = set()        # groups whose record says "has members"
-        # (offsets partition, producer id) -> offsets of its open transaction, not yet applied
-        self.pending: dict[tuple[int, int], list[tuple[str, tuple[str, int],
-                                                       CommittedOffset]]] = {}
+        # (offsets partition, producer id) -> group -> offsets of its open transaction, not
+        # yet applied (the latest commit of a partition wins, as it will in ``offsets``)
+        self.pending: dict[tuple[int, int],
+                           dict[str, dict[tuple[str, int], CommittedOffset]]] = {}
         for plog in logs:
             self._replay(plog)
 
@@ -168,19 +169,19 @@ class OffsetStore:
                     self.end_transaction(plog.partition, batch.producer_id,
                                          marker[0] == CONTROL_COMMIT)
                 continue
-            if batch.is_transactional and batch.producer_id >= 0:
-                held = self.pending.setdefault((plog.partition, batch.producer_id), [])
-                for rec in batch.records():
-                    key = decode_key(bytes(rec.key)) if rec.key is not None else None
-                    if key is not None and rec.value is not None:
-                        group, topic, partition = key
-                        held.append((group, (topic, partition), decode_value(bytes(rec.value))))
-                continue
+            held = (self.pending.setdefault((plog.partition, batch.producer_id), {})
+                    if batch.is_transactional and batch.producer_id >= 0 else None)
             for rec in batch.records():
                 if rec.key is None:
                     continue
                 try:
                     key = decode_key(bytes(rec.key))
+                    if held is not None:            # a TxnOffsetCommit: waits for its marker
+                        if key is not None and rec.value is not None:
+                            group, topic, partition = key
+                            held.setdefault(group, {})[(topic, partition)] = \
+                                decode_value(bytes(rec.value))
+                        continue
                     if key is None:
                         self._replay_group_record(bytes(rec.key), rec.value is not None)
                         continue
@@ -228,10 +229,11 @@ class OffsetStore:
     def log_for(self, group: str) -> PartitionLog:
         return self.logs[partition_for_group(group, len(self.logs))]
 
-    def _append(self, group: str, records: list[tuple]) -> PartitionLog:
-        """Append ``(timestamp_ms, key, value)`` records as one batch to the group's log."""
+    def _append(self, group: str, records: list[tuple], **batch) -> PartitionLog:
+        """Append ``(timestamp_ms, key, value)`` records as one batch to the group's log
+        (``batch``: ``build_batch`` options, a transactional producer's id and epoch)."""
         plog = self.log_for(group)
-        plog.append(build_batch(records))
+        plog.append(build_batch(records, **batch), from_client=False)
         return plog
 
     def commit(self, group: str, offsets: Iterable[tuple[str, int, CommittedOffset]],
@@ -245,25 +247,23 @@ class OffsetStore:
                    for topic, partition, value in items]
         if producer_id < 0:
             plog = self._append(group, records)
-            group_offsets = self.offsets.setdefault(group, {})
-            for topic, partition, value in items:
-                group_offsets[(topic, partition)] = value
-            return plog
-        plog = self.log_for(group)
-        plog.append(build_batch(records, producer_id=producer_id,
-                                producer_epoch=producer_epoch, is_transactional=True),
-                    from_client=False)
-        self.pending.setdefault((plog.partition, producer_id), []).extend(
-            (group, (topic, partition), value) for topic, partition, value in items)
+            target = self.offsets
+        else:
+            plog = self._append(group, records, producer_id=producer_id,
+                                producer_epoch=producer_epoch, is_transactional=True)
+            target = self.pending.setdefault((plog.partition, producer_id), {})
+        group_offsets = target.setdefault(group, {})
+        for topic, partition, value in items:
+            group_offsets[(topic, partition)] = value
         return plog
 
     def end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
         """A COMMIT/ABORT marker of ``producer_id`` landed on offsets partition
         ``partition``: apply (commit) or drop (abort) its pending offsets."""
-        held = self.pending.pop((partition, producer_id), [])
+        held = self.pending.pop((partition, producer_id), {})
         if commit:
-            for group, tp, value in held:
-                self.offsets.setdefault(group, {})[tp] = value
+            for group, group_offsets in held.items():
+                self.offsets.setdefault(group, {}).update(group_offsets)
 
     def delete(self, group: str, partitions: Iterable[tuple[str, int]] | None = None,
                now_ms: int = 0) -> PartitionLog | None:
@@ -280,8 +280,10 @@ class OffsetStore:
         return plog
 
     def pending_partitions(self, group: str) -> set[tuple[str, int]]:
-        """The partitions of ``group`` with offsets held by a transaction not yet ended."""
-        return {tp for held in self.pending.values() for g, tp, _ in held if g == group}
+        """The partitions of ``group`` with offsets held by a transaction not yet ended. One
+        dict lookup per open transaction that committed offsets: few, and OffsetFetch is not
+        a hot path, so no per-group index is kept beside ``pending``."""
+        return {tp for held in self.pending.values() for tp in held.get(group, ())}
 
     def committed(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
         return self.offsets.get(group, {}).get((topic, partition))

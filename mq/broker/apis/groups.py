@@ -33,14 +33,14 @@ from mq.broker.flushing import GroupCommit
 from mq.broker.group_coordinator import GroupCoordinator
 from mq.broker.group_model import Effects, GroupState
 from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
-from mq.broker.offsets import CommittedOffset, OffsetStore, partition_for_group
+from mq.broker.offsets import CommittedOffset, OffsetStore
 from mq.broker.partitions import PartitionTable
 from mq.errors import InvalidRequestError
 from mq.log.log import PartitionLog
 from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
 from mq.protocol.types import TopicPartition
 
-__all__ = ["RESTART_GRACE_MS", "GroupApis"]
+__all__ = ["RESTART_GRACE_MS", "GroupApis", "monotonic_ms", "wall_ms"]
 
 log = logging.getLogger("mq.broker")
 
@@ -56,8 +56,6 @@ def monotonic_ms() -> int:
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
 
 
 class GroupApis:
@@ -227,9 +225,8 @@ class GroupApis:
         its COMMIT marker lands there (``OffsetStore.end_transaction``)."""
         group, pid, epoch = req["group"], req["producer_id"], req["producer_epoch"]
         items = self._commit_items(group, req["member_id"], req["member_epoch"], req["offsets"])
-        partition = partition_for_group(group, len(self.offsets.logs))
         held = self.transaction_partitions(pid, epoch)
-        if held is None or (OFFSETS_TOPIC, partition) not in held:
+        if held is None or (OFFSETS_TOPIC, self.offsets.log_for(group).partition) not in held:
             raise errors.InvalidTxnStateError(
                 f"transactional id {req['transactional_id']!r} has not added group {group!r} "
                 "to its transaction (send_offsets_to_transaction does that first)")

@@ -24,18 +24,16 @@ the produce path), so a zombie cannot leave a transaction open on a partition no
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 
 from mq import errors
 from mq.broker.apis import Handler
-from mq.broker.apis.groups import GroupApis
+from mq.broker.apis.groups import GroupApis, wall_ms
 from mq.broker.apis.topics import TopicApis
 from mq.broker.conns import Conn, Connections
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal
 from mq.broker.metadata import MetadataStore
-from mq.broker.offsets import partition_for_group
 from mq.broker.partitions import Partition, PartitionTable
 from mq.broker.transaction_log import decode_key, decode_value, encode_key, encode_value
 from mq.broker.txn_coordinator import MarkerJob, TransactionCoordinator, Transition
@@ -49,10 +47,6 @@ log = logging.getLogger("mq.broker")
 
 RETRY_S = 1.0              # timeouts checked, markers that failed written again
 Done = Callable[[BaseException | None], None]
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class TransactionApis:
@@ -164,7 +158,7 @@ class TransactionApis:
         group = req["group"]
         if not group:
             raise errors.InvalidGroupIdError("the group id must be a non-empty string")
-        partition = partition_for_group(group, len(self._groups.offsets.logs))
+        partition = self._groups.offsets.log_for(group).partition
         return self._add(conn, req, [(OFFSETS_TOPIC, partition)])
 
     def _add(self, conn: Conn, req: Request, partitions) -> list | None:

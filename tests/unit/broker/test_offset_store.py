@@ -124,3 +124,38 @@ def test_group_records_replay_and_are_written_only_on_change(tmp_path):
     assert sum(len(list(plog.batches())) for plog in logs) == 4
     for plog in logs:
         plog.close()
+
+
+def test_transactional_offsets_wait_for_their_marker_across_a_replay(tmp_path):
+    store, logs = open_store(tmp_path)
+    store.commit("g1", [("t", 0, CommittedOffset(1))], now_ms=1)
+    plog = store.commit("g1", [("t", 0, CommittedOffset(7)), ("t", 1, CommittedOffset(8))],
+                        now_ms=2, producer_id=5, producer_epoch=0)
+    store.commit("g1", [("t", 0, CommittedOffset(9))], now_ms=3, producer_id=5,
+                 producer_epoch=0)
+    store.commit("g2", [("t", 0, CommittedOffset(3))], now_ms=3, producer_id=6,
+                 producer_epoch=0)
+    assert store.committed("g1", "t", 0).offset == 1
+    assert store.pending_partitions("g1") == {("t", 0), ("t", 1)}
+    for log in logs:
+        log.close()
+    store, logs = open_store(tmp_path)
+    assert store.committed("g1", "t", 0).offset == 1
+    assert store.pending_partitions("g1") == {("t", 0), ("t", 1)}
+    assert store.pending_partitions("g2") == {("t", 0)}
+    logs[plog.partition].append_marker(5, 0, commit=True)
+    store.end_transaction(plog.partition, 5, commit=True)
+    assert store.committed("g1", "t", 0).offset == 9
+    assert store.committed("g1", "t", 1).offset == 8
+    assert store.pending_partitions("g1") == set()
+    g2_partition = store.log_for("g2").partition
+    logs[g2_partition].append_marker(6, 0, commit=False)
+    store.end_transaction(g2_partition, 6, commit=False)
+    assert store.committed("g2", "t", 0) is None and not store.pending
+    for log in logs:
+        log.close()
+    store, logs = open_store(tmp_path)
+    assert store.committed("g1", "t", 0).offset == 9 and store.committed("g2", "t", 0) is None
+    assert not store.pending_partitions("g1") and not store.pending_partitions("g2")
+    for log in logs:
+        log.close()
