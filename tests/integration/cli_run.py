@@ -73,6 +73,19 @@ def ok(result: Result) -> Result:
     return result
 
 
+def assert_help(command: tuple[str, ...], socket: bool = True) -> None:
+    """``mq COMMAND --help`` exits 0 and prints usage, a description, examples (and the
+    ``--socket`` option where the command talks to a broker)."""
+    result = ok(mq_run(*command, "--help"))
+    assert result.err == ""
+    assert result.out.startswith("usage: mq " + " ".join(command))
+    assert "examples:" in result.out
+    if socket:
+        assert "--socket" in result.out
+    body = result.out.split("\n\n", 2)
+    assert len(body) == 3 and len(body[1].split()) >= 5, "a description follows the usage"
+
+
 def assert_one_error(result: Result, *fragments: str, code: int | None = None) -> str:
     """Non-zero exit (``code`` if given), exactly one ``mq: error:`` line, no traceback."""
     assert result.code != 0, result

@@ -22,14 +22,24 @@ import time
 import psutil
 import pytest
 from brokers import create_topic
-from cli_run import (ENV, WAIT, Lines, Result, assert_one_error, json_lines, json_value,
-                     mq_process, mq_run, ok)
+from cli_run import (
+    ENV,
+    WAIT,
+    Lines,
+    Result,
+    assert_help,
+    assert_one_error,
+    json_lines,
+    json_value,
+    mq_process,
+    mq_run,
+    ok,
+)
 
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer
 from mq.client.producer import Producer
-
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -90,14 +100,8 @@ def shared(tmp_path_factory):
     ("topics", "describe"), ("topics", "alter"), ("topics", "delete"), ("produce",),
     ("consume",), ("offsets",)])
 def test_help(command):
-    result = ok(mq_run(*command, "--help"))
-    assert result.err == ""
-    assert result.out.startswith("usage: mq " + " ".join(command))
-    assert "examples:" in result.out
-    body = result.out.split("\n\n", 2)
-    assert len(body) == 3 and len(body[1].split()) >= 5, "a description follows the usage"
-    if command in (("produce",), ("consume",), ("offsets",), ("topics", "list")):
-        assert "--socket" in result.out
+    assert_help(command, socket=command in (("produce",), ("consume",), ("offsets",),
+                                            ("topics", "list")))
 
 
 def test_top_level_help_lists_the_client_commands():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from brokers import create_topic
-from cli_run import assert_one_error, json_lines, mq_run, ok
+from cli_run import assert_help, assert_one_error, json_lines, mq_run, ok
 
 from mq.cli.transactions import describe_json, describe_row
 from mq.client.admin import Admin
@@ -28,12 +28,7 @@ def table(text: str) -> tuple[list[str], list[list[str]]]:
 @pytest.mark.parametrize("command", [("transactions",), ("transactions", "list"),
                                      ("transactions", "describe")])
 def test_help(command):
-    result = ok(mq_run(*command, "--help"))
-    assert result.err == ""
-    assert result.out.startswith("usage: mq " + " ".join(command))
-    assert "examples:" in result.out and "--socket" in result.out
-    body = result.out.split("\n\n", 2)
-    assert len(body) == 3 and len(body[1].split()) >= 5, "a description follows the usage"
+    assert_help(command)
 
 
 def test_top_level_help_lists_transactions():
