@@ -50,10 +50,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Generic, TypeVar
 
-from mq.log.cleaner import (CleanableRange, CleanerConfig, CleanerStats, clean, cleanable_range,
-                            filthiest, max_compaction_delay_ms, read_cleaner_checkpoint,
-                            resolve_first_dirty_offset, should_clean, write_cleaner_checkpoint)
 from mq.errors import LogWriteError
+from mq.log.cleaner import (
+    CleanableRange,
+    CleanerConfig,
+    CleanerStats,
+    clean,
+    cleanable_range,
+    filthiest,
+    max_compaction_delay_ms,
+    read_cleaner_checkpoint,
+    resolve_first_dirty_offset,
+    should_clean,
+    write_cleaner_checkpoint,
+)
 from mq.log.log import PartitionLog
 from mq.log.records import NO_TIMESTAMP
 from mq.log.segment import LogSegment

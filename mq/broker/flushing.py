@@ -237,7 +237,7 @@ class GroupCommit:
         targets, replies, callbacks = self.tracker.take()
         fds: dict[Partition, list[int]] = {}
         undone: dict[Partition, OSError] = {}
-        for part, offset in list(targets.items()):
+        for part in list(targets):
             plog = part.log
             if plog.offline is not None or plog.closed:
                 undone[part] = OSError(plog.offline or "log closed")

@@ -182,7 +182,8 @@ class GroupCoordinator:
             session = self._session_timeout(session_timeout_ms)
             rebalance = rebalance_timeout_ms
             if rebalance is not None and rebalance <= 0:
-                raise errors.InvalidRequestError(f"rebalance timeout must be positive, got {rebalance} ms")
+                raise errors.InvalidRequestError(
+                    f"rebalance timeout must be positive, got {rebalance} ms")
             pref = None if assignor is None else parse_assignor(assignor)
             if member_epoch == JOIN_GROUP_MEMBER_EPOCH:
                 group, member = self._join(group_id, member_id, instance_id, sub, owned,
@@ -214,7 +215,8 @@ class GroupCoordinator:
             member.last_sent = member.woken_for = (member.epoch, member.assigned)
             wakeups.extend(self._wakeups(group, exclude=member.member_id))
             interval = min(self.heartbeat_interval_ms, member.session_timeout_ms // 3)
-            return HeartbeatResult(member.member_id, member.epoch, member.assigned, max(1, interval),
+            return HeartbeatResult(member.member_id, member.epoch, member.assigned,
+                                   max(1, interval),
                                    effects=Effects(tuple(wakeups), effects.removed,
                                                    effects.departed))
         except BrokerError as err:
@@ -228,7 +230,8 @@ class GroupCoordinator:
         if member_id is not None and member_id in group.members:
             member = group.members[member_id]      # a rejoin: it lost what it does not report
             if member.instance_id != instance_id:
-                raise errors.InvalidRequestError(f"member {member_id!r} joined with another instance id")
+                raise errors.InvalidRequestError(
+                    f"member {member_id!r} joined with another instance id")
             if not member.departed:
                 owned = owned if owned is not None else EMPTY
                 self._hold(group, member, member.assigned & owned,
@@ -237,12 +240,14 @@ class GroupCoordinator:
         if instance_id is not None and instance_id in group.instances:
             old = group.members[group.instances[instance_id]]
             if not old.departed and old.member_id != member_id:
-                raise errors.UnreleasedInstanceIdError(f"instance id {instance_id!r} is in use by member {old.member_id}")
+                raise errors.UnreleasedInstanceIdError(
+                    f"instance id {instance_id!r} is in use by member {old.member_id}")
             return group, self._take_over(group, old, member_id or self._new_member_id())
         if sub is None:
             raise errors.InvalidRequestError("a joining member must send a subscription")
         if self.max_group_size is not None and len(group.members) >= self.max_group_size:
-            raise errors.GroupMaxSizeReachedError(f"group {group_id!r} has {len(group.members)} members already")
+            raise errors.GroupMaxSizeReachedError(
+                f"group {group_id!r} has {len(group.members)} members already")
         member = Member(member_id or self._new_member_id(), instance_id, sub[0], sub[1], None,
                          None, None, session or self.session_timeout_ms,
                          rebalance or self.rebalance_timeout_ms, now_ms)
@@ -283,18 +288,22 @@ class GroupCoordinator:
             if current is None:
                 raise errors.UnknownMemberIdError(f"unknown instance id {instance_id!r}")
             if current != member_id:
-                raise errors.FencedInstanceIdError(f"instance id {instance_id!r} now belongs to member {current}")
+                raise errors.FencedInstanceIdError(
+                    f"instance id {instance_id!r} now belongs to member {current}")
         member = group.members.get(member_id)
         if member is None:
             raise errors.UnknownMemberIdError(f"unknown member id {member_id!r}")
         if member.departed:
-            raise errors.FencedMemberEpochError("the member's connection closed; rejoin with epoch 0")
+            raise errors.FencedMemberEpochError(
+                "the member's connection closed; rejoin with epoch 0")
         if member_epoch > member.epoch:
-            raise errors.FencedMemberEpochError(f"epoch {member_epoch} is newer than the member's {member.epoch}")
+            raise errors.FencedMemberEpochError(
+                f"epoch {member_epoch} is newer than the member's {member.epoch}")
         if member_epoch < member.epoch:
             reported = owned if owned is not None else member.owned
             if member_epoch != member.previous_epoch or not reported <= member.assigned:
-                raise errors.FencedMemberEpochError(f"epoch {member_epoch} is stale, the member is at {member.epoch}")
+                raise errors.FencedMemberEpochError(
+                    f"epoch {member_epoch} is stale, the member is at {member.epoch}")
         return group, member
 
     # --- leaving, dying, timing out ------------------------------------------------------------
@@ -592,6 +601,7 @@ class GroupCoordinator:
         if value is None:
             return None
         if not self.min_session_timeout_ms <= value <= self.max_session_timeout_ms:
-            raise errors.InvalidSessionTimeoutError(f"session timeout {value} ms is outside [{self.min_session_timeout_ms},"
-                         f" {self.max_session_timeout_ms}] ms")
+            raise errors.InvalidSessionTimeoutError(
+                f"session timeout {value} ms is outside [{self.min_session_timeout_ms}, "
+                f"{self.max_session_timeout_ms}] ms")
         return value

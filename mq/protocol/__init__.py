@@ -17,8 +17,15 @@ dir and socket path.
 """
 
 from mq.protocol.frames import FrameReader, encode_frame
-from mq.protocol.messages import (PROTOCOL_VERSION, Api, Request, Response, check_request,
-                                  request, response)
+from mq.protocol.messages import (
+    PROTOCOL_VERSION,
+    Api,
+    Request,
+    Response,
+    check_request,
+    request,
+    response,
+)
 
 __all__ = ["FrameReader", "encode_frame", "PROTOCOL_VERSION", "Api", "Request", "Response",
            "check_request", "request", "response"]

@@ -226,11 +226,11 @@ def check_request(message: list) -> Request:
     values = message[2:]
     if len(values) != len(schema):
         raise RemoteProtocolError(f"{api.name} takes {len(schema)} fields, got {len(values)}")
-    for (name, kind), value in zip(schema, values):
+    for (name, kind), value in zip(schema, values, strict=True):
         if not _check(kind, value):
             raise RemoteProtocolError(f"{api.name}: field {name!r} has the wrong type "
                                       f"({type(value).__name__})")
-    return Request(api, request_id, dict(zip((n for n, _ in schema), values)))
+    return Request(api, request_id, dict(zip((n for n, _ in schema), values, strict=True)))
 
 
 def request(api: Api, request_id: int, *fields: Any) -> list:

@@ -29,12 +29,13 @@ from mq.broker.partitions import PartitionTable
 from mq.broker.space import FreeSpaceGuard
 from mq.broker.wakeups import post
 from mq.errors import InvalidRequestError
+from mq.log.records import ATTRIBUTES_OFFSET
 from mq.protocol.messages import ACKS_ALL, Api, Request, response
 
 __all__ = ["ProduceApis"]
 
 # Where a batch header says it is transactional and whose it is (records.HEADER's layout).
-_ATTRIBUTES_LOW = 22               # the low byte of the int16 attributes at 21
+_ATTRIBUTES_LOW = ATTRIBUTES_OFFSET + 1     # the low byte of the big-endian int16
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 _PRODUCER_ID = struct.Struct(">q")         # at 43
