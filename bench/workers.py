@@ -596,9 +596,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import mq.testing
     from bench.harness import (
-        format_table,
         machine_facts,
-        print_contention,
+        print_report,
         run_sections,
         wait_idle,
         write_json,
@@ -628,14 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         meta["wall_seconds"] = time.monotonic() - t_start
         rows = res["table"] = build_table(res)
         write_json(args.out, res)
-        print(f"mq worker-pool benchmarks - {meta['date_utc']}, Python {meta['python']}, "
-              f"{meta['cpus_usable']} CPUs ({meta['cpu_model']}), {meta['kernel']}"
-              f"{' (quick)' if args.quick else ''}; Celery {versions.get('celery')}, "
-              f"redis-server {versions.get('redis-server')}; loadavg "
-              f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}")
-        print_contention(meta["contention"])
-        print(format_table(rows))
-        print(f"JSON: {args.out} ({meta['wall_seconds']:.0f} s)")
+        print_report("mq worker-pool benchmarks", meta, rows, args.out,
+                     f"{'quick; ' if args.quick else ''}Celery {versions.get('celery')}, "
+                     f"redis-server {versions.get('redis-server')}")
     finally:
         if broker is not None:
             broker.close()
