@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from mq.broker.internal_topics import is_internal
 from mq.errors import ConfigError, UnknownTopicOrPartitionError
 from mq.spark.options import (
     EARLIEST,
@@ -43,8 +44,6 @@ from mq.spark.options import (
 
 __all__ = ["MetadataView", "to_json", "from_json", "assigned_partitions", "resolve",
            "format_tps"]
-
-INTERNAL_PREFIX = "__"          # the broker's own topics: a pattern never matches them
 
 
 class MetadataView(Protocol):
@@ -110,7 +109,8 @@ def assigned_partitions(sub: Subscription, counts: Mapping[str, int], *,
     query is the data-loss check's business, and one created later is picked up)."""
     if sub.kind == "subscribePattern":
         pattern = re.compile(sub.pattern or "")
-        topics = [t for t in counts if not t.startswith(INTERNAL_PREFIX) and pattern.fullmatch(t)]
+        # The broker's own topics (``__`` prefix): a pattern never matches them.
+        topics = [t for t in counts if not is_internal(t) and pattern.fullmatch(t)]
         return sorted((t, p) for t in topics for p in range(counts[t]))
     if sub.kind == "subscribe":
         missing = [t for t in sub.topics if t not in counts]

@@ -228,14 +228,9 @@ def _starting(opts: dict[str, str], streaming: bool | None) -> OffsetSpec:
         return Latest() if streaming else Earliest()
     spec = _offsets(raw, "startingOffsets")
     if streaming is False:
-        if isinstance(spec, Latest):
-            raise ConfigError("option 'startingOffsets' cannot be 'latest' for batch queries "
-                              "(they would read nothing)")
-        if isinstance(spec, SpecificOffsets):
-            for (topic, p), off in spec.offsets:
-                if off == LATEST:
-                    raise ConfigError(f"option 'startingOffsets' for {topic}-{p} cannot be "
-                                      "latest (-1) for batch queries")
+        _forbid(spec, "startingOffsets", Latest, LATEST,
+                "'latest' for batch queries (they would read nothing)",
+                "latest (-1) for batch queries")
     return spec
 
 
@@ -249,15 +244,21 @@ def _ending(opts: dict[str, str]) -> OffsetSpec:
     if raw is None:
         return Latest()
     spec = _offsets(raw, "endingOffsets")
-    if isinstance(spec, Earliest):
-        raise ConfigError("option 'endingOffsets' cannot be 'earliest' (the range would be "
-                          "empty)")
+    _forbid(spec, "endingOffsets", Earliest, EARLIEST, "'earliest' (the range would be empty)",
+            "earliest (-2)")
+    return spec
+
+
+def _forbid(spec: OffsetSpec, name: str, whole: type, sentinel: int, why_whole: str,
+            why_one: str) -> None:
+    """Reject ``spec`` when it is ``whole`` (e.g. ``Latest``), or JSON offsets giving one
+    partition ``sentinel`` (e.g. -1): "option <name> [for <tp>] cannot be <why>"."""
+    if isinstance(spec, whole):
+        raise ConfigError(f"option {name!r} cannot be {why_whole}")
     if isinstance(spec, SpecificOffsets):
         for (topic, p), off in spec.offsets:
-            if off == EARLIEST:
-                raise ConfigError(f"option 'endingOffsets' for {topic}-{p} cannot be earliest "
-                                  "(-2)")
-    return spec
+            if off == sentinel:
+                raise ConfigError(f"option {name!r} for {topic}-{p} cannot be {why_one}")
 
 
 def _offsets(raw: str, name: str) -> OffsetSpec:

@@ -259,10 +259,12 @@ class MQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, until = from_json(start), from_json(end)
         if begin == until:
             return []
-        planned = plan_ranges(begin, until, lambda tps: self._metadata().earliest(tps),
+        # One look at the log starts serves both: new partitions' and the clamp's.
+        earliest = self._metadata().earliest(begin.keys() | until.keys())
+        planned = plan_ranges(begin, until,
+                              lambda tps: {tp: earliest[tp] for tp in tps if tp in earliest},
                               self.opts.fail_on_data_loss)
-        planned = clamp_to_log_start(planned, self._metadata().earliest(begin),
-                                     self.opts.fail_on_data_loss)
+        planned = clamp_to_log_start(planned, earliest, self.opts.fail_on_data_loss)
         return _split(self.opts, self._data_dir(), planned)
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:

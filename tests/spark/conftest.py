@@ -1,6 +1,7 @@
 """Local-mode Spark for the ``mq.spark`` tests: one SparkSession per xdist worker (a JVM
 takes about 10 s to start), ``local[2]``, no UI, two shuffle partitions, the ``mq`` format
-registered. The tests are skipped when pyspark or Java is missing."""
+registered; a fresh broker per test (``broker``). The tests are skipped when pyspark or Java
+is missing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import shutil
 import sys
 
 import pytest
+
+import mq.testing
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
@@ -39,3 +42,9 @@ def spark(tmp_path_factory):
     mq.spark.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with mq.testing.broker(tmp_path / "data") as b:
+        yield b

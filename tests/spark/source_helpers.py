@@ -1,5 +1,5 @@
-"""Helpers of the ``mq`` source's Spark tests (test_source*.py): a broker with config settings,
-topics, producing known records, and reading them back through Spark."""
+"""Helpers of the ``mq`` Spark tests: a broker with config settings, topics, producing known
+records, reading them back through Spark (test_source*.py) or a consumer (test_sink*.py)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,21 @@ def produce_values(b, topic: str, values: Iterable[int], partition: int = 0,
                    **producer) -> None:
     """Values ``b"<n>"``, keys ``b"k<n>"``, into one partition."""
     produce(b, topic, [(partition, b"k%d" % v, b"%d" % v) for v in values], **producer)
+
+
+def read_all(b, topic: str, isolation_level: str = "read_committed") -> list:
+    """Every record of ``topic`` readable now (up to the high watermark, or the last stable
+    offset with ``read_committed``), by partition and offset."""
+    out = []
+    with mq.Consumer(topic, socket=b.socket, value_bytes=True,
+                     isolation_level=isolation_level) as consumer:
+        consumer.seek_to_beginning()
+        tps = sorted(consumer.assignment())
+        ends = consumer.end_offsets(tps)
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=1000).values():
+                out.extend(records)
+    return sorted(out, key=lambda r: (r.partition, r.offset))
 
 
 def reader(spark, b, **options):

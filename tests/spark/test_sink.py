@@ -6,38 +6,13 @@ mid-batch: test_sink_restart.py."""
 from __future__ import annotations
 
 import pytest
+from source_helpers import create_topic, read_all
 
 import mq
 import mq.testing
 from mq.client.partitioner import keyed_partition
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
-
-
-def create_topic(b, name: str, partitions: int = 1) -> None:
-    with mq.Admin(b.socket) as admin:
-        admin.create_topic(name, partitions)
-
-
-def read_all(b, topic: str, isolation_level: str = "read_committed") -> list:
-    """Every record of ``topic`` readable now (up to the high watermark, or the last stable
-    offset with ``read_committed``)."""
-    out = []
-    with mq.Consumer(topic, socket=b.socket, value_bytes=True,
-                     isolation_level=isolation_level) as consumer:
-        consumer.seek_to_beginning()
-        tps = sorted(consumer.assignment())
-        ends = consumer.end_offsets(tps)
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=1000).values():
-                out.extend(records)
-    return sorted(out, key=lambda r: (r.partition, r.offset))
 
 
 def save(df, b, mode: str = "append", **options):

@@ -11,6 +11,7 @@ import os
 import threading
 
 import pytest
+from source_helpers import read_all
 
 import mq
 import mq.testing
@@ -18,27 +19,6 @@ from mq.spark.sink_plan import SinkColumns, StreamTask, WriteOptions
 from mq.spark.writer import Sink
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
-
-
-def read_all(b, topic: str, isolation_level: str = "read_committed") -> list:
-    """Every record of ``topic`` readable now (up to the last stable offset with
-    ``read_committed``)."""
-    out = []
-    with mq.Consumer(topic, socket=b.socket, value_bytes=True,
-                     isolation_level=isolation_level) as consumer:
-        consumer.seek_to_beginning()
-        tps = sorted(consumer.assignment())
-        ends = consumer.end_offsets(tps)
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=1000).values():
-                out.extend(records)
-    return out
 
 
 def write_inputs(directory, files: int, rows: int) -> list[str]:

@@ -40,7 +40,6 @@ from source_helpers import (
 )
 
 import mq
-import mq.testing
 from mq.errors import ConfigError
 from mq.protocol.state import StateReader
 from mq.spark import MQDataSource
@@ -55,12 +54,6 @@ KAFKA_SCHEMA = StructType([
     StructField("timestampType", IntegerType())])
 HEADERS = StructField("headers", ArrayType(StructType([StructField("key", StringType()),
                                                        StructField("value", BinaryType())])))
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
 
 
 def fields(df, headers: bool = False) -> list[tuple]:

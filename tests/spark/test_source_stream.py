@@ -25,12 +25,6 @@ from mq.spark.ranges import rate_limit
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture
-def broker(tmp_path):
-    with mq.testing.broker(tmp_path / "data") as b:
-        yield b
-
-
 def rows_of(batches) -> list[tuple]:
     return sorted(row for _, rows in batches for row in rows)
 
