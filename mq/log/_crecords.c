@@ -379,6 +379,69 @@ slice(PyObject *mv, Py_ssize_t a, Py_ssize_t b)
     return PySequence_GetSlice(mv, a, b);
 }
 
+/* The head of the record at p[*pos]: its length (which must fit p[*pos, end); *rec_end is where
+ * the record ends), the attributes (unused), the timestamp delta, a varlong (*tsd, or 0 when
+ * its 70 raw bits *tlo:*thi pass int64: *thi != 0) and the offset delta *od. Returns 0, or -1
+ * with *why set (formatted into msg if need be). Shared by decode_records and decode_columns. */
+static inline int
+record_head(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *rec_end,
+            int64_t *length, int64_t *tsd, uint64_t *tlo, unsigned *thi, int64_t *od,
+            char *msg, size_t msg_size, const char **why)
+{
+    if (read_varint(p, pos, end, length, why) < 0)
+        return -1;
+    if (*length < 6 || *length > end - *pos) {
+        snprintf(msg, msg_size, "record length %lld does not fit the batch", (long long)*length);
+        *why = msg;
+        return -1;
+    }
+    const Py_ssize_t lim = *rec_end = *pos + (Py_ssize_t)*length;
+    *pos += 1;                                           /* attributes (unused) */
+    if (*pos < lim && p[*pos] < 0x80) {                  /* timestamp delta: a varlong */
+        *tlo = p[(*pos)++];
+        *thi = 0;
+    } else if (read_raw(p, pos, lim, 10, tlo, thi, why) < 0) {
+        return -1;
+    }
+    *tsd = *thi == 0 ? unzigzag(*tlo) : 0;
+    return read_varint(p, pos, lim, od, why);
+}
+
+/* The reason for the pending UnicodeDecodeError of a header key, formatted into msg: 0 with
+ * *why = msg, or -1 with a Python error set if even that fails. */
+static int
+decode_error_reason(char *msg, size_t msg_size, const char **why)
+{
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    PyObject *s = exc != NULL ? PyObject_Str(exc) : NULL;
+    const char *txt = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
+    if (txt != NULL)
+        snprintf(msg, msg_size, "%s", txt);
+    Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb); Py_XDECREF(s);
+    if (txt == NULL)
+        return -1;
+    *why = msg;
+    return 0;
+}
+
+/* Pins the buffer of the payload memoryview mv into *view (it cannot be released while it is
+ * read) after checking it is 1-D of format 'B'. Returns 0, or -1 with TypeError set. */
+static int
+get_payload(PyObject *mv, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(mv, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    const Py_buffer *mvb = PyMemoryView_GET_BUFFER(mv);
+    if (mvb->ndim != 1 || mvb->itemsize != 1 || (mvb->format && strcmp(mvb->format, "B"))) {
+        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of format 'B'");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(decode_records_doc,
 "decode_records(payload, base_offset, base_timestamp, log_append_time, max_timestamp, count,\n"
 "               record_type=None) -> list\n\n"
@@ -421,16 +484,9 @@ decode_records(PyObject *module, PyObject *args)
     if (record_type == (PyObject *)&RecordType)
         record_type = Py_None;
 
-    /* Holding the buffer pins it: the memoryview cannot be released while we read it. */
     Py_buffer view;
-    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
+    if (get_payload(mv, &view) < 0)
         return NULL;
-    const Py_buffer *mvb = PyMemoryView_GET_BUFFER(mv);
-    if (mvb->ndim != 1 || mvb->itemsize != 1 || (mvb->format && strcmp(mvb->format, "B"))) {
-        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of format 'B'");
-        PyBuffer_Release(&view);
-        return NULL;
-    }
     const unsigned char *p = (const unsigned char *)view.buf;
     const Py_ssize_t end = view.len;
     Py_ssize_t pos = 0, rec_start = 0, i = 0;
@@ -457,24 +513,14 @@ decode_records(PyObject *module, PyObject *args)
         goto fail;
 
     for (i = 0; i < count; i++) {
-        int64_t length, od, hcount, tsd = 0;
+        int64_t length, od, hcount, tsd;
         uint64_t tlo;
         unsigned thi;
         rec_start = pos;
-        VARINT(end, &length);
-        if (length < 6 || length > end - pos)
-            CORRUPT("record length %lld does not fit the batch", (long long)length);
-        const Py_ssize_t rec_end = pos + (Py_ssize_t)length;   /* <= end; bounds all below */
-        pos += 1;                                        /* attributes (unused) */
-        if (pos < rec_end && p[pos] < 0x80) {            /* timestamp delta: a varlong */
-            tlo = p[pos++];
-            thi = 0;
-        } else if (read_raw(p, &pos, rec_end, 10, &tlo, &thi, &why) < 0) {
+        Py_ssize_t rec_end;                              /* <= end; bounds all below */
+        if (record_head(p, &pos, end, &rec_end, &length, &tsd, &tlo, &thi, &od, msg,
+                        sizeof msg, &why) < 0)
             goto corrupt;
-        }
-        if (thi == 0)
-            tsd = unzigzag(tlo);
-        VARINT(rec_end, &od);
         BYTES(key, "key");
         BYTES(value, "value");
         VARINT(rec_end, &hcount);
@@ -489,17 +535,8 @@ decode_records(PyObject *module, PyObject *args)
                 CORRUPT("invalid header key length %lld", (long long)hklen);
             if ((hkey = header_key(&cache, p + pos, (Py_ssize_t)hklen)) == NULL) {
                 /* UnicodeDecodeError: reported like the other reasons, with the place */
-                PyObject *type, *exc, *tb;
-                PyErr_Fetch(&type, &exc, &tb);
-                PyErr_NormalizeException(&type, &exc, &tb);
-                PyObject *s = exc != NULL ? PyObject_Str(exc) : NULL;
-                const char *txt = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
-                if (txt != NULL)
-                    snprintf(msg, sizeof msg, "%s", txt);
-                Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb); Py_XDECREF(s);
-                if (txt == NULL)
+                if (decode_error_reason(msg, sizeof msg, &why) < 0)
                     goto fail;
-                why = msg;
                 goto corrupt;
             }
             pos += (Py_ssize_t)hklen;
@@ -621,14 +658,8 @@ decode_columns(PyObject *module, PyObject *args)
         }
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
+    if (get_payload(mv, &view) < 0)
         return NULL;
-    const Py_buffer *mvb = PyMemoryView_GET_BUFFER(mv);
-    if (mvb->ndim != 1 || mvb->itemsize != 1 || (mvb->format && strcmp(mvb->format, "B"))) {
-        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of format 'B'");
-        PyBuffer_Release(&view);
-        return NULL;
-    }
     const unsigned char *p = (const unsigned char *)view.buf;
     const Py_ssize_t end = view.len;
     Py_ssize_t pos = 0, rec_start = 0, i = 0, n = 0;
@@ -659,25 +690,15 @@ decode_columns(PyObject *module, PyObject *args)
         w[c] = PyByteArray_AS_STRING(ba[c]) + old[c];
 
     for (i = 0; i < count; i++) {
-        int64_t length, od, hcount, tsd = 0;
+        int64_t length, od, hcount, tsd;
         uint64_t tlo;
         unsigned thi;
         Py_ssize_t kat, klen, vat, vlen;
         rec_start = pos;
-        VARINT(end, &length);
-        if (length < 6 || length > end - pos)
-            CORRUPT("record length %lld does not fit the batch", (long long)length);
-        const Py_ssize_t rec_end = pos + (Py_ssize_t)length;   /* <= end; bounds all below */
-        pos += 1;                                        /* attributes (unused) */
-        if (pos < rec_end && p[pos] < 0x80) {            /* timestamp delta: a varlong */
-            tlo = p[pos++];
-            thi = 0;
-        } else if (read_raw(p, &pos, rec_end, 10, &tlo, &thi, &why) < 0) {
+        Py_ssize_t rec_end;                              /* <= end; bounds all below */
+        if (record_head(p, &pos, end, &rec_end, &length, &tsd, &tlo, &thi, &od, msg,
+                        sizeof msg, &why) < 0)
             goto corrupt;
-        }
-        if (thi == 0)
-            tsd = unzigzag(tlo);
-        VARINT(rec_end, &od);
         FIELD(&kat, &klen, "key");
         FIELD(&vat, &vlen, "value");
         VARINT(rec_end, &hcount);
@@ -692,17 +713,8 @@ decode_columns(PyObject *module, PyObject *args)
             /* Strict UTF-8, as decode_records checks it (headers are rare: a decode is ok) */
             PyObject *s = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)hklen, NULL);
             if (s == NULL) {
-                PyObject *type, *exc, *tb;
-                PyErr_Fetch(&type, &exc, &tb);
-                PyErr_NormalizeException(&type, &exc, &tb);
-                PyObject *str = exc != NULL ? PyObject_Str(exc) : NULL;
-                const char *txt = str != NULL ? PyUnicode_AsUTF8(str) : NULL;
-                if (txt != NULL)
-                    snprintf(msg, sizeof msg, "%s", txt);
-                Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb); Py_XDECREF(str);
-                if (txt == NULL)
+                if (decode_error_reason(msg, sizeof msg, &why) < 0)
                     goto fail;
-                why = msg;
                 goto corrupt;
             }
             Py_DECREF(s);
