@@ -440,11 +440,9 @@ class RecordBatch:
         except Exception as err:   # zlib.error, lz4/zstd/cramjam errors: each library its own
             self._fail(f"cannot decompress {CODEC_NAMES.get(codec, codec)} records: {err}", err)
 
-    def __iter__(self) -> Iterator[BatchRecord]:
-        return iter(self.records())
-
-    def records(self) -> list[BatchRecord]:
-        """Decode every record. Raises ``CorruptRecordError`` on any structural problem."""
+    def _counted_payload(self) -> tuple[int, memoryview]:
+        """The record count and the records section, checked against each other (the decoders'
+        common start). Raises ``CorruptRecordError``."""
         count = self.records_count
         if count < 0:
             self._fail(f"negative record count {count}")
@@ -452,6 +450,14 @@ class RecordBatch:
         end = len(buf)
         if count > end:   # each record takes at least 7 bytes; cheap guard against huge counts
             self._fail(f"record count {count} exceeds the {end} bytes of records")
+        return count, buf
+
+    def __iter__(self) -> Iterator[BatchRecord]:
+        return iter(self.records())
+
+    def records(self) -> list[BatchRecord]:
+        """Decode every record. Raises ``CorruptRecordError`` on any structural problem."""
+        count, buf = self._counted_payload()
         if _decode_records_c is not None:          # optional C codec, see above
             try:
                 return _decode_records_c(buf, self.base_offset, self.base_timestamp,
@@ -469,12 +475,7 @@ class RecordBatch:
         native byte order. Header values are validated but not kept. Returns how many records
         were appended. Raises ``CorruptRecordError`` as ``records()`` does (the columns are
         then left as they were)."""
-        count = self.records_count
-        if count < 0:
-            self._fail(f"negative record count {count}")
-        buf = self.records_payload()
-        if count > len(buf):
-            self._fail(f"record count {count} exceeds the {len(buf)} bytes of records")
+        count, buf = self._counted_payload()
         if _decode_columns_c is not None:          # optional C codec, see above
             try:
                 return _decode_columns_c(buf, self.base_offset, self.base_timestamp,
