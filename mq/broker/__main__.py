@@ -21,13 +21,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="broker config file (TOML)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging level (default INFO)")
+    parser.add_argument("--metrics", metavar="HOST:PORT", dest="metrics_address",
+                        help="serve OpenMetrics at http://HOST:PORT/metrics (port 0: any free "
+                        "port, logged at start; default: off, or metrics_address in the "
+                        "config file)")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
     from mq.broker.server import run_broker
     config = BrokerConfig.load(args.config, data_dir=args.data_dir, socket=args.socket,
-                               log_level=args.log_level)
+                               log_level=args.log_level,
+                               metrics_address=getattr(args, "metrics_address", None))
     logging.basicConfig(level=config.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -11,6 +11,7 @@
     log_level = "INFO"
     retention_check_interval_ms = 300000
     high_watermark = "written"        # or "durable": consumers only see fsync'd data
+    metrics_address = "127.0.0.1:9400"  # OpenMetrics at http://127.0.0.1:9400/metrics
     [topic_defaults]                  # Kafka-named topic configs
     "retention.ms" = "604800000"
     "segment.bytes" = "1073741824"
@@ -35,6 +36,7 @@ from mq.broker.group_model import (
 )
 from mq.errors import ConfigError
 from mq.log.config import LogConfig
+from mq.metrics import parse_address
 from mq.protocol.paths import default_data_dir, default_socket_path
 
 __all__ = ["BrokerConfig", "ConfigError"]
@@ -77,6 +79,7 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = DEFAULT_MIN_SESSION_TIMEOUT_MS      # 45 ms
     group_max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS      # 30 min
     group_assignor: str = "sticky"                # default when members name none
+    metrics_address: str = ""                     # HOST:PORT of /metrics ("" = off)
     topic_defaults: LogConfig = dataclasses.field(default_factory=LogConfig)
     config_file: str | None = None
 
@@ -147,6 +150,13 @@ class BrokerConfig:
                     kwargs[key] = canonical_assignor(str(value))
                 except ValueError as err:
                     raise ConfigError(f"group_assignor: {err}") from err
+            elif key == "metrics_address":
+                if value:
+                    try:
+                        parse_address(str(value))
+                    except ValueError as err:
+                        raise ConfigError(str(err)) from err
+                kwargs[key] = str(value or "")
             elif key == "high_watermark":
                 if value not in ("written", "durable"):
                     raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "

@@ -23,11 +23,15 @@ fails each later job's targets on it without looking; the loop takes the log off
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import logging
+import math
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from mq import errors
@@ -38,7 +42,7 @@ from mq.log import diskio
 from mq.log.log import PartitionLog
 from mq.protocol.messages import response
 
-__all__ = ["FlushJob", "FlushTracker", "Flusher", "GroupCommit", "HeldReply"]
+__all__ = ["FlushJob", "FlushTracker", "Flusher", "FsyncLatency", "GroupCommit", "HeldReply"]
 
 log = logging.getLogger("mq.broker")
 
@@ -58,11 +62,39 @@ class FlushJob:
         dataclasses.field(default_factory=list)
 
 
+class FsyncLatency:
+    """How long each ``fdatasync`` took: cumulative bucket counts and a sum, as a Prometheus
+    histogram reports them. Only the flusher thread writes; a reader on another thread
+    (``snapshot``) copies the lists under the GIL and may see one observation half counted
+    (in a bucket, not yet in the sum), which a scrape of cumulative counters tolerates."""
+
+    # Seconds: page-cache-only tmpfs at the low end, a struggling disk at the high end.
+    BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+              0.5, 1.0, 2.5, 5.0, 10.0, math.inf)
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(self.BOUNDS)          # per bucket, not cumulative
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
+        self.sum += seconds
+
+    def snapshot(self) -> dict:
+        """``count``, ``sum_seconds`` and ``buckets``: [[upper bound, cumulative count]]."""
+        counts, total = list(self.counts), self.sum
+        return {"count": sum(counts), "sum_seconds": total,
+                "buckets": [[bound, n] for bound, n in zip(self.BOUNDS,
+                                                           itertools.accumulate(counts),
+                                                           strict=True)]}
+
+
 class Flusher(threading.Thread):
     """Runs fdatasync for the loop; one round covers every job queued before it started."""
 
     def __init__(self, notify_fd: int) -> None:
         super().__init__(name="mq-flusher", daemon=True)
+        self.latency = FsyncLatency()
         self._notify_fd = notify_fd
         self._cv = threading.Condition()
         self._queue: list[FlushJob] = []
@@ -93,11 +125,14 @@ class Flusher(threading.Thread):
                     if part in self._failed:
                         continue
                     for fd in fds:
+                        started = time.perf_counter()
                         try:
                             diskio.ops.fdatasync(fd)
                         except OSError as err:
                             self._failed[part] = err
                             break
+                        finally:
+                            self.latency.observe(time.perf_counter() - started)
             for job in jobs:
                 job.failed = {part: self._failed[part] for part in job.targets
                               if part in self._failed}
@@ -210,6 +245,10 @@ class GroupCommit:
     @property
     def inflight(self) -> int:
         return self.tracker.inflight
+
+    @property
+    def fsync_latency(self) -> FsyncLatency:
+        return self._flusher.latency
 
     def start(self) -> None:
         self._flusher.start()

@@ -52,6 +52,10 @@ class Partition:
     generation: int = 0                 # segment-set generation, published in the slot
     shape: tuple = ()                   # what the generation was last computed from
     waiters: list[Waiter] = dataclasses.field(default_factory=list)
+    # Counted by Produce since the broker started (retries an idempotent producer sent again
+    # append nothing and count nothing), for the metrics and ``mq top``.
+    produced_records: int = 0
+    produced_bytes: int = 0
 
 
 class PartitionTable:

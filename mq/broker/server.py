@@ -51,6 +51,7 @@ from mq.broker.internal_topics import METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
 from mq.broker.space import FreeSpaceGuard
+from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
 from mq.errors import BrokerError, ConfigError, InvalidRequestError, RemoteProtocolError
 from mq.log import diskio
@@ -93,6 +94,8 @@ class Broker:
         self.topics: TopicApis | None = None
         self.groups: GroupApis | None = None
         self.transactions: TransactionApis | None = None
+        self.stats: BrokerStats | None = None
+        self._metrics = None                   # the /metrics endpoint (metrics_address)
         self._publisher: StatePublisher | None = None
         self._commit: GroupCommit | None = None
         self._handlers: dict[Api, Handler] = {}
@@ -139,6 +142,8 @@ class Broker:
         for fd in (self._signal_r, self._signal_w):
             os.set_blocking(fd, False)
         self._sel.register(self._signal_r, selectors.EVENT_READ, "signal")
+        if self.config.metrics_address:
+            self._serve_metrics()
         self._next_flush = time.monotonic() + self.config.flush_interval_ms / 1e3
         self._next_retention = time.monotonic() + self.config.retention_check_interval_ms / 1e3
         log.info("broker ready: data dir %s, socket %s, %d topic(s) with %d partition(s), "
@@ -168,8 +173,11 @@ class Broker:
         produce = ProduceApis(self.partitions, self._commit, self._space, self._sem_prefix,
                               leader_epoch=self.logs.leader_epoch,
                               verify_transaction=self.transactions.verify)
+        self.stats = BrokerStats(self.partitions, self.conns, self.groups, self._commit,
+                                 self._cleaner, data_dir=self.data_dir,
+                                 socket_path=lambda: self.socket_path)
         self._handlers = dispatch_table([self, produce, self.topics, self.groups,
-                                         self.transactions])
+                                         self.transactions, self.stats])
         self.transactions.recover()
 
     def handlers(self) -> dict[Api, Handler]:
@@ -197,6 +205,30 @@ class Broker:
         sock.setblocking(False)
         self._listener = sock
         self._sel.register(sock, selectors.EVENT_READ, "accept")
+
+    def _serve_metrics(self) -> None:
+        """``/metrics`` at ``metrics_address``, from the snapshot the loop takes per scrape."""
+        from mq.broker.metrics import serve_broker_metrics
+        address = self.config.metrics_address
+        try:
+            self._metrics = serve_broker_metrics(address, self._snapshot)
+        except BaseException as err:
+            self._close_resources()
+            if isinstance(err, OSError):
+                raise errors.MQError(f"cannot serve metrics at {address}: "
+                                     f"{err.strerror or err}") from err
+            raise
+        self.stats.metrics_url = self._metrics.url
+        log.info("metrics at %s", self._metrics.url)
+
+    def _snapshot(self) -> tuple[dict, float]:
+        """The stats snapshot, taken on the loop thread (any thread may call this), and the
+        seconds the loop spent on it. Raises ``ValueError`` once the broker is stopping."""
+        def timed() -> tuple[dict, float]:
+            started = time.perf_counter()
+            snap = self.stats.snapshot()
+            return snap, time.perf_counter() - started
+        return self._calls.call(timed, lambda: self._stop)
 
     # --- the loop -----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -519,6 +551,9 @@ class Broker:
         self._calls.close()
 
     def _close_resources(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         self._stop_cleaner()
         if self._commit is not None:
             self._commit.close()                # stops and joins the flusher first

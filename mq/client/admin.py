@@ -121,6 +121,12 @@ class Admin:
             self._conn.call(Api.OFFSET_COMMIT, group, "", -1, items)
 
     # --- transactions ---------------------------------------------------------------------------
+    def broker_stats(self) -> dict:
+        """One snapshot of the broker's figures: ``broker``, ``partitions``, ``groups``,
+        ``fsync`` and ``cleaner`` (``mq/broker/stats.py`` lists the fields). What ``mq top``
+        shows and ``--metrics`` exports."""
+        return self._conn.call(Api.BROKER_STATS).fields[0]
+
     def list_transactions(self) -> list[dict]:
         """``[{"transactional_id", "producer_id", "state"}]``, every transactional id the
         coordinator knows, sorted. ``state`` is Kafka's: Empty, Ongoing, PrepareCommit,

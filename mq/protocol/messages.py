@@ -18,6 +18,8 @@ Schemas (fields after ``request_id``)::
     AlterConfigs    33  topic str, config {str: str}
     CreatePartitions 37 topic str, total int
     Wait          1000  semaphore str, [[topic str, partition int, offset int], ...]   (no reply)
+    BrokerStats   1001  (no fields) -> {broker, partitions, groups, fsync, cleaner}: one
+                        snapshot of the broker's figures (mq/broker/stats.py documents it)
 
     OffsetCommit     8  group str, member_id str, member_epoch int,
                         [[topic str, partition int, offset int, leader_epoch int, metadata str]]
@@ -98,6 +100,7 @@ class Api(enum.IntEnum):
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
     WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
+    BROKER_STATS = 1001     # mq top and the metrics: partitions, groups, fsync, cleaner
 
 
 _STR_MAP = ("str_map",)
@@ -120,6 +123,7 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.ALTER_CONFIGS: (("topic", str), ("config", _STR_MAP)),
     Api.CREATE_PARTITIONS: (("topic", str), ("total", int)),
     Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
+    Api.BROKER_STATS: (),
     Api.OFFSET_COMMIT: (("group", str), ("member_id", str), ("member_epoch", int),
                         ("offsets", _COMMIT_LIST)),
     Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST), ("require_stable", int)),

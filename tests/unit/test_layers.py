@@ -21,7 +21,12 @@ ALLOWED = {
     "mq.log": set(),
     "mq.protocol": set(),
     "mq.client": {"mq.protocol", "mq.log"},
-    "mq.broker": {"mq.protocol", "mq.log"},
+    "mq.broker": {"mq.protocol", "mq.log", "mq.systemd", "mq.logformat", "mq.metrics"},
+    # Process plumbing below the broker and worker pools: systemd's protocols, log formats,
+    # the /metrics endpoint.
+    "mq.systemd": set(),
+    "mq.logformat": set(),
+    "mq.metrics": set(),
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 
 from mq import errors
 from mq.broker.apis import Handler
@@ -291,14 +291,33 @@ class GroupApis:
         return response(req.api, req.request_id, 0, None, rows)
 
     def list_groups(self, conn: Conn, req: Request) -> list:
-        names = set(self.coordinator.groups) | set(self.offsets.offsets)
-        rows = []
-        for name in sorted(names):
+        rows = [[name, state.value, self._live_members(name)]
+                for name, state in self._group_states()]
+        return response(req.api, req.request_id, 0, None, rows)
+
+    def summaries(self) -> list[dict]:
+        """Every group with its state, live members and, per committed partition, the
+        committed offset, end offset, lag in records and age of the oldest unconsumed record
+        (the stats api: ``mq top`` and the metrics)."""
+        out = []
+        for name, state in self._group_states():
+            offsets = []
+            for tp, c in sorted(self.offsets.offsets.get(name, {}).items()):
+                end, lag, lag_ms = self._lag(tp, c.offset)
+                offsets.append({"topic": tp[0], "partition": tp[1],
+                                "committed_offset": c.offset, "end_offset": end, "lag": lag,
+                                "lag_ms": lag_ms})
+            out.append({"group": name, "state": state.value,
+                        "members": self._live_members(name), "offsets": offsets})
+        return out
+
+    def _group_states(self) -> Iterator[tuple[str, GroupState]]:
+        """(name, state) of every group the coordinator or the offsets know, by name."""
+        for name in sorted(set(self.coordinator.groups) | set(self.offsets.offsets)):
             state = self.coordinator.group_state(name)
             if state is GroupState.DEAD:
                 state = GroupState.EMPTY                 # known only by its offsets
-            rows.append([name, state.value, self._live_members(name)])
-        return response(req.api, req.request_id, 0, None, rows)
+            yield name, state
 
     def describe(self, conn: Conn, req: Request) -> list:
         group = req["group"]

@@ -86,8 +86,12 @@ class ProduceApis:
             self._verify_transaction(topic, req["partition"],
                                      _PRODUCER_ID.unpack_from(batch, 43)[0],
                                      _PRODUCER_EPOCH.unpack_from(batch, 51)[0])
+        end = plog.log_end_offset
         info = plog.append(batch if isinstance(batch, bytearray) else bytearray(batch),
                            leader_epoch=self._epoch)
+        if plog.log_end_offset != end:              # not a retry the log already had
+            part.produced_records += plog.log_end_offset - end
+            part.produced_bytes += len(batch)
         self._touched.add(part)
         reply = response(req.api, req.request_id, 0, None, info.first_offset,
                          info.log_append_time, plog.log_start_offset)

@@ -1,0 +1,96 @@
+"""The broker's figures in one snapshot: what ``mq top`` shows and what ``/metrics`` exports.
+
+``snapshot()`` runs on the loop thread — the BrokerStats api calls it directly, the metrics
+endpoint through ``LoopCalls`` — so it reads the partition table, the groups and the
+connections while nothing changes them, and hands back plain values (a dict msgpack can send)
+that the caller formats off the loop. Its cost is a few attribute reads per partition, plus
+one batch decoded per group partition with lag (the age of the oldest unconsumed record);
+``bench/metrics.py`` measures what a scrape takes from the loop.
+
+The snapshot::
+
+    broker      pid, data_dir, socket, version, started_ms (wall clock), now_ms (wall clock of
+                this snapshot), connections, metrics_url (None: no /metrics)
+    partitions  [{topic, partition, internal, log_start_offset, high_watermark,
+                  last_stable_offset, log_end_offset, size_bytes, segments,
+                  produced_records, produced_bytes}]      counters since the broker started
+    groups      [{group, state, members, offsets: [{topic, partition, committed_offset,
+                  end_offset, lag, lag_ms}]}]             lag_ms: age of the oldest unconsumed
+                                                           record (None: unknown)
+    fsync       {count, sum_seconds, buckets: [[upper bound s, cumulative count]]}
+    cleaner     {passes, completed, failures, bytes_read, bytes_written, elapsed_seconds}
+
+Consumers read the log through their own memory maps, so the broker never sees a read: how
+fast a topic is consumed shows only in its groups' committed offsets.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+
+from mq import __version__
+from mq.broker.apis import Handler
+from mq.broker.apis.groups import GroupApis
+from mq.broker.cleaning import BackgroundCleaner
+from mq.broker.conns import Conn, Connections
+from mq.broker.flushing import GroupCommit
+from mq.broker.internal_topics import is_internal
+from mq.broker.partitions import PartitionTable
+from mq.protocol.messages import Api, Request, response
+
+__all__ = ["BrokerStats"]
+
+
+class BrokerStats:
+    """The BrokerStats api and the snapshot behind it and behind the metrics."""
+
+    def __init__(self, table: PartitionTable, conns: Connections, groups: GroupApis,
+                 commit: GroupCommit, cleaner: BackgroundCleaner, *, data_dir: str,
+                 socket_path: Callable[[], str]) -> None:
+        self._table = table
+        self._conns = conns
+        self._groups = groups
+        self._commit = commit
+        self._cleaner = cleaner
+        self._data_dir = data_dir
+        self._socket_path = socket_path
+        self.started_ms = int(time.time() * 1000)
+        self.metrics_url: str | None = None           # set once /metrics is served
+
+    def handlers(self) -> Mapping[Api, Handler]:
+        return {Api.BROKER_STATS: self.describe}
+
+    def describe(self, conn: Conn, req: Request) -> list:
+        return response(req.api, req.request_id, 0, None, self.snapshot())
+
+    def snapshot(self) -> dict:
+        """Every figure at once (loop thread only)."""
+        partitions = []
+        for part in sorted(self._table, key=lambda p: (p.topic, p.partition)):
+            plog = part.log
+            segments = plog.segments
+            partitions.append({
+                "topic": part.topic, "partition": part.partition,
+                "internal": is_internal(part.topic),
+                "log_start_offset": plog.log_start_offset,
+                "high_watermark": plog.high_watermark,
+                "last_stable_offset": plog.last_stable_offset,
+                "log_end_offset": plog.log_end_offset,
+                "size_bytes": sum(s.size for s in segments), "segments": len(segments),
+                "produced_records": part.produced_records,
+                "produced_bytes": part.produced_bytes})
+        totals = self._cleaner.totals()
+        return {
+            "broker": {"pid": os.getpid(), "data_dir": self._data_dir,
+                       "socket": self._socket_path(), "version": __version__,
+                       "started_ms": self.started_ms, "now_ms": int(time.time() * 1000),
+                       "connections": len(self._conns), "metrics_url": self.metrics_url},
+            "partitions": partitions,
+            "groups": self._groups.summaries(),
+            "fsync": self._commit.fsync_latency.snapshot(),
+            "cleaner": {"passes": totals.passes, "completed": totals.completed,
+                        "failures": totals.failures, "bytes_read": totals.bytes_read,
+                        "bytes_written": totals.bytes_written,
+                        "elapsed_seconds": totals.elapsed}}
