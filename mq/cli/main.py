@@ -38,6 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.offsets",
     "mq.cli.groups",
     "mq.cli.transactions",
+    "mq.cli.top",
     "mq.cli.workers",
     "mq.cli.dump_log",
     "mq.cli.log_check",
@@ -57,6 +58,7 @@ examples:
   seq 10 | mq produce orders && mq consume orders --from-beginning --max-messages 10
   mq groups describe billing                    committed offsets, lag and members of a group
   mq transactions describe billing-1            state and partitions of a transactional id
+  mq top                                        live view: topics, rates, groups, lag
   mq workers run jobs:handle --topic jobs --group billing --processes 4
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log
   mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline
