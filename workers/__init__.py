@@ -46,7 +46,7 @@ def run(handler: Callable | str, topics: Iterable[str], group_id: str,
         transaction_timeout_ms: int = 60_000, restart_backoff_ms: float = 50,
         crash_loop_deaths: int = 5, crash_loop_window_s: float = 10.0,
         log_format: str = "plain", log_level: str = "INFO",
-        stats_path: str | None = None) -> int:
+        stats_path: str | None = None, metrics_address: str | None = None) -> int:
     """Run a pool in this process until SIGTERM or SIGINT has drained it; returns the exit
     status: 0 drained, 1 every slot stopped in a crash loop, 128 + n forced by a second
     signal n. Call it from the main thread (it owns the process's signals).
@@ -61,12 +61,16 @@ def run(handler: Callable | str, topics: Iterable[str], group_id: str,
     ``handler_timeout_s``: a handler running longer has its child killed and restarted (a
     failed attempt); None: no limit. ``drain_timeout_s``: how long a drain may take.
     ``concurrency``/``ordering``: records in flight per child for an async handler, keeping
-    the order of each key ("key") or of each partition ("partition"). See ``README.md``
-    for the rest.
+    the order of each key ("key") or of each partition ("partition").
+    ``metrics_address``: ``HOST:PORT`` where the supervisor serves the pool's counters as
+    OpenMetrics at ``/metrics`` while it runs (port 0: a free one, logged; names in
+    ``workers.metrics``). See ``README.md`` for the rest.
 
-    Raises ``ValueError`` for a bad setting or a handler a child cannot import by name,
-    ``ImportError`` if it does not import, ``mq.BrokerUnavailableError`` without a broker,
-    ``mq.errors.UnknownTopicOrPartitionError`` for a missing input or dead-letter topic.
+    Raises ``ValueError`` for a bad setting (a ``metrics_address`` that is not HOST:PORT
+    too) or a handler a child cannot import by name, ``ImportError`` if it does not import,
+    ``mq.BrokerUnavailableError`` without a broker, ``mq.errors.UnknownTopicOrPartitionError``
+    for a missing input or dead-letter topic, ``OSError`` when ``metrics_address`` cannot be
+    listened on.
     """
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("workers.run() must be called from the main thread: the pool owns "
@@ -89,7 +93,7 @@ def run(handler: Callable | str, topics: Iterable[str], group_id: str,
         transaction_timeout_ms=transaction_timeout_ms, restart_backoff_ms=restart_backoff_ms,
         crash_loop_deaths=crash_loop_deaths, crash_loop_window_s=crash_loop_window_s,
         log_format=log_format, log_level=log_level,
-        stats_path=stats_path or default_stats_path(group_id),
+        stats_path=stats_path or default_stats_path(group_id), metrics_address=metrics_address,
         sys_path=tuple(os.path.abspath(p) if p else os.getcwd() for p in sys.path))
     _check_topics(config)
 

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from mq.metrics import parse_address
+
 __all__ = ["PoolConfig", "HandlerRef", "load_handler"]
 
 ORDERINGS = ("key", "partition")
@@ -129,6 +131,7 @@ class PoolConfig:
     log_format: str = "plain"
     log_level: str = "INFO"
     stats_path: str | None = None
+    metrics_address: str | None = None       # HOST:PORT of the pool's /metrics
     sys_path: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -163,6 +166,8 @@ class PoolConfig:
              "crash_loop_deaths must be >= 1 and crash_loop_window_s > 0")
         need(self.log_format in LOG_FORMATS, f"log_format must be one of {LOG_FORMATS}, got "
                                              f"{self.log_format!r}")
+        if self.metrics_address is not None:
+            parse_address(self.metrics_address)           # raises ValueError in one line
 
     @property
     def max_attempts(self) -> int:

@@ -48,6 +48,7 @@ import time
 from workers.child import ENV_CONFIG, ENV_FENCE, ENV_PARENT, ENV_SLOT
 from workers.config import PoolConfig
 from workers.failures import exit_text
+from workers.metrics import serve_pool
 from workers.stats import (
     BACKOFF,
     CRASH_LOOP,
@@ -130,7 +131,11 @@ class Supervisor:
         log.info("pool of %d %s children for group %s on %s; handler %s; counters in %s",
                  config.processes, "exactly-once" if config.exactly_once else "at-least-once",
                  config.group_id, ",".join(config.topics), config.handler, config.stats_path)
+        metrics = None
         try:
+            if config.metrics_address is not None:     # the table exists: it serves it
+                metrics = serve_pool(config.stats_path, config.metrics_address)
+                log.info("metrics at %s", metrics.url)
             for slot in self.slots:
                 self.start(slot)
             while True:
@@ -138,6 +143,8 @@ class Supervisor:
                 if status is not None:
                     return status
         finally:
+            if metrics is not None:
+                metrics.close()
             self.kill_all()
             signal.set_wakeup_fd(old_fd)
             for sig, handler in previous.items():

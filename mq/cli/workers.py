@@ -57,7 +57,8 @@ exit status: 0 after a drain; 1 when every child is stopped by a crash loop, or 
 examples:
   mq workers run jobs:handle --topic jobs --group billing
   mq workers run etl.steps:enrich --topic raw --group enrich --processes 8 --exactly-once
-  mq workers run jobs:handle --topic jobs --group billing --log-format json 2>>pool.log"""
+  mq workers run jobs:handle --topic jobs --group billing --log-format json 2>>pool.log
+  mq workers run jobs:handle --topic jobs --group billing --metrics 127.0.0.1:9401"""
 
 REDRIVE_EPILOG = """\
 Each dead letter after the redrive cursor, up to the topic's end when the command starts, is
@@ -74,11 +75,16 @@ STATS_EPILOG = """\
 Reads the counter tables of the running pools (of GROUP, or all): per slot the child's pid,
 state, how many times it was started, records handled, retried attempts, failed attempts,
 dead-lettered, skipped, seconds in the handler, hang kills, deaths and records committed.
---json prints one object per slot per line.
+--json prints one object per slot per line. --openmetrics prints the metrics a pool's
+--metrics endpoint serves (mq_worker_handled_records_total and the rest, labels group and
+slot), once; --prometheus the same in Prometheus' text format, for node_exporter's textfile
+collector.
 
 examples:
   mq workers stats
-  mq workers stats billing --json"""
+  mq workers stats billing --json
+  mq workers stats --prometheus > /var/lib/node_exporter/mq-workers.prom.$$ &&
+      mv /var/lib/node_exporter/mq-workers.prom.$$ /var/lib/node_exporter/mq-workers.prom"""
 
 
 def add_parser(subparsers) -> None:
@@ -123,6 +129,9 @@ def add_parser(subparsers) -> None:
                      help="DEBUG, INFO (default), WARNING, ERROR")
     run.add_argument("--stats-file", metavar="PATH",
                      help="the counter table (default /dev/shm/mq-workers-GROUP-PID.stats)")
+    run.add_argument("--metrics", metavar="HOST:PORT",
+                     help="serve the counters as OpenMetrics at http://HOST:PORT/metrics "
+                          "(port 0: a free one, logged)")
     add_socket_argument(run)
     run.set_defaults(run=run_pool)
 
@@ -146,7 +155,13 @@ def add_parser(subparsers) -> None:
                                 epilog=STATS_EPILOG, formatter_class=formatter)
     stats.add_argument("group", metavar="GROUP", nargs="?", help="only this group's pools")
     stats.add_argument("--file", metavar="PATH", help="read this counter table")
-    stats.add_argument("--json", action="store_true", help="one JSON object per slot")
+    shown = stats.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="one JSON object per slot")
+    shown.add_argument("--openmetrics", action="store_true",
+                       help="the OpenMetrics text a pool's --metrics serves")
+    shown.add_argument("--prometheus", action="store_true",
+                       help="the same in Prometheus' text format (node_exporter's textfile "
+                            "collector)")
     stats.set_defaults(run=run_stats)
 
 
@@ -190,7 +205,7 @@ def run_pool(args: argparse.Namespace) -> int:
                        commit_interval_ms=args.commit_interval_ms,
                        transactional_id_prefix=args.transactional_id_prefix,
                        log_format=args.log_format, log_level=args.log_level,
-                       stats_path=args.stats_file)
+                       stats_path=args.stats_file, metrics_address=args.metrics)
 
 
 def run_redrive(args: argparse.Namespace) -> int:
@@ -217,6 +232,10 @@ _STATS_COLUMNS = ("pid", "state", "incarnations", "handled", "retried", "failed"
 def run_stats(args: argparse.Namespace) -> int:
     import workers
     paths = [args.file] if args.file else workers.find_stats(args.group)
+    if args.openmetrics or args.prometheus:
+        from workers.metrics import exposition
+        sys.stdout.buffer.write(exposition(paths, openmetrics=args.openmetrics))
+        return 0
     rows = []
     for path in paths:
         snap = workers.read_stats(path)
