@@ -17,7 +17,8 @@ children, kills hung handlers, owns the signals), ``child`` (one group member), 
 and ``aio`` (a child's loop for plain and ``async def`` handlers) over ``handling`` (what
 they share: counters, earlier attempts, giving up), ``delivery`` (outputs,
 dead letters and commits, at least once or exactly once), ``failures`` (retries and dead-letter
-headers), ``stats`` (the shared counter table), ``redrive`` (dead letters back to a topic).
+headers), ``stats`` (the shared counter table), ``metrics`` (that table as OpenMetrics),
+``redrive`` (dead letters back to a topic).
 ``README.md`` next to this file is the user's guide.
 """
 
