@@ -23,12 +23,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from mq.logformat import LOG_FORMATS
 from mq.metrics import parse_address
 
 __all__ = ["PoolConfig", "HandlerRef", "load_handler"]
 
 ORDERINGS = ("key", "partition")
-LOG_FORMATS = ("plain", "json")
 
 
 @dataclasses.dataclass(frozen=True)

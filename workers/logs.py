@@ -6,8 +6,8 @@ is a known complaint). Every line carries the group and, in a child, the slot an
 about one record adds its topic, partition and offset (``extra=record_fields(r)``).
 
 - plain: ``2026-01-02 10:00:00,123 WARNING workers[billing/2 pid 4242]: message
-  (jobs-3@1207)``; without the timestamp when ``JOURNAL_STREAM`` is set (journald stamps
-  lines itself);
+  (jobs-3@1207)``; when stderr is journald's stream, without the timestamp (journald stamps
+  lines itself) and with the syslog priority first (``mq.logformat``);
 - json (``--log-format json``): one object a line with ``ts`` (seconds since the epoch),
   ``level``, ``logger``, ``msg``, ``group``, ``slot`` (null in the supervisor), ``pid`` and,
   when the line is about a record, ``topic``, ``partition``, ``offset``; ``exc`` holds a
@@ -19,10 +19,10 @@ of the supervisor and the children sharing stderr do not interleave below 4 KiB.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
+
+from mq import logformat
 
 __all__ = ["record_fields", "setup_logging"]
 
@@ -42,10 +42,9 @@ class _Context(logging.Filter):
         return True
 
 
-class PlainFormatter(logging.Formatter):
+class PlainFormatter(logformat.PlainFormatter):
     def __init__(self) -> None:
-        stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s "
-        super().__init__(stamp + "%(levelname)s %(name)s[%(who)s]: %(message)s")
+        super().__init__("%(levelname)s %(name)s[%(who)s]: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         slot = getattr(record, "slot", None)
@@ -58,19 +57,14 @@ class PlainFormatter(logging.Formatter):
         return text
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        obj = {"ts": round(record.created, 6), "level": record.levelname,
-               "logger": record.name, "msg": record.getMessage(),
-               "group": getattr(record, "group", None), "slot": getattr(record, "slot", None),
-               "pid": record.process}
+class JsonFormatter(logformat.JsonFormatter):
+    def fields(self, record: logging.LogRecord) -> dict:
+        obj = {"group": getattr(record, "group", None), "slot": getattr(record, "slot", None)}
         for field in _FIELDS:
             value = getattr(record, field, None)
             if value is not None:
                 obj[field] = value
-        if record.exc_info:
-            obj["exc"] = self.formatException(record.exc_info)
-        return json.dumps(obj, default=str)
+        return obj
 
 
 def setup_logging(log_format: str, level: str | int, group: str,

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 
+from mq import systemd
 from workers.child import ENV_CONFIG, ENV_FENCE, ENV_PARENT, ENV_SLOT
 from workers.config import PoolConfig
 from workers.failures import exit_text
@@ -65,7 +66,6 @@ from workers.stats import (
     STOPPED,
     StatsTable,
 )
-from workers.systemd import sd_notify
 
 __all__ = ["Supervisor"]
 
@@ -112,7 +112,7 @@ class Supervisor:
         self.ready_sent = False
         self.rolling: list[int] = []   # slots still to restart after SIGHUP
         self.roll_stage: str | None = None          # the head slot's: draining, starting
-        self.watchdog_s = int(os.environ.get("WATCHDOG_USEC") or 0) / 2e6
+        self.watchdog_s = systemd.watchdog_usec() / 2e6
         self.watchdog_at = 0.0
         self.hang_limit_ns = None if config.handler_timeout_s is None else int(
             (config.handler_timeout_s + (_ASYNC_GRACE_S + config.handler_timeout_s / 10
@@ -211,7 +211,7 @@ class Supervisor:
             return 128 + signum
         self.stopping = True
         self.stop_deadline = time.monotonic() + self.config.drain_timeout_s
-        sd_notify("STOPPING=1")
+        systemd.notify("STOPPING=1")
         live = [s for s in self.slots if s.alive]
         log.info("%s: draining %d child(ren) (at most %g s)", name, len(live),
                  self.config.drain_timeout_s)
@@ -235,6 +235,7 @@ class Supervisor:
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
         env.pop("WATCHDOG_USEC", None)
+        env.pop("WATCHDOG_PID", None)
         env[ENV_CONFIG] = config.to_json()
         env[ENV_SLOT] = str(slot.index)
         env[ENV_PARENT] = str(os.getpid())
@@ -416,7 +417,7 @@ class Supervisor:
             self.ready_sent = True
             joined = sum(not s.stopped for s in self.slots)
             log.info("ready: %d child(ren) joined group %s", joined, self.config.group_id)
-            sd_notify(f"READY=1\nSTATUS={joined} children in group {self.config.group_id}")
+            systemd.notify(f"READY=1\nSTATUS={joined} children in group {self.config.group_id}")
         if self.watchdog_s and now >= self.watchdog_at:
             self.watchdog_at = now + self.watchdog_s
-            sd_notify("WATCHDOG=1")
+            systemd.notify("WATCHDOG=1")
