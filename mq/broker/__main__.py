@@ -7,8 +7,11 @@ import logging
 import os
 import sys
 
+from mq import logformat
 from mq.broker.config import BrokerConfig, ConfigError
+from mq.broker.service import inherited_listener
 from mq.errors import MQError
+from mq.logformat import LOG_FORMATS
 
 __all__ = ["add_arguments", "run", "main"]
 
@@ -21,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="broker config file (TOML)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging level (default INFO)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS,
+                        help="stderr lines: plain (default; without the time and with the "
+                        "syslog priority when stderr is journald's) or json (one object a "
+                        "line: ts, level, logger, msg, pid, exc)")
     parser.add_argument("--metrics", metavar="HOST:PORT", dest="metrics_address",
                         help="serve OpenMetrics at http://HOST:PORT/metrics (port 0: any free "
                         "port, logged at start; default: off, or metrics_address in the "
@@ -32,15 +39,19 @@ def run(args: argparse.Namespace) -> int:
     from mq.broker.server import run_broker
     config = BrokerConfig.load(args.config, data_dir=args.data_dir, socket=args.socket,
                                log_level=args.log_level,
+                               log_format=getattr(args, "log_format", None),
                                metrics_address=getattr(args, "metrics_address", None))
-    logging.basicConfig(level=config.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logformat.formatter(config.log_format))
+    logging.basicConfig(level=config.log_level, handlers=[handler])
+    # Socket activation: systemd's listening socket instead of binding one (mq.systemd).
+    listener = inherited_listener()
 
     def ready(broker) -> None:
         if args.ready_fd is not None:
             os.write(args.ready_fd, b"ready\n")
             os.close(args.ready_fd)
-    return run_broker(config, ready)
+    return run_broker(config, ready, listener)
 
 
 def main(argv: list[str] | None = None) -> int:

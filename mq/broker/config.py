@@ -9,6 +9,7 @@
     file_mode = "0640"                # data files; directories get x where r is set (0750)
     min_free_bytes = 67108864         # refuse produce below this much free space (0: off)
     log_level = "INFO"
+    log_format = "plain"              # or "json": one object a line (mq.logformat)
     retention_check_interval_ms = 300000
     high_watermark = "written"        # or "durable": consumers only see fsync'd data
     metrics_address = "127.0.0.1:9400"  # OpenMetrics at http://127.0.0.1:9400/metrics
@@ -36,6 +37,7 @@ from mq.broker.group_model import (
 )
 from mq.errors import ConfigError
 from mq.log.config import LogConfig
+from mq.logformat import LOG_FORMATS
 from mq.metrics import parse_address
 from mq.protocol.paths import default_data_dir, default_socket_path
 
@@ -63,6 +65,7 @@ class BrokerConfig:
     transaction_max_timeout_ms: int = 900_000     # transaction.max.timeout.ms (15 min)
     producer_id_expiration_ms: int = 86_400_000   # producer.id.expiration.ms (1 day)
     log_level: str = "INFO"
+    log_format: str = "plain"                     # "plain" or "json" (mq.logformat)
     retention_check_interval_ms: int = 300_000    # log.retention.check.interval.ms
     flush_interval_ms: int = 1000                 # background fsync + checkpoint period
     high_watermark: str = "written"               # "written" or "durable"
@@ -161,6 +164,11 @@ class BrokerConfig:
                 if value not in ("written", "durable"):
                     raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "
                                       f"got {value!r}")
+                kwargs[key] = value
+            elif key == "log_format":
+                if value not in LOG_FORMATS:
+                    raise ConfigError(f"log_format must be \"plain\" or \"json\", got "
+                                      f"{value!r}")
                 kwargs[key] = value
             elif key == "log_level":
                 level = str(value).upper()

@@ -22,7 +22,11 @@ one, so a request costs one dict lookup to dispatch. One loop round::
              | cleaner call -> a compaction swap run on this thread
     background steps: group timers, periodic flush + checkpoint, retention, SIGHUP reload
     end of round: GroupCommit.submit (one fsync job), publish touched partitions and post
-                  their waiters, write every connection with output
+                  their waiters, write every connection with output; then the systemd
+                  watchdog ping when due (``service.py``: a wedged loop stops the pings)
+
+Under systemd the broker serves the listening socket it was passed (socket activation) and
+leaves its path alone at exit, so clients queue in its backlog while the broker restarts.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
+from mq.broker.service import ServiceNotifier, status_line
 from mq.broker.space import FreeSpaceGuard
 from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
@@ -81,10 +86,22 @@ class Broker:
     """One broker: ``start()`` recovers the data dir and listens, ``serve_forever()`` runs the
     loop until ``request_stop()`` (any thread, or SIGTERM/SIGINT), then stops cleanly."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, listener: socket.socket | None = None,
+                 service: ServiceNotifier | None = None) -> None:
+        """``listener``: a listening Unix socket to serve instead of binding
+        ``config.socket_path`` (socket activation; its path is never unlinked here).
+        ``service``: what the broker tells systemd (default: from the environment)."""
         self.config = config
         self.data_dir = config.data_dir
         self.socket_path = config.socket_path
+        self._inherited = listener
+        if listener is not None:
+            path = listener.getsockname()
+            if config.socket and config.socket != path:
+                log.warning("serving the socket systemd passed, %s, not %s", path,
+                            config.socket)
+            self.socket_path = path
+        self.service = service or ServiceNotifier()
         self.logs: LogManager | None = None
         self.metadata: MetadataStore | None = None
         self.state: StateWriter | None = None
@@ -125,7 +142,8 @@ class Broker:
         diskio.ops.file_mode = self.config.file_mode
         diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults
-        self.logs = LogManager.open(self.data_dir, lambda topic: defaults)
+        self.logs = LogManager.open(self.data_dir, lambda topic: defaults,
+                                    progress=self.service.recovery_progress)
         try:
             meta_log = self.logs.get(METADATA_TOPIC, 0) or self.logs.create(METADATA_TOPIC, 0)
             self.metadata = MetadataStore(meta_log)
@@ -185,6 +203,11 @@ class Broker:
         return {Api.HANDSHAKE: self._handshake}
 
     def _listen(self) -> None:
+        if self._inherited is not None:         # systemd made, bound and owns it
+            self._listener = self._inherited
+            self._listener.setblocking(False)
+            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+            return
         path = self.socket_path
         if os.path.exists(path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -240,11 +263,13 @@ class Broker:
 
     def serve_forever(self) -> None:
         assert self.groups is not None and self._commit is not None
+        if not self._stop:
+            self.service.ready(self.status())
         while not self._stop:
             now = time.monotonic()
             timeout = max(0.0, min(self._next_retention, self._next_flush) - now)
             timeout = min(timeout, self.groups.deadline_s(),
-                          self.transactions.deadline_s(now))
+                          self.transactions.deadline_s(now), self.service.deadline_s())
             for key, events in self._sel.select(timeout):
                 what = key.data
                 if what == "accept":
@@ -271,8 +296,11 @@ class Broker:
                 self._background(self._retention, "retention")
             if self._reload:
                 self._reload = False
+                self.service.reloading()
                 self._reload_config()
+                self.service.ready(self.status())
             self._end_of_round()
+            self.service.tick(self.status)     # from this loop: a stuck loop stops the pings
         self._shutdown()
 
     @staticmethod
@@ -493,6 +521,7 @@ class Broker:
     def request_stop(self, *_: object) -> None:
         """Stop serving (a signal handler, or any thread: the loop wakes at once)."""
         self._stop = True
+        self.service.stopping()
         try:
             if self._signal_w >= 0:
                 os.write(self._signal_w, b"\0")
@@ -501,6 +530,12 @@ class Broker:
 
     def request_reload(self, *_: object) -> None:
         self._reload = True
+
+    def status(self) -> str:
+        """The one-line summary for systemd: topics, partitions, connections."""
+        topics = self.metadata.topics if self.metadata is not None else {}
+        return status_line(len(topics), sum(info.partitions for info in topics.values()),
+                           len(self.conns))
 
     def _shutdown(self) -> None:
         """Stop accepting, answer in-flight acks=all produces, flush, mark clean, exit."""
@@ -532,6 +567,8 @@ class Broker:
             pass
         self._listener.close()
         self._listener = None
+        if self._inherited is not None:
+            return                             # systemd's: it stays, with its backlog
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -583,9 +620,11 @@ def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:
     return table
 
 
-def run_broker(config: BrokerConfig, ready=None) -> int:
-    """Run a broker in the foreground until SIGTERM/SIGINT; returns the exit status."""
-    broker = Broker(config)
+def run_broker(config: BrokerConfig, ready=None, listener: socket.socket | None = None
+               ) -> int:
+    """Run a broker in the foreground until SIGTERM/SIGINT; returns the exit status.
+    ``listener``: the socket systemd passed (``service.inherited_listener``), if any."""
+    broker = Broker(config, listener)
     broker.start()
     broker.install_signal_handlers()
     if ready is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 
 from mq.errors import CorruptIndexError
 from mq.log import diskio, files, producer_state
@@ -60,12 +61,13 @@ class Loaded:
 
 def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
      log_start_offset: int = 0, clean_shutdown: bool = False,
-     now_ms: int | None = None) -> Loaded:
+     now_ms: int | None = None, on_segment: Callable[[], None] | None = None) -> Loaded:
     """Open (creating if needed) and recover a partition directory.
 
     ``recovery_point`` and ``log_start_offset`` come from the data dir's checkpoints;
     ``clean_shutdown`` from its marker. Without a clean shutdown every segment from the one
-    holding the recovery point to the end is validated batch by batch.
+    holding the recovery point to the end is validated batch by batch. ``on_segment()`` is
+    called after each segment is loaded or recovered.
     """
     diskio.ops.makedirs(directory)
     report = RecoveryReport()
@@ -89,6 +91,8 @@ def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
     recover_from = 0 if clean_shutdown else recovery_point
     recovered_from: int | None = None       # base of the first segment recovery rewrote
     for i, seg in enumerate(segments):
+        if on_segment is not None and i:
+            on_segment()                # the previous segment is done
         needs_recovery = not clean_shutdown and (
             i == len(segments) - 1 or segments[i + 1].base_offset > recover_from)
         if not needs_recovery:

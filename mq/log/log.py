@@ -37,7 +37,7 @@ import bisect
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from mq.errors import (
@@ -119,17 +119,20 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: str, config: LogConfig | None = None, *, recovery_point: int = 0,
              log_start_offset: int = 0, clean_shutdown: bool = False,
-             now_ms: int | None = None) -> PartitionLog:
+             now_ms: int | None = None,
+             on_segment: Callable[[], None] | None = None) -> PartitionLog:
         """Open (creating if needed) and recover a partition directory (``mq.log.loader``).
 
         ``recovery_point`` and ``log_start_offset`` come from the data dir's checkpoints;
         ``clean_shutdown`` from its marker. Without a clean shutdown every segment from the one
-        holding the recovery point to the end is validated batch by batch.
+        holding the recovery point to the end is validated batch by batch. ``on_segment()``
+        is called after each segment is loaded or recovered (progress of a long recovery).
         """
         config = config or LogConfig()
         loaded = loader.load(directory, config, recovery_point=recovery_point,
                              log_start_offset=log_start_offset,
-                             clean_shutdown=clean_shutdown, now_ms=now_ms)
+                             clean_shutdown=clean_shutdown, now_ms=now_ms,
+                             on_segment=on_segment)
         return cls(directory, config, loaded.segments, loaded.log_start_offset,
                    loaded.recovery_point, loaded.report, loaded.producers)
 
@@ -603,7 +606,7 @@ class PartitionLog:
         now_ms = _now_ms() if now_ms is None else now_ms
         i = next((k for k, seg in enumerate(self.segments) if seg is old[0]), -1) if old else -1
         if i < 0 or i + len(old) >= len(self.segments) or \
-                any(a is not b for a, b in zip(self.segments[i:i + len(old)], old)):
+                any(a is not b for a, b in zip(self.segments[i:i + len(old)], old, strict=True)):
             raise ValueError(f"{self.dir}: segments {[s.base_offset for s in old]} are no "
                              "longer a run of inactive segments of this log")
         if new.suffix != files.CLEANED_SUFFIX or new.base_offset != old[0].base_offset or \

@@ -69,13 +69,19 @@ class LogManager:
 
     @classmethod
     def open(cls, data_dir: str, config_for: Callable[[str], LogConfig] | None = None,
-             now_ms: int | None = None) -> LogManager:
+             now_ms: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> LogManager:
+        """Lock and load ``data_dir``. ``progress(done, total)`` hears of loading as it moves:
+        once with ``(0, total)`` partitions, then after every segment loaded or recovered
+        (``done`` counts the partitions finished), so a caller can tell a long recovery that
+        advances from one that hangs (the broker extends systemd's start timeout with it).
+        Raises ``LogDirLockedError`` when another process holds the data dir."""
         self = cls(data_dir, config_for)
         diskio.ops.makedirs(self.data_dir)
         _tighten_mode(self.data_dir, diskio.ops.dir_mode)
         self._lock()
         try:
-            self._load(now_ms)
+            self._load(now_ms, progress)
         except BaseException:
             self._unlock()
             raise
@@ -106,7 +112,8 @@ class LogManager:
             os.close(self._lock_fd)        # closing the fd releases the flock
             self._lock_fd = -1
 
-    def _load(self, now_ms: int | None) -> None:
+    def _load(self, now_ms: int | None,
+              progress: Callable[[int, int], None] | None = None) -> None:
         meta = os.path.join(self.data_dir, META_FILE)
         if not os.path.exists(meta):
             files.atomic_write(meta, f"version=0\ncluster.id={uuid.uuid4().hex}\n"
@@ -120,7 +127,15 @@ class LogManager:
             os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT))
         starts = _read_checkpoint_or_empty(
             os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT))
-        for name in sorted(os.listdir(self.data_dir)):
+        names = sorted(os.listdir(self.data_dir))
+        total = sum(1 for name in names if files.parse_partition_dir(name) is not None)
+        done = 0
+
+        def step() -> None:
+            progress(done, total)
+        if progress is not None:
+            step()
+        for name in names:
             path = os.path.join(self.data_dir, name)
             if name.endswith("-delete") and os.path.isdir(path):
                 shutil.rmtree(path)        # a topic deletion that did not finish
@@ -132,7 +147,10 @@ class LogManager:
             self.logs[parsed] = PartitionLog.open(
                 path, self.config_for(topic), recovery_point=recovery.get(parsed, 0),
                 log_start_offset=starts.get(parsed, 0), clean_shutdown=self.clean_shutdown,
-                now_ms=now_ms)
+                now_ms=now_ms, on_segment=None if progress is None else step)
+            done += 1
+            if progress is not None:
+                step()
         self.checkpoint()
         # One broker: every start is a new leader epoch, above any a partition recorded.
         self.leader_epoch = 1 + max((lg.leader_epochs.latest_epoch for lg in self.logs.values()),
