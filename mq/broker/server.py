@@ -521,7 +521,6 @@ class Broker:
     def request_stop(self, *_: object) -> None:
         """Stop serving (a signal handler, or any thread: the loop wakes at once)."""
         self._stop = True
-        self.service.stopping()
         try:
             if self._signal_w >= 0:
                 os.write(self._signal_w, b"\0")
@@ -539,6 +538,10 @@ class Broker:
 
     def _shutdown(self) -> None:
         """Stop accepting, answer in-flight acks=all produces, flush, mark clean, exit."""
+        # STOPPING=1 from the loop thread, woken at once by the signal pipe: sent from the
+        # signal handler it could land between a ping's check and its send (a WATCHDOG=1
+        # after STOPPING=1).
+        self.service.stopping()
         self._stop_cleaner()
         self._close_listener()
         self._end_of_round()

@@ -12,7 +12,7 @@ its lifecycle and once per round::
                         so the pings come from the loop itself: a wedged loop stops them and
                         systemd restarts the broker (no pinger thread that would outlive it)
     SIGHUP           -> reloading() before the reload, ready() after it (also when it failed)
-    SIGTERM/SIGINT   -> stopping(), once, at once
+    SIGTERM/SIGINT   -> stopping(), once, first thing when the loop wakes (the signal pipe)
 
 Without ``NOTIFY_SOCKET`` every method is a cheap no-op. Time comes from ``clock`` (monotonic
 seconds) so the rules are tested without waiting.
