@@ -28,7 +28,8 @@ from mq.errors import ConfigError, MQError
 __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
 
 # In the order ``mq --help`` lists them (the API's order: broker and demo, topics, produce,
-# consume, offsets, groups, transactions, worker pools, then the offline storage tools).
+# consume, offsets, groups, transactions, worker pools, systemd units, then the offline
+# storage tools).
 COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.broker",
     "mq.cli.demo",
@@ -40,6 +41,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.transactions",
     "mq.cli.top",
     "mq.cli.workers",
+    "mq.cli.systemd",
     "mq.cli.dump_log",
     "mq.cli.log_check",
 )
