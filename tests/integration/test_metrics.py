@@ -151,3 +151,28 @@ def test_metrics_port_in_use_is_one_line(tmp_path):
     assert f"cannot serve metrics at 127.0.0.1:{port}" in result.err, result
     assert "Traceback" not in result.err, result
     assert not (tmp_path / "s.sock").exists()                 # nothing left listening
+
+
+def test_lag_age_follows_the_committed_offset(metrics_broker):
+    """The age is cached between snapshots while a group stays put: it still grows with the
+    clock, and a commit further on dates the new oldest unconsumed record. Record k of
+    partition 0 was stamped 1,000,000 + 2k ms."""
+    b = metrics_broker
+    _traffic(b)
+
+    def age_error(admin, committed: int) -> int:
+        """The reported age minus the age the snapshot's own clock gives (~0 when right)."""
+        stats = admin.broker_stats()
+        (group,) = [g for g in stats["groups"] if g["group"] == "billing"]
+        (row,) = group["offsets"]
+        assert row["committed_offset"] == committed
+        return row["lag_ms"] - (stats["broker"]["now_ms"] - (1_000_000 + 2 * committed))
+
+    tp = mq.TopicPartition("orders", 0)
+    with mq.Admin(socket=b.socket) as admin, \
+            mq.Consumer(group_id="billing", socket=b.socket, enable_auto_commit=False) as c:
+        for _ in range(2):                                   # a read, then a cached answer
+            assert abs(age_error(admin, COMMITTED)) < 50
+        c.assign([tp])
+        c.commit({tp: COMMITTED + 10})
+        assert abs(age_error(admin, COMMITTED + 10)) < 50

@@ -34,7 +34,7 @@ from mq.broker.group_coordinator import GroupCoordinator
 from mq.broker.group_model import Effects, GroupState
 from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
 from mq.broker.offsets import CommittedOffset, OffsetStore
-from mq.broker.partitions import PartitionTable
+from mq.broker.partitions import Partition, PartitionTable
 from mq.errors import InvalidRequestError
 from mq.log.log import PartitionLog
 from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
@@ -43,6 +43,10 @@ from mq.protocol.types import TopicPartition
 __all__ = ["RESTART_GRACE_MS", "GroupApis", "monotonic_ms", "wall_ms"]
 
 log = logging.getLogger("mq.broker")
+
+# Timestamps of oldest unconsumed records already read: (partition, offset) ->
+# (the partition's segment-set generation then, timestamp ms or None).
+_Ages = dict[tuple[Partition, int], tuple[int, int | None]]
 
 RESTART_GRACE_MS = 2_000
 OFFSET_METADATA_MAX_BYTES = 4096            # offset.metadata.max.bytes
@@ -70,6 +74,7 @@ class GroupApis:
         self._commit = commit
         self._config = config
         self.offsets = OffsetStore([part.log for part in topics.open_internal(OFFSETS_TOPIC)])
+        self._ages: _Ages = {}               # summaries()' last look at lagging partitions
         c = config
         now = monotonic_ms()
         self.coordinator = GroupCoordinator(
@@ -300,15 +305,17 @@ class GroupApis:
         committed offset, end offset, lag in records and age of the oldest unconsumed record
         (the stats api: ``mq top`` and the metrics)."""
         out = []
+        seen: _Ages = {}
         for name, state in self._group_states():
             offsets = []
             for tp, c in sorted(self.offsets.offsets.get(name, {}).items()):
-                end, lag, lag_ms = self._lag(tp, c.offset)
+                end, lag, lag_ms = self._lag(tp, c.offset, self._ages, seen)
                 offsets.append({"topic": tp[0], "partition": tp[1],
                                 "committed_offset": c.offset, "end_offset": end, "lag": lag,
                                 "lag_ms": lag_ms})
             out.append({"group": name, "state": state.value,
                         "members": self._live_members(name), "offsets": offsets})
+        self._ages = seen                   # only what is still in use: the cache stays small
         return out
 
     def _group_states(self) -> Iterator[tuple[str, GroupState]]:
@@ -383,9 +390,15 @@ class GroupApis:
         g = self.coordinator.groups.get(group)
         return 0 if g is None else sum(1 for m in g.members.values() if not m.departed)
 
-    def _lag(self, tp: TopicPartition, committed: int | None
-             ) -> tuple[int | None, int | None, int | None]:
-        """(end offset, lag in records, age in ms of the oldest unconsumed record)."""
+    def _lag(self, tp: TopicPartition, committed: int | None, ages: _Ages | None = None,
+             seen: _Ages | None = None) -> tuple[int | None, int | None, int | None]:
+        """(end offset, lag in records, age in ms of the oldest unconsumed record).
+
+        The age needs the record's timestamp, read from the log. ``ages`` are the timestamps
+        the previous call of the same caller found, by (partition, offset): a group that did
+        not move since (the one whose age matters) costs a dict lookup, not a read. The
+        partition's segment-set generation is kept with each, so a roll, retention or a
+        compaction swap reads again. What this call used is put in ``seen``."""
         part = self._table.get(*tp)
         if part is None:
             return None, None, None
@@ -393,20 +406,23 @@ class GroupApis:
         end = plog.high_watermark
         if committed is None:
             return end, None, None
-        lag = max(0, end - max(committed, plog.log_start_offset))
+        start = max(committed, plog.log_start_offset)
+        lag = max(0, end - start)
         if lag == 0:
             return end, 0, 0
-        try:
-            for batch in plog.batches(max(committed, plog.log_start_offset)):
-                if batch.is_control or batch.last_offset < committed:
-                    continue
-                first = next((r.timestamp for r in batch.records() if r.offset >= committed),
-                             None)
-                if first is not None:
-                    return end, lag, max(0, wall_ms() - first)
-        except (errors.MQError, OSError) as err:
-            log.debug("lag of %s-%d: %s", *tp, err)
-        return end, lag, None
+        key = (part, start)
+        known = ages.get(key) if ages is not None else None
+        if known is not None and known[0] == part.generation:
+            timestamp = known[1]
+        else:
+            try:
+                timestamp = plog.first_timestamp_from(start)
+            except (errors.MQError, OSError) as err:
+                log.debug("lag of %s-%d: %s", *tp, err)
+                return end, lag, None
+        if seen is not None:
+            seen[key] = (part.generation, timestamp)
+        return end, lag, None if timestamp is None else max(0, wall_ms() - timestamp)
 
     def _delete_topic_offsets(self, topic: str) -> None:
         for group in list(self.offsets.groups()):
