@@ -30,6 +30,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from mq.broker import space
+
 __all__ = [
     "BrokerRow", "GroupRow", "TopicRow", "View", "broker_lines", "build_view", "format_bytes",
     "format_count", "format_duration", "format_seconds", "group_cells", "histogram_quantile",
@@ -256,15 +258,9 @@ def format_count(n: float | None) -> str:
 
 
 def format_bytes(n: float | None) -> str:
-    """``512B``, ``1.5KiB``, ``3.0MiB``, ...: binary units, no space; '-' for None."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{int(value)}B" if unit == "B" else f"{value:.1f}{unit}"
-        value /= 1024
-    return f"{value:.1f}TiB"
+    """``512B``, ``1.5KiB``, ``3.0MiB``, ...: ``mq.broker.space.format_bytes`` without its
+    space (a table cell); '-' for None."""
+    return "-" if n is None else space.format_bytes(int(n)).replace(" ", "")
 
 
 def format_seconds(s: float | None) -> str:
@@ -320,18 +316,16 @@ def group_cells(row: GroupRow) -> tuple[str, ...]:
 
 
 def broker_lines(view: View) -> tuple[str, str]:
-    """Two summary lines: who the broker is, then fsync latency and the cleaner."""
+    """Two summary lines, what matters first (a narrow terminal cuts their ends): the broker,
+    its connections and fsync latency; then the cleaner and the data dir."""
     b = view.broker
-    window = ("since start" if view.interval_seconds is None
-              else f"last {view.interval_seconds:.1f}s")
-    fsync = (f"fsync {format_count(b.fsync_per_second)}/s" if b.fsync_per_second is not None
-             else f"fsync {b.fsync_count}")
+    fsync = (f"fsync {b.fsync_count} since start," if view.interval_seconds is None
+             else f"fsync {format_count(b.fsync_per_second)}/s")
     return (f"broker pid {b.pid}  up {format_duration(b.uptime_seconds)}  "
-            f"connections {b.connections}  {b.data_dir}",
-            f"{fsync} mean {format_seconds(b.fsync_mean_seconds)} "
-            f"p99 {format_seconds(b.fsync_p99_seconds)} ({window})  "
+            f"connections {b.connections}  {fsync} mean {format_seconds(b.fsync_mean_seconds)} "
+            f"p99 {format_seconds(b.fsync_p99_seconds)}",
             f"cleaner {b.cleaner_passes} passes, {b.cleaner_failures} failed, "
-            f"{format_bytes(b.cleaner_bytes_read)} read")
+            f"{format_bytes(b.cleaner_bytes_read)} read  data {b.data_dir}")
 
 
 # --- JSON -----------------------------------------------------------------------------------
