@@ -460,8 +460,8 @@ class Broker:
         conn.greeted = True
         return response(req.api, req.request_id, 0, None, PROTOCOL_VERSION,
                         {"data_dir": self.data_dir, "generation": self.generation,
-                         "pid": os.getpid(), "semaphore_prefix": self._sem_prefix,
-                         "shm": self.state.name,
+                         "pid": os.getpid(), "gid": os.getegid(),
+                         "semaphore_prefix": self._sem_prefix, "shm": self.state.name,
                          "max_request_bytes": self.config.max_request_bytes})
 
     # --- background work ----------------------------------------------------------------------

@@ -111,6 +111,22 @@ class Fetch:
         return self.offset
 
 
+def share_semaphore(name: str, broker_gid: int | None) -> None:
+    """Let a broker running as another user open semaphore ``name``: read-write for the group
+    whatever the umask did to ``mode``, and the broker's group when it differs from this
+    process's (a member of the broker's group may give its files to it; under the systemd
+    units the broker runs as user ``mq`` and clients are members of group ``mq``). Where the
+    semaphore has no file (not Linux) or the change is refused, it stays as created: a broker
+    of the same user needs neither, and another one answers the WAIT with the reason."""
+    path = "/dev/shm/sem." + name.lstrip("/")
+    try:
+        os.chmod(path, 0o660)
+        if broker_gid is not None and broker_gid != os.getegid():
+            os.chown(path, -1, broker_gid)
+    except OSError:
+        pass
+
+
 class Session:
     """What belongs to one connection in one process: socket, state map, semaphore."""
 
@@ -140,6 +156,7 @@ class Session:
             except posix_ipc.ExistentialError:
                 continue
         try:
+            share_semaphore(name, self.conn.broker_info.get("gid"))
             self.conn.send(Api.WAIT, name, [])
             self.conn.call(Api.METADATA, [])     # requests are served in order: WAIT is done
             for reply in self.conn.poll_any(0):
