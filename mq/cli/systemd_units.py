@@ -176,7 +176,11 @@ After=mq-broker.socket
 Type=notify
 # Only the broker process itself may notify (it has no children).
 NotifyAccess=main
-ExecStart={exe} -m mq broker --data-dir %S/mq
+# Optional settings in %E/mq/broker.env (/etc/mq, or ~/.config/mq for --user), e.g.
+#   MQ_BROKER_ARGS=--config /etc/mq/mq.toml --metrics 127.0.0.1:9400
+# (arguments of `mq broker`, split at blanks, no quoting).
+EnvironmentFile=-%E/mq/broker.env
+ExecStart={exe} -m mq broker --data-dir %S/mq $MQ_BROKER_ARGS
 # SIGHUP reloads the log level and topic defaults of --config (the broker tells systemd).
 ExecReload=/bin/kill -HUP $MAINPID
 {account}# %S/mq: /var/lib/mq (system) or ~/.local/state/mq (user). 0750: group mq may read the

@@ -75,7 +75,8 @@ def test_install_writes_the_units_for_this_python_and_says_what_next(tmp_path):
     result = ok(mq_run("systemd", "install", "--dir", units))
     assert sorted(os.listdir(units)) == sorted((*UNITS, SYSUSERS_FILE))
     service = (units / "mq-broker.service").read_text()
-    assert f"ExecStart={sys.executable} -m mq broker --data-dir %S/mq\n" in service
+    assert f"ExecStart={sys.executable} -m mq broker --data-dir %S/mq $MQ_BROKER_ARGS\n" \
+        in service
     for needed in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure",
                    "KillMode=mixed", "TimeoutStopSec=", "ExecReload=/bin/kill -HUP $MAINPID",
                    "StateDirectory=mq", "ProtectSystem=strict", "ProtectHome=yes",
