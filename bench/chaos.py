@@ -80,6 +80,7 @@ from collections.abc import Callable
 
 from bench.chaos_checks import AckLedger, CommitLedger, PartitionScan, Violations, describe_code
 from bench.chaos_procs import GROUP, TOPIC, Broker, Disk, exit_text, member_main, producer_main
+from bench.harness import add_run_arguments
 
 ACTIONS = {"kill-broker": 3, "term-broker": 1, "kill-producer": 2, "kill-member": 2,
            "disk-full": 2}                  # action: weight
@@ -622,8 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-every", type=int, help="full re-check every N cycles (default 25;"
                     " 10 with --quick)")
     ap.add_argument("--stall-timeout", type=float, default=20.0)
-    ap.add_argument("--out", default="bench/out/chaos.json")
-    ap.add_argument("--dir", help="parent of the work dir (default: the system temp dir)")
+    add_run_arguments(ap, "chaos", wait_idle=False,
+                      dir_help="parent of the work dir (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (kept anyway, "
                     "with a copy of the data dir, when an invariant broke)")
     ap.add_argument("--quick", action="store_true", help="30 cycles, full re-check every 10")

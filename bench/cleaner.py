@@ -37,6 +37,7 @@ from bench.harness import (
     MIB,
     CpuMeter,
     Rows,
+    add_run_arguments,
     format_table,
     machine_facts,
     mm,
@@ -208,12 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench.cleaner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a 20 MiB log instead of 100 MiB")
-    p.add_argument("--out", default="bench/out/cleaner.json", help="JSON output path")
-    p.add_argument("--dir", default=None,
-                   help="parent of the temporary data dir (default: the system temp dir)")
+    add_run_arguments(p, "cleaner")
     p.add_argument("--runs", type=int, default=5, help="repetitions (>= 5)")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet")
     args = p.parse_args(argv)
     if args.runs < 5:
         progress(f"warning: --runs {args.runs} is below the method's minimum of 5")
@@ -221,12 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     segment_bytes = (4 if args.quick else 16) * MIB
     base = tempfile.mkdtemp(prefix="mq-bench-cleaner-", dir=args.dir)
     try:
-        idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
-        res: dict = {"meta": machine_facts(base),
+        idle = wait_idle(args.wait_idle, progress=progress)
+        res: dict = {"meta": machine_facts(base, wait_idle=idle),
                      "params": {"quick": args.quick, "runs": args.runs, "log_bytes": total,
                                 "segment_bytes": segment_bytes, "value_bytes": VALUE_BYTES,
                                 "batch_bytes": BATCH_BYTES, "unique_keys": UNIQUE_KEY_SHARE}}
-        res["meta"]["wait_idle"] = idle
         meter = CpuMeter()
         res.update(run(base, total, segment_bytes, args.runs))
         res["meta"]["contention"] = c = meter.stop()

@@ -40,6 +40,7 @@ from bench.harness import (
     MIB,
     Rows,
     WorkerError,
+    add_run_arguments,
     hist_stats,
     machine_facts,
     merge_hists,
@@ -701,16 +702,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench.e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="short runs (about 2 minutes)")
-    p.add_argument("--out", default="bench/out/e2e.json", help="JSON output path")
-    p.add_argument("--dir", default=None,
-                   help="parent of the temp dir (broker data, servers, raw writes); default: "
-                        "the system temp dir. It must be a real disk, not tmpfs")
+    add_run_arguments(p, "e2e", dir_help="parent of the temp dir (broker data, servers, raw "
+                      "writes); default: the system temp dir. It must be a real disk, not tmpfs")
     p.add_argument("--runs", type=int, default=5, help="repetitions per figure (>= 5)")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet "
-                        "(< 0.25 CPU over 5 s)")
     args = p.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(SECTIONS)
@@ -727,16 +723,14 @@ def main(argv: list[str] | None = None) -> int:
     versions = peers.ensure_installed()
     import mq.testing
 
-    idle = wait_idle(args.wait_idle) if args.wait_idle > 0 else None
+    idle = wait_idle(args.wait_idle)
     base = tempfile.mkdtemp(prefix="mq-e2e-", dir=args.dir)
     broker = None
     t_start = time.perf_counter()
     res: dict = {}
     try:
-        meta = machine_facts(base)
+        meta = machine_facts(base, wait_idle=idle, start_method="fork")
         meta["packages"].update(versions)
-        meta["wait_idle"] = idle
-        meta["start_method"] = "fork"
         try:
             import redis.utils
             meta["redis_py_hiredis_parser"] = bool(redis.utils.HIREDIS_AVAILABLE)

@@ -47,6 +47,7 @@ from bench import harness
 from bench.harness import (
     Rows,
     WorkerError,
+    add_run_arguments,
     machine_facts,
     mm,
     print_report,
@@ -553,18 +554,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of about 1 s instead of 2.5 s, a 0.6 M-record input instead "
                         "of 2 M (under a minute)")
     p.add_argument("--runs", type=int, default=5, help="repetitions per figure (>= 5)")
-    p.add_argument("--out", default="bench/out/exactly_once.json", help="JSON output path")
     p.add_argument("--only", default=",".join(FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--interval-ms", type=float, default=100.0,
                    help="commit interval of the transactional producers and of both "
                         "pipelines (default 100, Kafka Streams' exactly-once default)")
-    p.add_argument("--dir", default=None,
-                   help="parent of the temp dir (broker data); default: the system temp dir. "
-                        "It must be a real disk, not tmpfs")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet "
-                        "(< 0.25 CPU over 5 s)")
+    add_run_arguments(p, "exactly_once", dir_help="parent of the temp dir (broker data); "
+                      "default: the system temp dir. It must be a real disk, not tmpfs")
     args = p.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(FIGURES)
@@ -578,14 +574,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     import mq.testing
 
-    idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
+    idle = wait_idle(args.wait_idle, progress=progress)
     base = tempfile.mkdtemp(prefix="mq-eos-", dir=args.dir)
     broker = None
     t_start = time.perf_counter()
     try:
-        meta = machine_facts(base)
-        meta["wait_idle"] = idle
-        meta["start_method"] = "fork"
+        meta = machine_facts(base, wait_idle=idle, start_method="fork")
         res: dict = {"meta": meta, "params": {"quick": args.quick, "runs": args.runs,
                                               "figures": only, "interval_ms": args.interval_ms,
                                               "value_size": VALUE_SIZE, "producer": PRODUCER}}

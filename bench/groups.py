@@ -57,6 +57,7 @@ from array import array
 import mq
 from bench.harness import (
     Rows,
+    add_run_arguments,
     machine_facts,
     mm,
     pct,
@@ -911,10 +912,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--budget", type=float, default=1200.0, metavar="SECONDS",
                    help="stop starting trials after this long (at least one runs per part)")
-    p.add_argument("--out", default="bench/out/groups.json", help="JSON output path")
-    p.add_argument("--dir", default=None, help="parent of the temp dir (a real disk)")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet")
+    add_run_arguments(p, "groups", dir_help="parent of the temp dir (a real disk)")
     args = p.parse_args(argv)
     args.trials = args.trials or (5 if args.quick else 20)
     args.members = [int(x) for x in (args.members or ("3" if args.quick else "2,3,4"))
@@ -930,14 +928,12 @@ def main(argv: list[str] | None = None) -> int:
     # Not bench.groups itself: each child runs it as __mp_main__ (runpy warns if the server
     # had imported it under its own name). Its imports are what cost.
     CTX.set_forkserver_preload(["mq.client.consumer", "mq.client.producer", "bench.harness"])
-    idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
+    idle = wait_idle(args.wait_idle, progress=progress)
     base = tempfile.mkdtemp(prefix="mq-groups-", dir=args.dir)
     broker = None
     t_start = time.monotonic()
     try:
-        meta = machine_facts(base)
-        meta["wait_idle"] = idle
-        meta["start_method"] = "forkserver"
+        meta = machine_facts(base, wait_idle=idle, start_method="forkserver")
         res: dict = {"meta": meta, "params": {
             "quick": args.quick, "trials": args.trials, "members": args.members,
             "rate": args.rate, "budget_s": args.budget, "sections": only,

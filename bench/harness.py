@@ -1,9 +1,10 @@
-"""Machinery shared by the benchmarks (bench/storage.py, e2e.py, groups.py, cleaner.py):
-progress lines, summaries and percentiles, CPU meters (this process, or a whole process family)
-with the wait for an idle box, the machine's facts, the result table and JSON; for the
-multi-process ones also worker processes started together behind a barrier, HdrHistogram
-helpers, payloads, and the physical limits measured in the same run (raw page-cache write,
-fdatasync, a bare POSIX-semaphore round trip between two processes).
+"""Machinery shared by the benchmarks (bench/storage.py, e2e.py, groups.py, cleaner.py): progress
+lines, the options they all take (--out, --dir, --wait-idle), summaries and percentiles, CPU
+meters (this process, or a whole process family) with the wait for an idle box, the machine's
+facts, the result table and JSON; for the multi-process ones also worker processes started
+together behind a barrier, HdrHistogram helpers, payloads, and the physical limits measured in
+the same run (raw page-cache write, fdatasync, a bare POSIX-semaphore round trip between two
+processes).
 
 Timestamps everywhere are ``time.perf_counter_ns()``: CLOCK_MONOTONIC on Linux, one clock for
 the whole system, so a time taken in one process can be subtracted from one taken in another.
@@ -11,6 +12,7 @@ the whole system, so a time taken in one process can be subtracted from one take
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import gc
@@ -251,9 +253,12 @@ def warn_if_busy(c: dict, what: str = "", progress: Callable[[str], None] = prog
 
 
 def wait_idle(limit_s: float, threshold: float = 0.25, window_s: float = 5.0,
-              progress: Callable[[str], None] = progress) -> dict:
+              progress: Callable[[str], None] = progress) -> dict | None:
     """Wait (up to ``limit_s``) for a ``window_s`` window in which other processes use less
-    than ``threshold`` CPUs. Returns what was seen; never fails."""
+    than ``threshold`` CPUs. Returns what was seen (None, without waiting, when ``limit_s`` is
+    not positive: a benchmark's ``--wait-idle`` left at 0); never fails."""
+    if limit_s <= 0:
+        return None
     deadline = time.monotonic() + limit_s
     seen = []
     while True:
@@ -269,6 +274,21 @@ def wait_idle(limit_s: float, threshold: float = 0.25, window_s: float = 5.0,
                      "running anyway")
             return {"idle": False, "waited_windows": seen}
         progress(f"waiting for an idle box: other processes use {c['other_cpus']:.2f} CPUs")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, name: str, *,
+                      dir_help: str | None = None, wait_idle: bool = True) -> None:
+    """The options every benchmark takes: ``--out`` (its JSON, ``bench/out/NAME.json``),
+    ``--dir`` (the parent of its temp dir; ``dir_help`` says what the benchmark keeps there, or
+    needs of it) and, unless ``wait_idle`` is false, ``--wait-idle SECONDS`` (the limit to pass
+    to the function ``wait_idle``)."""
+    parser.add_argument("--out", default=f"bench/out/{name}.json", help="JSON output path")
+    parser.add_argument("--dir", default=None, help=dir_help or
+                        "parent of the temporary data dir (default: the system temp dir)")
+    if wait_idle:
+        parser.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                            help="first wait up to SECONDS for other processes to go quiet "
+                                 "(< 0.25 CPU over 5 s)")
 
 
 def run_sections(sections: dict[str, Callable[[], Any]], only: Collection[str], results: dict,
@@ -540,7 +560,9 @@ def decoder_state() -> dict:
             "MQ_PURE_PYTHON": os.environ.get("MQ_PURE_PYTHON")}
 
 
-def machine_facts(base: str) -> dict:
+def machine_facts(base: str, **extra: Any) -> dict:
+    """The machine, the packages and the code a run measured, with ``base`` (its temp dir)
+    standing for the data dir; ``extra`` (say ``wait_idle=``, ``start_method=``) goes last."""
     cpuinfo = _read("/proc/cpuinfo") or ""
     model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
                   if ln.startswith("model name")), platform.processor())
@@ -567,7 +589,7 @@ def machine_facts(base: str) -> dict:
         "loadavg_start": os.getloadavg(), "packages": versions,
         "git_head": _git("rev-parse", "HEAD"),
         "git_dirty_files": (_git("status", "--porcelain") or "").splitlines(),
-        "crecords_so": so, "decoder": decoder_state(),
+        "crecords_so": so, "decoder": decoder_state(), **extra,
     }
 
 

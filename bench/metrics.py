@@ -59,6 +59,7 @@ from bench import harness
 from bench.harness import (
     Rows,
     WorkerError,
+    add_run_arguments,
     machine_facts,
     mm,
     pct,
@@ -531,12 +532,8 @@ def main(argv: list[str] | None = None) -> int:
                         "instead of 12 s, 3 runs (under a minute)")
     p.add_argument("--runs", type=int, default=None,
                    help="repetitions of the paired throughput rotation (default 5, 3 quick)")
-    p.add_argument("--out", default="bench/out/metrics.json", help="JSON output path")
-    p.add_argument("--dir", default=None,
-                   help="parent of the temp dir (brokers' data); default: the system temp dir")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet "
-                        "(< 0.25 CPU over 5 s)")
+    add_run_arguments(p, "metrics", dir_help="parent of the temp dir (brokers' data); default: "
+                      "the system temp dir")
     p.add_argument("--profile", action="store_true",
                    help="print the cProfile of the in-process snapshot (top functions by own "
                         "time); it is in the JSON either way")
@@ -546,14 +543,12 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"warning: --runs {args.runs} is below the method's minimum of 5")
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
+    idle = wait_idle(args.wait_idle, progress=progress)
     base = tempfile.mkdtemp(prefix="mq-metrics-", dir=args.dir)
     t_start = time.perf_counter()
     ctx = Ctx(args, base)
     try:
-        meta = machine_facts(base)
-        meta["wait_idle"] = idle
-        meta["start_method"] = "fork"
+        meta = machine_facts(base, wait_idle=idle, start_method="fork")
         res: dict = {"meta": meta, "params": {
             "quick": args.quick, "runs": args.runs, "seconds_per_run": ctx.seconds,
             "idle_seconds": ctx.idle_s, "idle_interval_s": IDLE_INTERVAL_S,

@@ -311,11 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                    "latency figure (default 10000)")
     p.add_argument("--only", default=",".join(FIGURES),
                    help=f"comma-separated subset of {','.join(FIGURES)}")
-    p.add_argument("--out", default="bench/out/spark.json", help="JSON output path")
-    p.add_argument("--dir", default=None, help="parent of the temp dir (broker data, Parquet "
-                   "and JSON copies, checkpoints); a real disk, not tmpfs")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet")
+    harness.add_run_arguments(p, "spark", dir_help="parent of the temp dir (broker data, Parquet "
+                              "and JSON copies, checkpoints); a real disk, not tmpfs")
     args = p.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     if set(only) - set(FIGURES):
@@ -328,13 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     import mq.testing
     from bench.spark_latency import run_latency
 
-    idle = harness.wait_idle(args.wait_idle, progress=progress) if args.wait_idle else None
+    idle = harness.wait_idle(args.wait_idle, progress=progress)
     base = tempfile.mkdtemp(prefix="mq-bench-spark-", dir=args.dir)
     broker = mq.testing.BrokerProcess(os.path.join(base, "data"))
     t_start = time.perf_counter()
-    res: dict = {"meta": machine_facts(base), "params": vars(args)}
-    meta = res["meta"]
-    meta["wait_idle"] = idle
+    meta = machine_facts(base, wait_idle=idle)
+    res: dict = {"meta": meta, "params": vars(args)}
     try:
         broker.start()
         progress(f"temp dir {base}; broker pid {broker.pid}")

@@ -109,11 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="repetitions (>= 5 for the method)")
     p.add_argument("--partitions", type=int, default=2, help="partitions of each topic")
     p.add_argument("--quick", action="store_true", help="200k rows, 3 runs")
-    p.add_argument("--out", default="bench/out/spark_sink.json", help="JSON output path")
-    p.add_argument("--dir", default=None, help="parent of the temp dir (broker data, Parquet, "
-                   "checkpoints); a real disk, not tmpfs")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet")
+    harness.add_run_arguments(p, "spark_sink", dir_help="parent of the temp dir (broker data, "
+                              "Parquet, checkpoints); a real disk, not tmpfs")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.runs = 200_000, 3
@@ -123,11 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     import mq
     import mq.testing
 
-    idle = harness.wait_idle(args.wait_idle, progress=progress) if args.wait_idle else None
+    idle = harness.wait_idle(args.wait_idle, progress=progress)
     base = tempfile.mkdtemp(prefix="mq-spark-sink-", dir=args.dir)
     broker = mq.testing.BrokerProcess(os.path.join(base, "data"))
-    res: dict = {"meta": machine_facts(base), "params": vars(args), "runs": []}
-    res["meta"]["wait_idle"] = idle
+    res: dict = {"meta": machine_facts(base, wait_idle=idle), "params": vars(args), "runs": []}
     try:
         broker.start()
         sock = broker.socket

@@ -36,6 +36,7 @@ from bench.harness import (
     MIB,
     CpuMeter,
     Rows,
+    add_run_arguments,
     decoder_state,
     fdatasync_ns,
     format_table,
@@ -603,15 +604,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="smaller sizes (64 MiB appends, 128 MiB lookup log): under a minute")
-    p.add_argument("--out", default="bench/out/storage.json", help="JSON output path")
-    p.add_argument("--dir", default=None,
-                   help="parent of the temporary data dir (default: the system temp dir)")
+    add_run_arguments(p, "storage")
     p.add_argument("--runs", type=int, default=5, help="repetitions per figure (>= 5)")
     p.add_argument("--only", default="codec,fsync,append,lookup",
                    help="comma-separated subset of codec,fsync,append,lookup")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet "
-                        "(< 0.25 CPU over 5 s)")
     p.add_argument("--profile", metavar="TARGET",
                    help="cProfile one measurement instead: encode100, decode100, append16k, "
                         "append1m, lookup-ts (set MQ_PURE_PYTHON=1 for the pure-Python codec)")
@@ -639,9 +635,8 @@ def main(argv: list[str] | None = None) -> int:
             "lookups_per_run": 2000 if args.quick else 5000,
             "fsync_samples_per_run": 100,
         }
-        idle = wait_idle(args.wait_idle, progress=progress) if args.wait_idle > 0 else None
-        res: dict = {"meta": machine_facts(base), "params": params}
-        res["meta"]["wait_idle"] = idle
+        idle = wait_idle(args.wait_idle, progress=progress)
+        res: dict = {"meta": machine_facts(base, wait_idle=idle), "params": params}
         progress(f"data dir {base}; decoder {res['meta']['decoder']}")
         t = time.perf_counter()
         sections = {"codec": lambda: run_codec(args.runs, target_s),

@@ -567,6 +567,14 @@ def ensure_celery() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.harness import (
+        add_run_arguments,
+        machine_facts,
+        print_report,
+        run_sections,
+        wait_idle,
+        write_json,
+    )
     p = argparse.ArgumentParser(prog="python3 -m bench.workers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 run, smaller windows, 5 trials")
@@ -576,10 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=4000.0, help="records/s during failover")
     p.add_argument("--seed", type=int, default=1, help="the failover victims' seed")
     p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
-    p.add_argument("--out", default="bench/out/workers.json", help="JSON output path")
-    p.add_argument("--dir", default=None, help="parent of the temp dir (a real disk)")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help="first wait up to SECONDS for other processes to go quiet")
+    add_run_arguments(p, "workers", dir_help="parent of the temp dir (a real disk)")
     args = p.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 3)
     args.trials = args.trials or (5 if args.quick else 20)
@@ -595,23 +600,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown section(s); known: {', '.join(SECTIONS)}")
 
     import mq.testing
-    from bench.harness import (
-        machine_facts,
-        print_report,
-        run_sections,
-        wait_idle,
-        write_json,
-    )
     from bench.peers import redis_server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     versions = ensure_celery() if "throughput" in only else {}
-    idle = wait_idle(args.wait_idle, progress=_progress) if args.wait_idle > 0 else None
+    idle = wait_idle(args.wait_idle, progress=_progress)
     base = tempfile.mkdtemp(prefix="mq-workers-", dir=args.dir)
     broker = None
     t_start = time.monotonic()
     try:
-        meta = machine_facts(base)
-        meta.update(wait_idle=idle, peers=versions)
+        meta = machine_facts(base, wait_idle=idle, peers=versions)
         res: dict = {"meta": meta, "params": {k: v for k, v in vars(args).items()}}
         broker = mq.testing.BrokerProcess(os.path.join(base, "mq-data")).start()
         ctx = Ctx(args, base, broker)
