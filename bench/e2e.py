@@ -1,23 +1,26 @@
-"""End-to-end benchmarks: mq against multiprocessing.Queue, Redis Streams and NATS JetStream,
-with the physical limits (page-cache write, fdatasync, a bare semaphore round trip), all on
-this box in the same run. Producers, consumers, the broker and the servers are separate
-processes.
+"""End-to-end benchmarks: mq against multiprocessing.Queue, Redis Streams, NATS JetStream, a
+ZeroMQ PUSH/PULL pipe and a SQLite-WAL table, with the physical limits (page-cache write,
+fdatasync, a bare semaphore round trip), all on this box in the same run. Producers,
+consumers, the broker and the servers are separate processes.
 
 ::
 
     python3 -m bench.e2e [--quick] [--out bench/out/e2e.json] [--only throughput,latency,...]
-                         [--runs 5] [--wait-idle 300] [--dir /tmp]
+                         [--runs 5] [--wait-idle 300] [--dir /tmp] [--plots bench/plots]
 
 Sections (``--only``): ``limits`` (fdatasync, semaphore round trip), ``throughput`` (1
 producer -> 1 consumer at 100 B, 1 KiB, 64 KiB, with the raw page-cache write of the same
-bytes), ``acks`` (4 producers, acks="all" vs acks=1), ``fanout`` (1 producer -> 1 vs 4
-consumers, the broker's CPU), ``latency`` (open loop at 1 k and 10 k msg/s, coordinated-omission
-corrected), ``decode`` (a consumer reading 100 B records already in the log).
+bytes), ``acks`` (4 producers, acks="all" vs acks=1), ``multi`` (4 producers -> 4
+consumers at 100 B and 64 KiB, mq acks=1 and acks="all" against 4 mp.Queues), ``fanout`` (1
+producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k and 10 k
+msg/s, coordinated-omission corrected), ``decode`` (a consumer reading 100 B records already
+in the log).
 
 It installs what it needs (redis-server, nats-server with apt-get; redis, hiredis, nats-py,
-hdrhistogram with pip), starts its own broker, redis-server and nats-server in a temp dir and
-always stops them. Prints a table on stdout, progress on stderr, writes every raw number as
-JSON. See bench/README.md ("End to end") for the method and bench/RESULTS.md for results.
+hdrhistogram, pyzmq, matplotlib with pip), starts its own broker, redis-server and
+nats-server in a temp dir and always stops them. Prints a table on stdout, progress on
+stderr, writes every raw number as JSON; ``--plots DIR`` then draws ``bench.report``'s PNGs.
+See bench/README.md ("End to end") for the method and bench/RESULTS.md for results.
 """
 
 from __future__ import annotations
@@ -75,10 +78,14 @@ MQ_LATENCY_ACKS0 = {"acks": 0, "linger_ms": 0}  # extra row: no acks to read in 
 MQ_MAX_RECORDS = 10_000       # consumer poll(max_records=); the default is 500
 
 SIZES = [("100B", 100), ("1KiB", KIB), ("64KiB", 64 * KIB)]
-SYSTEMS = ["mq", "mp.Queue", "redis", "nats"]
+SYSTEMS = ["mq", "mp.Queue", "redis", "nats", "zmq", "sqlite"]
+PEERS = SYSTEMS[1:]
+NAMES = {"mq": "mq (acks=1)", "mp.Queue": "mp.Queue", "redis": "Redis Streams",
+         "nats": "NATS JetStream", "zmq": "ZeroMQ PUSH/PULL ipc", "sqlite": "SQLite WAL table"}
 # Rough rates to size the discarded warm-up run, which then sizes the measured runs.
 GUESS = {"mq": (500e3, 200e3, 20e3), "mp.Queue": (150e3, 120e3, 30e3),
-         "redis": (150e3, 80e3, 2e3), "nats": (30e3, 25e3, 4e3)}
+         "redis": (150e3, 80e3, 2e3), "nats": (30e3, 25e3, 4e3),
+         "zmq": (600e3, 400e3, 30e3), "sqlite": (200e3, 100e3, 5e3)}
 
 _topics = itertools.count()
 
@@ -245,6 +252,17 @@ def one_throughput(ctx: Ctx, system: str, values: list[bytes], n: int) -> dict:
                                        "values": values, "n": n}),
                 (peers.nats_consumer, {"url": ctx.nats["url"], "stream": stream, "n": n})]
         pid, cleanup = ctx.nats["pid"], lambda: peers.nats_teardown(ctx.nats["url"], stream)
+    elif system == "zmq":
+        addr = peers.zmq_address(ctx.base, f"z{next(_topics)}")
+        jobs = [(peers.zmq_producer, {"address": addr, "values": values, "n": n}),
+                (peers.zmq_consumer, {"address": addr, "n": n})]
+        pid, cleanup = None, lambda: None
+    elif system == "sqlite":
+        path = os.path.join(ctx.base, f"q{next(_topics)}.db")
+        peers.sqlite_setup(path)
+        jobs = [(peers.sqlite_producer, {"path": path, "values": values, "n": n}),
+                (peers.sqlite_consumer, {"path": path, "n": n})]
+        pid, cleanup = None, lambda: peers.sqlite_teardown(path)
     else:
         raise ValueError(system)
     meter = _server_meter(pid)
@@ -270,6 +288,10 @@ def run_throughput(ctx: Ctx) -> dict:
                  "redis_pipeline": peers.REDIS_PIPELINE,
                  "redis_read_count": peers.REDIS_READ_COUNT,
                  "nats_gather": peers.NATS_GATHER, "nats_fetch": peers.NATS_FETCH,
+                 "sqlite": {"batch": peers.SQLITE_BATCH, "read": peers.SQLITE_READ,
+                            "synchronous": peers.SQLITE_SYNCHRONOUS, "journal_mode": "wal",
+                            "idle_sleep_s": peers.SQLITE_IDLE_S},
+                 "zmq": {"pattern": "PUSH/PULL", "transport": "ipc", "hwm": "default"},
                  "sizes": {}}
     for si, (label, size) in enumerate(SIZES):
         values = harness.payloads(size, 64 if size > 4096 else 1024, seed=si + 1)
@@ -301,7 +323,7 @@ def run_throughput(ctx: Ctx) -> dict:
                  "rate": {s: summary([x["rate"] for x in per[s]]) for s in SYSTEMS},
                  "mb_s": {s: summary([x["mb_s"] for x in per[s]]) for s in SYSTEMS + ["raw"]},
                  "ratio": {}}
-        for s in ("mp.Queue", "redis", "nats"):
+        for s in PEERS:
             entry["ratio"][s] = summary([a["rate"] / b["rate"]
                                          for a, b in zip(per["mq"], per[s], strict=True)])
         entry["ratio"]["raw"] = summary([a["mb_s"] / b["mb_s"]
@@ -353,6 +375,94 @@ def run_acks(ctx: Ctx) -> dict:
             "rate": {a: summary([x["rate"] for x in per[a]]) for a in per},
             "ratio": summary([a["rate"] / b["rate"] for a, b in zip(per["all"], per["1"],
                                                                     strict=True)])}
+
+
+# --- 2b. 4 producers -> 4 consumers ------------------------------------------------------------
+
+MULTI = 4                     # producers = consumers = partitions (mp.Queue: 4 queues)
+MULTI_SIZES = [("100B", 100), ("64KiB", 64 * KIB)]
+MULTI_SIDES = ["mq", "mq-all", "mp.Queue"]
+
+
+def one_multi(ctx: Ctx, side: str, values: list[bytes], n: int) -> dict:
+    """``MULTI`` producer processes, each into its own partition (mp.Queue: its own queue),
+    and ``MULTI`` consumer processes, each reading one partition; ``n`` records in all."""
+    size, each = len(values[0]), n // MULTI
+    if side == "mp.Queue":
+        qs = [harness.CTX.Queue() for _ in range(MULTI)]
+        jobs = [(peers.mpq_producer, {"queue": q, "values": values, "n": each}) for q in qs]
+        jobs += [(peers.mpq_consumer, {"queue": q, "n": each}) for q in qs]
+        meter, cleanup = None, lambda: [q.close() for q in qs]
+    else:
+        topic = ctx.topic(MULTI)
+        jobs = [(mq_producer, dict(socket=ctx.socket, topic=topic, values=values, n=each,
+                                   partition=i, **{**MQ_THROUGHPUT,
+                                                   "acks": "all" if side == "mq-all" else 1}))
+                for i in range(MULTI)]
+        jobs += [(mq_consumer, {"socket": ctx.socket, "topic": topic, "partitions": [i],
+                                "n": each}) for i in range(MULTI)]
+        meter, cleanup = _broker_cpu(ctx), lambda: ctx.drop(topic)
+    try:
+        results, s0, s1 = run_workers(jobs, ctx.timeout, meter, meter)
+    finally:
+        cleanup()
+    prods, cons = results[:MULTI], results[MULTI:]
+    for c in cons:
+        if c["n"] != each or c["bytes"] != each * size:
+            raise WorkerError(f"4->4 {side}: a consumer got {c['n']} records / {c['bytes']} "
+                              f"bytes, expected {each} / {each * size}")
+    t0 = min(x["t_first"] for x in prods)
+    secs = (max(c["t_last"] for c in cons) - t0) / 1e9
+    ingest = (max(x["t_end"] for x in prods) - t0) / 1e9
+    out = {"n": each * MULTI, "seconds": secs, "rate": each * MULTI / secs,
+           "mb_s": each * MULTI * size / secs / 1e6, "ingest_rate": each * MULTI / ingest,
+           "producer_cpu_s": [x.get("cpu_s") for x in prods],
+           "consumer_cpu_s": [x.get("cpu_s") for x in cons]}
+    if s0 and s1:
+        out["broker_cpu_s"] = s1[1] - s0[1]
+    return out
+
+
+def _paired(per: dict, a: str, b: str) -> dict:
+    """Rate ratios a / b, paired per repetition."""
+    return summary([x["rate"] / y["rate"] for x, y in zip(per[a], per[b], strict=True)])
+
+
+def run_multi(ctx: Ctx) -> dict:
+    res: dict = {"producers": MULTI, "consumers": MULTI, "settings": MQ_THROUGHPUT,
+                 "sides": {"mq": "acks=1", "mq-all": 'acks="all"',
+                           "mp.Queue": f"{MULTI} queues, one per producer/consumer pair"},
+                 "sizes": {}}
+    for si, (label, size) in enumerate(MULTI_SIZES):
+        values = harness.payloads(size, 64 if size > 4096 else 1024, seed=41 + si)
+        cap = max(MULTI * 250, ctx.cap_bytes // size)
+        counts, warm = {}, {}
+        for side in MULTI_SIDES:
+            progress(f"4->4 {label}: {side} warm-up")
+            w = warm[side] = one_multi(ctx, side, values, min(cap, 40_000 if size < 4096
+                                                             else 4_000))
+            counts[side] = int(min(cap, max(MULTI * 1000, w["rate"] * ctx.target_s))) \
+                // MULTI * MULTI
+        counts["mq-all"] = counts["mq"]       # the acks ratio compares the same records
+        per: dict = {s: [] for s in MULTI_SIDES}
+        for r in range(ctx.runs):
+            order = rotated(MULTI_SIDES, r)
+            progress(f"4->4 {label}: run {r + 1}/{ctx.runs} ({', '.join(order)}; "
+                     + ", ".join(f"{s} {counts[s]}" for s in MULTI_SIDES) + " records)")
+            for side in order:
+                harness.prefault(ctx.base, counts[side] * size)
+                per[side].append(one_multi(ctx, side, values, counts[side]))
+
+        entry = res["sizes"][label] = {
+            "size": size, "counts": counts, "warmup": warm, "runs": per,
+            "rate": {s: summary([x["rate"] for x in per[s]]) for s in per},
+            "mb_s": {s: summary([x["mb_s"] for x in per[s]]) for s in per},
+            "ratio": {"mq_vs_mpq": _paired(per, "mq", "mp.Queue"),
+                      "mq_all_vs_mpq": _paired(per, "mq-all", "mp.Queue"),
+                      "all_vs_1": _paired(per, "mq-all", "mq")}}
+        progress(f"4->4 {label}: " + ", ".join(f"{s} {entry['rate'][s]['median']:,.0f}/s"
+                                               for s in MULTI_SIDES))
+    return res
 
 
 # --- 3. fan-out: 1 producer -> 1 or 4 consumers -------------------------------------------------
@@ -585,8 +695,7 @@ def build_table(res: dict) -> list[dict]:
     lim = res.get("limits")
     tp = res.get("throughput")
     if tp:
-        names = {"mq": "mq (acks=1)", "mp.Queue": "mp.Queue", "redis": "Redis Streams",
-                 "nats": "NATS JetStream"}
+        names = NAMES
         for label, e in tp["sizes"].items():
             for s in SYSTEMS:
                 fig = mm(e["rate"][s], _rate) + f" = {e['mb_s'][s]['median']:.0f} MB/s"
@@ -611,6 +720,17 @@ def build_table(res: dict) -> list[dict]:
         row('4 producers acks="all" ingest, 100 B', mm(ak["rate"]["all"], _rate), "rec/s",
             _ratio(ak["ratio"], "acks=1"), f">= {GOAL_ACKS_ALL:g}x acks=1",
             yes(ak["ratio"]["median"] >= GOAL_ACKS_ALL))
+    mu = res.get("multi")
+    if mu:
+        for label, e in mu["sizes"].items():
+            for side, name, key in (("mq", "mq acks=1", "mq_vs_mpq"),
+                                    ("mq-all", 'mq acks="all"', "mq_all_vs_mpq"),
+                                    ("mp.Queue", "4 x mp.Queue", None)):
+                extra = f"; {_ratio(e['ratio']['all_vs_1'], 'acks=1')}" \
+                    if side == "mq-all" else ""
+                row(f"4->4 {label} {name}",
+                    mm(e["rate"][side], _rate) + f" = {e['mb_s'][side]['median']:.0f} MB/s",
+                    "rec/s", (_ratio(e["ratio"][key], "mp.Queue") if key else "-") + extra)
     fo = res.get("fanout")
     if fo:
         for k in ("1", "4"):
@@ -695,7 +815,7 @@ def build_table(res: dict) -> list[dict]:
 
 # --- main ---------------------------------------------------------------------------------------
 
-SECTIONS = ("limits", "throughput", "acks", "fanout", "latency", "decode")
+SECTIONS = ("limits", "throughput", "acks", "multi", "fanout", "latency", "decode")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -707,6 +827,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="repetitions per figure (>= 5)")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--plots", metavar="DIR", default=None,
+                   help="after the run, draw bench.report's PNGs from the JSON into DIR")
     args = p.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(SECTIONS)
@@ -753,7 +875,8 @@ def main(argv: list[str] | None = None) -> int:
             res["params"].update({"target_seconds_per_run": ctx.target_s,
                                   "cap_bytes_per_run": ctx.cap_bytes})
             fns = {"limits": run_limits, "throughput": run_throughput, "acks": run_acks,
-                   "fanout": run_fanout, "latency": run_latency, "decode": run_decode}
+                   "multi": run_multi, "fanout": run_fanout, "latency": run_latency,
+                   "decode": run_decode}
             harness.run_sections({k: functools.partial(f, ctx) for k, f in fns.items()}, only,
                                  res, meta.setdefault("contention", {}))
         meta["loadavg_end"] = os.getloadavg()
@@ -762,6 +885,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, res, default=_json_default)
         print_report("mq end-to-end benchmarks", meta, rows, args.out,
                      f"{args.runs} runs{' (quick)' if args.quick else ''}")
+        if args.plots:
+            from bench import report
+            report.main(["--in", args.out, "--out-dir", args.plots])
     finally:
         if broker is not None and broker.proc is not None and broker.proc.poll() is None:
             broker.kill()

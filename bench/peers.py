@@ -1,7 +1,10 @@
 """The peers bench/e2e.py measures mq against, on the same box in the same run: Redis Streams
 (redis-server over a Unix socket, AOF ``everysec``), NATS JetStream (file storage, loopback),
-and ``multiprocessing.Queue``. This module installs what is missing, starts and always stops
-the servers, and holds the peers' producer and consumer worker functions.
+``multiprocessing.Queue``, a ZeroMQ PUSH/PULL pipe over ``ipc://`` (no persistence: the
+ceiling for one socket hop) and a SQLite table in WAL mode (``synchronous=NORMAL``: the commit
+is in the WAL in the page cache, fsynced at checkpoints, like mq's acks=1). This module
+installs what is missing, starts and always stops the servers, and holds the peers' producer
+and consumer worker functions.
 
 Every worker has the signature of ``bench.harness.run_workers`` jobs: ``fn(start, **kw)``; it
 sets itself up, calls ``start()`` (the shared barrier), runs, and returns a dict with
@@ -18,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -31,8 +35,13 @@ REDIS_PIPELINE = 100          # XADD commands per round trip (throughput)
 REDIS_READ_COUNT = 500        # XREADGROUP COUNT
 NATS_GATHER = 100             # js.publish calls gathered per await (throughput)
 NATS_FETCH = 500              # pull consumer fetch(batch)
+SQLITE_BATCH = 100            # INSERTs per transaction (one commit per batch, as Redis' pipeline)
+SQLITE_READ = 500             # rows per SELECT of the polling reader
+SQLITE_SYNCHRONOUS = "NORMAL"  # WAL + NORMAL: no fsync per commit, like mq acks=1
+SQLITE_IDLE_S = 0.0002        # the reader's sleep when it found no new row
 
-_PIP = {"redis": "redis", "hiredis": "hiredis", "nats": "nats-py", "hdrh": "hdrhistogram"}
+_PIP = {"redis": "redis", "hiredis": "hiredis", "nats": "nats-py", "hdrh": "hdrhistogram",
+        "zmq": "pyzmq", "matplotlib": "matplotlib"}
 _APT = {"redis-server": "redis-server", "nats-server": "nats-server"}
 
 
@@ -40,7 +49,8 @@ _APT = {"redis-server": "redis-server", "nats-server": "nats-server"}
 
 def ensure_installed() -> dict:
     """apt-get install redis-server / nats-server and pip install redis, hiredis, nats-py,
-    hdrhistogram if missing (the `bench` extra). Returns the versions found."""
+    hdrhistogram, pyzmq, matplotlib if missing (the `bench` extra). Returns the versions
+    found."""
     missing_bin = [b for b in _APT if shutil.which(b) is None and not os.path.exists(
         f"/usr/sbin/{b}")]
     if missing_bin:
@@ -66,7 +76,8 @@ def ensure_installed() -> dict:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing_py], check=True)
         importlib.invalidate_caches()
     versions = {}
-    for pkg in ("redis", "hiredis", "nats-py", "hdrhistogram", "posix_ipc", "psutil"):
+    for pkg in ("redis", "hiredis", "nats-py", "hdrhistogram", "pyzmq", "matplotlib",
+                "posix_ipc", "psutil"):
         try:
             versions[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
@@ -79,6 +90,10 @@ def ensure_installed() -> dict:
         except (OSError, subprocess.TimeoutExpired):
             out = None
         versions[b] = out
+    versions["sqlite"] = sqlite3.sqlite_version
+    with contextlib.suppress(ImportError):
+        import zmq
+        versions["libzmq"] = zmq.zmq_version()
     return versions
 
 
@@ -201,6 +216,127 @@ def mpq_consumer(start, queue, n: int) -> dict:
     for _ in range(n):
         nbytes += len(get())
     return {"t_last": time.perf_counter_ns(), "n": n, "bytes": nbytes}
+
+
+# --- ZeroMQ PUSH/PULL over ipc:// ----------------------------------------------------------
+
+def zmq_address(base: str, name: str) -> str:
+    return f"ipc://{os.path.join(base, name)}.zmq"
+
+
+def zmq_producer(start, address: str, values: list[bytes], n: int) -> dict:
+    """PUSH, connected to the consumer's PULL; ``send(bytes)`` with pyzmq's defaults (copy,
+    high-water mark 1000 messages). Closing with linger -1 waits until every message left."""
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, -1)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(address[len("ipc://"):]):    # the PULL side binds it
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing bound {address}")
+        time.sleep(0.001)
+    s.connect(address)
+    send, k = s.send, len(values)
+    quiet_gc()
+    start()
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        send(values[i % k])
+    t1 = time.perf_counter_ns()
+    s.close()
+    ctx.term()
+    return {"t_first": t0, "t_end": t1, "n": n}
+
+
+def zmq_consumer(start, address: str, n: int, timeout_s: float = 120.0) -> dict:
+    """PULL, bound before the barrier; ``recv()`` (bytes) until ``n`` messages arrived."""
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    s.setsockopt(zmq.RCVTIMEO, 1000)
+    s.bind(address)
+    recv = s.recv
+    got = nbytes = 0
+    quiet_gc()
+    start()
+    deadline = time.monotonic() + timeout_s
+    while got < n and time.monotonic() < deadline:
+        try:
+            nbytes += len(recv())
+        except zmq.Again:
+            continue
+        got += 1
+    t_last = time.perf_counter_ns()
+    s.close(linger=0)
+    ctx.term()
+    return {"t_last": t_last, "n": got, "bytes": nbytes}
+
+
+# --- SQLite in WAL mode: a table as a queue ---------------------------------------------------
+
+def _sqlite_connect(path: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)      # explicit BEGIN / COMMIT
+    db.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
+    return db
+
+
+def sqlite_setup(path: str) -> None:
+    """A fresh database file in WAL mode with ``q(id INTEGER PRIMARY KEY, v BLOB)``."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+    db.close()
+
+
+def sqlite_teardown(path: str) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
+
+
+def sqlite_producer(start, path: str, values: list[bytes], n: int) -> dict:
+    """One writer: ``executemany(INSERT)`` of ``SQLITE_BATCH`` rows per transaction; the
+    default WAL auto-checkpoint (1000 pages) runs in this process."""
+    db = _sqlite_connect(path)
+    k = len(values)
+    sql = "INSERT INTO q (v) VALUES (?)"
+    quiet_gc()
+    start()
+    t0 = time.perf_counter_ns()
+    for i in range(0, n, SQLITE_BATCH):
+        db.execute("BEGIN")
+        db.executemany(sql, [(values[j % k],) for j in range(i, min(n, i + SQLITE_BATCH))])
+        db.execute("COMMIT")
+    t1 = time.perf_counter_ns()
+    db.close()
+    return {"t_first": t0, "t_end": t1, "n": n}
+
+
+def sqlite_consumer(start, path: str, n: int, timeout_s: float = 120.0) -> dict:
+    """One reader polling by rowid: ``SELECT id, v ... WHERE id > last ORDER BY id LIMIT
+    SQLITE_READ``, sleeping ``SQLITE_IDLE_S`` when nothing is new (SQLite has no wake-up)."""
+    db = _sqlite_connect(path)
+    sql = "SELECT id, v FROM q WHERE id > ? ORDER BY id LIMIT ?"
+    got = nbytes = last = 0
+    quiet_gc()
+    start()
+    deadline = time.monotonic() + timeout_s
+    while got < n and time.monotonic() < deadline:
+        rows = db.execute(sql, (last, SQLITE_READ)).fetchall()
+        if not rows:
+            time.sleep(SQLITE_IDLE_S)
+            continue
+        for _, v in rows:
+            nbytes += len(v)
+        got += len(rows)
+        last = rows[-1][0]
+    t_last = time.perf_counter_ns()
+    db.close()
+    return {"t_last": t_last, "n": got, "bytes": nbytes}
 
 
 # --- Redis Streams --------------------------------------------------------------------------
