@@ -194,28 +194,38 @@ def nats_server(base: str) -> Iterator[dict]:
 
 # --- multiprocessing.Queue ------------------------------------------------------------------
 
-def mpq_producer(start, queue, values: list[bytes], n: int) -> dict:
-    put = queue.put
+def _send_all(start, send, values: list[bytes], n: int) -> tuple[int, int]:
+    """The timed loop of a one-call-per-record producer: ``send(values[i % len(values)])``
+    ``n`` times after ``start()``; returns (first send, end) in ``perf_counter_ns``."""
     k = len(values)
     quiet_gc()
     start()
     t0 = time.perf_counter_ns()
     for i in range(n):
-        put(values[i % k])
-    t1 = time.perf_counter_ns()
+        send(values[i % k])
+    return t0, time.perf_counter_ns()
+
+
+def mpq_producer(start, queue, values: list[bytes], n: int) -> dict:
+    t0, t1 = _send_all(start, queue.put, values, n)
     queue.close()
     queue.join_thread()                       # every item handed to the pipe
     return {"t_first": t0, "t_end": t1, "n": n}
 
 
-def mpq_consumer(start, queue, n: int) -> dict:
-    get = queue.get
+def _recv_all(start, recv, n: int) -> dict:
+    """The timed loop of a one-call-per-record consumer: ``len(recv())`` ``n`` times after
+    ``start()`` (blocking; ``run_workers``' timeout ends a run that stalls)."""
     nbytes = 0
     quiet_gc()
     start()
     for _ in range(n):
-        nbytes += len(get())
+        nbytes += len(recv())
     return {"t_last": time.perf_counter_ns(), "n": n, "bytes": nbytes}
+
+
+def mpq_consumer(start, queue, n: int) -> dict:
+    return _recv_all(start, queue.get, n)
 
 
 # --- ZeroMQ PUSH/PULL over ipc:// ----------------------------------------------------------
@@ -237,40 +247,22 @@ def zmq_producer(start, address: str, values: list[bytes], n: int) -> dict:
             raise RuntimeError(f"nothing bound {address}")
         time.sleep(0.001)
     s.connect(address)
-    send, k = s.send, len(values)
-    quiet_gc()
-    start()
-    t0 = time.perf_counter_ns()
-    for i in range(n):
-        send(values[i % k])
-    t1 = time.perf_counter_ns()
+    t0, t1 = _send_all(start, s.send, values, n)
     s.close()
     ctx.term()
     return {"t_first": t0, "t_end": t1, "n": n}
 
 
-def zmq_consumer(start, address: str, n: int, timeout_s: float = 120.0) -> dict:
-    """PULL, bound before the barrier; ``recv()`` (bytes) until ``n`` messages arrived."""
+def zmq_consumer(start, address: str, n: int) -> dict:
+    """PULL, bound before the barrier; blocking ``recv()`` (bytes) ``n`` times."""
     import zmq
     ctx = zmq.Context()
     s = ctx.socket(zmq.PULL)
-    s.setsockopt(zmq.RCVTIMEO, 1000)
     s.bind(address)
-    recv = s.recv
-    got = nbytes = 0
-    quiet_gc()
-    start()
-    deadline = time.monotonic() + timeout_s
-    while got < n and time.monotonic() < deadline:
-        try:
-            nbytes += len(recv())
-        except zmq.Again:
-            continue
-        got += 1
-    t_last = time.perf_counter_ns()
+    res = _recv_all(start, s.recv, n)
     s.close(linger=0)
     ctx.term()
-    return {"t_last": t_last, "n": got, "bytes": nbytes}
+    return res
 
 
 # --- SQLite in WAL mode: a table as a queue ---------------------------------------------------
