@@ -75,8 +75,9 @@ def caption(meta: dict, section: str) -> str:
             f"{meta.get('kernel')}, Python {meta.get('python')}\n{load}")
 
 
-def _finish(fig, meta: dict, section: str, runs: int, path: str) -> str:
-    fig.text(0.01, 0.01, caption(meta, section) + f"; median of {runs} runs, bars min-max",
+def _finish(fig, meta: dict, section: str, runs: int, path: str,
+            how: str = "median of {runs} runs, bars min-max") -> str:
+    fig.text(0.01, 0.01, caption(meta, section) + "; " + how.format(runs=runs),
              fontsize=7.5, color="#444444", ha="left", va="bottom")
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -193,7 +194,8 @@ def plot_latency(res: dict, out_dir: str) -> str:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{_si(v)}/s"))
     ax.set_xlim(rates[0] / 1.6, rates[-1] * 1.6)
     ax.yaxis.set_major_formatter(FuncFormatter(
-        lambda v, _p: f"{v / 1000:g} ms" if v >= 1000 else f"{v:g} µs"))
+        lambda v, _p: f"{v / 1e6:g} s" if v >= 1e6 else f"{v / 1000:g} ms" if v >= 1000
+        else f"{v:g} µs"))
     ax.set_xlabel("offered load, 100 B messages (open loop, 1 producer -> 1 consumer)")
     ax.set_ylabel("end-to-end latency: receive - intended send (log scale)")
     ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
@@ -204,7 +206,8 @@ def plot_latency(res: dict, out_dir: str) -> str:
                  fontsize=11.5)
     fig.subplots_adjust(left=0.12, right=0.97, top=0.88, bottom=0.32)
     return _finish(fig, meta, "latency", res["params"]["runs"],
-                   os.path.join(out_dir, "latency.png"))
+                   os.path.join(out_dir, "latency.png"),
+                   "the {runs} runs' histograms merged per point")
 
 
 def plot_fanout(res: dict, out_dir: str) -> str:
