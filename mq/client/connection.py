@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from mq.errors import BrokerUnavailableError, ClosedError, RemoteProtocolError, error_for_code
-from mq.protocol.frames import FrameReader, encode_frame
-from mq.protocol.messages import PROTOCOL_VERSION, Api, Response, request
+from mq.protocol.frames import FrameReader, encode_frame, encode_tail_frame
+from mq.protocol.messages import PROTOCOL_VERSION, TAIL_APIS, Api, Response, request
 from mq.protocol.paths import default_socket_path
 
 __all__ = ["Connection", "poll_ms", "resolve_socket"]
@@ -34,6 +34,15 @@ def poll_ms(seconds: float) -> int:
     if seconds * 1000 >= _MAX_POLL_MS:
         return -1
     return max(0, math.ceil(seconds * 1000))
+
+
+def _send_all(sock: socket.socket, parts) -> None:
+    """Send every byte of ``parts`` in order, with one ``sendmsg`` unless it is cut short."""
+    sent = sock.sendmsg(parts)
+    for part in parts:
+        if sent < len(part):
+            sock.sendall(memoryview(part)[sent:])
+        sent = max(0, sent - len(part))
 
 
 def resolve_socket(socket_path: str | None) -> str:
@@ -58,6 +67,7 @@ class Connection:
         self._recv_buf = bytearray(_RECV_BYTES)
         self._recv_view = memoryview(self._recv_buf)
         self.broker_info: dict[str, Any] = {}
+        self._tails = False                # the broker takes Produce batches as frame tails
         self._connect()
 
     # --- setup --------------------------------------------------------------------------------
@@ -90,6 +100,7 @@ class Connection:
             self._sock = None
             raise
         self.broker_info = reply.fields[1]
+        self._tails = bool(self.broker_info.get("frame_tail"))
 
     def _ensure(self) -> socket.socket:
         if self._closed:
@@ -105,10 +116,14 @@ class Connection:
         """Send a request without waiting; returns its id."""
         sock = self._ensure()
         rid = next(self._ids)
-        frame = encode_frame(request(api, rid, *fields))
+        message = request(api, rid, *fields)
+        # A batch goes out as a tail frame's tail: the kernel copies it from the caller's
+        # buffer, with no frame built around it here (and none taken apart in the broker).
+        parts = encode_tail_frame(message) if self._tails and api in TAIL_APIS \
+            else (encode_frame(message),)
         with self._send_lock:
             try:
-                sock.sendall(frame)
+                _send_all(sock, parts)
             except OSError as err:
                 raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         return rid

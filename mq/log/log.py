@@ -203,7 +203,8 @@ class PartitionLog:
         """Validate and append one RecordBatch v2; the broker's leader append.
 
         With ``assign_offsets`` the batch's baseOffset becomes the log end offset (stamped in
-        place — neither it nor the leader epoch is covered by the CRC). Without it (recovery
+        place — neither it nor the leader epoch is covered by the CRC — in ``batch`` itself
+        when it is a bytearray or a writable memoryview, else in a copy). Without it (recovery
         tools, tests of replicated appends) the batch keeps its offsets, which must be >= the
         log end offset. Raises ``CorruptRecordError`` for an invalid batch, ``ValueError``
         for one that breaks the topic's limits and ``LogWriteError`` when it could not be
@@ -213,7 +214,9 @@ class PartitionLog:
         offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
         """
         self._check_writable()
-        buf = batch if isinstance(batch, bytearray) else bytearray(batch)
+        writable = isinstance(batch, bytearray) or (isinstance(batch, memoryview)
+                                                    and not batch.readonly)
+        buf = batch if writable else bytearray(batch)
         parsed = RecordBatch(buf)
         parsed.validate()
         if len(buf) != parsed.size:

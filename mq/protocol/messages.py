@@ -9,6 +9,8 @@ Schemas (fields after ``request_id``)::
 
     Handshake       18  protocol_version int, client_name str, pid int    (Kafka's ApiVersions)
     Produce          0  topic str, partition int, acks int (0, 1, -1 = all), batch bin
+                        (or the frame's raw tail, to a broker whose Handshake info says
+                        ``frame_tail``: see frames.py)
     ListOffsets      2  topic str, partition int, timestamp int (-1 latest, -2 earliest, -3 max)
     Metadata         3  topics [str] | nil (nil: all)
     CreateTopics    19  topic str, partitions int, config {str: str}
@@ -68,7 +70,7 @@ from typing import Any, Final
 from mq.errors import RemoteProtocolError
 
 __all__ = ["PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Api", "Request", "Response",
-           "check_request", "request", "response", "ACKS_ALL", "PUSH_REQUEST_ID"]
+           "check_request", "request", "response", "ACKS_ALL", "PUSH_REQUEST_ID", "TAIL_APIS"]
 
 PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({1})
@@ -150,6 +152,8 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
 }
 
 ONE_WAY: Final = frozenset({Api.WAIT})
+# Apis whose last field, a record batch, a client may send as a tail frame's tail.
+TAIL_APIS: Final = frozenset({Api.PRODUCE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,8 +192,8 @@ def _check(kind: Any, value: Any) -> bool:
         return _is_int(value)
     if kind is str:
         return isinstance(value, str)
-    if kind is bytes:
-        return isinstance(value, (bytes, bytearray))
+    if kind is bytes:                   # a memoryview: a tail frame's tail (frames.py)
+        return isinstance(value, (bytes, bytearray, memoryview))
     if kind is _STR_MAP:
         return isinstance(value, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items())

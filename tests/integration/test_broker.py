@@ -22,7 +22,7 @@ from mq.errors import (BrokerUnavailableError, CorruptMessageError, InvalidParti
                        InvalidRequestError, MessageTooLargeError, UnknownTopicOrPartitionError)
 from mq.log.log import PartitionLog
 from mq.log.records import BatchBuilder
-from mq.protocol.frames import encode_frame
+from mq.protocol.frames import TAIL_FLAG, encode_frame, encode_tail_frame
 from mq.protocol.messages import PROTOCOL_VERSION, Api
 
 
@@ -161,6 +161,9 @@ def test_old_client_gets_a_clear_error(broker):
     b"\xff\xff\xff\xff" + b"x" * 10,                          # oversized length
     struct.pack(">I", 3) + b"\xc1\xc1\xc1",                   # not msgpack
     encode_frame({"not": "an array"})[:4] + msgpack.packb({"not": "an array"}),
+    struct.pack(">II", TAIL_FLAG | 10, 7) + b"\x92\x00\x01xxx",   # header past its frame
+    struct.pack(">II", TAIL_FLAG | 8, 1) + b"\xc1xxx",             # tail frame, not msgpack
+    struct.pack(">I", TAIL_FLAG | 0x7FFFFFFF),                      # oversized tail frame
 ])
 def test_broken_frames_close_only_that_connection(broker, frame):
     with raw_socket(broker) as s:
@@ -194,6 +197,25 @@ def records_in_broker(b):
     with Connection(b.socket) as c:
         return [c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0] for p in (0, 1) if
                 c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0]]
+
+
+def tail_frame(message):
+    head, tail = encode_tail_frame(message)
+    return head + bytes(tail)
+
+
+def test_a_batch_sent_as_a_frame_tail_is_stored_as_sent(broker):
+    with Connection(broker.socket) as c:
+        assert c.broker_info["frame_tail"]                # so Produce goes out as tail frames
+    with raw_socket(broker) as s:
+        greet(s)
+        for rid in (2, 3):
+            s.sendall(tail_frame([int(Api.PRODUCE), rid, "t", 1, 1, batch(b"a", b"b")]))
+        assert [read_reply(s)[4] for _ in range(2)] == [0, 2]
+        s.sendall(tail_frame([int(Api.PRODUCE), 4, "t", 1, 1, batch(b"x")[:-1]]))
+        assert read_reply(s)[2] == CorruptMessageError.code
+    broker.stop()
+    assert records_in(broker.data_dir, "t", 1) == [b"a", b"b", b"a", b"b"]
 
 
 def test_bad_crc_never_reaches_the_log(broker):
@@ -243,11 +265,13 @@ def test_garbage_never_crashes_the_broker(broker, garbage, handshake):
                                  st.lists(st.integers(-2**63, 2**63 - 1), max_size=3),
                                  st.dictionaries(st.text(max_size=5), st.text(max_size=5),
                                                  max_size=3)), max_size=6),
-       api=st.sampled_from([int(a) for a in Api] + [7, 10_000]))
-def test_well_framed_nonsense_gets_answers_not_crashes(broker, api, fields):
+       api=st.sampled_from([int(a) for a in Api] + [7, 10_000]),
+       tail=st.none() | st.binary(max_size=120))
+def test_well_framed_nonsense_gets_answers_not_crashes(broker, api, fields, tail):
     with raw_socket(broker) as s:
         greet(s)
-        s.sendall(encode_frame([api, 3, *fields]))
+        s.sendall(encode_frame([api, 3, *fields]) if tail is None
+                  else tail_frame([api, 3, *fields, tail]))
         if api != Api.WAIT:
             reply = read_reply(s)
             assert reply is None or reply[1] == 3

@@ -87,8 +87,10 @@ class ProduceApis:
                                      _PRODUCER_ID.unpack_from(batch, 43)[0],
                                      _PRODUCER_EPOCH.unpack_from(batch, 51)[0])
         end = plog.log_end_offset
-        info = plog.append(batch if isinstance(batch, bytearray) else bytearray(batch),
-                           leader_epoch=self._epoch)
+        # A tail frame's batch is a writable view of the receive buffer: stamped and written
+        # from there. One inside msgpack arrived as bytes, so it is copied to be stamped.
+        info = plog.append(batch if isinstance(batch, (bytearray, memoryview))
+                           else bytearray(batch), leader_epoch=self._epoch)
         if plog.log_end_offset != end:              # not a retry the log already had
             part.produced_records += plog.log_end_offset - end
             part.produced_bytes += len(batch)

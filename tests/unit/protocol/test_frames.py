@@ -1,0 +1,156 @@
+"""FrameReader and the two frame kinds: whatever the read sizes, the same messages come out;
+tails are views of the receive buffer that go stale loudly and never change under a kept one;
+bad bytes raise only RemoteProtocolError."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mq.errors import LocalProtocolError, RemoteProtocolError
+from mq.protocol.frames import TAIL_FLAG, FrameReader, encode_frame, encode_tail_frame
+
+fields = st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=10),
+                            st.binary(max_size=40)), max_size=4)
+# Sizes around the reader's thresholds: 16 KiB (view vs copy decode, the least read) and
+# 32 KiB (the first buffer); a few large ones make it grow.
+tails = st.one_of(st.binary(max_size=100),
+                  st.integers(0, 200_000).map(lambda n: bytes(range(256)) * (n // 256)))
+messages = st.lists(st.tuples(st.integers(0, 2000), fields, st.none() | tails), max_size=12)
+
+
+def build(specs) -> tuple[bytes, list[list]]:
+    """The stream for ``specs`` (api, fields, tail or None) and the messages it decodes to."""
+    stream, expected = b"", []
+    for i, (api, body, tail) in enumerate(specs):
+        message = [api, i, *body]
+        if tail is None:
+            stream += encode_frame(message)
+        else:
+            message.append(tail)
+            head, view = encode_tail_frame(message)
+            stream += head + bytes(view)
+        expected.append(message)
+    return stream, expected
+
+
+def plain(message: list) -> list:
+    return [bytes(v) if isinstance(v, memoryview) else v for v in message]
+
+
+def read_all(reader: FrameReader, stream: bytes, cuts: list[int]) -> list[list]:
+    """Receive ``stream`` through get_buffer/buffer_updated, at most ``cuts[i]`` bytes a read."""
+    out, pos, i = [], 0, 0
+    while pos < len(stream):
+        with reader.get_buffer() as view:
+            assert len(view) > 0
+            n = min(len(view), cuts[i % len(cuts)], len(stream) - pos)
+            view[:n] = stream[pos:pos + n]
+        reader.buffer_updated(n)
+        pos, i = pos + n, i + 1
+        out += [plain(m) for m in reader.messages()]
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(specs=messages, cuts=st.lists(st.integers(1, 300_000), min_size=1, max_size=20))
+def test_split_stream_yields_the_same_messages(specs, cuts):
+    stream, expected = build(specs)
+    assert read_all(FrameReader(), stream, cuts) == expected
+    assert read_all(FrameReader(), stream * 2, cuts) == expected * 2
+    fed, reader = [], FrameReader()
+    for cut in range(0, len(stream), cuts[0]):
+        reader.feed(stream[cut:cut + cuts[0]])
+        fed += [plain(m) for m in reader]
+    assert fed == expected
+    assert reader.buffered == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(garbage=st.binary(max_size=400), tail_flag=st.booleans())
+def test_garbage_raises_only_remote_protocol_error(garbage, tail_flag):
+    if tail_flag and len(garbage) >= 4:
+        garbage = bytes([garbage[0] | 0x80]) + garbage[1:]
+    reader = FrameReader(max_frame_bytes=1 << 20)
+    try:
+        reader.feed(garbage)
+        for message in reader.messages():
+            assert isinstance(message, list)
+    except RemoteProtocolError:
+        with pytest.raises(RemoteProtocolError):
+            list(reader.messages())
+
+
+@pytest.mark.parametrize("frame", [
+    struct.pack(">II", TAIL_FLAG | 4, 0),                  # no room for any header
+    struct.pack(">II", TAIL_FLAG | 10, 7) + b"\x92\x00\x01" + b"xxx",   # header past the end
+    struct.pack(">I", TAIL_FLAG | 3) + b"abc",            # shorter than its header length
+    struct.pack(">I", TAIL_FLAG) + b"",                   # zero length
+    struct.pack(">I", TAIL_FLAG | (1 << 21)),             # over the limit
+])
+def test_bad_tail_frames_break_the_reader(frame):
+    reader = FrameReader(max_frame_bytes=1 << 20)
+    reader.feed(frame)
+    with pytest.raises(RemoteProtocolError):
+        list(reader.messages())
+    with pytest.raises(RemoteProtocolError):
+        list(reader.messages())
+
+
+def test_a_tail_is_a_writable_view_released_at_the_next_step():
+    head, tail = encode_tail_frame([0, 1, "t", b"batch bytes"])
+    reader = FrameReader()
+    reader.feed(head + bytes(tail) + encode_frame([3, 2, None]))
+    it = reader.messages()
+    first = next(it)
+    assert first[:3] == [0, 1, "t"] and first[3] == b"batch bytes"
+    first[3][0:5] = b"BATCH"                             # stamped in place, as the broker does
+    assert bytes(first[3]) == b"BATCH bytes"
+    assert next(it) == [3, 2, None]
+    with pytest.raises(ValueError):
+        bytes(first[3])                                  # released: a kept tail fails loudly
+
+
+def test_a_kept_slice_of_a_tail_never_changes():
+    reader = FrameReader()
+    head, tail = encode_tail_frame([0, 1, b"A" * 20_000])
+    reader.feed(head + bytes(tail))
+    it = reader.messages()
+    kept = next(it)[2][:]                                # a slice outlives the release
+    assert list(it) == []
+    for i in range(40):                                  # enough to wrap and grow the buffer
+        head, tail = encode_tail_frame([0, i, bytes([i]) * (1000 * i)])
+        reader.feed(head + bytes(tail) + head[:5])       # leave a partial frame to move
+        assert [plain(m) for m in reader] == [[0, i, bytes([i]) * (1000 * i)]]
+        reader.feed(head[5:] + bytes(tail))
+        assert [plain(m) for m in reader] == [[0, i, bytes([i]) * (1000 * i)]]
+    assert bytes(kept) == b"A" * 20_000
+
+
+def test_a_large_frame_lands_in_place_in_one_read():
+    head, tail = encode_tail_frame([0, 1, b"x" * (3 << 20)])
+    frame = head + bytes(tail)
+    reader = FrameReader()
+    with reader.get_buffer() as view:
+        view[:8] = frame[:8]
+    reader.buffer_updated(8)
+    assert list(reader.messages()) == []
+    with reader.get_buffer() as view:
+        assert len(view) == len(frame) - 8               # exactly the rest of the frame
+        view[:] = frame[8:]
+    reader.buffer_updated(len(frame) - 8)
+    it = reader.messages()
+    assert len(next(it)[2]) == 3 << 20
+
+
+def test_tail_frames_count_against_the_limit():
+    with pytest.raises(LocalProtocolError):
+        encode_tail_frame([0, 1, b"x" * 1000], max_frame_bytes=1000)
+    head, tail = encode_tail_frame([0, 1, b"x" * 1000], max_frame_bytes=1100)
+    reader = FrameReader(max_frame_bytes=1000)
+    reader.feed(head)
+    with pytest.raises(RemoteProtocolError):
+        list(reader.messages())
