@@ -77,6 +77,13 @@ class Connections:
             self._unsent = set()
         return unsent
 
+    def trim_buffers(self) -> None:
+        """Give back the receive buffers of connections with nothing unparsed: a producer
+        that went quiet keeps no buffer of twice its largest batch (the loop calls this once
+        per flush interval; an active one takes a new buffer at its next read)."""
+        for conn in self._by_id.values():
+            conn.reader.trim()
+
     def __iter__(self) -> Iterator[Conn]:
         return iter(list(self._by_id.values()))
 

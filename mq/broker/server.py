@@ -289,6 +289,7 @@ class Broker:
             self._background(self.transactions.timers, "transaction timers", now)
             if now >= self._next_flush:
                 self._background(self._periodic_flush, "the periodic flush", now)
+                self.conns.trim_buffers()
             if now >= self._next_retention:
                 self._background(self._retention, "retention")
             if self._reload:

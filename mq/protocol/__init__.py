@@ -3,9 +3,11 @@
 A frame is a 4-byte big-endian length followed by that many bytes of msgpack: an array
 ``[api, request_id, *fields]`` for a request and ``[api, request_id, error_code,
 error_message, *fields]`` for a response. Request ids let a client pipeline requests; the
-broker answers in order per connection, but clients match by id. Record batches travel as raw
-msgpack ``bin`` values and are never re-encoded. Api numbers are Kafka's where the meaning
-matches (Produce 0, ListOffsets 2, Metadata 3, ...); mq's own start at 1000.
+broker answers in order per connection, but clients match by id. Record batches are never
+re-encoded: a Produce batch travels as the raw tail of a tail frame (to a broker that offers
+``frame_tail``; ``frames.py``), anything else as msgpack ``bin`` values. Api numbers are
+Kafka's where the meaning matches (Produce 0, ListOffsets 2, Metadata 3, ...); mq's own start
+at 1000.
 
 Every connection opens with a Handshake carrying the client's protocol version; a broker that
 cannot serve that version answers ``UnsupportedVersion`` with a message saying which versions

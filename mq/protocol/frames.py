@@ -57,9 +57,9 @@ DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
 _VIEW_FROM: Final = 1 << 14
 # A connection's buffer starts at 32 KiB and grows to hold two of its largest frames (so the
 # next frame's head usually fits behind the last one without a move); one larger than
-# _KEEP_BYTES is given back once empty (4 MiB holds two 1 MiB batches). A read while no frame
-# length is known asks for _MIN_READ.._HEAD_READ bytes: enough for many small frames, little
-# to move when it holds the head of a large one.
+# _KEEP_BYTES is given back once empty (4 MiB holds two 1 MiB batches), any other by trim().
+# A read while no frame length is known asks for _MIN_READ.._HEAD_READ bytes: enough for many
+# small frames, little to move when it holds the head of a large one.
 _INITIAL_BYTES: Final = 1 << 15
 _KEEP_BYTES: Final = 1 << 22
 _MIN_READ: Final = 1 << 14
@@ -169,6 +169,14 @@ class FrameReader:
     def buffer_updated(self, n: int) -> None:
         """``n`` bytes were received into the view ``get_buffer`` returned."""
         self._end += n
+
+    def trim(self) -> None:
+        """Give the buffer back if it holds nothing unparsed (the owner calls this now and
+        then, so a connection that went quiet keeps no buffer; the next read takes a new
+        one). Never call it while iterating ``messages()``."""
+        if self._start == self._end:
+            self._buf = bytearray()
+            self._start = self._end = 0
 
     def feed(self, data) -> None:
         """Copy received ``data`` in (for callers that do not ``recv_into`` the buffer)."""

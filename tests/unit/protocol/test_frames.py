@@ -41,8 +41,10 @@ def plain(message: list) -> list:
     return [bytes(v) if isinstance(v, memoryview) else v for v in message]
 
 
-def read_all(reader: FrameReader, stream: bytes, cuts: list[int]) -> list[list]:
-    """Receive ``stream`` through get_buffer/buffer_updated, at most ``cuts[i]`` bytes a read."""
+def read_all(reader: FrameReader, stream: bytes, cuts: list[int], trim: bool = False
+             ) -> list[list]:
+    """Receive ``stream`` through get_buffer/buffer_updated, at most ``cuts[i]`` bytes a read
+    (and ``trim`` after each, as the broker does now and then)."""
     out, pos, i = [], 0, 0
     while pos < len(stream):
         with reader.get_buffer() as view:
@@ -52,6 +54,8 @@ def read_all(reader: FrameReader, stream: bytes, cuts: list[int]) -> list[list]:
         reader.buffer_updated(n)
         pos, i = pos + n, i + 1
         out += [plain(m) for m in reader.messages()]
+        if trim:
+            reader.trim()
     return out
 
 
@@ -61,6 +65,7 @@ def test_split_stream_yields_the_same_messages(specs, cuts):
     stream, expected = build(specs)
     assert read_all(FrameReader(), stream, cuts) == expected
     assert read_all(FrameReader(), stream * 2, cuts) == expected * 2
+    assert read_all(FrameReader(), stream, cuts, trim=True) == expected
     fed, reader = [], FrameReader()
     for cut in range(0, len(stream), cuts[0]):
         reader.feed(stream[cut:cut + cuts[0]])
