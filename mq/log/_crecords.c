@@ -5,7 +5,9 @@
  * MQ_PURE_PYTHON=1): the same input is accepted, the same values come out, the same input is
  * rejected. Keys, values and header values are zero-copy memoryview slices of the payload.
  * Malformed input raises ValueError whose message is the reason; records.py turns it into
- * CorruptRecordError. encode_record() produces the bytes of the Python BatchBuilder.append.
+ * CorruptRecordError. encode_record() produces one record's bytes; RecordAccumulator, the
+ * records of a batch being built (BatchBuilder's, and through add()/extend() the producer's
+ * whole per-record step, future included), mirrors records.RecordAccumulator byte for byte.
  *
  * Bounds invariant: a byte is only read at an index i with i < lim, where lim is len(payload)
  * for a record's length varint and the record's end (<= len(payload)) for everything inside
@@ -18,6 +20,7 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- Record: what decode_records returns (same attributes as records.BatchRecord) ---- */
 
@@ -863,6 +866,8 @@ put_field(Out *o, PyObject *f, int is_header_key)
 {
     if (f == Py_None && !is_header_key)
         return put(o, 1, NULL, 0);
+    if (PyBytes_CheckExact(f))                       /* the common case, no buffer round */
+        return put(o, zigzag(PyBytes_GET_SIZE(f)), PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f));
     if (is_header_key && PyUnicode_Check(f)) {
         Py_ssize_t n;
         const char *s = PyUnicode_AsUTF8AndSize(f, &n);    /* strict: surrogates raise */
@@ -936,6 +941,433 @@ encode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* ---- RecordAccumulator: the records section of one batch being built ---- */
+
+/* BatchBuilder's record state in C (records.RecordAccumulator is the reference it mirrors):
+ * records are encoded straight into one growing buffer, so a record costs one C call and no
+ * Python object but its future. RecordFuture is the base of the producer's per-record future
+ * (owner batch, offset delta, timestamp); add() allocates one without running Python code. */
+
+#define RECORD_BATCH_OVERHEAD 61      /* records.RECORD_BATCH_OVERHEAD */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *batch;
+    long long delta, ts;
+} FutureObject;
+
+static PyMemberDef Future_members[] = {
+    {"_batch", T_OBJECT, offsetof(FutureObject, batch), READONLY, "the record's batch"},
+    {"_delta", T_LONGLONG, offsetof(FutureObject, delta), READONLY, "its offset delta"},
+    {"_ts", T_LONGLONG, offsetof(FutureObject, ts), READONLY, "its timestamp (ms)"},
+    {NULL}
+};
+
+static int
+Future_init(FutureObject *f, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"batch", "delta", "timestamp_ms", NULL};
+    PyObject *batch;
+    long long delta, ts;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OLL", kwlist, &batch, &delta, &ts))
+        return -1;
+    Py_XSETREF(f->batch, Py_NewRef(batch));
+    f->delta = delta;
+    f->ts = ts;
+    return 0;
+}
+
+static int
+Future_traverse(FutureObject *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->batch);        /* a heap subtype's own type: subtype_traverse visits it */
+    return 0;
+}
+
+static int
+Future_clear(FutureObject *f)
+{
+    Py_CLEAR(f->batch);
+    return 0;
+}
+
+static void
+Future_dealloc(FutureObject *f)
+{
+    PyObject_GC_UnTrack(f);    /* a heap subtype's reference to its type: subtype_dealloc */
+    Future_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyTypeObject FutureType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mq.log._crecords.RecordFuture",
+    .tp_doc = "Base of a record's future: _batch, _delta, _ts (records.RecordFuture in C).",
+    .tp_basicsize = sizeof(FutureObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Future_init,
+    .tp_traverse = (traverseproc)Future_traverse,
+    .tp_clear = (inquiry)Future_clear,
+    .tp_dealloc = (destructor)Future_dealloc,
+    .tp_members = Future_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    unsigned char *buf;
+    Py_ssize_t len, cap;
+    long long count, base_ts, max_ts, last_delta, horizon;
+    int has_base;
+    PyTypeObject *future_type;      /* NULL: add() is not available */
+    PyObject *owner;
+} AccObject;
+
+static PyObject *empty_list;          /* headers of a record without any; never mutated */
+
+static int
+Acc_init(AccObject *a, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"delete_horizon_ms", "future_type", "owner", NULL};
+    long long horizon = -1;
+    PyObject *ftype = Py_None, *owner = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|LOO", kwlist, &horizon, &ftype, &owner))
+        return -1;
+    if (ftype != Py_None && !(PyType_Check(ftype) &&
+                              PyType_IsSubtype((PyTypeObject *)ftype, &FutureType))) {
+        PyErr_SetString(PyExc_TypeError, "future_type must be a subclass of RecordFuture");
+        return -1;
+    }
+    a->len = 0;
+    a->count = 0;
+    a->has_base = 0;
+    a->base_ts = 0;
+    a->max_ts = -1;                   /* records.NO_TIMESTAMP */
+    a->last_delta = -1;
+    a->horizon = horizon;
+    Py_XSETREF(a->future_type,
+               ftype == Py_None ? NULL : (PyTypeObject *)Py_NewRef(ftype));
+    Py_XSETREF(a->owner, Py_NewRef(owner));
+    return 0;
+}
+
+static int
+Acc_traverse(AccObject *a, visitproc visit, void *arg)
+{
+    Py_VISIT(a->future_type);
+    Py_VISIT(a->owner);
+    return 0;
+}
+
+static int
+Acc_clear(AccObject *a)
+{
+    Py_CLEAR(a->future_type);
+    Py_CLEAR(a->owner);
+    return 0;
+}
+
+static void
+Acc_dealloc(AccObject *a)
+{
+    PyObject_GC_UnTrack(a);
+    Acc_clear(a);
+    PyMem_Free(a->buf);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static int
+acc_reserve(AccObject *a, Py_ssize_t need)
+{
+    if (need <= a->cap - a->len)
+        return 0;
+    if (need > PY_SSIZE_T_MAX / 2 - a->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t cap = a->cap ? a->cap : 256;
+    while (cap - a->len < need)
+        cap *= 2;
+    unsigned char *buf = PyMem_Realloc(a->buf, (size_t)cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->buf = buf;
+    a->cap = cap;
+    return 0;
+}
+
+/* The zigzag of a - b as records computes it from Python ints (exact, then masked). */
+static int
+zigzag_diff(long long a, long long b, uint64_t *out)
+{
+    long long d;
+    if (!__builtin_sub_overflow(a, b, &d)) {
+        *out = zigzag(d);
+        return 0;
+    }
+    PyObject *x = PyLong_FromLongLong(a), *y = PyLong_FromLongLong(b);
+    PyObject *v = x && y ? PyNumber_Subtract(x, y) : NULL;
+    int rc = v ? zigzag_obj(v, out) : -1;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static long long
+now_ms(void)
+{
+    struct timespec t;                        /* int(time.time() * 1000) */
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Append one record: 0 and its delta and timestamp; -1 with an exception, or 1 when a
+ * non-empty batch would grow past `limit` bytes (< 0: no limit), both leaving it unchanged. */
+static int
+acc_append(AccObject *a, PyObject *ts_obj, PyObject *key, PyObject *value, PyObject *headers,
+           PyObject *delta_obj, Py_ssize_t limit, long long *delta_out, long long *ts_out)
+{
+    long long ts, delta;
+    if (ts_obj == Py_None)
+        ts = now_ms();
+    else if ((ts = PyLong_AsLongLong(ts_obj)) == -1 && PyErr_Occurred())
+        return -1;
+    if (delta_obj == NULL || delta_obj == Py_None) {
+        delta = a->last_delta + 1;
+    } else {
+        if ((delta = PyLong_AsLongLong(delta_obj)) == -1 && PyErr_Occurred())
+            return -1;
+        if (delta <= a->last_delta) {
+            PyErr_Format(PyExc_ValueError, "offset delta %lld does not follow %lld", delta,
+                         a->last_delta);
+            return -1;
+        }
+    }
+    /* With a delete horizon (set by the cleaner), baseTimestamp holds the horizon. */
+    long long base = a->has_base ? a->base_ts : (a->horizon < 0 ? ts : a->horizon);
+    uint64_t tsz;
+    if (zigzag_diff(ts, base, &tsz) < 0)
+        return -1;
+    PyObject *hl;
+    if (headers == Py_None || (PyTuple_CheckExact(headers) && PyTuple_GET_SIZE(headers) == 0)
+        || (PyList_CheckExact(headers) && PyList_GET_SIZE(headers) == 0))
+        hl = Py_NewRef(empty_list);
+    else if ((hl = PySequence_List(headers)) == NULL)
+        return -1;
+    Out size = {NULL, NULL, 0}, lv = {NULL, NULL, 0};
+    int rc = -1;
+    if (put_body(&size, tsz, zigzag(delta), key, value, hl) == 0) {
+        put(&lv, zigzag(size.n), NULL, 0);
+        Py_ssize_t need = lv.n + size.n;
+        if (limit >= 0 && a->count > 0 && need > limit - RECORD_BATCH_OVERHEAD - a->len)
+            rc = 1;
+        else if (acc_reserve(a, need) == 0) {
+            Out w = {a->buf + a->len, a->buf + a->len + need, 0};
+            if (put(&w, zigzag(size.n), NULL, 0) == 0 &&
+                put_body(&w, tsz, zigzag(delta), key, value, hl) == 0) {
+                if (w.q == w.end) {
+                    a->len += need;
+                    rc = 0;
+                } else {
+                    PyErr_SetString(PyExc_RuntimeError, "record changed while being encoded");
+                }
+            }
+        }
+    }
+    Py_DECREF(hl);
+    if (rc != 0)
+        return rc;
+    a->has_base = 1;
+    a->base_ts = base;
+    a->last_delta = delta;
+    if (ts > a->max_ts)
+        a->max_ts = ts;
+    a->count++;
+    *delta_out = delta;
+    *ts_out = ts;
+    return 0;
+}
+
+PyDoc_STRVAR(Acc_append_doc,
+"append(timestamp_ms, key, value, headers=(), offset_delta=None) -> int\n\n"
+"Encode one record (timestamp None: now); returns its offset delta. As BatchBuilder.append.");
+
+static PyObject *
+Acc_append(AccObject *a, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"timestamp_ms", "key", "value", "headers", "offset_delta", NULL};
+    PyObject *ts, *key, *value, *headers = Py_None, *delta = Py_None;
+    long long d, t;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OO", kwlist, &ts, &key, &value,
+                                     &headers, &delta))
+        return NULL;
+    if (acc_append(a, ts, key, value, headers, delta, -1, &d, &t) < 0)
+        return NULL;
+    return PyLong_FromLongLong(d);
+}
+
+static PyObject *
+make_future(AccObject *a, long long delta, long long ts)
+{
+    FutureObject *f = (FutureObject *)a->future_type->tp_alloc(a->future_type, 0);
+    if (f == NULL)
+        return NULL;
+    f->batch = Py_NewRef(a->owner);
+    f->delta = delta;
+    f->ts = ts;
+    return (PyObject *)f;
+}
+
+PyDoc_STRVAR(Acc_add_doc,
+"add(timestamp_ms, key, value, headers) -> future\n\n"
+"append() with the next offset delta; returns future_type's view of the record: _batch (the\n"
+"owner), _delta, _ts. Needs future_type.");
+
+static PyObject *
+Acc_add(AccObject *a, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long d, t;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "add expected 4 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (a->future_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "add() needs an accumulator with a future_type");
+        return NULL;
+    }
+    if (acc_append(a, args[0], args[1], args[2], args[3], NULL, -1, &d, &t) < 0)
+        return NULL;
+    return make_future(a, d, t);
+}
+
+PyDoc_STRVAR(Acc_extend_doc,
+"extend(timestamp_ms, values, keys, headers, start, limit, out) -> int\n\n"
+"add() for values[start:] (keys: None or a list as long as values; the same headers and\n"
+"timestamp, None: now, for every record), appending each future to the list out, while the\n"
+"batch stays within limit bytes (the first record of an empty batch always goes in);\n"
+"returns the index of the first record left out (len(values): all in).");
+
+static PyObject *
+Acc_extend(AccObject *a, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "extend expected 7 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *values = args[1], *keys = args[2], *headers = args[3], *out = args[6];
+    if (a->future_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "extend() needs an accumulator with a future_type");
+        return NULL;
+    }
+    if (!PyList_Check(values) || !PyList_Check(out) ||
+        (keys != Py_None && (!PyList_Check(keys) ||
+                             PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)))) {
+        PyErr_SetString(PyExc_TypeError, "values, keys (or None) and out must be lists, keys "
+                        "as long as values");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[4]), limit = PyLong_AsSsize_t(args[5]);
+    if ((i == -1 || limit == -1) && PyErr_Occurred())
+        return NULL;
+    PyObject *ts = args[0], *now = NULL;
+    if (ts == Py_None && (ts = now = PyLong_FromLongLong(now_ms())) == NULL)
+        return NULL;
+    for (; i >= 0 && i < PyList_GET_SIZE(values); i++) {
+        PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
+        PyObject *value = PyList_GET_ITEM(values, i);
+        long long d, t;
+        Py_INCREF(key);
+        Py_INCREF(value);
+        int rc = acc_append(a, ts, key, value, headers, NULL, limit, &d, &t);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (rc < 0)
+            goto fail;
+        if (rc > 0)
+            break;                        /* full */
+        PyObject *f = make_future(a, d, t);
+        if (f == NULL || PyList_Append(out, f) < 0) {
+            Py_XDECREF(f);
+            goto fail;
+        }
+        Py_DECREF(f);
+    }
+    Py_XDECREF(now);
+    return PyLong_FromSsize_t(i);
+fail:
+    Py_XDECREF(now);
+    return NULL;
+}
+
+PyDoc_STRVAR(Acc_records_doc, "records() -> bytes\n\nThe records section so far.");
+
+static PyObject *
+Acc_records(AccObject *a, PyObject *unused)
+{
+    (void)unused;
+    return PyBytes_FromStringAndSize((const char *)a->buf, a->len);
+}
+
+static PyObject *
+Acc_get_size(AccObject *a, void *c)
+{
+    (void)c;
+    return PyLong_FromSsize_t(RECORD_BATCH_OVERHEAD + a->len);
+}
+
+static PyObject *
+Acc_get_base(AccObject *a, void *c)
+{
+    (void)c;
+    if (!a->has_base)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(a->base_ts);
+}
+
+static PyGetSetDef Acc_getset[] = {
+    {"size", (getter)Acc_get_size, NULL, "the batch's size in bytes, header included", NULL},
+    {"base_timestamp", (getter)Acc_get_base, NULL, "the first record's base (None: empty)",
+     NULL},
+    {NULL}
+};
+
+static PyMemberDef Acc_members[] = {
+    {"count", T_LONGLONG, offsetof(AccObject, count), READONLY, "records appended"},
+    {"max_timestamp", T_LONGLONG, offsetof(AccObject, max_ts), READONLY, "-1 when empty"},
+    {"last_offset_delta", T_LONGLONG, offsetof(AccObject, last_delta), READONLY,
+     "-1 when empty"},
+    {NULL}
+};
+
+static PyMethodDef Acc_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Acc_append, METH_VARARGS | METH_KEYWORDS,
+     Acc_append_doc},
+    {"add", (PyCFunction)(void (*)(void))Acc_add, METH_FASTCALL, Acc_add_doc},
+    {"extend", (PyCFunction)(void (*)(void))Acc_extend, METH_FASTCALL, Acc_extend_doc},
+    {"records", (PyCFunction)Acc_records, METH_NOARGS, Acc_records_doc},
+    {NULL}
+};
+
+static PyTypeObject AccType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mq.log._crecords.RecordAccumulator",
+    .tp_doc = "RecordAccumulator(delete_horizon_ms=-1, future_type=None, owner=None)\n\n"
+              "The records of one batch being built (records.RecordAccumulator in C).",
+    .tp_basicsize = sizeof(AccObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Acc_init,
+    .tp_traverse = (traverseproc)Acc_traverse,
+    .tp_clear = (inquiry)Acc_clear,
+    .tp_dealloc = (destructor)Acc_dealloc,
+    .tp_methods = Acc_methods,
+    .tp_members = Acc_members,
+    .tp_getset = Acc_getset,
+};
+
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
@@ -953,12 +1385,17 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__crecords(void)
 {
-    if (PyType_Ready(&RecordType) < 0)
+    if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&FutureType) < 0 ||
+        PyType_Ready(&AccType) < 0)
+        return NULL;
+    if (empty_list == NULL && (empty_list = PyList_New(0)) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Record", (PyObject *)&RecordType) < 0) {
+    if (PyModule_AddObjectRef(m, "Record", (PyObject *)&RecordType) < 0 ||
+        PyModule_AddObjectRef(m, "RecordFuture", (PyObject *)&FutureType) < 0 ||
+        PyModule_AddObjectRef(m, "RecordAccumulator", (PyObject *)&AccType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -44,7 +44,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Final
+from typing import Any, Final
 
 import crc32c as _crc32c_mod
 
@@ -55,7 +55,8 @@ __all__ = [
     "NONE", "GZIP", "SNAPPY", "LZ4", "ZSTD", "CODEC_NAMES", "codec_from_name",
     "CREATE_TIME", "LOG_APPEND_TIME", "NO_TIMESTAMP", "NO_PRODUCER_ID",
     "CONTROL_ABORT", "CONTROL_COMMIT", "CONTROL_KEY", "END_TXN_VALUE",
-    "BatchRecord", "RecordBatch", "BatchBuilder", "iter_batches", "control_batch",
+    "BatchRecord", "RecordBatch", "BatchBuilder", "RecordAccumulator", "RecordFuture",
+    "FutureBase", "iter_batches", "control_batch",
     "stamp_batch", "set_log_append_time", "crc32c", "available_codecs",
     "encode_varint", "decode_varint",
 ]
@@ -253,20 +254,23 @@ def _decompress(codec: int, data: memoryview) -> bytes:
 
 # --- optional C codec (begin) ----------------------------------------------------------------
 # mq/log/_crecords.c, built by setup.py when a C compiler is available, decodes the records
-# section ~7-10x and encodes records ~1.7x faster; RecordBatch._records_py and the Python body of
-# BatchBuilder.append stay the reference it mirrors byte for byte. Its records are
-# ``_crecords.Record`` objects: same attributes, equal to an equal BatchRecord.
+# section ~7-10x and accumulates records (BatchBuilder.append, the producer's add) several times
+# faster; RecordBatch._records_py and RecordAccumulator stay the reference it mirrors byte for
+# byte. Its records are ``_crecords.Record`` objects: same attributes, equal to an equal
+# BatchRecord.
 # MQ_PURE_PYTHON=1 (any value but "" or "0") forces the pure-Python paths.
 
 _decode_records_c: Callable[..., list] | None = None
-_encode_record_c: Callable[..., bytes] | None = None
 _decode_columns_c: Callable[..., int] | None = None
+_crecords_mod: Any = None                       # for RecordAccumulator / RecordFuture
 if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
     try:
         _crecords = importlib.import_module("mq.log._crecords")
-        _decode_records_c, _encode_record_c = _crecords.decode_records, _crecords.encode_record
+        _decode_records_c = _crecords.decode_records
         # getattr: an extension built before decode_columns existed still serves the rest.
         _decode_columns_c = getattr(_crecords, "decode_columns", None)
+        if hasattr(_crecords, "RecordAccumulator"):
+            _crecords_mod = _crecords
     except ImportError:
         pass
 
@@ -716,76 +720,99 @@ def _encode_headers(headers) -> bytes:
     return b"".join(parts)
 
 
-class BatchBuilder:
-    """Accumulates records and builds one RecordBatch v2 (baseOffset 0 unless given).
+class RecordFuture:
+    """Base of the producer's per-record future (``producer_batches.FutureRecordMetadata``):
+    the batch, the record's offset delta and timestamp — a view into the batch's outcome,
+    so a record needs no future object of its own beyond these three fields.
+    ``_crecords.RecordFuture`` is the same in C, which ``RecordAccumulator.add`` fills
+    without running Python code."""
 
-    ``append`` encodes the record at once, so ``size_in_bytes`` is exact for uncompressed
-    batches and an upper bound for compressed ones — what a producer's ``batch_size`` needs.
-    Timestamps are milliseconds; ``None`` means now (CreateTime).
+    __slots__ = ("_batch", "_delta", "_ts")
+
+    def __init__(self, batch: Any, delta: int, timestamp_ms: int) -> None:
+        self._batch = batch
+        self._delta = delta
+        self._ts = timestamp_ms
+
+
+class RecordAccumulator:
+    """The records section of one batch being built: encoded records and the counters its
+    header needs. The pure-Python reference of ``_crecords.RecordAccumulator``, which encodes
+    into one growing buffer and mirrors it byte for byte (tests/unit/log/test_crecords.py).
+
+    ``append`` is ``BatchBuilder.append``. ``add(timestamp_ms, key, value, headers)`` appends
+    with the next offset delta and returns ``future_type(owner, delta, timestamp)`` — the
+    producer's whole per-record step in one call.
     """
 
-    __slots__ = ("_parts", "_count", "_size", "_base_ts", "_max_ts", "_last_delta",
-                 "compression", "timestamp_type", "producer_id", "producer_epoch",
-                 "base_sequence", "is_transactional", "is_control", "partition_leader_epoch",
-                 "base_offset", "_delete_horizon_ms")
+    __slots__ = ("_parts", "count", "size", "base_timestamp", "max_timestamp",
+                 "last_offset_delta", "_horizon", "_future_type", "_owner")
 
-    def __init__(self, *, compression: int = NONE, timestamp_type: int = CREATE_TIME,
-                 producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1,
-                 base_sequence: int = -1, is_transactional: bool = False,
-                 is_control: bool = False, partition_leader_epoch: int = -1,
-                 base_offset: int = 0, delete_horizon_ms: int = NO_TIMESTAMP) -> None:
-        if compression not in CODEC_NAMES:
-            raise ValueError(f"invalid compression codec {compression}")
-        self.compression = compression
-        self.timestamp_type = timestamp_type
-        self.producer_id = producer_id
-        self.producer_epoch = producer_epoch
-        self.base_sequence = base_sequence
-        self.is_transactional = is_transactional
-        self.is_control = is_control
-        self.partition_leader_epoch = partition_leader_epoch
-        self.base_offset = base_offset
-        self._delete_horizon_ms = delete_horizon_ms
+    def __init__(self, delete_horizon_ms: int = NO_TIMESTAMP, future_type: type | None = None,
+                 owner: Any = None) -> None:
         self._parts: list[bytes] = []
-        self._count = 0
-        self._size = RECORD_BATCH_OVERHEAD
-        self._base_ts: int | None = None
-        self._max_ts = NO_TIMESTAMP
-        self._last_delta = -1
+        self.count = 0
+        self.size = RECORD_BATCH_OVERHEAD
+        self.base_timestamp: int | None = None
+        self.max_timestamp = NO_TIMESTAMP
+        self.last_offset_delta = -1
+        self._horizon = delete_horizon_ms
+        self._future_type = future_type
+        self._owner = owner
 
-    def __len__(self) -> int:
-        return self._count
+    def records(self) -> bytes:
+        return b"".join(self._parts)
 
-    @property
-    def size_in_bytes(self) -> int:
-        return self._size
+    def add(self, timestamp_ms: int | None, key, value, headers: Sequence) -> Any:
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        return self._future(self.append(timestamp_ms, key, value, headers), timestamp_ms)
+
+    def _future(self, delta: int, timestamp_ms: int) -> Any:
+        if self._future_type is None:
+            raise TypeError("add() needs an accumulator with a future_type")
+        fut = object.__new__(self._future_type)
+        RecordFuture.__init__(fut, self._owner, delta, timestamp_ms)
+        return fut
+
+    def extend(self, timestamp_ms: int | None, values: list, keys: list | None,
+               headers: Sequence, start: int, limit: int, out: list) -> int:
+        """``add`` for ``values[start:]`` (with ``keys[i]``, or None; one timestamp, None:
+        now, and the same headers for all), each future appended to ``out``, while the batch
+        stays within ``limit`` bytes (an empty batch takes its first record whatever its
+        size); returns the index of the first record left out."""
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        i = start
+        while i < len(values):
+            mark = (len(self._parts), self.size, self.count, self.base_timestamp,
+                    self.max_timestamp, self.last_offset_delta)
+            delta = self.append(timestamp_ms, None if keys is None else keys[i], values[i],
+                                headers)
+            if mark[2] and self.size > limit:          # does not fit: take it back out
+                del self._parts[mark[0]:]
+                (_, self.size, self.count, self.base_timestamp, self.max_timestamp,
+                 self.last_offset_delta) = mark
+                break
+            out.append(self._future(delta, timestamp_ms))
+            i += 1
+        return i
 
     def append(self, timestamp_ms: int | None, key, value, headers: Sequence = (),
                offset_delta: int | None = None) -> int:
-        """Encode one record; returns its offset delta. ``key``/``value`` are bytes-like or
-        ``None``; ``headers`` a sequence of ``(str, bytes | None)``."""
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
-        base_ts = self._base_ts
+        base_ts = self.base_timestamp
         if base_ts is None:
             # With a delete horizon (set by the cleaner), baseTimestamp holds the horizon and
             # record deltas are taken from it, so record timestamps stay exact.
-            base_ts = self._base_ts = (timestamp_ms if self._delete_horizon_ms < 0
-                                       else self._delete_horizon_ms)
+            base_ts = timestamp_ms if self._horizon < 0 else self._horizon
         if offset_delta is None:
-            offset_delta = self._last_delta + 1
-        elif offset_delta <= self._last_delta:
-            raise ValueError(f"offset delta {offset_delta} does not follow {self._last_delta}")
-        self._last_delta = offset_delta
-        if timestamp_ms > self._max_ts:
-            self._max_ts = timestamp_ms
+            offset_delta = self.last_offset_delta + 1
+        elif offset_delta <= self.last_offset_delta:
+            raise ValueError(f"offset delta {offset_delta} does not follow "
+                             f"{self.last_offset_delta}")
         ts_delta = timestamp_ms - base_ts
-        if _encode_record_c is not None:           # optional C codec, see above
-            record = _encode_record_c(ts_delta, offset_delta, key, value, headers)
-            self._parts.append(record)
-            self._count += 1
-            self._size += len(record)
-            return offset_delta
         ts = _ENC[ts_delta + _SMALL] if -_SMALL <= ts_delta < _SMALL \
             else _encode_varint_slow(ts_delta)
         od = _ENC[offset_delta + _SMALL] if offset_delta < _SMALL \
@@ -794,12 +821,16 @@ class BatchBuilder:
             kl = _NULL
             klen = 0
         else:
+            if type(key) is not bytes:
+                key = bytes(key)                # a copy now: the caller may reuse its buffer
             klen = len(key)
             kl = _ENC[klen + _SMALL] if klen < _SMALL else _encode_varint_slow(klen)
         if value is None:
             vl = _NULL
             vlen = 0
         else:
+            if type(value) is not bytes:
+                value = bytes(value)
             vlen = len(value)
             vl = _ENC[vlen + _SMALL] if vlen < _SMALL else _encode_varint_slow(vlen)
         hb = _encode_headers(headers) if headers else _ZERO
@@ -817,9 +848,63 @@ class BatchBuilder:
         if value is not None:
             parts.append(value)
         parts.append(hb)
-        self._count += 1
-        self._size += len(ln) + body_len
+        self.base_timestamp = base_ts
+        self.last_offset_delta = offset_delta
+        if timestamp_ms > self.max_timestamp:
+            self.max_timestamp = timestamp_ms
+        self.count += 1
+        self.size += len(ln) + body_len
         return offset_delta
+
+
+class BatchBuilder:
+    """Accumulates records and builds one RecordBatch v2 (baseOffset 0 unless given).
+
+    ``append`` encodes the record at once, so ``size_in_bytes`` is exact for uncompressed
+    batches and an upper bound for compressed ones — what a producer's ``batch_size`` needs.
+    Timestamps are milliseconds; ``None`` means now (CreateTime). The records live in a
+    ``RecordAccumulator`` (C when built); ``append`` and ``add`` are its bound methods, so a
+    record costs one call. ``future_type``/``owner``: see ``RecordAccumulator.add``.
+    """
+
+    __slots__ = ("_acc", "append", "add", "compression", "timestamp_type", "producer_id",
+                 "producer_epoch", "base_sequence", "is_transactional", "is_control",
+                 "partition_leader_epoch", "base_offset", "_delete_horizon_ms")
+
+    def __init__(self, *, compression: int = NONE, timestamp_type: int = CREATE_TIME,
+                 producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1,
+                 base_sequence: int = -1, is_transactional: bool = False,
+                 is_control: bool = False, partition_leader_epoch: int = -1,
+                 base_offset: int = 0, delete_horizon_ms: int = NO_TIMESTAMP,
+                 future_type: type | None = None, owner: Any = None) -> None:
+        if compression not in CODEC_NAMES:
+            raise ValueError(f"invalid compression codec {compression}")
+        self.compression = compression
+        self.timestamp_type = timestamp_type
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.is_transactional = is_transactional
+        self.is_control = is_control
+        self.partition_leader_epoch = partition_leader_epoch
+        self.base_offset = base_offset
+        self._delete_horizon_ms = delete_horizon_ms
+        acc = self._acc = _Accumulator(delete_horizon_ms, future_type, owner)
+        self.append = acc.append
+        self.add = acc.add
+
+    def __len__(self) -> int:
+        return self._acc.count
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self._acc.size
+
+    @property
+    def accumulator(self) -> Any:
+        """The records so far (``RecordAccumulator`` or its C twin): ``size``, ``count``,
+        ``add``, ``extend`` (C only)..."""
+        return self._acc
 
     def attributes(self) -> int:
         attrs = self.compression
@@ -835,21 +920,30 @@ class BatchBuilder:
 
     def build(self) -> bytearray:
         """The finished batch as a new ``bytearray`` (header, records, CRC)."""
-        records = b"".join(self._parts)
+        acc = self._acc
+        records = acc.records()
         if self.compression != NONE:
             records = _compress(self.compression, records)
         size = RECORD_BATCH_OVERHEAD + len(records)
         out = bytearray(size)
-        base_ts = NO_TIMESTAMP if self._base_ts is None else self._base_ts
+        base_ts = NO_TIMESTAMP if acc.base_timestamp is None else acc.base_timestamp
         if self._delete_horizon_ms >= 0:   # an empty batch must still carry its horizon
             base_ts = self._delete_horizon_ms
         HEADER.pack_into(out, 0, self.base_offset, size - LOG_OVERHEAD,
                          self.partition_leader_epoch, MAGIC, 0, self.attributes(),
-                         max(self._last_delta, 0), base_ts, self._max_ts, self.producer_id,
-                         self.producer_epoch, self.base_sequence, self._count)
+                         max(acc.last_offset_delta, 0), base_ts, acc.max_timestamp,
+                         self.producer_id, self.producer_epoch, self.base_sequence, acc.count)
         out[RECORD_BATCH_OVERHEAD:] = records
         _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
         return out
+
+
+# What BatchBuilder accumulates into, and the base its owners' futures must derive from:
+# the C ones when built (see "optional C codec"), else the pure-Python references.
+_Accumulator: Any = RecordAccumulator
+FutureBase: Any = RecordFuture
+if _crecords_mod is not None:
+    _Accumulator, FutureBase = _crecords_mod.RecordAccumulator, _crecords_mod.RecordFuture
 
 
 def control_batch(control_type: int, *, producer_id: int, producer_epoch: int,

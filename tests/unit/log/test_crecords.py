@@ -16,6 +16,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 import tracemalloc
 from contextlib import contextmanager
 
@@ -257,42 +258,98 @@ def test_error_reasons_are_specific():
         RecordBatch(framed(record(b"\x00\x00\x00\x01\x01\x02\x04\xff\xfe\x01"), 1)).records()
 
 
-# --- (c) encoding: BatchBuilder.append through encode_record ----------------------------------
-
-@contextmanager
-def encoder(fn):
-    saved = R._encode_record_c
-    R._encode_record_c = fn
-    try:
-        yield
-    finally:
-        R._encode_record_c = saved
-
+# --- (c) encoding: the record accumulator (BatchBuilder.append, the producer's add) -----------
 
 any_int = st.one_of(INT64, st.integers(-(1 << 80), 1 << 80))
 buffers = st.one_of(blobs, st.binary(max_size=20).map(bytearray),
                     st.binary(max_size=20).map(memoryview))
+any_headers = st.one_of(st.none(), st.just(()), st.just([]), header_lists,
+                        header_lists.map(lambda hs: [list(h) for h in hs]),
+                        header_lists.map(lambda hs: [(k.encode(), v) for k, v in hs]))
+ACCUMULATORS = [R.RecordAccumulator, _crecords.RecordAccumulator]
+
+
+def accumulated(cls, first_ts, rows, horizon=-1, deltas=None):
+    """``rows`` through a ``cls`` accumulator: (records, size, count, base, max, last)."""
+    acc = cls(horizon)
+    acc.append(first_ts, None, None)
+    for i, (ts, key, value, headers) in enumerate(rows):
+        if deltas is None:
+            acc.append(first_ts + ts, key, value, headers)
+        else:
+            acc.append(first_ts + ts, key, value, headers, deltas[i])
+    return (acc.records(), acc.size, acc.count, acc.base_timestamp, acc.max_timestamp,
+            acc.last_offset_delta)
 
 
 @examples(200)
-@given(st.lists(st.tuples(any_int, buffers, buffers,
-                          st.one_of(st.none(), st.just(()), header_lists,
-                                    header_lists.map(lambda hs: [list(h) for h in hs]),
-                                    header_lists.map(lambda hs: [(k.encode(), v)
-                                                                 for k, v in hs]))),
+@given(st.lists(st.tuples(st.integers(-(1 << 61), 1 << 61), buffers, buffers, any_headers),
                 max_size=6),
+       st.integers(-(1 << 61), 1 << 61), st.sampled_from([-1, 0, 1_700_000_000_000]),
+       st.one_of(st.none(), st.lists(st.integers(1, 1 << 40), min_size=6, max_size=6)))
+def test_accumulator_matches_python(rows, first_ts, horizon, gaps):
+    """Same record bytes, sizes, counts and header fields from the C accumulator as from the
+    pure-Python reference, for any timestamps (deltas beyond int64 wrap the same way),
+    bytes-like keys/values, header forms, a delete horizon and explicit offset deltas."""
+    deltas = None if gaps is None else [sum(gaps[:i + 1]) for i in range(len(rows))]
+    assert accumulated(_crecords.RecordAccumulator, first_ts, rows, horizon, deltas) == \
+        accumulated(R.RecordAccumulator, first_ts, rows, horizon, deltas)
+
+
+@examples(100)
+@given(st.lists(st.tuples(st.integers(-(1 << 62), 1 << 62), buffers, buffers,
+                          st.one_of(st.none(), st.just(()), header_lists)), max_size=6),
        st.integers(0, 1 << 62))
-def test_encode_record_matches_python(rows, first_ts):
-    """Same record bytes, sizes and counts as the pure-Python append, for any timestamp delta
-    (ints beyond int64 wrap the same way), bytes-like keys/values and header forms."""
-    def encode(fn):
-        with encoder(fn):
-            builder = BatchBuilder()
-            builder.append(first_ts, None, None)
-            for ts, key, value, headers in rows:
-                builder.append(first_ts + ts, key, value, headers)
-            return b"".join(builder._parts), builder.size_in_bytes, len(builder)
-    assert encode(_crecords.encode_record) == encode(None)
+def test_accumulator_matches_encode_record(rows, first_ts):
+    """The accumulator's records are encode_record's, one after another."""
+    acc = _crecords.RecordAccumulator()
+    expected = []
+    for i, (ts, key, value, headers) in enumerate(rows):
+        ts = max(first_ts + ts, 0)
+        acc.append(ts, key, value, headers)
+        expected.append(_crecords.encode_record(ts - acc.base_timestamp, i, key, value, headers))
+    assert acc.records() == b"".join(expected)
+
+
+@pytest.mark.parametrize("cls", ACCUMULATORS)
+def test_accumulator_add_returns_futures(cls):
+    class Future(cls is R.RecordAccumulator and R.RecordFuture or _crecords.RecordFuture):
+        __slots__ = ()
+
+    owner = object()
+    acc = cls(future_type=Future, owner=owner)
+    before = int(time.time() * 1000)
+    f0 = acc.add(None, None, b"v", ())
+    f1 = acc.add(1234, b"k", b"w", [("h", None)])
+    after = int(time.time() * 1000)
+    assert type(f0) is Future and f0._batch is owner and f1._batch is owner
+    assert (f0._delta, f1._delta, f1._ts) == (0, 1, 1234)
+    assert before <= f0._ts <= after and acc.base_timestamp == f0._ts
+    assert acc.count == 2 and acc.max_timestamp == f0._ts
+    assert Future(owner, 7, 8)._delta == 7                  # constructible as before
+
+
+@pytest.mark.parametrize("cls", ACCUMULATORS)
+def test_accumulator_errors_leave_it_unchanged(cls):
+    acc = cls()
+    acc.append(100, b"k", b"v", [("h", b"x")])
+    state = (acc.records(), acc.size, acc.count, acc.base_timestamp, acc.max_timestamp,
+             acc.last_offset_delta)
+    for args, error in [((200, "key", None, ()), TypeError),
+                        ((200, None, None, [("k",)]), ValueError),
+                        ((200, None, None, [(None, b"")]), (TypeError, AttributeError)),
+                        ((200, None, None, (), 0), ValueError)]:   # delta does not follow
+        with pytest.raises(error):
+            acc.append(*args)
+    assert (acc.records(), acc.size, acc.count, acc.base_timestamp, acc.max_timestamp,
+            acc.last_offset_delta) == state
+
+
+def test_accumulator_add_needs_a_future_type():
+    with pytest.raises(TypeError):
+        _crecords.RecordAccumulator().add(1, None, b"v", ())
+    with pytest.raises(TypeError):
+        _crecords.RecordAccumulator(future_type=int)
 
 
 def test_encode_record_errors():
@@ -421,8 +478,12 @@ def test_no_memory_growth():
     bad = payload[:-3]
 
     def work(n):
+        acc = None                                          # a chain of owners, then freed
         for _ in range(n):
             _crecords.encode_record(5, 1, b"k", b"v" * 100, [("trace", b"t"), ("ключ", None)])
+            acc = _crecords.RecordAccumulator(future_type=_crecords.RecordFuture, owner=acc)
+            acc.add(None, b"k", b"v" * 100, [("trace", b"t"), ("ключ", None)])
+            acc.records()
             try:
                 _crecords.encode_record(5, 1, b"k", b"v", [("trace", "not bytes")])
             except TypeError:
