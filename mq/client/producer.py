@@ -3,7 +3,12 @@
 Where the work happens
 ----------------------
 Encoding runs in the thread that calls ``send()``: the record is appended to its partition's
-open ``BatchBuilder`` (varints and all). A batch is ready when it holds ``batch_size`` bytes
+open batch by its record accumulator (``records.RecordAccumulator``, in C when the extension is
+built), one call that encodes the record and returns its future — a view of the batch's
+outcome (batch, offset delta, timestamp), not an object with state of its own; ``send()``'s
+Python work per record is the checks, the partition and the full-batch test around that call.
+``send_many()`` does that work once per call and lets the accumulator encode a batch at a time
+(``extend``), for callers with many records at once. A batch is ready when it holds ``batch_size`` bytes
 (uncompressed) or ``linger_ms`` after its first record; closing builds it (compression,
 CRC-32C) and queues it, and the thread that closed it sends it at once if fewer than
 ``max_in_flight`` requests are outstanding. Nothing per record crosses threads. While
@@ -67,7 +72,7 @@ from mq.errors import (
     MQError,
     UnknownTopicOrPartitionError,
 )
-from mq.log.records import RECORD_BATCH_OVERHEAD, BatchBuilder, available_codecs, codec_from_name
+from mq.log.records import RECORD_BATCH_OVERHEAD, available_codecs, codec_from_name
 from mq.protocol.messages import ACKS_ALL, Api
 from mq.protocol.state import StateReader
 
@@ -75,7 +80,6 @@ __all__ = ["FutureRecordMetadata", "Producer", "RecordMetadata", "TopicPartition
 
 log = logging.getLogger("mq.producer")
 
-_time = time.time
 # A record's encoding adds at most 18 bytes to its key, value and headers (five varints and
 # the attributes byte); below this margin the exact single-record size check is skipped.
 _RECORD_OVERHEAD_BOUND = 32
@@ -90,6 +94,36 @@ _KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
 
 _IN_TRANSACTION = TxnState.IN_TRANSACTION
 _ACKS = {0: 0, 1: 1, -1: ACKS_ALL, "all": ACKS_ALL, "0": 0, "1": 1, "-1": ACKS_ALL}
+
+
+class _Run(list):
+    """One partition's share of a keyed ``send_many``: its futures (the list), and the
+    records' values, keys and places in the call's ``values``."""
+
+    __slots__ = ("indices", "values", "keys")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.indices: list[int] = []
+        self.values: list = []
+        self.keys: list = []
+
+
+def _checked(items: Iterable, serializer: Callable | None, what: str) -> tuple[list, int]:
+    """``send_many``'s values or keys as a list of bytes (or None), serialized and checked
+    as ``send()`` does, with the length of the longest."""
+    if serializer is None:
+        out = list(items)
+    else:
+        out = [None if x is None else serializer(x) for x in items]
+    longest = 0
+    for i, x in enumerate(out):
+        if x is not None:
+            if type(x) is not bytes:
+                x = out[i] = as_bytes(x, what)
+            if len(x) > longest:
+                longest = len(x)
+    return out, longest
 
 
 class Producer(Sender):
@@ -364,9 +398,7 @@ class Producer(Sender):
                 raise UnknownTopicOrPartitionError(
                     f"topic {topic!r} has no partition {partition} (it has "
                     f"{info.num_partitions})")
-        if timestamp_ms is None:
-            timestamp_ms = int(_time() * 1000)
-        elif type(timestamp_ms) is not int:
+        if timestamp_ms is not None and type(timestamp_ms) is not int:
             raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
                             f"{type(timestamp_ms).__name__}")
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
@@ -393,9 +425,9 @@ class Producer(Sender):
                 sticky = False                    # stay on the partition the txn has
             batch = info.open[partition]
             closed = False
-            while batch is not None and batch.size + size + 21 > info.batch_limit and \
-                    batch.size > RECORD_BATCH_OVERHEAD:
-                if batch.size + size + 21 <= info.grow_limit and self._acks and \
+            while batch is not None and batch.records.size + size + 21 > info.batch_limit and \
+                    batch.records.size > RECORD_BATCH_OVERHEAD:
+                if batch.records.size + size + 21 <= info.grow_limit and self._acks and \
                         len(self._in_flight) + len(self._ready) >= self._max_in_flight:
                     break                         # nowhere to send it yet: let it grow
                 self._close_batch(batch)          # the record does not fit: close, start anew
@@ -408,32 +440,183 @@ class Producer(Sender):
                 batch = info.open[partition]
             if batch is None:
                 batch = self._new_batch(info, partition)
-            builder = batch.builder
-            fut = FutureRecordMetadata(batch, builder.append(timestamp_ms, key, value, headers),
-                                       timestamp_ms)
-            batch.size = filled = builder.size_in_bytes
-            # Full when the next record of this size would not fit. A full batch is sent at
-            # once if there is room in flight; otherwise it keeps filling up to grow_limit, so
-            # a busy pipeline carries fewer, larger requests instead of a queue of small ones.
-            # With linger_ms=0 a batch is sent as soon as there is room.
-            if filled + size + 21 > info.batch_limit:
-                if not self._acks or filled + size + 21 > info.grow_limit or \
-                        len(self._in_flight) + len(self._ready) < self._max_in_flight:
-                    self._close_batch(batch)
-                else:
-                    self._full[batch] = None
-                    if not closed:
-                        return fut
-            elif not self._linger_s and \
-                    len(self._in_flight) + len(self._ready) < self._max_in_flight:
-                self._close_batch(batch)
-            elif not closed:
+            fut = batch.add(timestamp_ms, key, value, headers)     # None: now, in C
+            need = batch.records.size + size + 21
+            if need <= info.batch_limit and self._linger_s and not closed:
+                return fut                        # the common case: the batch keeps filling
+            if not self._settle(batch, info, need) and not closed:
                 return fut
             finished: list = []
             self._pump(finished)
         for args in finished:
             finish_batch(*args)
         return fut
+
+    def send_many(self, topic: str, values: Iterable, keys: Iterable | None = None,
+                  partition: int | None = None, headers: Iterable | None = None,
+                  timestamp_ms: int | None = None) -> list[FutureRecordMetadata]:
+        """Queue many records at once: ``send(topic, value, key, partition, headers,
+        timestamp_ms)`` for each value (with the key at the same index of ``keys``, which must
+        be as long), in order, at a fraction of the Python cost per record — the records are
+        encoded a batch at a time in C. ``headers`` and ``timestamp_ms`` (None: now) apply to
+        every record. Returns one future per record, in order, as ``send()`` does; each
+        reports its own record's outcome (records of one batch share it).
+
+        Every value, key, header and size is checked before anything is queued, so
+        ``TypeError``, ``MessageTooLargeError``... leave nothing sent. Records go where
+        ``send()`` would put them: to ``partition``, by key, or (no keys, the default
+        partitioner) to the sticky partition, moving on when a batch fills. Per partition
+        they keep their order. Raises as ``send()``; a ``ClosedError`` or ``TimeoutError``
+        raised midway (another thread closed the producer; no room within ``max_block_ms``)
+        leaves the records before it queued, their futures out of reach: ``flush()`` waits
+        for them."""
+        if self._closed:
+            raise ClosedError("producer is closed")
+        values, longest = _checked(values, self._value_serializer, "value")
+        if keys is not None:
+            keys, longest_key = _checked(keys, self._key_serializer, "key")
+            if len(keys) != len(values):
+                raise ValueError(f"send_many: {len(keys)} keys for {len(values)} values")
+            longest += longest_key
+        info = self._topics.get(topic)
+        if info is None:
+            info = self._topic(topic)
+        if timestamp_ms is not None and type(timestamp_ms) is not int:
+            raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
+                            f"{type(timestamp_ms).__name__}")
+        if headers:
+            headers, size = check_headers(headers)
+        else:
+            headers, size = (), 0
+        runs = self._runs(topic, info, values, keys, partition)
+        if longest + size > self._big_record:
+            for p, vals, ks, _ in runs:
+                for i, value in enumerate(vals):
+                    key = None if ks is None else ks[i]
+                    check_record_size(topic, p, timestamp_ms, key, value, headers,
+                                      self._max_request_size, self._request_cap,
+                                      self._broker_max_request)
+        size += longest
+        finished: list = []
+        try:
+            with self._lock:
+                for p, vals, ks, futs in runs:
+                    self._append_run(info, topic, p, vals, ks, headers, timestamp_ms, size,
+                                     futs, finished)
+        finally:
+            for args in finished:
+                finish_batch(*args)
+        if len(runs) == 1:
+            return runs[0][3]
+        out: list = [None] * len(values)
+        for _, _, _, futs in runs:
+            for index, fut in zip(futs.indices, futs, strict=True):
+                out[index] = fut
+        return out
+
+    def _runs(self, topic: str, info: TopicState, values: list, keys: list | None,
+              partition: int | None) -> list:
+        """``send_many``'s records by partition: ``[(partition or -1 for sticky, values, keys,
+        futures list)]``; with several partitions, each futures list has ``.indices``, the
+        records' places in ``values``."""
+        if partition is not None:
+            if type(partition) is not int:
+                raise TypeError(f"partition must be an int, got {type(partition).__name__}")
+            if not 0 <= partition < info.num_partitions:
+                info = self._topic(topic)         # partitions may have been added since
+                if not 0 <= partition < info.num_partitions:
+                    raise UnknownTopicOrPartitionError(
+                        f"topic {topic!r} has no partition {partition} (it has "
+                        f"{info.num_partitions})")
+            return [(partition, values, keys, [])]
+        if keys is None and self._keyed_default:
+            return [(-1, values, None, [])]       # sticky
+        groups: dict[int, _Run] = {}
+        for i, value in enumerate(values):
+            key = None if keys is None else keys[i]
+            p = self._choose(topic, info, key)
+            run = groups.get(p)
+            if run is None:
+                run = groups[p] = _Run()
+            run.indices.append(i)
+            run.values.append(value)
+            run.keys.append(key)
+        return [(p, run.values, run.keys, run) for p, run in groups.items()]
+
+    def _choose(self, topic: str, info: TopicState, key: bytes | None) -> int:
+        """The partition of one keyed record (or any record, with a custom partitioner)."""
+        if self._keyed_default and key is not None:
+            h = self._key_hashes.get(key)
+            if h is None:
+                if len(self._key_hashes) >= _KEY_CACHE_SIZE:
+                    self._key_hashes.clear()
+                h = self._key_hashes[key] = murmur2(key) & 0x7FFFFFFF
+            return h % info.num_partitions
+        if self._keyed_default:
+            return self._partitioner.sticky_partition(topic, info.partitions, info.partitions)
+        partition = self._partition_fn(topic, key, info.partitions, info.partitions)
+        if not 0 <= partition < info.num_partitions:
+            raise UnknownTopicOrPartitionError(
+                f"partitioner chose partition {partition} of topic {topic!r}, which has "
+                f"{info.num_partitions}")
+        return partition
+
+    def _append_run(self, info: TopicState, topic: str, partition: int, values: list,
+                    keys: list | None, headers, timestamp_ms: int | None, size: int,
+                    futs: list, finished: list) -> None:
+        """Under the lock: ``values`` (and ``keys``) into ``partition``'s batches (-1: the
+        sticky partition, moving on as batches fill), a batch at a time, their futures
+        appended to ``futs``; batches closed and sent as ``send()`` would."""
+        sticky = partition < 0
+        i = 0
+        while i < len(values):
+            if self._closed:
+                raise ClosedError("producer is closed")
+            if len(self._ready) >= self._max_in_flight and \
+                    threading.get_ident() != self._helper_ident:
+                self._wait_for_room()
+            if sticky:
+                partition = self._sticky.get(topic, -1)
+                if not 0 <= partition < info.num_partitions:
+                    partition = self._partitioner.sticky_partition(topic, info.partitions,
+                                                                   info.partitions)
+            txn = self._txn
+            if txn is not None:
+                m = txn.manager
+                if m.state is not _IN_TRANSACTION or (topic, partition) not in m.partitions:
+                    self._admit(topic, partition)
+            batch = info.open[partition]
+            if batch is None:
+                batch = self._new_batch(info, partition)
+            busy = self._acks and \
+                len(self._in_flight) + len(self._ready) >= self._max_in_flight
+            i = batch.records.extend(timestamp_ms, values, keys, headers, i,
+                                     info.grow_limit if busy else info.batch_limit, futs)
+            if i < len(values):                   # full
+                self._close_batch(batch)
+            elif not self._settle(batch, info, batch.records.size + size + 21):
+                continue
+            self._pump(finished)
+
+    def _settle(self, batch: Batch, info: TopicState, need: int) -> bool:
+        """After records joined ``batch``: close it if the next record (``need``: the batch's
+        size with it) would not fit, or at once with ``linger_ms=0``, when there is room in
+        flight. Returns whether it closed it.
+
+        A full batch is sent at once if there is room in flight; otherwise it keeps filling
+        up to grow_limit, so a busy pipeline carries fewer, larger requests instead of a
+        queue of small ones."""
+        room = len(self._in_flight) + len(self._ready) < self._max_in_flight
+        if need > info.batch_limit:
+            if not self._acks or need > info.grow_limit or room:
+                self._close_batch(batch)
+                return True
+            self._full[batch] = None
+            return False
+        if not self._linger_s and room:
+            self._close_batch(batch)
+            return True
+        return False
 
     def flush(self, timeout: float | None = None) -> None:
         """Send every buffered record now (ignoring ``linger_ms``) and wait until all of them
@@ -626,8 +809,7 @@ class Producer(Sender):
                 self._stale_metadata()
         elif now - info.fetched > self._metadata_max_age_s:
             self._topics.pop(info.name, None)
-        batch = Batch(info, partition, BatchBuilder(compression=self._codec), now,
-                       self._linger_s, self._cb_lock)
+        batch = Batch(info, partition, self._codec, now, self._linger_s, self._cb_lock)
         info.open[partition] = batch
         self._open[batch] = None
         self._incomplete.add(batch)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mq.client.types import RecordMetadata
-from mq.log.records import BatchBuilder
+from mq.log.records import BatchBuilder, FutureBase
 
 __all__ = ["Batch", "FutureRecordMetadata", "TopicState", "finish_batch"]
 
@@ -51,18 +51,22 @@ class TopicState:
 class Batch:
     """One batch of one partition, from its first record to its reply."""
 
-    __slots__ = ("topic", "partition", "info", "builder", "size", "created", "deadline", "data",
-                 "seq", "attempts", "not_before", "sent_at", "base_offset", "log_append_time",
-                 "error", "last_error", "done", "event", "callbacks", "lock", "producer_id",
-                 "producer_epoch")
+    __slots__ = ("topic", "partition", "info", "builder", "add", "records", "created", "deadline",
+                 "data", "seq", "attempts", "not_before", "sent_at", "base_offset",
+                 "log_append_time", "error", "last_error", "done", "event", "callbacks", "lock",
+                 "producer_id", "producer_epoch")
 
-    def __init__(self, info: TopicState, partition: int, builder: BatchBuilder, now: float,
+    def __init__(self, info: TopicState, partition: int, compression: int, now: float,
                  linger_s: float, lock: threading.Lock) -> None:
         self.topic = info.name
         self.partition = partition
         self.info = info
-        self.builder = builder
-        self.size = builder.size_in_bytes         # cached: read for every record
+        self.builder = builder = BatchBuilder(compression=compression,
+                                              future_type=FutureRecordMetadata, owner=self)
+        # add(timestamp_ms | None, key, value, headers) -> the record's future: one C call;
+        # records.size: the batch's size so far (read for every record)
+        self.add = builder.add
+        self.records = builder.accumulator
         self.created = now
         self.deadline = now + linger_s
         self.data: bytearray | None = None
@@ -82,15 +86,15 @@ class Batch:
         self.lock = lock
 
 
-class FutureRecordMetadata:
-    """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it."""
+class FutureRecordMetadata(FutureBase):
+    """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it.
 
-    __slots__ = ("_batch", "_delta", "_ts")
+    A light view of its batch's outcome — ``_batch``, ``_delta`` (the record's offset delta)
+    and ``_ts`` (its timestamp), fields of ``records.RecordFuture`` — made by the batch's
+    record accumulator together with the record (in C when the extension is built), so a
+    record costs no Python-level constructor; everything below reads the batch."""
 
-    def __init__(self, batch: Batch, delta: int, timestamp_ms: int) -> None:
-        self._batch = batch
-        self._delta = delta
-        self._ts = timestamp_ms
+    __slots__ = ()
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
         """Wait for the outcome. Raises the failure (a ``BrokerError`` subclass,
@@ -182,7 +186,7 @@ def finish_batch(batch: Batch, base_offset: int, log_append_time: int,
         batch.done = True
         callbacks, batch.callbacks = batch.callbacks, None
     batch.event.set()
-    batch.builder = None           # the records are sent; let their bytes go
+    batch.builder = batch.add = batch.records = None   # sent: let the records' bytes go
     batch.data = None
     if callbacks:
         for fut, fn, args, kwargs, errback in callbacks:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -17,6 +19,7 @@ import fake_broker as fakes
 import pytest
 from brokers import broker_with, create_topic
 
+import mq
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.partitioner import murmur2, to_positive
@@ -312,6 +315,135 @@ def test_serializers_and_bytes_like_values(broker):
     records = read_records(broker, "s")[0]
     assert [(r[2], r[3]) for r in records] == [(b"\x00\x00\x00\x07", "héllo".encode()),
                                                (b"\x00\x00\x00\x08", None), (b"mv", b"ba")]
+
+
+# --- send_many ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_send_many_queues_in_order_with_a_future_each(broker, acks):
+    create_topic(broker, "many", 1)
+    values = [b"m%05d" % i + b"." * 94 for i in range(5000)]
+    with Producer(socket=broker.socket, acks=acks, linger_ms=5, batch_size=16384) as p:
+        futures = p.send_many("many", values, partition=0, headers=[("h", b"x")],
+                              timestamp_ms=1_700_000_000_000)
+        single = p.send("many", value=b"after")
+        p.flush(timeout=WAIT)
+        assert len(futures) == 5000 and all(isinstance(f, FutureRecordMetadata)
+                                            for f in futures)
+        if acks:
+            assert [f.get(timeout=0).offset for f in futures] == list(range(5000))
+            assert single.get(timeout=0).offset == 5000
+            assert {f.get(timeout=0).timestamp_ms for f in futures} == {1_700_000_000_000}
+    batches = read_batches(broker, "many", 0)
+    assert 5 <= len(batches) <= 40              # ~140 records a 16 KiB batch, or larger
+    records = [r for _, recs in batches for r in recs]
+    assert [r[3] for r in records] == values + [b"after"]
+    assert all(r[4] == [("h", b"x")] for r in records[:5000])
+
+
+def test_send_many_keys_partitions_and_serializers(broker):
+    create_topic(broker, "km", 4)
+    keys = [i % 37 for i in range(600)]
+    with Producer(socket=broker.socket, acks=1, value_serializer=str.encode,
+                  key_serializer=lambda k: b"key-%d" % k) as p:
+        futures = p.send_many("km", ["v%d" % i for i in range(600)], keys=keys)
+        p.flush(timeout=WAIT)
+        metas = [f.get(timeout=0) for f in futures]
+    for k, m in zip(keys, metas, strict=True):
+        assert m.partition == to_positive(murmur2(b"key-%d" % k)) % 4
+    records = read_records(broker, "km", 4)
+    for p_, recs in records.items():       # per partition: in the order given
+        mine = [i for i, m in enumerate(metas) if m.partition == p_]
+        assert [r[3] for r in recs] == [b"v%d" % i for i in mine]
+        assert [r[0] for r in recs] == [metas[i].offset for i in mine]
+
+
+def test_send_many_without_keys_is_sticky_and_moves_on_when_a_batch_fills(broker):
+    create_topic(broker, "sm", 4)
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=1000) as p:
+        futures = p.send_many("sm", [b"b" * 90] * 400)
+        p.flush(timeout=WAIT)
+        parts = [f.get(timeout=0).partition for f in futures]
+    runs = sum(1 for a, b in zip(parts, parts[1:], strict=False) if a != b) + 1
+    assert runs <= len(parts) / 5 and len(set(parts)) > 1
+
+
+def test_send_many_checks_everything_before_queueing(broker):
+    create_topic(broker, "chk", 2)
+    with Producer(socket=broker.socket, acks=1, max_request_size=10_000) as p:
+        for call, error in [(lambda: p.send_many("chk", [b"ok", "text"]), TypeError),
+                            (lambda: p.send_many("chk", [b"ok"], keys=[b"a", b"b"]), ValueError),
+                            (lambda: p.send_many("chk", [b"ok", b"x" * 10_000]),
+                             MessageTooLargeError),
+                            (lambda: p.send_many("chk", [b"ok"], partition=2),
+                             UnknownTopicOrPartitionError),
+                            (lambda: p.send_many("chk", [b"ok"], headers=[(b"k", b"v")]),
+                             TypeError),
+                            (lambda: p.send_many("nope", [b"ok"]),
+                             UnknownTopicOrPartitionError)]:
+            with pytest.raises(error):
+                call()
+        assert p.send_many("chk", []) == []
+        assert [f.get(timeout=WAIT).offset for f in p.send_many("chk", [b"a", None],
+                                                                partition=1)] == [0, 1]
+        p.close()
+        with pytest.raises(ClosedError):
+            p.send_many("chk", [b"late"])
+    assert [r[3] for r in read_records(broker, "chk", 2)[1]] == [b"a", None]
+
+
+def test_send_many_in_a_transaction(broker):
+    create_topic(broker, "tx", 2)
+    with Producer(socket=broker.socket, transactional_id="many-tx") as p:
+        p.init_transactions()
+        p.begin_transaction()
+        aborted = p.send_many("tx", [b"no"] * 10, partition=0)
+        p.abort_transaction()
+        p.begin_transaction()
+        kept = p.send_many("tx", [b"yes-%d" % i for i in range(10)],
+                           keys=[b"k%d" % i for i in range(10)])
+        p.commit_transaction()
+        assert all(f.succeeded() for f in aborted + kept)
+    consumer = mq.Consumer(socket=broker.socket, isolation_level="read_committed")
+    consumer.assign([TopicPartition("tx", 0), TopicPartition("tx", 1)])
+    got = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < 10 and time.monotonic() < deadline:
+        for recs in consumer.poll(200).values():
+            got += [bytes(r.value) for r in recs]
+    consumer.close()
+    assert sorted(got) == sorted(b"yes-%d" % i for i in range(10))
+
+
+_PURE_SCRIPT = """
+import sys
+import mq.log.records as R
+from mq.client.producer import Producer
+assert R.FutureBase is R.RecordFuture, "not the pure-Python accumulator"
+with Producer(socket=sys.argv[1], acks=1, batch_size=2000, linger_ms=1) as p:
+    one = [p.send("pure", value=b"s%d" % i, key=None if i % 2 else b"k") for i in range(50)]
+    many = p.send_many("pure", [b"m%d" % i for i in range(300)], partition=0,
+                       headers=[("h", None)])
+    keyed = p.send_many("pure", [b"x"] * 20, keys=[b"a", b"b"] * 10)
+    p.flush(30)
+    offsets = [f.get(0).offset for f in many]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 300, offsets
+    assert all(f.succeeded() for f in one + keyed)
+print("ok")
+"""
+
+
+def test_send_paths_with_the_pure_python_accumulator(broker):
+    """``MQ_PURE_PYTHON=1``: the same producer on ``records.RecordAccumulator``."""
+    create_topic(broker, "pure", 2)
+    out = subprocess.run([sys.executable, "-c", _PURE_SCRIPT, broker.socket],
+                         capture_output=True, text=True, timeout=WAIT * 2,
+                         env={**os.environ, "MQ_PURE_PYTHON": "1"})
+    assert out.stdout.strip() == "ok", out.stderr
+    records = read_records(broker, "pure", 2)
+    assert sum(len(r) for r in records.values()) == 370
+    assert [r[3] for r in records[0] if r[3].startswith(b"m")] == [b"m%d" % i
+                                                                   for i in range(300)]
 
 
 # --- synchronous errors -----------------------------------------------------------------------
