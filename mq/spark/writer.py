@@ -28,6 +28,8 @@ Guarantees.
   provided the query is deterministic and keeps its number of partitions across restarts —
   Spark's own condition for exactly-once replays. Rows are visible to ``read_committed``
   consumers once their task commits, partition by partition, not all of a batch at once.
+  A task whose JVM died may see its rows end early (``spark_input_cut``): it aborts instead
+  of committing, so the replay writes the whole partition.
 - ``mq.transactional=false`` on a stream: plain idempotent producers, at least once, as Kafka.
 
 The batch id and query id come from the task's local properties, which Spark's micro-batch
@@ -39,6 +41,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -146,6 +151,10 @@ class Sink:
                 marker = TopicPartition(self.columns.first_topic(first), 0)
                 producer.send_offsets_to_transaction(
                     {marker: batch_marker(task.batch_id, rows)}, tid)
+                if spark_input_cut():
+                    raise ConnectionAbortedError(
+                        f"{tid}: the JVM feeding batch {task.batch_id} went away; the rows "
+                        "may be cut short, so the transaction is aborted, not committed")
                 producer.commit_transaction()
         except BaseException:
             _abort_quietly(producer, tid)
@@ -176,6 +185,46 @@ def _check_sent(pending: list, final: bool = False) -> None:
             raise error
         done += 1
     del pending[:done]
+
+
+def spark_input_cut() -> bool:
+    """Whether a peer of this Python worker closed its connection: the JVM that feeds the
+    task's rows died. pyarrow ends a stream that stops at a batch boundary as if it were
+    complete, so a task whose JVM is killed between two Arrow batches sees a normal end of its
+    rows; committing then would record a partial batch as done, and the replay after a restart
+    would skip the rest (a loss). The JVM keeps its socket open until it has read the task's
+    result (it sends END_OF_STREAM after the rows), so a connected stream socket that reads as
+    closed (b"" or a reset) means the input may be cut. Looked at once, just before the
+    commit: a JVM that dies after it is done sending cannot cut rows. Linux only (it lists
+    ``/proc/self/fd``); elsewhere it says False."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue                             # closed meanwhile (the listing's own fd)
+        try:
+            if sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                sock.getpeername()
+            except OSError:
+                continue                         # listening, or never connected
+            try:
+                if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    return True
+            except (BlockingIOError, InterruptedError):
+                continue                         # open, nothing to read
+            except OSError:
+                return True                      # reset by a peer that died
+        finally:
+            sock.close()
+    return False
 
 
 def _abort_quietly(producer, tid: str) -> None:
