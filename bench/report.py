@@ -184,7 +184,7 @@ def plot_latency(res: dict, out_dir: str) -> str:
             if 2 * e["saturated_runs"] > len(lt["rates"][str(r)]["runs"][s]):
                 y = e["merged"]["p50_us"]
                 ax.annotate(f"saturated: {_si(e['achieved_rate']['median'])}/s achieved",
-                            (r, y), textcoords="offset points", xytext=(-150, -4),
+                            (r, y), textcoords="offset points", xytext=(-175, -22),
                             fontsize=8, color=colour,
                             arrowprops={"arrowstyle": "->", "color": colour})
     ax.set_xscale("log")
