@@ -424,27 +424,31 @@ class Producer(Sender):
                     self._admit(topic, partition)
                 sticky = False                    # stay on the partition the txn has
             batch = info.open[partition]
-            closed = False
-            while batch is not None and batch.records.size + size + 21 > info.batch_limit and \
-                    batch.records.size > RECORD_BATCH_OVERHEAD:
-                if batch.records.size + size + 21 <= info.grow_limit and self._acks and \
-                        len(self._in_flight) + len(self._ready) >= self._max_in_flight:
-                    break                         # nowhere to send it yet: let it grow
-                self._close_batch(batch)          # the record does not fit: close, start anew
-                closed = True
-                if sticky:                        # KIP-480: a new batch, maybe a new partition
-                    sticky = False
-                    new = self._sticky.get(topic, partition)
-                    if new < info.num_partitions:
-                        partition = new
-                batch = info.open[partition]
-            if batch is None:
-                batch = self._new_batch(info, partition)
-            fut = batch.add(timestamp_ms, key, value, headers)     # None: now, in C
-            need = batch.records.size + size + 21
-            if need <= info.batch_limit and self._linger_s and not closed:
-                return fut                        # the common case: the batch keeps filling
-            if not self._settle(batch, info, need) and not closed:
+            fits = info.batch_limit - 21 - size   # a batch this big takes the record
+            if batch is not None and batch.records.size <= fits:
+                fut = batch.add(timestamp_ms, key, value, headers)     # None: now, in C
+                if batch.records.size <= fits and self._linger_s:
+                    return fut                    # the common case: the batch keeps filling
+                closed = False
+            else:
+                closed = False
+                while batch is not None and batch.records.size > fits and \
+                        batch.records.size > RECORD_BATCH_OVERHEAD:
+                    if batch.records.size + size + 21 <= info.grow_limit and self._acks and \
+                            len(self._in_flight) + len(self._ready) >= self._max_in_flight:
+                        break                     # nowhere to send it yet: let it grow
+                    self._close_batch(batch)      # the record does not fit: close, start anew
+                    closed = True
+                    if sticky:                    # KIP-480: a new batch, maybe a new partition
+                        sticky = False
+                        new = self._sticky.get(topic, partition)
+                        if new < info.num_partitions:
+                            partition = new
+                    batch = info.open[partition]
+                if batch is None:
+                    batch = self._new_batch(info, partition)
+                fut = batch.add(timestamp_ms, key, value, headers)
+            if not self._settle(batch, info, batch.records.size + size + 21) and not closed:
                 return fut
             finished: list = []
             self._pump(finished)

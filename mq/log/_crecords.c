@@ -1019,6 +1019,7 @@ typedef struct {
     Py_ssize_t len, cap;
     long long count, base_ts, max_ts, last_delta, horizon;
     int has_base;
+    int busy;                       /* inside acc_append: Python code it runs may not re-enter */
     PyTypeObject *future_type;      /* NULL: add() is not available */
     PyObject *owner;
 } AccObject;
@@ -1036,6 +1037,10 @@ Acc_init(AccObject *a, PyObject *args, PyObject *kwds)
     if (ftype != Py_None && !(PyType_Check(ftype) &&
                               PyType_IsSubtype((PyTypeObject *)ftype, &FutureType))) {
         PyErr_SetString(PyExc_TypeError, "future_type must be a subclass of RecordFuture");
+        return -1;
+    }
+    if (a->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "record accumulator re-entered while encoding");
         return -1;
     }
     a->len = 0;
@@ -1157,6 +1162,12 @@ acc_append(AccObject *a, PyObject *ts_obj, PyObject *key, PyObject *value, PyObj
         hl = Py_NewRef(empty_list);
     else if ((hl = PySequence_List(headers)) == NULL)
         return -1;
+    if (a->busy) {
+        Py_DECREF(hl);
+        PyErr_SetString(PyExc_RuntimeError, "record accumulator re-entered while encoding");
+        return -1;
+    }
+    a->busy = 1;
     Out size = {NULL, NULL, 0}, lv = {NULL, NULL, 0};
     int rc = -1;
     if (put_body(&size, tsz, zigzag(delta), key, value, hl) == 0) {
@@ -1177,6 +1188,7 @@ acc_append(AccObject *a, PyObject *ts_obj, PyObject *key, PyObject *value, PyObj
             }
         }
     }
+    a->busy = 0;
     Py_DECREF(hl);
     if (rc != 0)
         return rc;
@@ -1276,6 +1288,10 @@ Acc_extend(AccObject *a, PyObject *const *args, Py_ssize_t nargs)
     if (ts == Py_None && (ts = now = PyLong_FromLongLong(now_ms())) == NULL)
         return NULL;
     for (; i >= 0 && i < PyList_GET_SIZE(values); i++) {
+        if (keys != Py_None && i >= PyList_GET_SIZE(keys)) {
+            PyErr_SetString(PyExc_RuntimeError, "keys changed while being encoded");
+            goto fail;
+        }
         PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, i);
         PyObject *value = PyList_GET_ITEM(values, i);
         long long d, t;

@@ -345,6 +345,25 @@ def test_accumulator_errors_leave_it_unchanged(cls):
             acc.last_offset_delta) == state
 
 
+def test_accumulator_is_not_reentered_by_python_code_it_runs():
+    """A header pair whose iteration appends to the same accumulator (Python code run while
+    a record is half encoded) is refused, not allowed to move the buffer under the record."""
+    acc = _crecords.RecordAccumulator()
+
+    class Sneaky:
+        def __iter__(self):
+            acc.append(1, None, b"x" * 10_000)
+            return iter(("h", b"v"))
+
+    with pytest.raises(RuntimeError, match="re-entered"):
+        acc.append(1, None, b"v", [Sneaky()])
+    assert acc.count == 0
+    acc.append(1, None, b"v", [("h", b"v")])
+    ref = R.RecordAccumulator()
+    ref.append(1, None, b"v", [("h", b"v")])
+    assert (acc.records(), acc.count) == (ref.records(), 1)
+
+
 def test_accumulator_add_needs_a_future_type():
     with pytest.raises(TypeError):
         _crecords.RecordAccumulator().add(1, None, b"v", ())
