@@ -89,7 +89,11 @@ def encode_tail_frame(message: list | tuple, max_frame_bytes: int = DEFAULT_MAX_
     """A tail frame for ``message``, whose last field (a bytes-like object) travels raw: the
     frame's head (prefix and msgpack header) and a view of that field, to be sent in this
     order (``socket.sendmsg``). Raises ``LocalProtocolError`` if it cannot be sent."""
-    tail = memoryview(message[-1]).cast("B")
+    try:
+        tail = memoryview(message[-1]).cast("B")
+    except TypeError as err:
+        raise LocalProtocolError(f"cannot send {type(message[-1]).__name__} as a frame "
+                                 "tail") from err
     header = _pack(message[:-1], max_frame_bytes, 4 + len(tail))
     length = 4 + len(header) + len(tail)
     return _TAIL_PREFIX.pack(TAIL_FLAG | length, len(header)) + header, tail

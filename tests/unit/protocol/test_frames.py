@@ -151,6 +151,11 @@ def test_a_large_frame_lands_in_place_in_one_read():
     assert len(next(it)[2]) == 3 << 20
 
 
+def test_a_tail_must_be_bytes_like():
+    with pytest.raises(LocalProtocolError):
+        encode_tail_frame([0, 1, "not bytes"])
+
+
 def test_tail_frames_count_against_the_limit():
     with pytest.raises(LocalProtocolError):
         encode_tail_frame([0, 1, b"x" * 1000], max_frame_bytes=1000)
