@@ -131,9 +131,9 @@ class FrameReader:
 
     def get_buffer(self) -> memoryview:
         """A writable view of the free space to receive into (release it before calling
-        ``buffer_updated``): the rest of the frame being received when its length is known,
-        else up to ``_HEAD_READ`` bytes. Raises ``RemoteProtocolError`` for a frame length out
-        of bounds."""
+        ``buffer_updated``): exactly the rest of a frame longer than ``_HEAD_READ`` being
+        received, else up to ``_HEAD_READ`` bytes (with room for the rest of a short frame).
+        Raises ``RemoteProtocolError`` for a frame length out of bounds."""
         self._release_tail()
         pending = self._end - self._start
         frame = self._frame_bytes()
@@ -141,7 +141,8 @@ class FrameReader:
         if self._end + want > len(self._buf) or (not pending and self._end):
             self._make_room(pending, pending + want)
         end = self._end
-        stop = end + want if frame > pending else min(len(self._buf), end + _HEAD_READ)
+        stop = end + want if frame > max(pending, _HEAD_READ) \
+            else min(len(self._buf), end + max(want, _HEAD_READ))
         return memoryview(self._buf)[end:stop]
 
     def _make_room(self, pending: int, needed: int) -> None:
