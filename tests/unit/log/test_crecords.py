@@ -297,9 +297,9 @@ def test_accumulator_matches_python(rows, first_ts, horizon, gaps):
 
 
 @examples(100)
-@given(st.lists(st.tuples(st.integers(-(1 << 62), 1 << 62), buffers, buffers,
+@given(st.lists(st.tuples(st.integers(-(1 << 61), 1 << 61), buffers, buffers,
                           st.one_of(st.none(), st.just(()), header_lists)), max_size=6),
-       st.integers(0, 1 << 62))
+       st.integers(0, 1 << 61))
 def test_accumulator_matches_encode_record(rows, first_ts):
     """The accumulator's records are encode_record's, one after another."""
     acc = _crecords.RecordAccumulator()
