@@ -8,10 +8,10 @@ built), one call that encodes the record and returns its future — a view of th
 outcome (batch, offset delta, timestamp), not an object with state of its own; ``send()``'s
 Python work per record is the checks, the partition and the full-batch test around that call.
 ``send_many()`` does that work once per call and lets the accumulator encode a batch at a time
-(``extend``), for callers with many records at once. A batch is ready when it holds ``batch_size`` bytes
-(uncompressed) or ``linger_ms`` after its first record; closing builds it (compression,
-CRC-32C) and queues it, and the thread that closed it sends it at once if fewer than
-``max_in_flight`` requests are outstanding. Nothing per record crosses threads. While
+(``extend``), for callers with many records at once. A batch is ready when it holds
+``batch_size`` bytes (uncompressed) or ``linger_ms`` after its first record; closing builds
+it (compression, CRC-32C) and queues it, and the thread that closed it sends it at once if
+fewer than ``max_in_flight`` requests are outstanding. Nothing per record crosses threads. While
 ``max_in_flight`` requests are outstanding a full batch is not closed but keeps filling, up to
 ``min(max_request_size, the topic's max.message.bytes)``: a busy pipeline (``acks="all"``
 waiting for an fsync) then carries fewer, larger requests — Kafka gets the same effect by
