@@ -62,7 +62,8 @@ class Batch:
         self.partition = partition
         self.info = info
         self.builder = builder = BatchBuilder(compression=compression,
-                                              future_type=FutureRecordMetadata, owner=self)
+                                              future_type=FutureRecordMetadata, owner=self,
+                                              capacity=info.batch_limit)
         # add(timestamp_ms | None, key, value, headers) -> the record's future: one C call;
         # records.size: the batch's size so far (read for every record)
         self.add = builder.add

@@ -536,6 +536,7 @@ class Sender:
                 batch.producer_id = builder.producer_id = ids.producer_id
                 batch.producer_epoch = builder.producer_epoch = ids.epoch
                 builder.base_sequence = ids.assign(batch.topic, batch.partition, len(builder))
+                batch.data = None                 # never sent: build() rewrites it in place
                 batch.data = builder.build()
         self._cond.notify_all()
 

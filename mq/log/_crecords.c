@@ -1015,8 +1015,9 @@ static PyTypeObject FutureType = {
 
 typedef struct {
     PyObject_HEAD
-    unsigned char *buf;
-    Py_ssize_t len, cap;
+    PyObject *ba;                   /* bytearray: header room + records + spare (NULL: none) */
+    Py_ssize_t len;                 /* bytes of records, after the header room */
+    Py_ssize_t hint;                /* records room a full batch needs (0: unknown) */
     long long count, base_ts, max_ts, last_delta, horizon;
     int has_base;
     int busy;                       /* inside acc_append: Python code it runs may not re-enter */
@@ -1029,10 +1030,12 @@ static PyObject *empty_list;          /* headers of a record without any; never 
 static int
 Acc_init(AccObject *a, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"delete_horizon_ms", "future_type", "owner", NULL};
+    static char *kwlist[] = {"delete_horizon_ms", "future_type", "owner", "capacity", NULL};
     long long horizon = -1;
+    Py_ssize_t capacity = 0;
     PyObject *ftype = Py_None, *owner = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|LOO", kwlist, &horizon, &ftype, &owner))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|LOOn", kwlist, &horizon, &ftype, &owner,
+                                     &capacity))
         return -1;
     if (ftype != Py_None && !(PyType_Check(ftype) &&
                               PyType_IsSubtype((PyTypeObject *)ftype, &FutureType))) {
@@ -1050,6 +1053,7 @@ Acc_init(AccObject *a, PyObject *args, PyObject *kwds)
     a->max_ts = -1;                   /* records.NO_TIMESTAMP */
     a->last_delta = -1;
     a->horizon = horizon;
+    a->hint = capacity > RECORD_BATCH_OVERHEAD ? capacity - RECORD_BATCH_OVERHEAD : 0;
     Py_XSETREF(a->future_type,
                ftype == Py_None ? NULL : (PyTypeObject *)Py_NewRef(ftype));
     Py_XSETREF(a->owner, Py_NewRef(owner));
@@ -1077,29 +1081,50 @@ Acc_dealloc(AccObject *a)
 {
     PyObject_GC_UnTrack(a);
     Acc_clear(a);
-    PyMem_Free(a->buf);
+    Py_XDECREF(a->ba);
     Py_TYPE(a)->tp_free((PyObject *)a);
 }
 
+/* The records part of the buffer (valid until the next acc_reserve). */
+#define ACC_RECORDS(a) ((unsigned char *)PyByteArray_AS_STRING((a)->ba) + RECORD_BATCH_OVERHEAD)
+
+/* Room for `need` more bytes of records. The buffer is written in place only while the
+ * accumulator is its sole owner: once buffer() handed it out (a built batch being sent), the
+ * records move to a new one, so a batch already built never changes under its holder. */
 static int
 acc_reserve(AccObject *a, Py_ssize_t need)
 {
-    if (need <= a->cap - a->len)
+    Py_ssize_t cap = a->ba ? PyByteArray_GET_SIZE(a->ba) - RECORD_BATCH_OVERHEAD : 0;
+    int own = a->ba != NULL && Py_REFCNT(a->ba) == 1;
+    if (own && need <= cap - a->len)
         return 0;
-    if (need > PY_SSIZE_T_MAX / 2 - a->len) {
+    if (need > PY_SSIZE_T_MAX / 2 - a->len - RECORD_BATCH_OVERHEAD) {
         PyErr_NoMemory();
         return -1;
     }
-    Py_ssize_t cap = a->cap ? a->cap : 256;
+    /* Room for 16 more records like this one, up to a full batch: 64 KiB records get the
+     * whole batch at once instead of growing through 128, 256 and 512 KiB (a realloc copy
+     * of each: ~1 MiB more copied per 1 MiB batch); 100-byte ones start small. */
+    Py_ssize_t ahead = need > a->hint / 16 ? a->hint - a->len : need * 16;
+    if (cap < a->len + ahead)
+        cap = a->len + ahead;
+    if (cap < 256)
+        cap = 256;
     while (cap - a->len < need)
         cap *= 2;
-    unsigned char *buf = PyMem_Realloc(a->buf, (size_t)cap);
-    if (buf == NULL) {
-        PyErr_NoMemory();
+    if (a->hint > 0 && cap > a->hint && a->len + need <= a->hint)
+        cap = a->hint;                  /* doubling past a full batch: a full batch */
+    if (own)
+        return PyByteArray_Resize(a->ba, RECORD_BATCH_OVERHEAD + cap);
+    PyObject *ba = PyByteArray_FromStringAndSize(NULL, RECORD_BATCH_OVERHEAD + cap);
+    if (ba == NULL)
         return -1;
-    }
-    a->buf = buf;
-    a->cap = cap;
+    if (a->ba != NULL)
+        memcpy(PyByteArray_AS_STRING(ba), PyByteArray_AS_STRING(a->ba),
+               RECORD_BATCH_OVERHEAD + a->len);
+    else
+        memset(PyByteArray_AS_STRING(ba), 0, RECORD_BATCH_OVERHEAD);
+    Py_XSETREF(a->ba, ba);
     return 0;
 }
 
@@ -1176,7 +1201,8 @@ acc_append(AccObject *a, PyObject *ts_obj, PyObject *key, PyObject *value, PyObj
         if (limit >= 0 && a->count > 0 && need > limit - RECORD_BATCH_OVERHEAD - a->len)
             rc = 1;
         else if (acc_reserve(a, need) == 0) {
-            Out w = {a->buf + a->len, a->buf + a->len + need, 0};
+            unsigned char *q = ACC_RECORDS(a) + a->len;
+            Out w = {q, q + need, 0};
             if (put(&w, zigzag(size.n), NULL, 0) == 0 &&
                 put_body(&w, tsz, zigzag(delta), key, value, hl) == 0) {
                 if (w.q == w.end) {
@@ -1324,7 +1350,35 @@ static PyObject *
 Acc_records(AccObject *a, PyObject *unused)
 {
     (void)unused;
-    return PyBytes_FromStringAndSize((const char *)a->buf, a->len);
+    if (a->ba == NULL)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    return PyBytes_FromStringAndSize((const char *)ACC_RECORDS(a), a->len);
+}
+
+PyDoc_STRVAR(Acc_buffer_doc,
+"buffer() -> bytearray\n\n"
+"The batch so far, records.RECORD_BATCH_OVERHEAD bytes of room for its header (zeros until\n"
+"the caller writes one) then the records: the accumulator's own buffer, cut to that size,\n"
+"when nothing else holds it (no copy; BatchBuilder.build writes the header into it), else\n"
+"a copy. Records appended later go to a new buffer; a later buffer() returns the same one\n"
+"only if its holders let it go.");
+
+static PyObject *
+Acc_buffer(AccObject *a, PyObject *unused)
+{
+    (void)unused;
+    if (a->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "record accumulator re-entered while encoding");
+        return NULL;
+    }
+    if (a->ba == NULL && acc_reserve(a, 0) < 0)
+        return NULL;
+    if (Py_REFCNT(a->ba) > 1)
+        return PyByteArray_FromStringAndSize(PyByteArray_AS_STRING(a->ba),
+                                             RECORD_BATCH_OVERHEAD + a->len);
+    if (PyByteArray_Resize(a->ba, RECORD_BATCH_OVERHEAD + a->len) < 0)
+        return NULL;
+    return Py_NewRef(a->ba);
 }
 
 static PyObject *
@@ -1364,14 +1418,17 @@ static PyMethodDef Acc_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Acc_add, METH_FASTCALL, Acc_add_doc},
     {"extend", (PyCFunction)(void (*)(void))Acc_extend, METH_FASTCALL, Acc_extend_doc},
     {"records", (PyCFunction)Acc_records, METH_NOARGS, Acc_records_doc},
+    {"buffer", (PyCFunction)Acc_buffer, METH_NOARGS, Acc_buffer_doc},
     {NULL}
 };
 
 static PyTypeObject AccType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mq.log._crecords.RecordAccumulator",
-    .tp_doc = "RecordAccumulator(delete_horizon_ms=-1, future_type=None, owner=None)\n\n"
-              "The records of one batch being built (records.RecordAccumulator in C).",
+    .tp_doc = "RecordAccumulator(delete_horizon_ms=-1, future_type=None, owner=None, "
+              "capacity=0)\n\n"
+              "The records of one batch being built (records.RecordAccumulator in C); capacity:\n"
+              "the bytes of a full batch, header included, when known (sizes its buffer).",
     .tp_basicsize = sizeof(AccObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

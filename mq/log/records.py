@@ -704,6 +704,7 @@ _ENC: Final = _VARINT_CACHE
 _NULL: Final = _VARINT_CACHE[-1 + _SMALL]          # b"\x01"
 _ZERO: Final = _VARINT_CACHE[_SMALL]               # b"\x00"
 _ATTR0: Final = b"\x00"
+_HEADER_ROOM: Final = bytearray(RECORD_BATCH_OVERHEAD)
 
 
 def _encode_headers(headers) -> bytes:
@@ -749,7 +750,8 @@ class RecordAccumulator:
                  "last_offset_delta", "_horizon", "_future_type", "_owner")
 
     def __init__(self, delete_horizon_ms: int = NO_TIMESTAMP, future_type: type | None = None,
-                 owner: Any = None) -> None:
+                 owner: Any = None, capacity: int = 0) -> None:
+        # capacity (a full batch's bytes, when known) only sizes the C twin's buffer
         self._parts: list[bytes] = []
         self.count = 0
         self.size = RECORD_BATCH_OVERHEAD
@@ -762,6 +764,12 @@ class RecordAccumulator:
 
     def records(self) -> bytes:
         return b"".join(self._parts)
+
+    def buffer(self) -> bytearray:
+        """The batch so far: ``RECORD_BATCH_OVERHEAD`` zero bytes, room for its header, then
+        the records. (The C twin hands out its own buffer when nothing else holds it, so
+        ``BatchBuilder.build`` writes the header in place instead of copying the records.)"""
+        return bytearray().join((_HEADER_ROOM, *self._parts))
 
     def add(self, timestamp_ms: int | None, key, value, headers: Sequence) -> Any:
         if timestamp_ms is None:
@@ -864,7 +872,8 @@ class BatchBuilder:
     batches and an upper bound for compressed ones — what a producer's ``batch_size`` needs.
     Timestamps are milliseconds; ``None`` means now (CreateTime). The records live in a
     ``RecordAccumulator`` (C when built); ``append`` and ``add`` are its bound methods, so a
-    record costs one call. ``future_type``/``owner``: see ``RecordAccumulator.add``.
+    record costs one call. ``future_type``/``owner``: see ``RecordAccumulator.add``;
+    ``capacity``: the bytes of a full batch, if known (the C accumulator sizes its buffer).
     """
 
     __slots__ = ("_acc", "append", "add", "compression", "timestamp_type", "producer_id",
@@ -876,7 +885,8 @@ class BatchBuilder:
                  base_sequence: int = -1, is_transactional: bool = False,
                  is_control: bool = False, partition_leader_epoch: int = -1,
                  base_offset: int = 0, delete_horizon_ms: int = NO_TIMESTAMP,
-                 future_type: type | None = None, owner: Any = None) -> None:
+                 future_type: type | None = None, owner: Any = None,
+                 capacity: int = 0) -> None:
         if compression not in CODEC_NAMES:
             raise ValueError(f"invalid compression codec {compression}")
         self.compression = compression
@@ -889,7 +899,7 @@ class BatchBuilder:
         self.partition_leader_epoch = partition_leader_epoch
         self.base_offset = base_offset
         self._delete_horizon_ms = delete_horizon_ms
-        acc = self._acc = _Accumulator(delete_horizon_ms, future_type, owner)
+        acc = self._acc = _Accumulator(delete_horizon_ms, future_type, owner, capacity)
         self.append = acc.append
         self.add = acc.add
 
@@ -919,22 +929,25 @@ class BatchBuilder:
         return attrs
 
     def build(self) -> bytearray:
-        """The finished batch as a new ``bytearray`` (header, records, CRC)."""
+        """The finished batch (header, records, CRC) as a ``bytearray``. Uncompressed, it is
+        the accumulator's buffer with the header written in place (no copy of the records)
+        when nothing else holds that buffer; building again rewrites its header."""
         acc = self._acc
-        records = acc.records()
-        if self.compression != NONE:
-            records = _compress(self.compression, records)
-        size = RECORD_BATCH_OVERHEAD + len(records)
-        out = bytearray(size)
+        if self.compression == NONE:
+            out = acc.buffer()
+        else:
+            records = _compress(self.compression, acc.records())
+            out = bytearray(RECORD_BATCH_OVERHEAD + len(records))
+            out[RECORD_BATCH_OVERHEAD:] = records
         base_ts = NO_TIMESTAMP if acc.base_timestamp is None else acc.base_timestamp
         if self._delete_horizon_ms >= 0:   # an empty batch must still carry its horizon
             base_ts = self._delete_horizon_ms
-        HEADER.pack_into(out, 0, self.base_offset, size - LOG_OVERHEAD,
+        HEADER.pack_into(out, 0, self.base_offset, len(out) - LOG_OVERHEAD,
                          self.partition_leader_epoch, MAGIC, 0, self.attributes(),
                          max(acc.last_offset_delta, 0), base_ts, acc.max_timestamp,
                          self.producer_id, self.producer_epoch, self.base_sequence, acc.count)
-        out[RECORD_BATCH_OVERHEAD:] = records
-        _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+        with memoryview(out) as view:
+            _CRC.pack_into(out, CRC_OFFSET, crc32c(view[ATTRIBUTES_OFFSET:]))
         return out
 
 

@@ -278,8 +278,10 @@ def accumulated(cls, first_ts, rows, horizon=-1, deltas=None):
             acc.append(first_ts + ts, key, value, headers)
         else:
             acc.append(first_ts + ts, key, value, headers, deltas[i])
-    return (acc.records(), acc.size, acc.count, acc.base_timestamp, acc.max_timestamp,
-            acc.last_offset_delta)
+    buf = acc.buffer()
+    assert buf[:R.RECORD_BATCH_OVERHEAD] == bytes(R.RECORD_BATCH_OVERHEAD)   # header room
+    return (acc.records(), bytes(buf), acc.size, acc.count, acc.base_timestamp,
+            acc.max_timestamp, acc.last_offset_delta)
 
 
 @examples(200)
@@ -294,6 +296,65 @@ def test_accumulator_matches_python(rows, first_ts, horizon, gaps):
     deltas = None if gaps is None else [sum(gaps[:i + 1]) for i in range(len(rows))]
     assert accumulated(_crecords.RecordAccumulator, first_ts, rows, horizon, deltas) == \
         accumulated(R.RecordAccumulator, first_ts, rows, horizon, deltas)
+
+
+def built(acc_cls, rows, compression, fields, more):
+    """``rows`` through a BatchBuilder over ``acc_cls``, built; then built again with other
+    header fields, and again after ``more`` records: every batch as bytes, and whether each
+    earlier batch was left as it was."""
+    builder = R.BatchBuilder(compression=compression, **fields)
+    builder._acc = acc_cls(-1, None, None, fields["capacity"])
+    builder.append = builder._acc.append
+    for ts, key, value, headers in rows:
+        builder.append(ts, key, value, headers)
+    first = builder.build()
+    first_bytes = bytes(first)
+    builder.base_sequence += 1                       # re-sealed: the header is rewritten
+    second = builder.build()
+    second_bytes = bytes(second)
+    for ts, key, value, headers in more:
+        builder.append(ts, key, value, headers)
+    third = builder.build()
+    for batch in (first_bytes, second_bytes, bytes(third)):
+        RecordBatch(batch).validate()
+    return (first_bytes, second_bytes, bytes(third), bytes(first) == first_bytes,
+            bytes(second) == second_bytes)
+
+
+@examples(100)
+@given(st.lists(st.tuples(st.integers(0, 1 << 41), buffers, buffers, any_headers),
+                max_size=5),
+       st.sampled_from([R.NONE, R.GZIP]),
+       st.fixed_dictionaries({"producer_id": st.integers(-1, 1 << 40),
+                              "producer_epoch": st.integers(-1, 1000),
+                              "base_sequence": st.integers(-1, 1 << 20),
+                              "is_transactional": st.booleans(),
+                              "capacity": st.sampled_from([0, 61, 300, 1 << 16])}),
+       st.lists(st.tuples(st.integers(0, 1 << 41), buffers, buffers, any_headers),
+                max_size=2))
+def test_builder_batches_match_python(rows, compression, fields, more):
+    """BatchBuilder.build over the C accumulator (the header written into its own buffer,
+    sized by a capacity hint or not) gives the pure-Python reference's bytes, built again
+    after a change of header or more records, and never changes a batch already handed out."""
+    c = built(_crecords.RecordAccumulator, rows, compression, fields, more)
+    assert c == built(R.RecordAccumulator, rows, compression, fields, more)
+    assert c[3] and c[4]
+
+
+def test_buffer_is_handed_out_without_a_copy_only_when_unshared():
+    acc = _crecords.RecordAccumulator()
+    assert acc.buffer() == bytes(R.RECORD_BATCH_OVERHEAD)       # empty: the header room
+    acc.append(5, b"k", b"v" * 1000, ())
+    first = acc.buffer()
+    assert acc.buffer() is not first and acc.buffer() == first  # held: a copy
+    ident = id(first)
+    del first
+    again = acc.buffer()
+    assert id(again) == ident                                   # its own buffer again
+    view = memoryview(again)
+    acc.append(6, None, b"w", ())                               # moves to a new buffer
+    assert len(view) == len(again) and acc.size == len(acc.buffer()) > len(again)
+    view.release()
 
 
 @examples(100)
@@ -503,6 +564,10 @@ def test_no_memory_growth():
             acc = _crecords.RecordAccumulator(future_type=_crecords.RecordFuture, owner=acc)
             acc.add(None, b"k", b"v" * 100, [("trace", b"t"), ("ключ", None)])
             acc.records()
+            held = acc.buffer()
+            acc.add(None, b"k", b"v" * 100, ())                 # moves to a new buffer
+            del held
+            acc.buffer()
             try:
                 _crecords.encode_record(5, 1, b"k", b"v", [("trace", "not bytes")])
             except TypeError:
