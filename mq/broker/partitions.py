@@ -16,9 +16,11 @@ none — is a ``Partition`` in the ``PartitionTable``:
   this loop round; the loop publishes the touched ones at the end of the round.
 - **Waiters.** A consumer with nothing to read arms a waiter — (connection, semaphore, offset)
   — on each partition it reads (``arm``); ``due`` hands back the semaphores whose offset the
-  high watermark has passed, and forgets them. One waiter per (connection, semaphore) and
-  partition: a WAIT re-armed after a timeout replaces the old one (idle consumers polling with
-  short timeouts must not grow the broker).
+  high watermark has passed. A waiter stays armed after its post, its offset moved up to the
+  high watermark, so every later advance posts again: a consumer that caught up sleeps again
+  without another WAIT (one WAIT per assignment, not one per catch-up). A WAIT replaces every
+  waiter of its (connection, semaphore), on whichever partitions (idle consumers polling with
+  short timeouts must not grow the broker, and partitions no longer read stop posting).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class PartitionTable:
         # them and clears the set at the end of the round. The same set object for the
         # table's life, so the hot paths may keep a reference and add to it directly.
         self.touched: set[Partition] = set()
+        # Where each semaphore's waiters are armed, so a WAIT replaces them all.
+        self._armed: dict[posix_ipc.Semaphore, list[Partition]] = {}
 
     # --- lookup -------------------------------------------------------------------------------
     def get(self, topic: str, partition: int) -> Partition | None:
@@ -161,37 +165,50 @@ class PartitionTable:
     def arm(self, conn: Conn, sem: posix_ipc.Semaphore,
             positions: Iterable[tuple[str, int, int]]) -> bool:
         """WAIT: wake ``sem`` once any of ``positions`` (topic, partition, offset) has data at
-        its offset. True when one has already — or is gone, or its offset lies below the log
-        start — and the caller should post at once; the others are armed either way."""
+        its offset, and at every advance of their high watermarks after that (replacing the
+        semaphore's earlier waiters). True when one has data already — or is gone, or its
+        offset lies below the log start — and the caller should post at once; the others are
+        armed either way."""
+        for part in self._armed.pop(sem, ()):
+            part.waiters = [w for w in part.waiters if w[1] is not sem]
         ready = False
+        armed = []
         for topic, partition, offset in positions:
             part = self._by_key.get((topic, partition))
-            if part is None or offset < part.log.high_watermark or \
-                    offset < part.log.log_start_offset:
+            if part is None:
                 ready = True
-            else:
-                part.waiters = [w for w in part.waiters if w[0] is not conn or w[1] is not sem]
-                part.waiters.append((conn, sem, offset))
+                continue
+            hw = part.log.high_watermark
+            if offset < hw or offset < part.log.log_start_offset:
+                ready, offset = True, hw        # posted now: the next advance posts again
+            part.waiters.append((conn, sem, offset))
+            armed.append(part)
+        if armed:
+            self._armed[sem] = armed
         return ready
 
     @staticmethod
     def due(part: Partition) -> list[posix_ipc.Semaphore]:
         """The semaphores to post now: waiters whose offset the high watermark passed (they
-        are forgotten; the others stay). Waiters of closing connections are dropped."""
+        stay, their offset moved to the high watermark). Waiters of closing connections are
+        dropped."""
         hw = part.log.high_watermark
         keep, due = [], []
-        for conn, sem, offset in part.waiters:
+        for waiter in part.waiters:
+            conn, sem, offset = waiter
             if conn.closing:
                 continue
             if offset < hw:
                 due.append(sem)
-            else:
-                keep.append((conn, sem, offset))
+                waiter = (conn, sem, hw)
+            keep.append(waiter)
         part.waiters = keep
         return due
 
     def disarm(self, conn: Conn) -> None:
         """Forget every waiter of ``conn`` (its connection closed)."""
+        for sem in conn.semaphores.values():
+            self._armed.pop(sem, None)
         for part in self._by_key.values():
             if part.waiters:
                 part.waiters = [w for w in part.waiters if w[0] is not conn]

@@ -3,9 +3,15 @@
 The broker publishes each partition's offsets into its slot of the shared-memory state region
 (``mq/protocol/state.py``), which consumers read without a round trip. A consumer with nothing
 to read sends WAIT with its own semaphore and positions (``apis/produce.py``); the partition
-table arms a waiter, and ``wake`` posts the semaphore once the high watermark passes the
-position (``mq/client/consumer.py`` draws the protocol). What a slot says and which waiters
-are due is decided by the pure ``PartitionTable``; this module does the writing and posting.
+table arms a waiter, and ``wake`` posts the semaphore whenever the high watermark passes the
+waiter's offset (``mq/client/consumer.py`` draws the protocol). What a slot says and which
+waiters are due is decided by the pure ``PartitionTable``; this module does the writing and
+posting.
+
+A semaphore whose count is already above zero is not posted again (``nudge``): its consumer
+has a wake-up pending, and reads the state after taking it, so one more post would only be a
+spurious wake-up. That keeps the count of a consumer busy elsewhere at one, however many
+rounds pass, and posts a consumer reading several partitions once per round.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import posix_ipc
 from mq.broker.partitions import VACANT, Partition, PartitionTable
 from mq.protocol.state import StateWriter
 
-__all__ = ["StatePublisher", "post"]
+__all__ = ["StatePublisher", "nudge", "post"]
 
 
 def post(sem: posix_ipc.Semaphore) -> None:
@@ -24,6 +30,18 @@ def post(sem: posix_ipc.Semaphore) -> None:
         sem.release()
     except posix_ipc.Error:
         pass
+
+
+def _nudge(sem: posix_ipc.Semaphore) -> None:
+    try:
+        if not sem.value:                 # a user-space read: no syscall
+            sem.release()
+    except posix_ipc.Error:
+        pass
+
+
+# Post unless a post is pending (the module doc); where the count cannot be read, always post.
+nudge = _nudge if posix_ipc.SEMAPHORE_VALUE_SUPPORTED else post
 
 
 class StatePublisher:
@@ -40,7 +58,7 @@ class StatePublisher:
     def wake(self, part: Partition) -> None:
         """Post every waiter of ``part`` that the high watermark passed."""
         for sem in self._table.due(part):
-            post(sem)
+            nudge(sem)
 
     def publish_touched(self) -> None:
         """End of a loop round: publish the partitions whose state moved, then wake their
@@ -54,11 +72,12 @@ class StatePublisher:
 
     def vacate(self, part: Partition) -> None:
         """``part`` was removed (its topic deleted): every waiter is posted so it notices, and
-        the slot says so until it is reused."""
+        the slot says so until it is reused (written before the posts: a woken consumer reads
+        it)."""
+        self.state.publish(part.slot, VACANT)
         for _, sem, _ in part.waiters:
             post(sem)
         part.waiters = []
-        self.state.publish(part.slot, VACANT)
 
     def metadata_changed(self) -> None:
         """Topics or partitions changed (slots may have moved): clients re-read the metadata."""

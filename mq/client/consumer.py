@@ -14,10 +14,12 @@ Wake-up protocol (no busy polling)::
     consumer                                   broker
       fetch from maps: nothing new
       drain stale posts of my semaphore
-      WAIT(sem, [[topic, partition, position], ...])  ---->  post now if a position < HW,
-      sem.acquire(timeout) ... blocked ...                  else remember the waiter
-                                                <----  HW passes a position: sem.post()
-      loop: fetch again (a spurious wake-up only costs one look at the shm state)
+      WAIT(sem, [[topic, partition, position], ...])  ---->  post now if a position < HW;
+      sem.acquire(timeout) ... blocked ...                  remember the waiters
+                                                <----  HW passes a position: sem.post(),
+      drain the posts left, then fetch again              the waiter's position := HW
+      ... caught up: nothing new
+      sem.acquire(timeout) ... blocked ...      <----  HW advances again: sem.post()
 
 - The semaphore is the consumer's own: created ``O_CREX`` as ``<prefix><pid>-<random>``, opened
   by the broker on the first WAIT of a connection and *unlinked at once* after that (one round
@@ -27,8 +29,13 @@ Wake-up protocol (no busy polling)::
   broker cannot post, and a restarted one knows nothing of old waits. On connection loss it
   reconnects (backing off up to 1 s), re-opens the state region, refreshes metadata (slots may
   have moved) and, when the broker generation changed, re-lists every partition's segments.
-- The same WAIT is not re-sent while it is still armed (nothing posted since); the broker keeps
-  one waiter per (connection, semaphore) and partition.
+- Waiters stay armed after their post, so a consumer sends one WAIT per assignment, not one
+  per catch-up: after a wake-up it drains the posts left and only then reads the state, so an
+  advance it did not see is posted after the drain (the broker publishes before it posts) and
+  the next ``acquire`` returns at once. A WAIT is sent again when the partitions waited on,
+  the topic metadata or the connection change, or a position moved below the one armed (the
+  broker's waiter would wait for an offset past it); it replaces all the semaphore's waiters.
+  The broker does not post a semaphore whose count is above zero (a wake-up is pending).
 - Fork: a consumer used in a child process opens its own connection, state map and semaphore
   on first use (detected by pid); the parent's are left alone. Not thread-safe: use one
   consumer per thread, like kafka-python's.
@@ -93,6 +100,15 @@ def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
     except posix_ipc.SignalError:
         return True                       # EINTR: let the caller look again
     return True
+
+
+def _drain(sem: posix_ipc.Semaphore) -> None:
+    """Take every post pending on ``sem``."""
+    try:
+        while True:
+            sem.acquire(0)
+    except posix_ipc.BusyError:
+        pass
 
 
 class Consumer(Fetcher, GroupConsumer):
@@ -474,23 +490,21 @@ class Consumer(Fetcher, GroupConsumer):
                 # moves when a marker is appended.
                 offset = max(offset, self._state(f.tp, session).high_watermark)
             positions.append([f.tp.topic, f.tp.partition, offset])
-        key = tuple(map(tuple, positions))
-        if positions and key != session.armed:
-            try:
-                while True:
-                    session.sem.acquire(0)     # drain posts made before this look
-            except posix_ipc.BusyError:
-                pass
+        key = (self._meta_version, [(topic, partition) for topic, partition, _ in positions])
+        armed = session.armed
+        if armed is None or armed[0] != key or any(
+                p[2] < offset for p, offset in zip(positions, armed[1], strict=True)):
+            _drain(session.sem)               # posts made before this look
             try:
                 session.conn.send(Api.WAIT, session.name, positions)
             except BrokerUnavailableError:
                 self._lost()
                 return
-            session.armed = key
+            session.armed = (key, [p[2] for p in positions])
         if self._group_changed():
             return                            # the heartbeat thread's post may be drained
         if _block(session.sem, slice_s):
-            session.armed = None              # something fired: arm afresh next time
+            _drain(session.sem)               # before the next look at the state (module doc)
         elif not session.alive(self._on_reply):
             self._lost()
 

@@ -135,7 +135,7 @@ class Session:
         self.conn = Connection(socket_path, "mq-consumer", timeout)
         self.state: StateReader | None = None
         self.sem: posix_ipc.Semaphore | None = None
-        self.armed: tuple | None = None
+        self.armed: tuple | None = None     # what the last WAIT armed (consumer._wait)
         try:
             info = self.conn.broker_info
             self.generation = info["generation"]

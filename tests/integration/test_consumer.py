@@ -16,6 +16,7 @@ import random
 import signal
 import time
 
+import posix_ipc
 import psutil
 import pytest
 from brokers import broker_with, create_topic
@@ -552,6 +553,113 @@ def test_short_polls_rearm_and_a_later_record_still_wakes_at_once(broker, monkey
         started = time.monotonic()
         assert len(consumer.poll(timeout_ms=5000)[T0]) == 1
         assert time.monotonic() - started < WAKE_LIMIT_S
+
+
+def _count_waits(consumer: Consumer) -> list:
+    """Record the positions of every WAIT the consumer's connection sends from now on."""
+    conn = consumer._session.conn
+    sent, original = [], conn.send
+
+    def send(api, *fields):
+        if api == Api.WAIT:
+            sent.append(fields[1])
+        return original(api, *fields)
+    conn.send = send
+    return sent
+
+
+def _lockstep_reader(pipe, socket_path, rounds) -> None:
+    consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
+    with Consumer(socket=socket_path) as consumer:
+        consumer.assign([T0, T1])
+        waits = _count_waits(consumer)
+        for _ in range(rounds):
+            pipe.send(("ok", "ready"))
+            got = consumer.poll(timeout_ms=WAKE_LIMIT_S * 1000)
+            pipe.send(("ok", {tp.partition: [r.offset for r in rs] for tp, rs in got.items()}))
+        pipe.send(("ok", waits))
+
+
+def test_a_caught_up_consumer_is_woken_for_every_batch_without_another_wait(broker):
+    """Waiters stay armed after their post: a consumer that catches up again and again (each
+    batch sent while it is about to block, or blocked) is woken by the semaphore for every
+    one, and sends one WAIT in all. A lost wake-up shows as an empty poll (the liveness
+    check is stretched past the poll's timeout)."""
+    rounds = 150
+    child = Child(_lockstep_reader, broker.socket, rounds)
+    try:
+        with Connection(broker.socket) as conn:
+            for i in range(rounds):
+                assert child.recv() == "ready"
+                tp = (T0, T1)[i % 2]
+                offset = produce(conn, tp, [b"%d" % i])
+                assert child.recv() == {tp.partition: [offset]}, f"round {i}"
+        waits = child.recv()
+    finally:
+        child.close()
+    assert [[p[:2] for p in positions] for positions in waits] == [[["t", 0], ["t", 1]]]
+
+
+@pytest.mark.skipif(not posix_ipc.SEMAPHORE_VALUE_SUPPORTED, reason="needs sem_getvalue")
+def test_a_post_between_the_look_and_the_sleep_is_not_lost(broker, monkeypatch):
+    """The race the protocol closes: the consumer found nothing, then (before it blocks) a
+    record arrives and the broker posts. The post must still wake it — with no new WAIT."""
+    monkeypatch.setattr(consumer_module, "_LIVENESS_CHECK_S", LONG_LIVENESS_S)
+    with Consumer(socket=broker.socket) as consumer, Connection(broker.socket) as conn:
+        consumer.assign([T0])
+        assert consumer.poll(timeout_ms=1) == {}            # armed
+        waits = _count_waits(consumer)
+        fetch, pending = consumer._fetch, []
+
+        def fetch_then_produce(session, max_records):
+            out = fetch(session, max_records)
+            if not out and pending:
+                produce(conn, T0, [pending.pop()])
+                deadline = time.monotonic() + WAKE_LIMIT_S
+                while not session.sem.value:                 # until the broker posted
+                    assert time.monotonic() < deadline, "the broker did not post"
+            return out
+        monkeypatch.setattr(consumer, "_fetch", fetch_then_produce)
+        for i in range(20):
+            pending.append(b"%d" % i)
+            started = time.monotonic()
+            got = consumer.poll(timeout_ms=2 * WAKE_LIMIT_S * 1000)
+            assert time.monotonic() - started < WAKE_LIMIT_S, "woken by the timeout"
+            assert [bytes(r.value) for r in got.get(T0, [])] == [b"%d" % i]
+    assert waits == []
+
+
+def _racing_reader(pipe, socket_path, count) -> None:
+    consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
+    with Consumer(socket=socket_path) as consumer:
+        consumer.assign([T0])
+        waits = _count_waits(consumer)
+        offsets = []
+        while len(offsets) < count:
+            got = consumer.poll(timeout_ms=WAKE_LIMIT_S * 1000, max_records=3)
+            if not got:
+                break                     # lost wake-up: the parent sees the short list
+            offsets += [r.offset for r in got[T0]]
+        pipe.send(("ok", (offsets, len(waits))))
+
+
+def test_consumers_arming_while_a_producer_appends_get_every_record(broker):
+    """Three consumer processes catch up, sleep and wake while a producer process appends
+    small batches as fast as it can: each gets every record, none waits out a timeout."""
+    count = 2_000
+    readers = [Child(_racing_reader, broker.socket, count) for _ in range(3)]
+    try:
+        values = [b"%d" % i for i in range(count)]
+        with Connection(broker.socket) as conn:
+            for i in range(0, count, 4):
+                produce(conn, T0, values[i:i + 4])
+        for reader in readers:
+            offsets, waits = reader.recv(60)
+            assert offsets == list(range(count))
+            assert waits <= 2             # armed once (again after a move below the arm)
+    finally:
+        for reader in readers:
+            reader.close()
 
 
 # --- retention and out of range -----------------------------------------------------------------

@@ -158,7 +158,9 @@ def test_one_waiter_per_connection_semaphore_and_partition(open_log):
     assert [w[1] for w in p1.waiters] == [sem, other]
 
 
-def test_due_posts_the_passed_waiters_once(open_log):
+def test_due_posts_the_passed_waiters_and_keeps_them_armed(open_log):
+    """A posted waiter stays, its offset moved to the high watermark: the next advance posts
+    it again without another WAIT, and no advance posts nothing."""
     table = PartitionTable(slots=1)
     part = table.add("t", 0, open_log())
     a, b, c = conn(1), conn(2), conn(3)
@@ -170,10 +172,28 @@ def test_due_posts_the_passed_waiters_once(open_log):
     c.closing = True
     part.log.append(batch())                            # high watermark 1
     assert table.due(part) == [sa]                      # c's connection is closing: dropped
-    assert part.waiters == [(b, sb, 2)]
-    assert table.due(part) == []                        # posted once
-    part.log.append(batch(2))
-    assert table.due(part) == [sb] and not part.waiters
+    assert part.waiters == [(a, sa, 1), (b, sb, 2)]
+    assert table.due(part) == []                        # posted once per advance
+    part.log.append(batch(2))                           # high watermark 3
+    assert table.due(part) == [sa, sb]
+    assert part.waiters == [(a, sa, 3), (b, sb, 3)]
+
+
+def test_a_wait_replaces_every_waiter_of_its_semaphore(open_log):
+    """Partitions a consumer no longer waits on stop posting it; a ready position is armed at
+    the high watermark (the post at once covers what is there)."""
+    table = PartitionTable(slots=2)
+    p0, p1 = table.add("w", 0, open_log("w-0")), table.add("w", 1, open_log("w-1"))
+    p1.log.append(batch(2))
+    c, sem, other = conn(1), Sem("a"), Sem("b")
+    table.arm(c, sem, [("w", 0, 0), ("w", 1, 2)])
+    table.arm(c, other, [("w", 0, 0)])
+    assert table.arm(c, sem, [("w", 1, 0)])             # offset 0 < high watermark 2
+    assert p0.waiters == [(c, other, 0)]
+    assert p1.waiters == [(c, sem, 2)]
+    assert table.due(p1) == []                          # the post at once covered it
+    assert not table.arm(c, sem, [])                    # nothing: disarmed
+    assert not p1.waiters and p0.waiters == [(c, other, 0)]
 
 
 def test_disarm_forgets_a_connection_everywhere(open_log):
