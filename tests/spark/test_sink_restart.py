@@ -76,8 +76,9 @@ def _driver(socket_path: str, inputs: str, checkpoint: str, started: str, hold: 
     spark.sparkContext.setLogLevel("ERROR")
     mq.spark.register(spark)
     q = query(spark, socket_path, inputs, checkpoint, hold)
-    with open(started, "w") as f:
+    with open(started + ".tmp", "w") as f:       # renamed whole: never seen empty
         f.write(q.id)
+    os.rename(started + ".tmp", started)
     q.awaitTermination()
 
 
