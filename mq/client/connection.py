@@ -22,7 +22,7 @@ from mq.protocol.frames import FrameReader, encode_frame, encode_tail_frame
 from mq.protocol.messages import PROTOCOL_VERSION, TAIL_APIS, Api, Response, request
 from mq.protocol.paths import default_socket_path
 
-__all__ = ["Connection", "poll_ms", "resolve_socket"]
+__all__ = ["Connection", "poll_ms", "resolve_socket", "send_parts"]
 
 _RECV_BYTES = 1 << 16
 _MAX_POLL_MS = 1 << 30                   # about 12 days; longer waits are waits forever
@@ -36,7 +36,7 @@ def poll_ms(seconds: float) -> int:
     return max(0, math.ceil(seconds * 1000))
 
 
-def _send_all(sock: socket.socket, parts) -> None:
+def send_parts(sock: socket.socket, parts) -> None:
     """Send every byte of ``parts`` in order, with one ``sendmsg`` unless it is cut short."""
     sent = sock.sendmsg(parts)
     for part in parts:
@@ -123,7 +123,7 @@ class Connection:
             else (encode_frame(message),)
         with self._send_lock:
             try:
-                _send_all(sock, parts)
+                send_parts(sock, parts)
             except OSError as err:
                 raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         return rid

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from mq.client.connection import _send_all
+from mq.client.connection import send_parts
 from mq.protocol.frames import FrameReader, encode_tail_frame
 
 
@@ -32,7 +32,7 @@ class ShortSocket:
 def test_a_short_sendmsg_is_completed(first):
     parts = (b"head-bytes", b"", memoryview(b"tail" * 100))
     sock = ShortSocket(first)
-    _send_all(sock, parts)
+    send_parts(sock, parts)
     assert sock.data == b"".join(bytes(p) for p in parts)
 
 
@@ -47,7 +47,7 @@ def test_a_tail_frame_larger_than_the_socket_buffer_arrives_whole():
     reader = threading.Thread(target=drain)
     reader.start()
     with a:
-        _send_all(a, (head, tail))
+        send_parts(a, (head, tail))
     reader.join(30)
     b.close()
     frames = FrameReader(max_frame_bytes=1 << 24)
