@@ -49,7 +49,6 @@ from bench.harness import (
     merge_hists,
     mm,
     percentiles,
-    print_report,
     process_cpu,
     progress,
     quiet_gc,
@@ -58,7 +57,6 @@ from bench.harness import (
     run_workers,
     summary,
     wait_idle,
-    write_json,
 )
 
 # --- goals (perf-anchors.md §9, as set for this suite) -----------------------------------------
@@ -879,12 +877,10 @@ def main(argv: list[str] | None = None) -> int:
                    "decode": run_decode}
             harness.run_sections({k: functools.partial(f, ctx) for k, f in fns.items()}, only,
                                  res, meta.setdefault("contention", {}))
-        meta["loadavg_end"] = os.getloadavg()
-        meta["wall_seconds"] = time.perf_counter() - t_start
-        rows = res["table"] = build_table(res)
-        write_json(args.out, res, default=_json_default)
-        print_report("mq end-to-end benchmarks", meta, rows, args.out,
-                     f"{args.runs} runs{' (quick)' if args.quick else ''}")
+        harness.finish_run("mq end-to-end benchmarks", res, build_table, args.out,
+                           time.perf_counter() - t_start,
+                           f"{args.runs} runs{' (quick)' if args.quick else ''}",
+                           default=_json_default)
         if args.plots:
             from bench import report
             report.main(["--in", args.out, "--out-dir", args.plots])

@@ -48,9 +48,9 @@ from bench.harness import (
     Rows,
     WorkerError,
     add_run_arguments,
+    finish_run,
     machine_facts,
     mm,
-    print_report,
     process_cpu,
     progress_printer,
     quiet_gc,
@@ -58,7 +58,6 @@ from bench.harness import (
     run_workers,
     summary,
     wait_idle,
-    write_json,
 )
 
 # --- goals (the issue's) ------------------------------------------------------------------------
@@ -601,12 +600,9 @@ def main(argv: list[str] | None = None) -> int:
                                  progress=progress)
         finally:
             ctx.admin.close()
-        meta["loadavg_end"] = os.getloadavg()
-        meta["wall_seconds"] = time.perf_counter() - t_start
-        rows = res["table"] = build_table(res)
-        write_json(args.out, res)
-        print_report("mq exactly-once benchmarks", meta, rows, args.out,
-                     f"{args.runs} runs{' (quick)' if args.quick else ''}")
+        finish_run("mq exactly-once benchmarks", res, build_table, args.out,
+                   time.perf_counter() - t_start,
+                   f"{args.runs} runs{' (quick)' if args.quick else ''}")
     finally:
         if broker is not None:
             broker.close()

@@ -58,17 +58,16 @@ import mq
 from bench.harness import (
     Rows,
     add_run_arguments,
+    finish_run,
     machine_facts,
     mm,
     pct,
-    print_report,
     progress_printer,
     quiet_gc,
     rotated,
     run_sections,
     sched_ns,
     wait_idle,
-    write_json,
 )
 
 # --- goals and references -----------------------------------------------------------------------
@@ -948,12 +947,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ctx.admin.close()
         res["truncated"] = ctx.truncated
-        meta["loadavg_end"] = os.getloadavg()
-        meta["wall_seconds"] = time.monotonic() - t_start
-        rows = res["table"] = build_table(res)
-        write_json(args.out, res)
-        print_report("mq consumer-group benchmarks", meta, rows, args.out,
-                     "quick" if args.quick else "", notes=ctx.truncated)
+        finish_run("mq consumer-group benchmarks", res, build_table, args.out,
+                   time.monotonic() - t_start, "quick" if args.quick else "",
+                   notes=ctx.truncated)
     finally:
         if broker is not None:
             broker.close()

@@ -649,6 +649,21 @@ def print_report(title: str, meta: dict, rows: Rows, out: str, detail: str = "",
     print(f"JSON: {out} ({meta['wall_seconds']:.0f} s)")
 
 
+def finish_run(title: str, res: dict, build_table: Callable[[dict], Rows], out: str,
+               wall_seconds: float, detail: str = "", notes: Iterable[str] = (),
+               default: Callable[[Any], Any] | None = None) -> Rows:
+    """The end of a benchmark run: the closing facts in ``res["meta"]`` (load average, wall
+    seconds), the table built into ``res["table"]``, the JSON written to ``out``, and the
+    report printed (``print_report``). Returns the table."""
+    meta = res["meta"]
+    meta["loadavg_end"] = os.getloadavg()
+    meta["wall_seconds"] = wall_seconds
+    rows = res["table"] = build_table(res)
+    write_json(out, res, default=default)
+    print_report(title, meta, rows, out, detail, notes)
+    return rows
+
+
 def write_json(path: str, res: dict, default: Callable[[Any], Any] | None = None) -> None:
     """Every raw number to ``path`` (its directory made if missing)."""
     if os.path.dirname(path):

@@ -60,10 +60,10 @@ from bench.harness import (
     Rows,
     WorkerError,
     add_run_arguments,
+    finish_run,
     machine_facts,
     mm,
     pct,
-    print_report,
     process_cpu,
     progress_printer,
     quiet_gc,
@@ -72,7 +72,6 @@ from bench.harness import (
     run_workers,
     summary,
     wait_idle,
-    write_json,
 )
 
 GOAL_1S = 0.99                  # producer rec/s while scraped every 1 s / not scraped
@@ -559,14 +558,11 @@ def main(argv: list[str] | None = None) -> int:
                     "breakdown": functools.partial(run_breakdown, ctx)}
         run_sections(sections, list(sections), res, meta.setdefault("contention", {}),
                      progress=progress)
-        meta["loadavg_end"] = os.getloadavg()
-        meta["wall_seconds"] = time.perf_counter() - t_start
-        rows = res["table"] = build_table(res)
-        write_json(args.out, res)
+        finish_run("mq metrics benchmark", res, build_table, args.out,
+                   time.perf_counter() - t_start,
+                   f"{args.runs} runs{' (quick)' if args.quick else ''}")
         if args.profile:
             print(res["breakdown"]["profile_tottime"])
-        print_report("mq metrics benchmark", meta, rows, args.out,
-                     f"{args.runs} runs{' (quick)' if args.quick else ''}")
     finally:
         for shape in list(ctx.brokers):
             ctx.stop_broker(shape)

@@ -569,11 +569,10 @@ def ensure_celery() -> dict:
 def main(argv: list[str] | None = None) -> int:
     from bench.harness import (
         add_run_arguments,
+        finish_run,
         machine_facts,
-        print_report,
         run_sections,
         wait_idle,
-        write_json,
     )
     p = argparse.ArgumentParser(prog="python3 -m bench.workers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -620,13 +619,10 @@ def main(argv: list[str] | None = None) -> int:
                           "eos": lambda: run_eos(ctx), "failover": lambda: run_failover(ctx)},
                          only, res, meta.setdefault("contention", {}), progress=_progress)
         ctx.admin.close()
-        meta["loadavg_end"] = os.getloadavg()
-        meta["wall_seconds"] = time.monotonic() - t_start
-        rows = res["table"] = build_table(res)
-        write_json(args.out, res)
-        print_report("mq worker-pool benchmarks", meta, rows, args.out,
-                     f"{'quick; ' if args.quick else ''}Celery {versions.get('celery')}, "
-                     f"redis-server {versions.get('redis-server')}")
+        finish_run("mq worker-pool benchmarks", res, build_table, args.out,
+                   time.monotonic() - t_start,
+                   f"{'quick; ' if args.quick else ''}Celery {versions.get('celery')}, "
+                   f"redis-server {versions.get('redis-server')}")
     finally:
         if broker is not None:
             broker.close()
