@@ -264,12 +264,28 @@ def _default_socket() -> str:
     return default_socket_path()
 
 
+def start_broker(data_dir: str, socket_path: str | None = None):
+    """A ``BrokerProcess`` started on ``data_dir`` for a demo; ``MQError`` naming the broker's
+    last line of output and its log when it cannot start."""
+    from mq.errors import MQError
+    from mq.testing import BrokerProcess
+
+    broker = BrokerProcess(data_dir, socket_path=socket_path, log_level="WARNING")
+    try:
+        broker.start(timeout=30)
+    except RuntimeError as err:
+        lines = [line for line in broker.stderr().splitlines() if line.strip()]
+        raise MQError(f"could not start a broker on {data_dir}: "
+                      f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
+                      ) from err
+    return broker
+
+
 def _start_broker(args: argparse.Namespace, progress: _Progress):
     """(socket, broker process or None, data dir). Uses a broker already listening."""
     from mq.client.admin import Admin
-    from mq.errors import BrokerUnavailableError, MQError
+    from mq.errors import BrokerUnavailableError
     from mq.protocol.paths import default_data_dir
-    from mq.testing import BrokerProcess
 
     data_dir = os.path.abspath(os.path.expanduser(args.data_dir or default_data_dir()))
     explicit = args.socket or (None if args.data_dir else os.environ.get("MQ_SOCKET") or None)
@@ -282,14 +298,7 @@ def _start_broker(args: argparse.Namespace, progress: _Progress):
     except BrokerUnavailableError:
         pass
     progress.step(f"starting a broker on {data_dir}")
-    broker = BrokerProcess(data_dir, socket_path=explicit, log_level="WARNING")
-    try:
-        broker.start(timeout=30)
-    except RuntimeError as err:
-        lines = [line for line in broker.stderr().splitlines() if line.strip()]
-        raise MQError(f"could not start a broker on {data_dir}: "
-                      f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
-                      ) from err
+    broker = start_broker(data_dir, explicit)
     return broker.socket, broker, data_dir
 
 

@@ -125,9 +125,9 @@ def _step(text: str) -> None:
 
 def _broker(args: argparse.Namespace, temp: str):
     """(socket, the broker process started here or None, data dir)."""
+    from mq.cli.demo import start_broker
     from mq.client.admin import Admin
     from mq.errors import BrokerUnavailableError
-    from mq.testing import BrokerProcess
 
     if args.socket:
         with Admin(args.socket, timeout=10) as admin:
@@ -144,14 +144,7 @@ def _broker(args: argparse.Namespace, temp: str):
             _step(f"using the broker already running at {probe} (pid {info.get('pid')})")
             return probe, None, data_dir
     _step(f"starting a broker on {data_dir}")
-    broker = BrokerProcess(data_dir, log_level="WARNING")
-    try:
-        broker.start(timeout=30)
-    except RuntimeError as err:
-        lines = [line for line in broker.stderr().splitlines() if line.strip()]
-        raise MQError(f"could not start a broker on {data_dir}: "
-                      f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
-                      ) from err
+    broker = start_broker(data_dir)
     return broker.socket, broker, data_dir
 
 
