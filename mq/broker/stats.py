@@ -70,7 +70,6 @@ class BrokerStats:
         partitions = []
         for part in sorted(self._table, key=lambda p: (p.topic, p.partition)):
             plog = part.log
-            segments = plog.segments
             partitions.append({
                 "topic": part.topic, "partition": part.partition,
                 "internal": is_internal(part.topic),
@@ -78,7 +77,7 @@ class BrokerStats:
                 "high_watermark": plog.high_watermark,
                 "last_stable_offset": plog.last_stable_offset,
                 "log_end_offset": plog.log_end_offset,
-                "size_bytes": sum(s.size for s in segments), "segments": len(segments),
+                "size_bytes": plog.size_in_bytes, "segments": len(plog.segments),
                 "produced_records": part.produced_records,
                 "produced_bytes": part.produced_bytes})
         totals = self._cleaner.totals()
