@@ -248,6 +248,8 @@ class Producer(Sender):
         self._helper_wake_at = math.inf
         self._wake_r = self._wake_w = -1
         self._check_stash = False
+        self._caller_read_at = 0.0                   # _read_for_caller: not again before
+        self._finish_later: list = []                # outcomes with callbacks, for the I/O thread
         self._pid_pending = False                    # a new producer id is being fetched
         self._pid_retry_at = 0.0
         self._pid_backoff = self._backoff_s
@@ -449,11 +451,20 @@ class Producer(Sender):
                     batch = self._new_batch(info, partition)
                 fut = batch.add(timestamp_ms, key, value, headers)
             if not self._settle(batch, info, batch.records.size + size + 21) and not closed:
-                return fut
-            finished: list = []
-            self._pump(finished)
+                if self._linger_s or not self._acks:
+                    return fut
+                conn = self._due_reply()          # linger_ms=0, and no room in flight
+                if conn is None:
+                    return fut
+                finished: list = []
+            else:
+                conn = None
+                finished = []
+                self._pump(finished)
         for args in finished:
             finish_batch(*args)
+        if conn is not None:
+            self._read_for_caller(conn)
         return fut
 
     def send_many(self, topic: str, values: Iterable, keys: Iterable | None = None,
@@ -665,6 +676,8 @@ class Producer(Sender):
             self._closed = True
             self._stopping = True
             err = ClosedError("the producer was closed before this record was delivered")
+            finished.extend(self._finish_later)   # delivered: their real outcome
+            self._finish_later = []
             for batch in list(self._incomplete):
                 finished.append((batch, -1, -1, err))
             self._open.clear()
@@ -817,10 +830,13 @@ class Producer(Sender):
         info.open[partition] = batch
         self._open[batch] = None
         self._incomplete.add(batch)
-        if batch.deadline < self._helper_wake_at and (
-                self._acks == 0
-                or len(self._in_flight) + len(self._ready) < self._max_in_flight):
-            self._helper_wake_at = batch.deadline     # the I/O thread must close it in time
+        room = len(self._in_flight) + len(self._ready) < self._max_in_flight
+        # The I/O thread must close the batch in time, unless send() closes it before it lets
+        # go of the lock (linger_ms=0 with room in flight): waking it for nothing costs the
+        # caller a GIL hand-over on every record.
+        if batch.deadline < self._helper_wake_at and (self._acks == 0 or room) and \
+                (self._linger_s or not room):
+            self._helper_wake_at = batch.deadline
             self._wake()
         return batch
 

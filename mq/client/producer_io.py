@@ -14,6 +14,11 @@ helper thread that needs the GIL while the caller is busy waits up to the 5 ms s
 (see perf-anchors §5), so the design keeps the thread off the hot path: the caller sends its own
 batches, and when ``max_in_flight`` requests are outstanding and ``max_in_flight`` more batches
 are queued, ``send()`` waits on a condition — which hands the GIL to the I/O thread at once.
+With ``linger_ms=0`` a record is due at once, so ``send()`` does not wake the thread for it,
+and when ``max_in_flight`` requests are out it reads the replies waiting on the socket itself
+(at most every 50 µs) and sends the batch they made room for: a caller that keeps the CPU
+busy between sends would otherwise hold every record back for the switch interval
+(``_due_reply``). Callbacks still run on the I/O thread.
 
 Ordering, retries and reconnects
 --------------------------------
@@ -98,6 +103,7 @@ log = logging.getLogger("mq.producer")
 
 _INF = float("inf")
 _MAX_BACKOFF_S = 1.0                       # Kafka's retry.backoff.max.ms
+_CALLER_READ_S = 50e-6                     # send() looks for replies at most this often
 
 
 class Sender:
@@ -163,6 +169,47 @@ class Sender:
                 if now + self._request_timeout_s < self._helper_wake_at:
                     self._helper_wake_at = now + self._request_timeout_s
                     self._wake()                  # so the I/O thread watches the timeout
+
+    def _due_reply(self) -> Connection | None:
+        """In ``send()``, under the lock: a batch is due (``linger_ms=0``) but
+        ``max_in_flight`` requests are out. Their replies may already wait on the socket for
+        an I/O thread that itself waits for the GIL while this thread is busy, up to the 5 ms
+        switch interval, and the batch with it. Returns the connection to read them from if a
+        look is due: the oldest request is at least 50 µs old (a broker's answer takes about
+        that), and the last look was 50 µs ago or more."""
+        conn = self._conn
+        if conn is None or not self._in_flight or threading.get_ident() == self._helper_ident:
+            return None
+        now = time.monotonic()
+        if now < self._caller_read_at or \
+                now - next(iter(self._in_flight.values())).sent_at < _CALLER_READ_S:
+            return None
+        self._caller_read_at = now + _CALLER_READ_S
+        return conn
+
+    def _read_for_caller(self, conn: Connection) -> None:
+        """``send()`` reads the replies waiting on ``conn`` (``_due_reply``) and sends what
+        they made room for, as the I/O thread would. Futures resolve here, but outcomes with
+        callbacks go to the I/O thread, where callbacks always run."""
+        try:
+            replies = conn.poll_any(0.0)
+        except (MQError, OSError):
+            return                                # the I/O thread sees the broken connection
+        if not replies:
+            return
+        finished: list = []
+        with self._lock:
+            if conn is not self._conn:
+                return                            # what was in flight on it is re-sent
+            self._dispatch(replies, finished)
+            self._service(time.monotonic(), finished)
+            self._cond.notify_all()
+            if not self._stopping and any(args[0].callbacks for args in finished):
+                self._finish_later.extend(finished)
+                finished = []
+                self._wake()
+        for args in finished:
+            finish_batch(*args)
 
     def _requeue(self, batch: Batch, err: BaseException, backoff: float,
                  finished: list) -> None:
@@ -262,8 +309,8 @@ class Sender:
     def _loop(self) -> None:
         poller, polled_fd = None, -2
         while True:
-            finished: list = []
             with self._lock:
+                finished, self._finish_later = self._finish_later, []
                 if self._stopping:
                     return
                 now = time.monotonic()
@@ -315,7 +362,8 @@ class Sender:
                     except (BlockingIOError, OSError):
                         pass
                 elif ready_fd == fd and conn is not None:
-                    self._read(conn, self._request_timeout_s)
+                    # Readable, so nothing to wait for; send() may have taken the replies.
+                    self._read(conn, 0.0)
 
     def _reconnect(self) -> Connection | None:
         try:
@@ -430,6 +478,10 @@ class Sender:
         if self._in_flight:
             wake = min(wake, next(iter(self._in_flight.values())).sent_at
                        + self._request_timeout_s)
+        elif wake == _INF and self._conn is not None:
+            # Look in anyway when a request sent from now on could time out: _pump then need
+            # not wake this thread for each request sent into an empty pipeline.
+            wake = now + self._request_timeout_s
         if self._conn is None:
             wake = min(wake, self._reconnect_at)
         elif self._pid_pending:

@@ -196,6 +196,40 @@ def test_linger_zero_sends_at_once(broker):
             assert producer.send("t", value=b"%d" % i).get(timeout=WAIT).offset == i
 
 
+def test_a_busy_caller_reads_its_own_replies_with_linger_zero(broker):
+    """A caller that never lets go of the GIL (a busy loop) keeps its linger_ms=0 records
+    moving: send() reads the replies the I/O thread cannot, which would otherwise wait for
+    the switch interval (here 30 s). Callbacks still run on the I/O thread, afterwards."""
+    create_topic(broker, "t", 1)
+    caller = threading.get_ident()
+    callback_threads: list[int] = []
+    old = sys.getswitchinterval()
+    with Producer(socket=broker.socket, acks=1, linger_ms=0, max_in_flight=1) as producer:
+        producer.send("t", value=b"warm").get(timeout=WAIT)
+        sys.setswitchinterval(WAIT)
+        try:
+            futures = []
+            deadline = time.monotonic() + WAIT
+            while time.monotonic() < deadline:     # busy: the GIL is never waited for
+                futures.append(producer.send("t", value=b"%d" % len(futures)))
+                if len(futures) == 1:
+                    futures[0].add_callback(
+                        lambda meta: callback_threads.append(threading.get_ident()))
+                spin_until = time.perf_counter() + 100e-6
+                while time.perf_counter() < spin_until:
+                    pass
+                if sum(f.is_done for f in futures) >= 50:
+                    break
+            acknowledged = sum(f.is_done for f in futures)
+        finally:
+            sys.setswitchinterval(old)
+        assert acknowledged >= 50, f"only {acknowledged} of {len(futures)} acknowledged"
+        producer.flush(timeout=WAIT)
+        assert [f.get(timeout=WAIT).offset for f in futures] == \
+            list(range(1, len(futures) + 1))
+    assert callback_threads and callback_threads[0] != caller
+
+
 def test_many_small_sends_make_few_batches(broker):
     create_topic(broker, "t", 1)
     with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=16384) as p:
