@@ -226,6 +226,7 @@ class Producer(Sender):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._cb_lock = threading.Lock()
+        self._buffers: list[bytearray] = []        # finished batches' buffers, reused
         self._open: dict[Batch, None] = {}          # open batches, oldest first
         self._full: dict[Batch, None] = {}          # open, full, waiting for room
         self._ready: collections.deque[Batch] = collections.deque()   # closed, by seq
@@ -826,7 +827,8 @@ class Producer(Sender):
                 self._stale_metadata()
         elif now - info.fetched > self._metadata_max_age_s:
             self._topics.pop(info.name, None)
-        batch = Batch(info, partition, self._codec, now, self._linger_s, self._cb_lock)
+        batch = Batch(info, partition, self._codec, now, self._linger_s, self._cb_lock,
+                      self._buffers)
         info.open[partition] = batch
         self._open[batch] = None
         self._incomplete.add(batch)

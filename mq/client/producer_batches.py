@@ -10,6 +10,7 @@ once, outside that lock, and runs its futures' callbacks on the thread that fini
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from mq.log.records import BatchBuilder, FutureBase
 __all__ = ["Batch", "FutureRecordMetadata", "TopicState", "finish_batch"]
 
 log = logging.getLogger("mq.producer")
+
+POOLED_BUFFERS = 4           # finished batches' buffers a producer keeps for its next batches
 
 
 class TopicState:
@@ -54,16 +57,20 @@ class Batch:
     __slots__ = ("topic", "partition", "info", "builder", "add", "records", "created", "deadline",
                  "data", "seq", "attempts", "not_before", "sent_at", "base_offset",
                  "log_append_time", "error", "last_error", "done", "event", "callbacks", "lock",
-                 "producer_id", "producer_epoch")
+                 "producer_id", "producer_epoch", "pool")
 
     def __init__(self, info: TopicState, partition: int, compression: int, now: float,
-                 linger_s: float, lock: threading.Lock) -> None:
+                 linger_s: float, lock: threading.Lock, pool: list[bytearray]) -> None:
         self.topic = info.name
         self.partition = partition
         self.info = info
+        # pool: finished batches' buffers (finish_batch); popped only under the producer's
+        # lock, which this runs under, so a non-empty pool stays non-empty until the pop.
         self.builder = builder = BatchBuilder(compression=compression,
                                               future_type=FutureRecordMetadata, owner=self,
-                                              capacity=info.batch_limit)
+                                              capacity=info.batch_limit,
+                                              buffer=pool.pop() if pool else None)
+        self.pool = pool
         # add(timestamp_ms | None, key, value, headers) -> the record's future: one C call;
         # records.size: the batch's size so far (read for every record)
         self.add = builder.add
@@ -188,7 +195,12 @@ def finish_batch(batch: Batch, base_offset: int, log_append_time: int,
         callbacks, batch.callbacks = batch.callbacks, None
     batch.event.set()
     batch.builder = batch.add = batch.records = None   # sent: let the records' bytes go
-    batch.data = None
+    data, batch.data = batch.data, None
+    # The next batch is built in this one's buffer, if nothing else holds it (getrefcount:
+    # `data` and its own argument): a 1 MiB batch in fresh memory costs 256 page faults.
+    if type(data) is bytearray and len(batch.pool) < POOLED_BUFFERS and \
+            sys.getrefcount(data) == 2:
+        batch.pool.append(data)
     if callbacks:
         for fut, fn, args, kwargs, errback in callbacks:
             _run_callback(fut, fn, args, kwargs, errback)

@@ -1021,6 +1021,7 @@ typedef struct {
     long long count, base_ts, max_ts, last_delta, horizon;
     int has_base;
     int busy;                       /* inside acc_append: Python code it runs may not re-enter */
+    int handed;                     /* ba was handed in (init's buffer) and not yet adopted */
     PyTypeObject *future_type;      /* NULL: add() is not available */
     PyObject *owner;
 } AccObject;
@@ -1030,13 +1031,18 @@ static PyObject *empty_list;          /* headers of a record without any; never 
 static int
 Acc_init(AccObject *a, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"delete_horizon_ms", "future_type", "owner", "capacity", NULL};
+    static char *kwlist[] = {"delete_horizon_ms", "future_type", "owner", "capacity",
+                             "buffer", NULL};
     long long horizon = -1;
     Py_ssize_t capacity = 0;
-    PyObject *ftype = Py_None, *owner = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|LOOn", kwlist, &horizon, &ftype, &owner,
-                                     &capacity))
+    PyObject *ftype = Py_None, *owner = Py_None, *buffer = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|LOOnO", kwlist, &horizon, &ftype, &owner,
+                                     &capacity, &buffer))
         return -1;
+    if (buffer != Py_None && !PyByteArray_CheckExact(buffer)) {
+        PyErr_SetString(PyExc_TypeError, "buffer must be a bytearray");
+        return -1;
+    }
     if (ftype != Py_None && !(PyType_Check(ftype) &&
                               PyType_IsSubtype((PyTypeObject *)ftype, &FutureType))) {
         PyErr_SetString(PyExc_TypeError, "future_type must be a subclass of RecordFuture");
@@ -1054,6 +1060,14 @@ Acc_init(AccObject *a, PyObject *args, PyObject *kwds)
     a->last_delta = -1;
     a->horizon = horizon;
     a->hint = capacity > RECORD_BATCH_OVERHEAD ? capacity - RECORD_BATCH_OVERHEAD : 0;
+    /* A finished batch's buffer handed back (the producer's pool): written from the start,
+     * it saves a fresh allocation and the page faults of its first touch. It is only written
+     * while this accumulator is its sole owner (acc_reserve), like a buffer of its own. */
+    a->handed = 0;
+    if (buffer != Py_None && PyByteArray_GET_SIZE(buffer) >= RECORD_BATCH_OVERHEAD) {
+        Py_XSETREF(a->ba, Py_NewRef(buffer));
+        a->handed = 1;                /* adopted on first use, if nothing else holds it */
+    }
     Py_XSETREF(a->future_type,
                ftype == Py_None ? NULL : (PyTypeObject *)Py_NewRef(ftype));
     Py_XSETREF(a->owner, Py_NewRef(owner));
@@ -1094,6 +1108,13 @@ Acc_dealloc(AccObject *a)
 static int
 acc_reserve(AccObject *a, Py_ssize_t need)
 {
+    if (a->handed) {                /* init's buffer, before anything was written to it */
+        a->handed = 0;
+        if (Py_REFCNT(a->ba) == 1)
+            memset(PyByteArray_AS_STRING(a->ba), 0, RECORD_BATCH_OVERHEAD);
+        else
+            Py_CLEAR(a->ba);        /* still held elsewhere: never written, start anew */
+    }
     Py_ssize_t cap = a->ba ? PyByteArray_GET_SIZE(a->ba) - RECORD_BATCH_OVERHEAD : 0;
     int own = a->ba != NULL && Py_REFCNT(a->ba) == 1;
     if (own && need <= cap - a->len)
@@ -1371,7 +1392,7 @@ Acc_buffer(AccObject *a, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "record accumulator re-entered while encoding");
         return NULL;
     }
-    if (a->ba == NULL && acc_reserve(a, 0) < 0)
+    if ((a->ba == NULL || a->handed) && acc_reserve(a, 0) < 0)
         return NULL;
     if (Py_REFCNT(a->ba) > 1)
         return PyByteArray_FromStringAndSize(PyByteArray_AS_STRING(a->ba),
@@ -1426,9 +1447,10 @@ static PyTypeObject AccType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mq.log._crecords.RecordAccumulator",
     .tp_doc = "RecordAccumulator(delete_horizon_ms=-1, future_type=None, owner=None, "
-              "capacity=0)\n\n"
+              "capacity=0, buffer=None)\n\n"
               "The records of one batch being built (records.RecordAccumulator in C); capacity:\n"
-              "the bytes of a full batch, header included, when known (sizes its buffer).",
+              "the bytes of a full batch, header included, when known (sizes its buffer);\n"
+              "buffer: a bytearray nothing else holds, to build the batch in.",
     .tp_basicsize = sizeof(AccObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

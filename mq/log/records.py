@@ -750,8 +750,9 @@ class RecordAccumulator:
                  "last_offset_delta", "_horizon", "_future_type", "_owner")
 
     def __init__(self, delete_horizon_ms: int = NO_TIMESTAMP, future_type: type | None = None,
-                 owner: Any = None, capacity: int = 0) -> None:
-        # capacity (a full batch's bytes, when known) only sizes the C twin's buffer
+                 owner: Any = None, capacity: int = 0, buffer: bytearray | None = None) -> None:
+        # capacity (a full batch's bytes, when known) and buffer (a finished batch's bytearray
+        # to reuse) only serve the C twin, which builds the batch in place
         self._parts: list[bytes] = []
         self.count = 0
         self.size = RECORD_BATCH_OVERHEAD
@@ -873,7 +874,9 @@ class BatchBuilder:
     Timestamps are milliseconds; ``None`` means now (CreateTime). The records live in a
     ``RecordAccumulator`` (C when built); ``append`` and ``add`` are its bound methods, so a
     record costs one call. ``future_type``/``owner``: see ``RecordAccumulator.add``;
-    ``capacity``: the bytes of a full batch, if known (the C accumulator sizes its buffer).
+    ``capacity``: the bytes of a full batch, if known (the C accumulator sizes its buffer);
+    ``buffer``: a ``bytearray`` nothing else holds (a finished batch's), for the C accumulator
+    to build this batch in.
     """
 
     __slots__ = ("_acc", "append", "add", "compression", "timestamp_type", "producer_id",
@@ -886,7 +889,7 @@ class BatchBuilder:
                  is_control: bool = False, partition_leader_epoch: int = -1,
                  base_offset: int = 0, delete_horizon_ms: int = NO_TIMESTAMP,
                  future_type: type | None = None, owner: Any = None,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, buffer: bytearray | None = None) -> None:
         if compression not in CODEC_NAMES:
             raise ValueError(f"invalid compression codec {compression}")
         self.compression = compression
@@ -899,7 +902,7 @@ class BatchBuilder:
         self.partition_leader_epoch = partition_leader_epoch
         self.base_offset = base_offset
         self._delete_horizon_ms = delete_horizon_ms
-        acc = self._acc = _Accumulator(delete_horizon_ms, future_type, owner, capacity)
+        acc = self._acc = _Accumulator(delete_horizon_ms, future_type, owner, capacity, buffer)
         self.append = acc.append
         self.add = acc.add
 

@@ -926,3 +926,18 @@ def test_produce_cli_line_over_the_brokers_request_limit(tmp_path):
                                 "line 2 is too large for the broker", "max_request_bytes 4096",
                                 "produced the 1 record before it to t", code=1)
         assert "value 5000 B" in line
+
+
+def test_batches_built_in_reused_buffers_keep_every_record(broker):
+    """Each batch is built in a finished batch's buffer when one is free: records of all
+    sizes, batch after batch (pipelined, and one at a time), land as sent."""
+    create_topic(broker, "t", 1)
+    values = [os.urandom(n) for n in (70_000, 10, 3000, 65536, 1, 200_000) * 8]
+    with Producer(socket=broker.socket, acks=1, linger_ms=0, batch_size=128 * 1024) as producer:
+        for i, value in enumerate(values[:24]):
+            assert producer.send("t", value=value).get(timeout=WAIT).offset == i
+        futures = [producer.send("t", value=value) for value in values[24:]]
+        producer.flush(timeout=WAIT)
+        assert [f.get(timeout=WAIT).offset for f in futures] == list(range(24, len(values)))
+        assert producer._buffers                  # finished batches' buffers came back
+    assert [r[3] for r in read_records(broker, "t")[0]] == values

@@ -298,12 +298,13 @@ def test_accumulator_matches_python(rows, first_ts, horizon, gaps):
         accumulated(R.RecordAccumulator, first_ts, rows, horizon, deltas)
 
 
-def built(acc_cls, rows, compression, fields, more):
-    """``rows`` through a BatchBuilder over ``acc_cls``, built; then built again with other
-    header fields, and again after ``more`` records: every batch as bytes, and whether each
-    earlier batch was left as it was."""
+def built(acc_cls, rows, compression, fields, more, recycled=None):
+    """``rows`` through a BatchBuilder over ``acc_cls`` (in a copy of the ``recycled`` buffer,
+    if given), built; then built again with other header fields, and again after ``more``
+    records: every batch as bytes, and whether each earlier batch was left as it was."""
     builder = R.BatchBuilder(compression=compression, **fields)
-    builder._acc = acc_cls(-1, None, None, fields["capacity"])
+    builder._acc = acc_cls(-1, None, None, fields["capacity"],
+                           None if recycled is None else bytearray(recycled))
     builder.append = builder._acc.append
     for ts, key, value, headers in rows:
         builder.append(ts, key, value, headers)
@@ -331,14 +332,32 @@ def built(acc_cls, rows, compression, fields, more):
                               "is_transactional": st.booleans(),
                               "capacity": st.sampled_from([0, 61, 300, 1 << 16])}),
        st.lists(st.tuples(st.integers(0, 1 << 41), buffers, buffers, any_headers),
-                max_size=2))
-def test_builder_batches_match_python(rows, compression, fields, more):
+                max_size=2),
+       st.one_of(st.none(), st.binary(max_size=3000)))
+def test_builder_batches_match_python(rows, compression, fields, more, recycled):
     """BatchBuilder.build over the C accumulator (the header written into its own buffer,
-    sized by a capacity hint or not) gives the pure-Python reference's bytes, built again
-    after a change of header or more records, and never changes a batch already handed out."""
-    c = built(_crecords.RecordAccumulator, rows, compression, fields, more)
-    assert c == built(R.RecordAccumulator, rows, compression, fields, more)
+    sized by a capacity hint or not, fresh or a used one handed back with whatever it held)
+    gives the pure-Python reference's bytes, built again after a change of header or more
+    records, and never changes a batch already handed out."""
+    c = built(_crecords.RecordAccumulator, rows, compression, fields, more, recycled)
+    assert c == built(R.RecordAccumulator, rows, compression, fields, more, recycled)
     assert c[3] and c[4]
+
+
+def test_a_handed_back_buffer_is_built_in_only_while_nothing_else_holds_it():
+    recycled = bytearray(b"\xff" * 4096)
+    acc = _crecords.RecordAccumulator(-1, None, None, 4096, recycled)
+    acc.append(5, b"k", b"v" * 100, ())
+    assert recycled == b"\xff" * 4096                           # still held here: untouched
+    assert bytes(acc.buffer()[:R.RECORD_BATCH_OVERHEAD]) == bytes(R.RECORD_BATCH_OVERHEAD)
+    ident = id(recycled)
+    acc = _crecords.RecordAccumulator(-1, None, None, 4096, recycled)
+    del recycled
+    acc.append(5, b"k", b"v" * 100, ())
+    out = acc.buffer()
+    assert id(out) == ident and len(out) == acc.size             # built in it, no copy
+    with pytest.raises(TypeError):
+        _crecords.RecordAccumulator(-1, None, None, 0, b"bytes")
 
 
 def test_buffer_is_handed_out_without_a_copy_only_when_unshared():
