@@ -1,7 +1,8 @@
-"""Builds the optional C record codec; all project metadata lives in pyproject.toml.
+"""Builds the optional C extensions; all project metadata lives in pyproject.toml.
 
 ``optional=True``: without a C compiler the build of ``mq.log._crecords`` is skipped with a
-warning and mq falls back to the pure-Python codec in ``mq/log/records.py``.
+warning and mq falls back to the pure-Python codec in ``mq/log/records.py``; without
+``mq.protocol._futex`` (or off Linux) consumers sleep on their POSIX semaphore.
 """
 
 from setuptools import Extension, setup
@@ -9,5 +10,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("mq.log._crecords", ["mq/log/_crecords.c"], optional=True),
+        Extension("mq.protocol._futex", ["mq/protocol/_futex.c"], optional=True),
     ],
 )

@@ -72,7 +72,7 @@ from mq.protocol.messages import (
     check_request,
     response,
 )
-from mq.protocol.state import StateWriter, semaphore_prefix
+from mq.protocol.state import StateWriter, futex, semaphore_prefix
 
 __all__ = ["Broker", "run_broker"]
 
@@ -466,7 +466,8 @@ class Broker:
                          "pid": os.getpid(), "gid": os.getegid(),
                          "semaphore_prefix": self._sem_prefix, "shm": self.state.name,
                          "max_request_bytes": self.config.max_request_bytes,
-                         "frame_tail": True})     # Produce's batch may follow as a raw tail
+                         "frame_tail": True,      # Produce's batch may follow as a raw tail
+                         "futex_wake": futex is not None})   # every publish wakes a sleeper
 
     # --- background work ----------------------------------------------------------------------
     def _on_swapped(self, plog: PartitionLog) -> None:

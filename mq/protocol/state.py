@@ -26,6 +26,12 @@ Seqlock: the writer makes the sequence odd, writes the fields, makes it even aga
 copies the slot and retries until it saw the same even sequence before and after, so it never
 sees a torn (offset, position) pair. Stores are ordered on x86-64 (TSO) and each field write
 is a separate C call, so no barrier is needed there; other architectures would need one.
+
+Futex word: the low 32 bits of a slot's sequence (its first 4 bytes) change on every publish.
+A caught-up consumer sleeps on them (``futex_waitv``, ``_futex.wait_any``) having read the
+sequence before its last look; after each publish the writer wakes one sleeper
+(``FUTEX_WAKE``, 1), and the consumer it woke wakes the rest (``mq/client/consumer.py``). A
+publish the consumer has not seen makes the word differ, so its sleep does not begin.
 """
 
 from __future__ import annotations
@@ -42,7 +48,13 @@ import posix_ipc
 
 from mq.errors import BrokerUnavailableError
 
-__all__ = ["PartitionState", "StateReader", "StateWriter", "semaphore_prefix", "shm_name"]
+__all__ = ["PartitionState", "StateReader", "StateWriter", "futex", "semaphore_prefix",
+           "shm_name", "slot_offset"]
+
+try:                                   # optional C extension (setup.py): futex wake-ups
+    from mq.protocol import _futex as futex
+except ImportError:                    # not built, or not Linux: semaphores only
+    futex = None
 
 MAGIC: Final = b"MQSTATE1"
 LAYOUT_VERSION: Final = 1
@@ -54,6 +66,12 @@ _SEQ: Final = struct.Struct("<q")
 _FIELDS: Final = struct.Struct("<qqqqqqq")          # the slot after its sequence
 _META_VERSION: Final = struct.Struct("<q")
 DEFAULT_SLOTS: Final = 4096
+
+
+def slot_offset(slot: int) -> int:
+    """Where slot ``slot`` starts in the region: its sequence, whose low half is its futex
+    word."""
+    return HEADER_SIZE + SLOT_SIZE * slot
 
 
 def _tag(data_dir: str) -> str:
@@ -118,6 +136,8 @@ class StateWriter:
                           state.segment_generation, state.log_end_offset)
         _SEQ.pack_into(self._map, base, seq + 1)              # even: stable
         self._seqs[slot] = seq + 1
+        if futex is not None:
+            futex.wake(self._map, base, 1)                    # one; it wakes the others
 
     def bump_metadata_version(self) -> int:
         (version,) = _META_VERSION.unpack_from(self._map, 32)
@@ -163,6 +183,10 @@ class StateReader:
 
     def read(self, slot: int) -> PartitionState:
         """A consistent snapshot of one slot (seqlock read)."""
+        return self.snapshot(slot)[1]
+
+    def snapshot(self, slot: int) -> tuple[int, PartitionState]:
+        """A consistent snapshot of one slot with the (even) sequence it was taken at."""
         base = HEADER_SIZE + SLOT_SIZE * slot
         unpack = _SLOT.unpack_from
         m = self._map
@@ -171,7 +195,12 @@ class StateReader:
             if seq & 1:
                 continue
             if _SEQ.unpack_from(m, base)[0] == seq:
-                return PartitionState(*fields)
+                return seq, PartitionState(*fields)
+
+    @property
+    def region(self) -> mmap.mmap:
+        """The read-only map, for futex waits on its slots' words."""
+        return self._map
 
     def close(self) -> None:
         if self._map is not None:

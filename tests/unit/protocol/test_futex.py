@@ -1,0 +1,123 @@
+"""``mq.protocol._futex``: futex waits and wakes on shared words, across real processes."""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import secrets
+import threading
+
+import posix_ipc
+import pytest
+
+from mq.protocol.state import futex
+
+pytestmark = pytest.mark.skipif(futex is None, reason="mq.protocol._futex is not built")
+
+CTX = multiprocessing.get_context("fork")
+WAIT = 30.0
+
+
+def word(m, offset: int) -> int:
+    return int.from_bytes(m[offset:offset + 4], "little")
+
+
+def put(m, offset: int, value: int) -> None:
+    m[offset:offset + 4] = value.to_bytes(4, "little")
+
+
+@pytest.fixture
+def region():
+    """A POSIX shared-memory page, mapped read-write and read-only (as broker and client)."""
+    shm = posix_ipc.SharedMemory(f"/mq-test-futex-{os.getpid()}-{secrets.token_hex(4)}",
+                                 posix_ipc.O_CREX, size=4096)
+    rw = mmap.mmap(shm.fd, 4096)
+    ro = mmap.mmap(shm.fd, 4096, access=mmap.ACCESS_READ)
+    shm.close_fd()
+    shm.unlink()
+    yield rw, ro
+    ro.close()
+    rw.close()
+
+
+def test_a_timeout_a_changed_word_and_a_wake():
+    m, local = mmap.mmap(-1, 4096), bytearray(4)
+    assert futex.wait_any(m, [0, 64], [0, 0], local, 0, 0.01) == -1
+    put(m, 64, 7)
+    assert futex.wait_any(m, [0, 64], [0, 0], local, 0, WAIT) == -2   # never slept
+    assert futex.wait_any(m, [0], [0], local, 1, WAIT) == -2          # the local word too
+    assert futex.wake(m, 0, 1) == 0                                   # nobody asleep
+
+    def wake_second() -> None:
+        while futex.wake(m, 64, 1) == 0:
+            pass
+    t = threading.Thread(target=wake_second)
+    t.start()
+    assert futex.wait_any(m, [0, 64], [0, 7], local, 0, WAIT) == 1
+    t.join()
+
+
+def test_the_local_word_interrupts_a_sleep():
+    m, local = mmap.mmap(-1, 4096), bytearray(4)
+
+    def interrupt() -> None:
+        local[:] = (1).to_bytes(4, "little")
+        futex.wake(local, 0, 1, private=True)
+    t = threading.Timer(0.05, interrupt)
+    t.start()
+    assert futex.wait_any(m, [0, 64], [0, 0], local, 0, WAIT) == 2   # len(offsets)
+    t.join()
+
+
+def _sleeper(pipe, ro, offset: int, value: int) -> None:
+    pipe.send("asleep")
+    pipe.send(futex.wait_any(ro, [offset], [value], bytearray(4), 0, WAIT))
+
+
+def test_processes_sleep_on_a_read_only_map_and_the_writer_wakes_them_all(region):
+    """Three processes sleep on a word of their read-only map; one wake of all wakes each
+    (a wake of one, then of the rest, is how consumers pass a publish on)."""
+    rw, ro = region
+    pipes, procs = [], []
+    for _ in range(3):
+        ours, theirs = CTX.Pipe()
+        p = CTX.Process(target=_sleeper, args=(theirs, ro, 128, 0), daemon=True)
+        p.start()
+        pipes.append(ours)
+        procs.append(p)
+    try:
+        for pipe in pipes:
+            assert pipe.poll(WAIT) and pipe.recv() == "asleep"
+        put(rw, 128, 1)
+        woken = 0
+        while woken < 3:                  # a sleeper may still be on its way into the sleep
+            woken += futex.wake(rw, 128, 1)
+            if woken:
+                woken += futex.wake(rw, 128, 0x7FFFFFFF)
+            if all(pipe.poll(0) for pipe in pipes):
+                break
+        results = []
+        for pipe in pipes:
+            assert pipe.poll(WAIT), "a sleeper was never woken"
+            results.append(pipe.recv())
+        assert all(r in (0, -2) for r in results)     # woken, or the word had changed
+        assert word(ro, 128) == 1
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(WAIT)
+
+
+def test_bad_arguments_raise():
+    m, local = mmap.mmap(-1, 4096), bytearray(4)
+    with pytest.raises(ValueError):
+        futex.wake(m, 2, 1)                            # not 4-byte aligned
+    with pytest.raises(ValueError):
+        futex.wake(m, 4096, 1)                         # outside the buffer
+    with pytest.raises(ValueError):
+        futex.wait_any(m, [0, 4], [0], local, 0, 0.01)   # lengths differ
+    with pytest.raises(ValueError):
+        futex.wait_any(m, list(range(0, 128 * 4, 4)), [0] * 128, local, 0, 0.01)
+    with pytest.raises(ValueError):
+        futex.wait_any(m, [0], [0], bytearray(2), 0, 0.01)   # no room for the local word
