@@ -1,4 +1,4 @@
-"""``mq.Consumer``: reads partitions straight from the broker's files, woken by a semaphore.
+"""``mq.Consumer``: reads partitions straight from the broker's files, woken by a futex.
 
 A consumer asks the broker for topic metadata, then reads without it: each poll takes the
 partition's slot from the shared-memory state region (high watermark, log start offset, the
@@ -9,7 +9,33 @@ trip per poll.
 The session with the broker (connection, state map, semaphore, reconnects) and the read path
 from the maps to records are in ``fetching.py``; waiting and iteration are here.
 
-Wake-up protocol (no busy polling)::
+Wake-up protocol (no busy polling). A caught-up consumer sleeps on **futex words** when the
+broker says it wakes them (Handshake ``futex_wake``) and ``mq.protocol._futex`` is built::
+
+    consumer                                   broker
+      fetch from maps: nothing new
+      (seq, state) of each partition read:
+        readable at a seq not seen before? fetch again
+      futex_waitv(each partition's word == seq,
+                  my own word)  ... asleep ...
+                                                <----  publish: seq changes, FUTEX_WAKE(1)
+      woken: FUTEX_WAKE(all) on each changed word
+        (once per value), then fetch again
+
+- The word is the low half of the partition slot's sequence (``mq/protocol/state.py``), which
+  every publish changes. The sequence is read before the look at the slot, so a publish the
+  consumer has not seen makes its sleep not begin (the word differs): nothing is lost, and no
+  request is sent to sleep or to wake.
+- The broker wakes **one** sleeper per publish, whatever the number of consumers, and the one
+  it woke wakes the others: its CPU per record is the same for 1 and for N consumers. A
+  consumer passes a value on at most once, so two consumers cannot keep waking each other, and
+  it passes on every word that changed, since the broker's wake-up for any of them may have
+  landed on it. A consumer killed between its wake-up and the pass-on delays the others until
+  their liveness check (1 s), never more.
+- The heartbeat thread interrupts the sleep through the consumer's own word (a private
+  futex, ``_wake_poll``). ``futex_waitv`` takes at most 128 words: a consumer reading more
+  partitions, a broker that does not wake futexes, or ``MQ_CONSUMER_WAKE=semaphore`` use the
+  consumer's semaphore instead::
 
     consumer                                   broker
       fetch from maps: nothing new
@@ -84,11 +110,14 @@ from mq.errors import (
 )
 from mq.log.reader import PartitionReader
 from mq.protocol.messages import Api
+from mq.protocol.state import futex, slot_offset
 
 __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
            "ConsumerRebalanceListener"]
 
 _LIVENESS_CHECK_S = 1.0           # a blocked consumer checks its connection this often
+_MAX_WORDS = 127                  # futex_waitv's limit, less the consumer's own word
+_ALL = 0x7FFFFFFF                 # FUTEX_WAKE: every sleeper
 
 
 def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
@@ -100,6 +129,13 @@ def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
     except posix_ipc.SignalError:
         return True                       # EINTR: let the caller look again
     return True
+
+
+def _sleep_on(region, offsets: list[int], values: list[int], local: bytearray,
+              local_value: int, timeout: float) -> int:
+    """Futex sleep (``_futex.wait_any``): the index of the word woken, -1 on timeout, -2 if
+    one had already changed. (A seam for tests, like ``_block``.)"""
+    return futex.wait_any(region, offsets, values, local, local_value, timeout)
 
 
 def _drain(sem: posix_ipc.Semaphore) -> None:
@@ -480,6 +516,12 @@ class Consumer(Fetcher, GroupConsumer):
             pause = max(0.0, self._reconnect_at - time.monotonic())
             time.sleep(min(slice_s, pause) if pause else 0.001)
             return
+        if session.futex and len(self._order) < _MAX_WORDS:
+            try:
+                self._sleep(session, slice_s)
+                return
+            except OSError:                   # no futex_waitv (ENOSYS): the semaphore
+                session.futex = False
         positions = []
         for f in self._order:
             if f.paused or f.offset is None:
@@ -507,6 +549,52 @@ class Consumer(Fetcher, GroupConsumer):
             _drain(session.sem)               # before the next look at the state (module doc)
         elif not session.alive(self._on_reply):
             self._lost()
+
+    def _sleep(self, session: Session, slice_s: float) -> None:
+        """Futex wake-ups (module doc): sleep on the words of the partitions read until a
+        publish changes one, the heartbeat thread bumps ``session.local``, or ``slice_s``
+        passes."""
+        state, seen = session.state, session.seen
+        local = int.from_bytes(session.local, "little")      # before the group check
+        offsets, values = [], []
+        look = False
+        for f in self._order:
+            if f.paused or f.offset is None:
+                continue
+            try:
+                slot = self._slot(f.tp)
+            except UnknownTopicOrPartitionError:
+                continue                          # deleted: nothing will be published there
+            seq, st = state.snapshot(slot)
+            if st.high_watermark < 0:
+                return                            # deleted: the next fetch says so
+            bound = st.last_stable_offset if self._read_committed else st.high_watermark
+            word = slot_offset(slot)
+            # Readable at a sequence the last fetch may not have seen: look again. (At a
+            # sequence already slept on, it is what that fetch could not return.)
+            if bound > f.offset and seen.get(word) != seq:
+                look = True
+            seen[word] = seq
+            offsets.append(word)
+            values.append(seq & 0xFFFFFFFF)
+        if look or state.metadata_version != self._meta_version or self._group_changed():
+            return
+        woken = _sleep_on(state.region, offsets, values, session.local, local, slice_s)
+        if woken == -1:
+            if not session.alive(self._on_reply):
+                self._lost()
+            return
+        if woken < 0:
+            return                                # changed before the sleep began
+        # The broker wakes one sleeper per publish; the one it woke wakes the others. Any
+        # changed word may have had its wake-up land here, so each is passed on, once per
+        # value (so two consumers cannot keep waking each other).
+        region, passed = state.region, session.passed
+        for i, word in enumerate(offsets):
+            now = int.from_bytes(region[word:word + 4], "little")
+            if (i == woken or now != values[i]) and passed.get(word) != now:
+                passed[word] = now
+                futex.wake(region, word, _ALL)
 
     # --- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Record]:

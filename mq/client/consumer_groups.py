@@ -28,6 +28,7 @@ from mq.client.admin import fetch_committed
 from mq.client.membership import ConsumerRebalanceListener, Membership
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.protocol.messages import Api
+from mq.protocol.state import futex
 
 __all__ = ["GroupConsumer", "ConsumerRebalanceListener"]
 
@@ -127,9 +128,16 @@ class GroupConsumer:
             m.leave()
 
     def _wake_poll(self) -> None:
-        """Called by the heartbeat thread: wake a poll blocked on the semaphore."""
+        """Called by the heartbeat thread: wake a poll blocked on the semaphore, or on the
+        futex words (``Consumer._sleep``: its own word is bumped, then woken)."""
         session = self._session
-        sem = None if session is None else session.sem
+        if session is None:
+            return
+        if session.futex and futex is not None:
+            local = session.local
+            local[:] = ((int.from_bytes(local, "little") + 1) & 0xFFFFFFFF).to_bytes(4, "little")
+            futex.wake(local, 0, 1, private=True)
+        sem = session.sem
         if sem is not None:
             try:
                 sem.release()

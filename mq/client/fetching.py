@@ -32,7 +32,7 @@ from mq.errors import (
 from mq.log.reader import PartitionReader
 from mq.log.txnindex import AbortedTxnFilter
 from mq.protocol.messages import Api
-from mq.protocol.state import StateReader
+from mq.protocol.state import StateReader, futex
 
 __all__ = ["RECONNECT_BACKOFF_S", "Fetch", "Fetcher", "Record", "Session"]
 
@@ -136,12 +136,22 @@ class Session:
         self.state: StateReader | None = None
         self.sem: posix_ipc.Semaphore | None = None
         self.armed: tuple | None = None     # what the last WAIT armed (consumer._wait)
+        # Futex wake-ups (consumer._sleep): the broker wakes a sleeper on a slot's word after
+        # every publish. ``local`` is this consumer's private word (the heartbeat thread's
+        # interrupt); ``seen`` the sequence of each slot at the last sleep, ``passed`` the
+        # word value last passed on to the other sleepers, both by word offset.
+        self.futex = False
+        self.local = bytearray(4)
+        self.seen: dict[int, int] = {}
+        self.passed: dict[int, int] = {}
         try:
             info = self.conn.broker_info
             self.generation = info["generation"]
             self.data_dir = info["data_dir"]
             self.state = StateReader(self.data_dir)
             self.sem = self._register_semaphore(info["semaphore_prefix"])
+            self.futex = futex is not None and bool(info.get("futex_wake")) and \
+                os.environ.get("MQ_CONSUMER_WAKE", "futex") != "semaphore"
         except BaseException:
             self.close()
             raise

@@ -22,6 +22,7 @@ import pytest
 from brokers import broker_with, create_topic
 
 import mq.client.consumer as consumer_module
+import mq.protocol.state as state_module
 import mq.testing
 from mq.client.admin import Admin
 from mq.client.connection import Connection
@@ -129,18 +130,21 @@ def _run_child(target, pipe, *args) -> None:
 
 
 def _announce_waits(pipe, liveness_s: float | None = LONG_LIVENESS_S) -> None:
-    """In a child: tell the parent (once) when the consumer blocks on its semaphore."""
+    """In a child: tell the parent (once) when the consumer blocks, on its semaphore or on
+    futex words."""
     if liveness_s is not None:
         consumer_module._LIVENESS_CHECK_S = liveness_s
-    original = consumer_module._block
     told = []
 
-    def block(sem, timeout):
-        if not told:
-            told.append(True)
-            pipe.send(("ok", ("waiting", time.monotonic())))
-        return original(sem, timeout)
-    consumer_module._block = block
+    def announcing(original):
+        def block(*args):
+            if not told:
+                told.append(True)
+                pipe.send(("ok", ("waiting", time.monotonic())))
+            return original(*args)
+        return block
+    consumer_module._block = announcing(consumer_module._block)
+    consumer_module._sleep_on = announcing(consumer_module._sleep_on)
 
 
 def _producer_process(pipe, socket_path, tp, values) -> None:
@@ -568,10 +572,15 @@ def _count_waits(consumer: Consumer) -> list:
     return sent
 
 
-def _lockstep_reader(pipe, socket_path, rounds) -> None:
+WAKES = ["futex", "semaphore"]          # MQ_CONSUMER_WAKE: how a caught-up consumer sleeps
+
+
+def _lockstep_reader(pipe, socket_path, rounds, wake) -> None:
+    os.environ["MQ_CONSUMER_WAKE"] = wake
     consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
     with Consumer(socket=socket_path) as consumer:
         consumer.assign([T0, T1])
+        assert consumer._live_session().futex == (wake == "futex")
         waits = _count_waits(consumer)
         for _ in range(rounds):
             pipe.send(("ok", "ready"))
@@ -580,13 +589,15 @@ def _lockstep_reader(pipe, socket_path, rounds) -> None:
         pipe.send(("ok", waits))
 
 
-def test_a_caught_up_consumer_is_woken_for_every_batch_without_another_wait(broker):
-    """Waiters stay armed after their post: a consumer that catches up again and again (each
-    batch sent while it is about to block, or blocked) is woken by the semaphore for every
-    one, and sends one WAIT in all. A lost wake-up shows as an empty poll (the liveness
-    check is stretched past the poll's timeout)."""
+@pytest.mark.parametrize("wake", WAKES)
+def test_a_caught_up_consumer_is_woken_for_every_batch_without_another_wait(broker, wake):
+    """A consumer that catches up again and again (each batch sent while it is about to
+    block, or blocked) is woken for every one. On futex words it sends no WAIT at all; on
+    its semaphore, waiters stay armed after their post, so it sends one WAIT in all. A lost
+    wake-up shows as an empty poll (the liveness check is stretched past the poll's
+    timeout)."""
     rounds = 150
-    child = Child(_lockstep_reader, broker.socket, rounds)
+    child = Child(_lockstep_reader, broker.socket, rounds, wake)
     try:
         with Connection(broker.socket) as conn:
             for i in range(rounds):
@@ -597,13 +608,15 @@ def test_a_caught_up_consumer_is_woken_for_every_batch_without_another_wait(brok
         waits = child.recv()
     finally:
         child.close()
-    assert [[p[:2] for p in positions] for positions in waits] == [[["t", 0], ["t", 1]]]
+    assert [[p[:2] for p in positions] for positions in waits] == \
+        ([] if wake == "futex" else [[["t", 0], ["t", 1]]])
 
 
 @pytest.mark.skipif(not posix_ipc.SEMAPHORE_VALUE_SUPPORTED, reason="needs sem_getvalue")
 def test_a_post_between_the_look_and_the_sleep_is_not_lost(broker, monkeypatch):
     """The race the protocol closes: the consumer found nothing, then (before it blocks) a
     record arrives and the broker posts. The post must still wake it — with no new WAIT."""
+    monkeypatch.setenv("MQ_CONSUMER_WAKE", "semaphore")
     monkeypatch.setattr(consumer_module, "_LIVENESS_CHECK_S", LONG_LIVENESS_S)
     with Consumer(socket=broker.socket) as consumer, Connection(broker.socket) as conn:
         consumer.assign([T0])
@@ -629,7 +642,81 @@ def test_a_post_between_the_look_and_the_sleep_is_not_lost(broker, monkeypatch):
     assert waits == []
 
 
-def _racing_reader(pipe, socket_path, count) -> None:
+@pytest.mark.skipif(state_module.futex is None, reason="mq.protocol._futex is not built")
+def test_a_publish_between_the_look_and_the_futex_sleep_is_not_lost(broker, monkeypatch):
+    """The same race on futex words: the consumer took the partition's sequence and found
+    nothing; a record is published before its sleep begins. The word no longer holds the
+    value the sleep expects, so the sleep does not begin (-2), and the record is read."""
+    monkeypatch.setattr(consumer_module, "_LIVENESS_CHECK_S", LONG_LIVENESS_S)
+    with Consumer(socket=broker.socket) as consumer, Connection(broker.socket) as conn:
+        consumer.assign([T0])
+        assert consumer.poll(timeout_ms=1) == {}
+        session = consumer._live_session()
+        assert session.futex
+        sleep_on, pending, outcomes = consumer_module._sleep_on, [], []
+
+        def produce_then_sleep(region, offsets, values, *rest):
+            if pending:
+                produce(conn, T0, [pending.pop()])
+                word = offsets[0]
+                deadline = time.monotonic() + WAKE_LIMIT_S
+                while int.from_bytes(region[word:word + 4], "little") == values[0]:
+                    assert time.monotonic() < deadline, "the broker did not publish"
+            outcomes.append(sleep_on(region, offsets, values, *rest))
+            return outcomes[-1]
+        monkeypatch.setattr(consumer_module, "_sleep_on", produce_then_sleep)
+        for i in range(20):
+            pending.append(b"%d" % i)
+            started = time.monotonic()
+            got = consumer.poll(timeout_ms=2 * WAKE_LIMIT_S * 1000)
+            assert time.monotonic() - started < WAKE_LIMIT_S, "woken by the timeout"
+            assert [bytes(r.value) for r in got.get(T0, [])] == [b"%d" % i]
+    assert outcomes == [-2] * 20
+
+
+def _fan_reader(pipe, socket_path, rounds, wake) -> None:
+    os.environ["MQ_CONSUMER_WAKE"] = wake
+    consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
+    with Consumer(socket=socket_path) as consumer:
+        consumer.assign([T0])
+        consumer.poll(timeout_ms=1)
+        pipe.send(("ok", "ready"))
+        offsets: list[int] = []
+        while len(offsets) < rounds:
+            got = consumer.poll(timeout_ms=WAKE_LIMIT_S * 1000)
+            if not got:
+                break                     # lost wake-up: the parent sees the short list
+            offsets += [r.offset for r in got[T0]]
+            pipe.send(("ok", offsets[-1]))
+        pipe.send(("ok", offsets))
+
+
+def test_every_consumer_of_a_partition_is_woken_for_every_record(broker):
+    """Fan-out: 4 consumers of one partition (3 on futex words, which the broker wakes one of
+    per publish and the one it woke wakes the others, and 1 on its semaphore) each get every
+    record of 100 sent one at a time, each after all 4 had the one before, so all 4 are
+    asleep or falling asleep at every publish. No liveness wake-ups to hide a lost one."""
+    rounds = 100
+    wakes = ["futex", "futex", "futex", "semaphore"] if state_module.futex is not None \
+        else ["semaphore"] * 4
+    readers = [Child(_fan_reader, broker.socket, rounds, wake) for wake in wakes]
+    try:
+        for reader in readers:
+            assert reader.recv() == "ready"
+        with Connection(broker.socket) as conn:
+            for i in range(rounds):
+                offset = produce(conn, T0, [b"%d" % i])
+                for reader in readers:
+                    assert reader.recv() == offset, f"round {i}"
+        for reader in readers:
+            assert reader.recv() == list(range(rounds))
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _racing_reader(pipe, socket_path, count, wake) -> None:
+    os.environ["MQ_CONSUMER_WAKE"] = wake
     consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
     with Consumer(socket=socket_path) as consumer:
         consumer.assign([T0])
@@ -643,11 +730,12 @@ def _racing_reader(pipe, socket_path, count) -> None:
         pipe.send(("ok", (offsets, len(waits))))
 
 
-def test_consumers_arming_while_a_producer_appends_get_every_record(broker):
+@pytest.mark.parametrize("wake", WAKES)
+def test_consumers_arming_while_a_producer_appends_get_every_record(broker, wake):
     """Three consumer processes catch up, sleep and wake while a producer process appends
     small batches as fast as it can: each gets every record, none waits out a timeout."""
     count = 2_000
-    readers = [Child(_racing_reader, broker.socket, count) for _ in range(3)]
+    readers = [Child(_racing_reader, broker.socket, count, wake) for _ in range(3)]
     try:
         values = [b"%d" % i for i in range(count)]
         with Connection(broker.socket) as conn:
@@ -656,8 +744,8 @@ def test_consumers_arming_while_a_producer_appends_get_every_record(broker):
         for reader in readers:
             offsets, waits = reader.recv(60)
             assert offsets == list(range(count))
-            assert waits <= 2             # armed once (again after a move below the arm)
-    finally:
+            assert waits <= (0 if wake == "futex" else 2)   # armed once (again after a
+    finally:                                                # move below the arm)
         for reader in readers:
             reader.close()
 
