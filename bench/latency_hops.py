@@ -1,0 +1,160 @@
+"""Where an end-to-end record's time goes, hop by hop, at a paced rate (100 B, acks=1, linger 0).
+
+    python3 -m bench.latency_hops [--rate 1000] [--n 3000]
+
+The broker runs in this process (a thread: its methods are wrapped to stamp the time); the
+producer and the consumer are forked processes, also stamping. Every stamp is
+``perf_counter_ns`` (CLOCK_MONOTONIC, the same clock in all processes). Each record's hops are
+matched in order: its ``send()`` call, that call's ``sendmsg``, the broker's next read, append
+and publish, the consumer's wake-up and its ``poll()`` returning. The first fifth is warm-up.
+Prints p50 and p90 per hop (bench/RESULTS.md, "Latency at 1 k/s").
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import functools
+import multiprocessing as mp
+import os
+import struct
+import tempfile
+import threading
+import time
+
+import mq
+from mq.broker import server
+from mq.broker.apis import produce
+from mq.broker.config import BrokerConfig
+from mq.protocol import state
+
+EVENTS: list[tuple[str, int]] = []        # the broker's stamps (this process)
+HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to appended",
+        "appended to publish", "publish and futex wake (broker)", "publish to consumer awake",
+        "consumer awake to poll()", "TOTAL (intended send to poll)"]
+
+
+def stamp(owner, name: str, tag: str, at_end: bool = False) -> None:
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def stamped(*args, **kwargs):
+        if not at_end:
+            EVENTS.append((tag, time.perf_counter_ns()))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if at_end:
+                EVENTS.append((tag, time.perf_counter_ns()))
+    setattr(owner, name, stamped)
+
+
+def producer(sock: str, n: int, rate: float, start, out) -> None:
+    from mq.client import connection
+    sendmsgs: list[int] = []
+    send_parts = connection.send_parts
+
+    def stamped(s, parts):
+        sendmsgs.append(time.perf_counter_ns())
+        return send_parts(s, parts)
+    connection.send_parts = stamped
+    p = mq.Producer(socket=sock, acks=1, linger_ms=0)
+    p.partitions_for("t")
+    start.wait()
+    sendmsgs.clear()
+    sends = []
+    t0, interval = time.perf_counter(), 1 / rate
+    for i in range(n):
+        due = t0 + i * interval
+        while time.perf_counter() < due - 0.0002:
+            time.sleep(0.0001)
+        while time.perf_counter() < due:
+            pass
+        ts = time.perf_counter_ns()
+        sends.append(ts)
+        p.send("t", struct.pack("<q", ts) + b"x" * 92, partition=0)
+    p.flush()
+    p.close()
+    out.put(("p", sends, sendmsgs))
+
+
+def consumer(sock: str, n: int, start, out) -> None:
+    from mq.client import consumer as consumer_module
+    wakes: list[int] = []
+    for seam in ("_sleep_on", "_block"):          # futex words, or the semaphore
+        fn = getattr(consumer_module, seam)
+
+        def stamped(*args, _fn=fn):
+            r = _fn(*args)
+            wakes.append(time.perf_counter_ns())
+            return r
+        setattr(consumer_module, seam, stamped)
+    c = mq.Consumer(socket=sock)
+    c.assign([mq.TopicPartition("t", 0)])
+    c.poll(10)
+    wakes.clear()
+    start.set()
+    got = []
+    while len(got) < n:
+        polled = c.poll(100)
+        now = time.perf_counter_ns()
+        for records in polled.values():
+            got += [(struct.unpack_from("<q", r.value)[0], now) for r in records]
+    out.put(("c", got, wakes))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.latency_hops",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=1000, help="records per second (1000)")
+    ap.add_argument("--n", type=int, default=3000, help="records (3000)")
+    args = ap.parse_args()
+    n = args.n
+    stamp(server.Broker, "_read", "read")
+    stamp(produce.ProduceApis, "produce", "appended", at_end=True)
+    stamp(state.StateWriter, "publish", "publish")
+    stamp(state.StateWriter, "publish", "woke", at_end=True)
+    d = tempfile.mkdtemp(prefix="mq-hops-")
+    sock = os.path.join(d, "mq.sock")
+    broker = server.Broker(BrokerConfig(data_dir=d, socket=sock))
+    broker.start()
+    threading.Thread(target=broker.serve_forever, daemon=True).start()
+    mq.Admin(socket=sock).create_topic("t", partitions=1)
+    ctx = mp.get_context("fork")
+    out, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=consumer, args=(sock, n, start, out)),
+             ctx.Process(target=producer, args=(sock, n, args.rate, start, out))]
+    for p in procs:
+        p.start()
+    res = {kind: (a, b) for kind, a, b in (out.get(), out.get())}
+    for p in procs:
+        p.join()
+    (sends, sendmsgs), (got, wakes) = res["p"], res["c"]
+    events = list(EVENTS)
+
+    def times(tag: str) -> list[int]:
+        return [t for k, t in events if k == tag]
+
+    def after(xs: list[int], t: int) -> int:
+        return xs[bisect.bisect_left(xs, t)]
+    read, appended, publish, woke = times("read"), times("appended"), times("publish"), \
+        times("woke")
+    rows = []
+    for i in range(n // 5, n - 5):
+        s = sends[i]
+        sm = after(sendmsgs, s)
+        rd = after(read, sm)
+        ap_ = after(appended, rd)
+        pb = after(publish, ap_)
+        rows.append((sm - s, rd - sm, ap_ - rd, pb - ap_, after(woke, pb) - pb,
+                     after(wakes, pb) - pb, got[i][1] - after(wakes, pb), got[i][1] - s))
+    print(f"{n} records at {args.rate:g}/s, 100 B, acks=1, linger_ms=0 (first fifth skipped)")
+    for j, name in enumerate(HOPS):
+        v = sorted(r[j] for r in rows)
+        print(f"{name:34s} p50 {v[len(v) // 2] / 1000:7.1f} us   "
+              f"p90 {v[int(len(v) * 0.9)] / 1000:7.1f} us")
+    os._exit(0)                 # the broker thread holds no data worth a clean stop
+
+
+if __name__ == "__main__":
+    main()
