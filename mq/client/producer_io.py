@@ -195,15 +195,25 @@ class Sender:
             replies = conn.poll_any(0.0)
         except (MQError, OSError):
             return                                # the I/O thread sees the broken connection
-        if not replies:
-            return
+        if replies:
+            self._take_replies(conn, replies)
+
+    def _take_replies(self, conn: Connection, replies: list) -> None:
+        """``_read_for_caller``'s second half: what the I/O thread's ``_read`` does with
+        replies, and then wake that thread if it now has to look in sooner than it planned
+        (a retry's backoff): it may have gone to sleep after these replies left the socket."""
         finished: list = []
         with self._lock:
             if conn is not self._conn:
                 return                            # what was in flight on it is re-sent
             self._dispatch(replies, finished)
-            self._service(time.monotonic(), finished)
+            now = time.monotonic()
+            self._service(now, finished)
             self._cond.notify_all()
+            wake_at = self._next_wake(now)
+            if wake_at < self._helper_wake_at:    # a retry's backoff, a batch's deadline...
+                self._helper_wake_at = wake_at    # the I/O thread sleeps past: tell it
+                self._wake()
             if not self._stopping and any(args[0].callbacks for args in finished):
                 self._finish_later.extend(finished)
                 finished = []

@@ -9,10 +9,13 @@ use the real broker.
 
 from __future__ import annotations
 
+import linecache
 import logging
 import multiprocessing
 import os
+import sys
 import threading
+import time
 from collections import Counter
 
 import fake_broker as fakes
@@ -213,6 +216,45 @@ def test_out_of_order_sequence_fails_the_partition_then_a_new_producer_id(fake_b
     assert len(b.init_requests) == 2
     new_id = [batch for batch in batches_of(b, 0) if batch[1] == 1001]
     assert new_id[0][2:4] == (0, 0)                             # new id, sequence 0
+
+
+def test_a_retry_whose_error_the_caller_read_wakes_the_sleeping_io_thread(fake_broker):
+    """send() may read replies itself (linger_ms=0, nothing in flight room): when one of
+    them is a retriable error, the retry must go out after its backoff even though the I/O
+    thread went to sleep (until the request timeout) before the error was dispatched. The
+    order is forced: the test takes the reply off the socket as send() would, waits until
+    the I/O thread sleeps in poll, then hands the reply over."""
+    failed: list = []
+
+    def script(partition, values, attempt):
+        if values[0] == b"0001" and not failed:
+            failed.append(attempt)
+            return STORAGE_ERROR
+        return 0
+
+    b = fake_broker(1, script, sequences=True)
+    with Producer(socket=b.path, linger_ms=0, max_in_flight=1, retry_backoff_ms=20,
+                  request_timeout_ms=60_000) as producer:
+        producer.send("t", value=b"0000", partition=0).get(timeout=WAIT)
+        helper = producer._helper.ident
+        conn = producer._conn
+        with conn._recv_lock:                 # the I/O thread cannot take the reply
+            fut = producer.send("t", value=b"0001", partition=0)
+            deadline = time.monotonic() + WAIT
+            while not conn._pending:
+                conn._receive(deadline)
+            replies = list(conn._pending.values())
+            conn._pending.clear()
+
+        def io_thread_asleep() -> bool:
+            frame = sys._current_frames().get(helper)
+            return frame is not None and frame.f_code.co_name == "_loop" and \
+                "poller.poll" in (linecache.getline(frame.f_code.co_filename,
+                                                    frame.f_lineno) or "")
+        mq.testing.wait_for(io_thread_asleep, timeout=WAIT, message="the I/O thread asleep")
+        producer._take_replies(conn, replies)
+        assert fut.get(timeout=WAIT).offset == 1      # not after the 60 s request timeout
+        assert fut.attempts == 2
 
 
 def _wait_error(fut):
