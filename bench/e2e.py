@@ -465,10 +465,12 @@ def run_multi(ctx: Ctx) -> dict:
 
 # --- 3. fan-out: 1 producer -> 1 or 4 consumers -------------------------------------------------
 
-def one_fanout(ctx: Ctx, consumers: int, values: list[bytes], n: int) -> dict:
+def _fanout_run(ctx: Ctx, producer, settings: dict, consumers: int, values: list[bytes],
+                n: int) -> tuple[list[dict], tuple, tuple]:
+    """``producer`` (with ``settings``) and ``consumers`` readers of one new partition, the
+    broker's CPU metered around them; checks every consumer got all ``n`` records."""
     topic = ctx.topic(1)
-    jobs = [(mq_producer, dict(socket=ctx.socket, topic=topic, values=values, n=n,
-                               **MQ_THROUGHPUT))]
+    jobs = [(producer, dict(socket=ctx.socket, topic=topic, values=values, n=n, **settings))]
     jobs += [(mq_consumer, {"socket": ctx.socket, "topic": topic, "partitions": [0], "n": n})
              for _ in range(consumers)]
     meter = _broker_cpu(ctx)
@@ -476,10 +478,15 @@ def one_fanout(ctx: Ctx, consumers: int, values: list[bytes], n: int) -> dict:
         results, s0, s1 = run_workers(jobs, ctx.timeout, meter, meter)
     finally:
         ctx.drop(topic)
-    prod, cons = results[0], results[1:]
-    for c in cons:
+    for c in results[1:]:
         if c["n"] != n:
             raise WorkerError(f"fan-out: a consumer got {c['n']} of {n} records")
+    return results, s0, s1
+
+
+def one_fanout(ctx: Ctx, consumers: int, values: list[bytes], n: int) -> dict:
+    results, s0, s1 = _fanout_run(ctx, mq_producer, MQ_THROUGHPUT, consumers, values, n)
+    prod, cons = results[0], results[1:]
     delivery = [n / ((c["t_last"] - prod["t_first"]) / 1e9) for c in cons]
     cpu = s1[1] - s0[1]
     return {"n": n, "consumers": consumers, "delivery_per_consumer": delivery,
@@ -524,19 +531,7 @@ FANOUT_PACED = {"rate": 20_000, "tick_s": 0.002}   # 100 B records; a send_many 
 def one_fanout_paced(ctx: Ctx, consumers: int, values: list[bytes], n: int) -> dict:
     """The same at a paced rate the box can follow with CPU to spare, so the broker's CPU
     shows what each consumer costs it (wake-ups), not 6 processes fighting for 2 CPUs."""
-    topic = ctx.topic(1)
-    jobs = [(mq_paced_producer, dict(socket=ctx.socket, topic=topic, values=values, n=n,
-                                     **FANOUT_PACED))]
-    jobs += [(mq_consumer, {"socket": ctx.socket, "topic": topic, "partitions": [0], "n": n})
-             for _ in range(consumers)]
-    meter = _broker_cpu(ctx)
-    try:
-        results, s0, s1 = run_workers(jobs, ctx.timeout, meter, meter)
-    finally:
-        ctx.drop(topic)
-    for c in results[1:]:
-        if c["n"] != n:
-            raise WorkerError(f"paced fan-out: a consumer got {c['n']} of {n} records")
+    _, s0, s1 = _fanout_run(ctx, mq_paced_producer, FANOUT_PACED, consumers, values, n)
     cpu = s1[1] - s0[1]
     return {"n": n, "consumers": consumers, "broker_cpu_s": cpu,
             "broker_cpu_us_per_record": cpu / n * 1e6, "wall_s": (s1[0] - s0[0]) / 1e9}

@@ -612,6 +612,17 @@ def test_a_caught_up_consumer_is_woken_for_every_batch_without_another_wait(brok
         ([] if wake == "futex" else [[["t", 0], ["t", 1]]])
 
 
+def _poll_each_racing_record(consumer: Consumer, pending: list, rounds: int = 20) -> None:
+    """Poll ``rounds`` times, each with one record queued in ``pending`` for the patched
+    race to send: each poll returns it, and not by waiting out a timeout."""
+    for i in range(rounds):
+        pending.append(b"%d" % i)
+        started = time.monotonic()
+        got = consumer.poll(timeout_ms=2 * WAKE_LIMIT_S * 1000)
+        assert time.monotonic() - started < WAKE_LIMIT_S, "woken by the timeout"
+        assert [bytes(r.value) for r in got.get(T0, [])] == [b"%d" % i]
+
+
 @pytest.mark.skipif(not posix_ipc.SEMAPHORE_VALUE_SUPPORTED, reason="needs sem_getvalue")
 def test_a_post_between_the_look_and_the_sleep_is_not_lost(broker, monkeypatch):
     """The race the protocol closes: the consumer found nothing, then (before it blocks) a
@@ -633,12 +644,7 @@ def test_a_post_between_the_look_and_the_sleep_is_not_lost(broker, monkeypatch):
                     assert time.monotonic() < deadline, "the broker did not post"
             return out
         monkeypatch.setattr(consumer, "_fetch", fetch_then_produce)
-        for i in range(20):
-            pending.append(b"%d" % i)
-            started = time.monotonic()
-            got = consumer.poll(timeout_ms=2 * WAKE_LIMIT_S * 1000)
-            assert time.monotonic() - started < WAKE_LIMIT_S, "woken by the timeout"
-            assert [bytes(r.value) for r in got.get(T0, [])] == [b"%d" % i]
+        _poll_each_racing_record(consumer, pending)
     assert waits == []
 
 
@@ -665,12 +671,7 @@ def test_a_publish_between_the_look_and_the_futex_sleep_is_not_lost(broker, monk
             outcomes.append(sleep_on(region, offsets, values, *rest))
             return outcomes[-1]
         monkeypatch.setattr(consumer_module, "_sleep_on", produce_then_sleep)
-        for i in range(20):
-            pending.append(b"%d" % i)
-            started = time.monotonic()
-            got = consumer.poll(timeout_ms=2 * WAKE_LIMIT_S * 1000)
-            assert time.monotonic() - started < WAKE_LIMIT_S, "woken by the timeout"
-            assert [bytes(r.value) for r in got.get(T0, [])] == [b"%d" % i]
+        _poll_each_racing_record(consumer, pending)
     assert outcomes == [-2] * 20
 
 
