@@ -794,29 +794,20 @@ def build_table(res: dict) -> list[dict]:
         for k in ("1", "4"):
             row(f"fan-out 1->{k} delivery per consumer (slowest)",
                 mm(fo["delivery_min"][k], _rate), "rec/s")
-        for k in ("1", "4"):
-            b = fo["broker_cpu_s"][k]
-            per_rec = summary([x["broker_cpu_us_per_record"] for x in fo["runs"][k]])
-            ratio = goal = met = "-"
-            if k == "4":
-                ratio = _ratio(fo["cpu_ratio"], "1 consumer")
-                goal = f"<= {GOAL_FANOUT_CPU:g}x 1 consumer"
-                met = yes(fo["cpu_ratio"]["median"] <= GOAL_FANOUT_CPU)
-            row(f"fan-out 1->{k} broker CPU ({fo['n'] / 1e3:.0f} k records)",
-                mm(b, "{:.3f}".format) + f" = {per_rec['median']:.2f} us/rec", "s",
-                ratio, goal, met)
-        pc = fo.get("paced")
-        for k in ("1", "4") if pc else ():
-            per_rec = summary([x["broker_cpu_us_per_record"] for x in pc["runs"][k]])
-            ratio = goal = met = "-"
-            if k == "4":
-                ratio = _ratio(pc["cpu_ratio"], "1 consumer")
-                goal = f"<= {GOAL_FANOUT_CPU:g}x 1 consumer"
-                met = yes(pc["cpu_ratio"]["median"] <= GOAL_FANOUT_CPU)
-            row(f"fan-out 1->{k} broker CPU, paced {pc['rate'] / 1e3:.0f} k/s "
-                f"({pc['n'] / 1e3:.0f} k records)",
-                mm(pc["broker_cpu_s"][k], "{:.3f}".format)
-                + f" = {per_rec['median']:.2f} us/rec", "s", ratio, goal, met)
+        def cpu_rows(label: str, part: dict) -> None:
+            for k in ("1", "4"):
+                per_rec = summary([x["broker_cpu_us_per_record"] for x in part["runs"][k]])
+                ratio = goal = met = "-"
+                if k == "4":
+                    ratio = _ratio(part["cpu_ratio"], "1 consumer")
+                    goal = f"<= {GOAL_FANOUT_CPU:g}x 1 consumer"
+                    met = yes(part["cpu_ratio"]["median"] <= GOAL_FANOUT_CPU)
+                row(f"fan-out 1->{k} broker CPU{label} ({part['n'] / 1e3:.0f} k records)",
+                    mm(part["broker_cpu_s"][k], "{:.3f}".format)
+                    + f" = {per_rec['median']:.2f} us/rec", "s", ratio, goal, met)
+        cpu_rows("", fo)
+        if fo.get("paced"):
+            cpu_rows(f", paced {fo['paced']['rate'] / 1e3:.0f} k/s", fo["paced"])
     sem_p50 = lim["sem_rtt"]["merged"]["p50_us"] if lim else None
     lt = res.get("latency")
     if lt:

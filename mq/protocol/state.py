@@ -39,10 +39,11 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import importlib
 import mmap
 import os
 import struct
-from typing import Final
+from typing import Any, Final
 
 import posix_ipc
 
@@ -52,7 +53,7 @@ __all__ = ["PartitionState", "StateReader", "StateWriter", "futex", "semaphore_p
            "shm_name", "slot_offset"]
 
 try:                                   # optional C extension (setup.py): futex wake-ups
-    from mq.protocol import _futex as futex
+    futex: Any = importlib.import_module("mq.protocol._futex")
 except ImportError:                    # not built, or not Linux: semaphores only
     futex = None
 
