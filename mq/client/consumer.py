@@ -33,9 +33,9 @@ broker says it wakes them (Handshake ``futex_wake``) and ``mq.protocol._futex`` 
   landed on it. A consumer killed between its wake-up and the pass-on delays the others until
   their liveness check (1 s), never more.
 - The heartbeat thread interrupts the sleep through the consumer's own word (a private
-  futex, ``_wake_poll``). ``futex_waitv`` takes at most 128 words: a consumer reading more
-  partitions, a broker that does not wake futexes, or ``MQ_CONSUMER_WAKE=semaphore`` use the
-  consumer's semaphore instead::
+  futex, ``Session.interrupt``). ``futex_waitv`` takes at most 128 words: a consumer reading
+  more partitions, a broker that does not wake futexes, or ``MQ_CONSUMER_WAKE=semaphore`` use
+  the consumer's semaphore instead::
 
     consumer                                   broker
       fetch from maps: nothing new

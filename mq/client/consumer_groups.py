@@ -28,7 +28,6 @@ from mq.client.admin import fetch_committed
 from mq.client.membership import ConsumerRebalanceListener, Membership
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.protocol.messages import Api
-from mq.protocol.state import futex
 
 __all__ = ["GroupConsumer", "ConsumerRebalanceListener"]
 
@@ -128,21 +127,10 @@ class GroupConsumer:
             m.leave()
 
     def _wake_poll(self) -> None:
-        """Called by the heartbeat thread: wake a poll blocked on the semaphore, or on the
-        futex words (``Consumer._sleep``: its own word is bumped, then woken)."""
+        """Called by the heartbeat thread: wake a blocked poll (``Session.interrupt``)."""
         session = self._session
-        if session is None:
-            return
-        if session.futex and futex is not None:
-            local = session.local
-            local[:] = ((int.from_bytes(local, "little") + 1) & 0xFFFFFFFF).to_bytes(4, "little")
-            futex.wake(local, 0, 1, private=True)
-        sem = session.sem
-        if sem is not None:
-            try:
-                sem.release()
-            except Exception:            # closed meanwhile: nobody is waiting on it
-                pass
+        if session is not None:
+            session.interrupt()
 
     def _group_changed(self) -> bool:
         m = self._membership

@@ -180,6 +180,21 @@ class Session:
         self.name = name
         return sem
 
+    def interrupt(self) -> None:
+        """Wake a poll blocked on this session, from another thread (the heartbeat's): its
+        futex sleep through its own word (bumped, then woken: a sleep about to begin sees
+        the new value and does not), or its semaphore."""
+        if self.futex:
+            local = self.local
+            local[:] = ((int.from_bytes(local, "little") + 1) & 0xFFFFFFFF).to_bytes(4, "little")
+            futex.wake(local, 0, 1, private=True)
+        sem = self.sem
+        if sem is not None:
+            try:
+                sem.release()
+            except Exception:            # closed meanwhile: nobody is waiting on it
+                pass
+
     def alive(self, on_reply) -> bool:
         """False when the broker closed the connection; replies that arrived go to
         ``on_reply`` (a WAIT's error, an async commit's answer)."""

@@ -249,7 +249,7 @@ class Producer(Sender):
         self._helper_wake_at = math.inf
         self._wake_r = self._wake_w = -1
         self._check_stash = False
-        self._caller_read_at = 0.0                   # _read_for_caller: not again before
+        self._caller_read_at = 0.0                   # _due_reply: no look before
         self._finish_later: list = []                # outcomes with callbacks, for the I/O thread
         self._pid_pending = False                    # a new producer id is being fetched
         self._pid_retry_at = 0.0
@@ -451,21 +451,19 @@ class Producer(Sender):
                 if batch is None:
                     batch = self._new_batch(info, partition)
                 fut = batch.add(timestamp_ms, key, value, headers)
-            if not self._settle(batch, info, batch.records.size + size + 21) and not closed:
-                if self._linger_s or not self._acks:
-                    return fut
-                conn = self._due_reply()          # linger_ms=0, and no room in flight
+            if self._settle(batch, info, batch.records.size + size + 21) or closed:
+                finished: list = []
+                self._pump(finished)
+                conn = None
+            else:
+                conn = self._due_reply()          # no room in flight: read replies now?
                 if conn is None:
                     return fut
-                finished: list = []
-            else:
-                conn = None
-                finished = []
-                self._pump(finished)
+        if conn is not None:
+            self._read(conn, caller=True)
+            return fut
         for args in finished:
             finish_batch(*args)
-        if conn is not None:
-            self._read_for_caller(conn)
         return fut
 
     def send_many(self, topic: str, values: Iterable, keys: Iterable | None = None,
@@ -834,10 +832,11 @@ class Producer(Sender):
         self._incomplete.add(batch)
         room = len(self._in_flight) + len(self._ready) < self._max_in_flight
         # The I/O thread must close the batch in time, unless send() closes it before it lets
-        # go of the lock (linger_ms=0 with room in flight): waking it for nothing costs the
-        # caller a GIL hand-over on every record.
+        # go of the lock: waking the thread for nothing costs the caller a GIL hand-over on
+        # every record.
+        closed_by_send = not self._linger_s and room
         if batch.deadline < self._helper_wake_at and (self._acks == 0 or room) and \
-                (self._linger_s or not room):
+                not closed_by_send:
             self._helper_wake_at = batch.deadline
             self._wake()
         return batch

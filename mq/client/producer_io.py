@@ -171,14 +171,16 @@ class Sender:
                     self._wake()                  # so the I/O thread watches the timeout
 
     def _due_reply(self) -> Connection | None:
-        """In ``send()``, under the lock: a batch is due (``linger_ms=0``) but
-        ``max_in_flight`` requests are out. Their replies may already wait on the socket for
+        """In ``send()``, under the lock, when a batch was not sent for lack of room in
+        flight: with ``linger_ms=0`` (and acks) it is due, but ``max_in_flight`` requests are
+        out. Their replies may already wait on the socket for
         an I/O thread that itself waits for the GIL while this thread is busy, up to the 5 ms
         switch interval, and the batch with it. Returns the connection to read them from if a
         look is due: the oldest request is at least 50 µs old (a broker's answer takes about
         that), and the last look was 50 µs ago or more."""
         conn = self._conn
-        if conn is None or not self._in_flight or threading.get_ident() == self._helper_ident:
+        if self._linger_s or not self._acks or conn is None or not self._in_flight or \
+                threading.get_ident() == self._helper_ident:
             return None
         now = time.monotonic()
         if now < self._caller_read_at or \
@@ -187,37 +189,28 @@ class Sender:
         self._caller_read_at = now + _CALLER_READ_S
         return conn
 
-    def _read_for_caller(self, conn: Connection) -> None:
-        """``send()`` reads the replies waiting on ``conn`` (``_due_reply``) and sends what
-        they made room for, as the I/O thread would. Futures resolve here, but outcomes with
-        callbacks go to the I/O thread, where callbacks always run."""
-        try:
-            replies = conn.poll_any(0.0)
-        except (MQError, OSError):
-            return                                # the I/O thread sees the broken connection
-        if replies:
-            self._take_replies(conn, replies)
-
-    def _take_replies(self, conn: Connection, replies: list) -> None:
-        """``_read_for_caller``'s second half: what the I/O thread's ``_read`` does with
-        replies, and then wake that thread if it now has to look in sooner than it planned
-        (a retry's backoff): it may have gone to sleep after these replies left the socket."""
+    def _take_replies(self, conn: Connection, replies: list, caller: bool = True) -> None:
+        """What the replies taken off ``conn`` settle, as the I/O thread's ``_read`` does, and
+        by ``send()`` (``caller``, through ``_read``): there, outcomes with callbacks go to
+        the I/O thread, where callbacks always run, and the thread is woken if it now has to
+        look in sooner than it planned (a retry's backoff): it may have gone to sleep after
+        these replies left the socket."""
         finished: list = []
         with self._lock:
-            if conn is not self._conn:
-                return                            # what was in flight on it is re-sent
-            self._dispatch(replies, finished)
-            now = time.monotonic()
-            self._service(now, finished)
-            self._cond.notify_all()
-            wake_at = self._next_wake(now)
-            if wake_at < self._helper_wake_at:    # a retry's backoff, a batch's deadline...
-                self._helper_wake_at = wake_at    # the I/O thread sleeps past: tell it
-                self._wake()
-            if not self._stopping and any(args[0].callbacks for args in finished):
-                self._finish_later.extend(finished)
-                finished = []
-                self._wake()
+            if conn is self._conn:                # else what was in flight on it is re-sent
+                self._dispatch(replies, finished)
+                now = time.monotonic()
+                self._service(now, finished)
+                self._cond.notify_all()
+                if caller:
+                    wake_at = self._next_wake(now)
+                    if wake_at < self._helper_wake_at:
+                        self._helper_wake_at = wake_at
+                        self._wake()
+                    if not self._stopping and any(args[0].callbacks for args in finished):
+                        self._finish_later.extend(finished)
+                        finished = []
+                        self._wake()
         for args in finished:
             finish_batch(*args)
 
@@ -352,7 +345,7 @@ class Sender:
             for args in finished:
                 finish_batch(*args)
             if stash and conn is not None:
-                self._read(conn, 0.0)
+                self._read(conn)
             if fd != polled_fd:
                 poller = select.poll()
                 poller.register(wake_r, select.POLLIN)
@@ -373,7 +366,7 @@ class Sender:
                         pass
                 elif ready_fd == fd and conn is not None:
                     # Readable, so nothing to wait for; send() may have taken the replies.
-                    self._read(conn, 0.0)
+                    self._read(conn)
 
     def _reconnect(self) -> Connection | None:
         try:
@@ -388,21 +381,24 @@ class Sender:
         log.info("producer reconnected to %s", self._socket)
         return conn
 
-    def _read(self, conn: Connection, timeout: float) -> None:
-        finished: list = []
+    def _read(self, conn: Connection, caller: bool = False) -> None:
+        """Take the replies waiting on ``conn``, never waiting for one: the I/O thread reads
+        once ``poll`` says the socket is readable, ``send()`` (``caller``) when ``_due_reply``
+        says a look is due. A broken connection is left to the I/O thread, and ``send()``
+        looks no further when nothing came."""
         try:
-            replies = conn.poll_any(timeout)
+            replies = conn.poll_any(0.0)
         except (MQError, OSError) as err:
+            if caller:
+                return
+            finished: list = []
             with self._lock:
                 self._disconnected(conn, err, finished)
-        else:
-            with self._lock:
-                if conn is self._conn:
-                    self._dispatch(replies, finished)
-                    self._service(time.monotonic(), finished)
-                    self._cond.notify_all()
-        for args in finished:
-            finish_batch(*args)
+            for args in finished:
+                finish_batch(*args)
+            return
+        if replies or not caller:
+            self._take_replies(conn, replies, caller)
 
     def _dispatch(self, replies: list, finished: list) -> None:
         in_flight = self._in_flight

@@ -129,7 +129,7 @@ class StateWriter:
         self._seqs = [0] * slots
 
     def publish(self, slot: int, state: PartitionState) -> None:
-        base = HEADER_SIZE + SLOT_SIZE * slot
+        base = slot_offset(slot)
         seq = self._seqs[slot] + 1
         _SEQ.pack_into(self._map, base, seq)                  # odd: writing
         _FIELDS.pack_into(self._map, base + 8, state.high_watermark, state.last_stable_offset,
@@ -188,7 +188,7 @@ class StateReader:
 
     def snapshot(self, slot: int) -> tuple[int, PartitionState]:
         """A consistent snapshot of one slot with the (even) sequence it was taken at."""
-        base = HEADER_SIZE + SLOT_SIZE * slot
+        base = slot_offset(slot)
         unpack = _SLOT.unpack_from
         m = self._map
         while True:
