@@ -91,9 +91,11 @@ _topics = itertools.count()
 # --- mq workers ---------------------------------------------------------------------------------
 
 def mq_producer(start, socket: str, topic: str, values: list[bytes], n: int, acks,
-                linger_ms: float, batch_size: int, partition: int | None = None) -> dict:
+                linger_ms: float, batch_size: int, partition: int | None = None,
+                shared_batches: bool = True) -> dict:
     import mq
-    p = mq.Producer(socket=socket, acks=acks, linger_ms=linger_ms, batch_size=batch_size)
+    p = mq.Producer(socket=socket, acks=acks, linger_ms=linger_ms, batch_size=batch_size,
+                    shared_batches=shared_batches)
     p.partitions_for(topic)                   # metadata before the clock starts
     send, k = p.send, len(values)
     quiet_gc()

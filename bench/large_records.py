@@ -6,9 +6,11 @@ A focused companion of ``bench.e2e``'s throughput row for one record size, quick
 before and after a change to the broker's produce path (issue 13: 64 KiB records at >= 0.7x
 the raw sequential page-cache write, >= 2x ``mp.Queue``). Each run measures, interleaved and in
 the same conditions (``harness.prefault`` before each): mq with ``bench.e2e``'s producer and
-consumer workers and settings (acks=1, 1 MiB batches), ``mp.Queue`` with ``bench.peers``'
-workers, and ``harness.raw_write`` of the same bytes in 1 MiB writes. ``--profile`` runs
-``py-spy record`` on the broker during the mq runs and writes its flat top functions.
+consumer workers and settings (acks=1, 1 MiB batches), batches through the producer's arena
+("mq") and through the socket ("mq socket", ``shared_batches=False``), ``mp.Queue`` with
+``bench.peers``' workers, and ``harness.raw_write`` of the same bytes in 1 MiB writes.
+``--profile`` runs ``py-spy record`` on the broker during the mq runs and writes its flat top
+functions.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from bench.e2e import MQ_THROUGHPUT, mq_consumer, mq_producer
 from bench.harness import MIB, run_workers, summary
 
 
-def one_mq(socket: str, broker_pid: int, topic: str, values: list[bytes], n: int) -> dict:
+def one_mq(socket: str, broker_pid: int, topic: str, values: list[bytes], n: int,
+           shared_batches: bool = True) -> dict:
     jobs = [(mq_producer, dict(socket=socket, topic=topic, values=values, n=n,
-                               **MQ_THROUGHPUT)),
+                               shared_batches=shared_batches, **MQ_THROUGHPUT)),
             (mq_consumer, {"socket": socket, "topic": topic, "partitions": [0], "n": n})]
     meter = lambda: harness.process_cpu(broker_pid)     # noqa: E731
     (prod, cons), cpu0, cpu1 = run_workers(jobs, 300.0, meter, meter)
@@ -80,25 +83,29 @@ def main(argv: list[str] | None = None) -> int:
     n = args.mib * MIB // args.size
     total = n * args.size
     base = tempfile.mkdtemp(prefix="mq-large-")
-    per: dict[str, list[float]] = {"mq": [], "mp.Queue": [], "raw": []}
-    cpu: dict[str, list[float]] = {"broker": [], "producer": [], "consumer": []}
+    systems = ["mq", "mq socket", "mp.Queue", "raw"]
+    per: dict[str, list[float]] = {system: [] for system in systems}
+    cpu: dict[str, list[float]] = {f"{system} {side}": [] for system in systems[:2]
+                                   for side in ("broker", "producer", "consumer")}
     try:
         with broker(os.path.join(base, "data")) as b:
             admin = mq.Admin(socket=b.socket)
             spy = _py_spy(b.pid, args.profile) if args.profile else None
             for r in range(args.runs + 1):          # run 0 warms up and is discarded
-                for system in harness.rotated(["mq", "mp.Queue", "raw"], r):
+                for system in harness.rotated(systems, r):
                     harness.prefault(base, total)
-                    if system == "mq":
+                    if system.startswith("mq"):
                         topic = f"large-{r}"
                         admin.create_topic(topic, 1)
-                        res = one_mq(b.socket, b.pid, topic, values, n)
+                        res = one_mq(b.socket, b.pid, topic, values, n,
+                                     shared_batches=system == "mq")
                         admin.delete_topic(topic)
                         mb_s = res["mb_s"]
                         if r:
-                            cpu["broker"].append(res["broker_cpu_us_per_mib"])
+                            cpu[f"{system} broker"].append(res["broker_cpu_us_per_mib"])
                             for side in ("producer", "consumer"):
-                                cpu[side].append(res[f"{side}_cpu_s"] * 1e6 * MIB / total)
+                                cpu[f"{system} {side}"].append(
+                                    res[f"{side}_cpu_s"] * 1e6 * MIB / total)
                     elif system == "mp.Queue":
                         mb_s = one_mpq(values, n)["mb_s"]
                     else:
@@ -114,15 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(base, ignore_errors=True)
     stats = {k: summary(v) for k, v in per.items()}
     ratios = {peer: summary([a / b for a, b in zip(per["mq"], per[peer], strict=True)])
-              for peer in ("mp.Queue", "raw")}
+              for peer in ("mq socket", "mp.Queue", "raw")}
     print(f"{args.size} B records, {args.mib} MiB per run, {args.runs} runs (median, min-max)")
     for k, s in stats.items():
-        print(f"  {k:9s} {s['median']:7.0f} MB/s  ({s['min']:.0f}-{s['max']:.0f})")
+        print(f"  {k:13s} {s['median']:7.0f} MB/s  ({s['min']:.0f}-{s['max']:.0f})")
     for k, s in ratios.items():
         print(f"  mq / {k:9s} {s['median']:.2f}x  ({s['min']:.2f}-{s['max']:.2f})")
     for k, v in cpu.items():
         s = summary(v)
-        print(f"  mq {k:8s} CPU {s['median']:6.0f} us/MiB  ({s['min']:.0f}-{s['max']:.0f})")
+        print(f"  {k:18s} CPU {s['median']:6.0f} us/MiB  ({s['min']:.0f}-{s['max']:.0f})")
     return 0
 
 

@@ -10,8 +10,12 @@ it carries. A connection the loop closed is ``closing``: nothing more is queued 
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import itertools
+import logging
+import mmap
+import os
 import socket
 from collections.abc import Iterator
 
@@ -19,7 +23,11 @@ import posix_ipc
 
 from mq.protocol.frames import FrameReader, encode_frame
 
-__all__ = ["Conn", "Connections"]
+__all__ = ["Conn", "Connections", "MAX_PASSED_FDS"]
+
+log = logging.getLogger("mq.broker")
+
+MAX_PASSED_FDS = 4
 
 
 @dataclasses.dataclass(eq=False)
@@ -36,6 +44,43 @@ class Conn:
     closing: bool = False
     # Wake-up semaphores the peer named in WAIT requests, opened once per connection.
     semaphores: dict[str, posix_ipc.Semaphore] = dataclasses.field(default_factory=dict)
+    # Descriptors the peer passed (SCM_RIGHTS) that no request took yet, and the producer's
+    # batch arena that ShareMemory mapped from one (apis/produce.py).
+    fds: list[int] = dataclasses.field(default_factory=list)
+    arena: mmap.mmap | None = None
+
+    def take_fds(self, ancillary: list, flags: int) -> None:
+        """Keep the descriptors a read brought, at most ``MAX_PASSED_FDS`` unclaimed; the
+        rest are closed (a client sends one, with the request that claims it)."""
+        for level, kind, data in ancillary:
+            if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+                continue
+            fds = array.array("i")
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            for fd in fds:
+                if len(self.fds) < MAX_PASSED_FDS:
+                    self.fds.append(fd)
+                else:
+                    os.close(fd)
+        if flags & socket.MSG_CTRUNC:
+            log.info("pid %d passed more descriptors than one read takes; the rest were "
+                     "closed", self.pid)
+
+    def release_shared(self) -> None:
+        """Close the passed descriptors and the arena's map (the connection closed)."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        self.set_arena(None)
+
+    def set_arena(self, arena: mmap.mmap | None) -> None:
+        """The connection's arena from now on; the one before is unmapped."""
+        old, self.arena = self.arena, arena
+        if old is not None:
+            try:
+                old.close()
+            except BufferError:        # a view still held (a failure's traceback): the
+                pass                   # map goes when the last view does
 
 
 class Connections:

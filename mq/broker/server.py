@@ -79,6 +79,7 @@ __all__ = ["Broker", "run_broker"]
 log = logging.getLogger("mq.broker")
 
 _PEERCRED = struct.Struct("3i")
+_FD_ROOM = socket.CMSG_SPACE(4 * 4)     # fds one read may bring (a client sends one at a time)
 
 
 class Broker:
@@ -346,9 +347,13 @@ class Broker:
     def _read(self, conn: Conn) -> None:
         # Straight into the connection's reader (frames.py): a large frame lands in place in
         # one buffer of its size and its batch is appended from there, never copied here.
+        # recvmsg, not recv: a producer's ShareMemory comes with its arena's fd (SCM_RIGHTS),
+        # which a plain recv would close.
         try:
             with conn.reader.get_buffer() as view:
-                n = conn.sock.recv_into(view)
+                n, ancillary, flags, _ = conn.sock.recvmsg_into((view,), _FD_ROOM)
+            if ancillary:
+                conn.take_fds(ancillary, flags)
         except (BlockingIOError, InterruptedError):
             return
         except RemoteProtocolError as err:
@@ -397,6 +402,7 @@ class Broker:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        conn.release_shared()
         self.partitions.disarm(conn)
         for sem in conn.semaphores.values():
             sem.close()
@@ -467,6 +473,7 @@ class Broker:
                          "semaphore_prefix": self._sem_prefix, "shm": self.state.name,
                          "max_request_bytes": self.config.max_request_bytes,
                          "frame_tail": True,      # Produce's batch may follow as a raw tail
+                         "shared_batches": True,  # ShareMemory / ProduceShared (arena.py)
                          "futex_wake": futex is not None})   # every publish wakes a sleeper
 
     # --- background work ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ opens its own (the parent's socket is never shared). Thread-safe: one lock per d
 
 from __future__ import annotations
 
+import array
 import itertools
 import math
 import os
@@ -17,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from mq.client.arena import Arena
 from mq.errors import BrokerUnavailableError, ClosedError, RemoteProtocolError, error_for_code
 from mq.protocol.frames import FrameReader, encode_frame, encode_tail_frame
 from mq.protocol.messages import PROTOCOL_VERSION, TAIL_APIS, Api, Response, request
@@ -42,9 +44,11 @@ def poll_ms(seconds: float) -> int:
     return max(0, math.ceil(seconds * 1000))
 
 
-def send_parts(sock: socket.socket, parts) -> None:
-    """Send every byte of ``parts`` in order, with one ``sendmsg`` unless it is cut short."""
-    sent = sock.sendmsg(parts)
+def send_parts(sock: socket.socket, parts, fds: tuple[int, ...] = ()) -> None:
+    """Send every byte of ``parts`` in order, with one ``sendmsg`` unless it is cut short;
+    ``fds`` go with the first byte (``SCM_RIGHTS``)."""
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg(parts, ancillary)
     for part in parts:
         if sent < len(part):
             sock.sendall(memoryview(part)[sent:])
@@ -74,6 +78,7 @@ class Connection:
         self._recv_view = memoryview(self._recv_buf)
         self.broker_info: dict[str, Any] = {}
         self._tails = False                # the broker takes Produce batches as frame tails
+        self.arena: Arena | None = None    # this connection's batch arena (share_arena)
         self._connect()
 
     # --- setup --------------------------------------------------------------------------------
@@ -114,6 +119,7 @@ class Connection:
             raise ClosedError("connection is closed")
         if self._pid != os.getpid():            # we are a forked child: never share a socket
             self._sock = None
+            self.arena = None                   # nor the parent's arena (it stays mapped)
             self._connect()
         assert self._sock is not None
         return self._sock
@@ -134,6 +140,20 @@ class Connection:
             except OSError as err:
                 raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         return rid
+
+    def share_arena(self, arena: Arena) -> None:
+        """Hand ``arena`` to the broker (``ShareMemory``, its fd passed with ``SCM_RIGHTS``)
+        and keep it as this connection's: closed with it. Raises the broker's refusal."""
+        sock = self._ensure()
+        rid = next(self._ids)
+        with self._send_lock:
+            try:
+                send_parts(sock, (encode_frame(request(Api.SHARE_MEMORY, rid, arena.size)),),
+                           (arena.fd,))
+            except OSError as err:
+                raise BrokerUnavailableError(f"broker connection lost: {err}") from err
+        self.wait(rid)
+        self.arena = arena
 
     def wait(self, rid: int, timeout: float | None = None) -> Response:
         """The response to request ``rid``. Raises the broker's error as an exception,
@@ -211,7 +231,10 @@ class Connection:
         self._closed = True
         if self._sock is not None and self._pid == os.getpid():
             self._sock.close()
+            if self.arena is not None:
+                self.arena.close()
         self._sock = None
+        self.arena = None
 
     def __enter__(self) -> Connection:
         return self

@@ -145,7 +145,9 @@ class Producer(Sender):
     ``enable_idempotence``: None (default: on when ``acks="all"`` and ``max_in_flight <= 5``),
     True or False. ``transactional_id`` / ``transaction_timeout_ms``: a transactional producer
     (see the module doc); the coordinator aborts its open transaction, fencing it, when it
-    stays open longer than ``transaction_timeout_ms``.
+    stays open longer than ``transaction_timeout_ms``. ``shared_batches``: with acks, send
+    batches of 32 KiB and more through a shared-memory arena the broker writes the log from
+    (``arena.py``) instead of through the socket, when the broker takes one (default True).
 
     Raises ``BrokerUnavailableError`` if no broker answers on the socket, ``ValueError`` for
     settings that conflict (``enable_idempotence=True`` or a ``transactional_id`` with
@@ -164,7 +166,7 @@ class Producer(Sender):
                  key_serializer: Callable[[Any], bytes] | None = None,
                  value_serializer: Callable[[Any], bytes] | None = None,
                  enable_idempotence: bool | None = None, transactional_id: str | None = None,
-                 transaction_timeout_ms: int = 60000) -> None:
+                 transaction_timeout_ms: int = 60000, shared_batches: bool = True) -> None:
         if acks not in _ACKS:
             raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
         if type(transaction_timeout_ms) is not int or transaction_timeout_ms <= 0:
@@ -187,6 +189,7 @@ class Producer(Sender):
         self._codec = codec
         self._wanted_batch_size = batch_size
         self._wanted_max_request_size = max_request_size
+        self._shared_batches = shared_batches
         self._broker_max_request: int | None = None   # the broker's max_request_bytes
         self._request_cap = math.inf                    # ... less the request envelope
         self._max_request_size = 0
@@ -263,7 +266,7 @@ class Producer(Sender):
 
     def _start(self) -> None:
         """Connect and start the I/O thread (in ``__init__``, and in a forked child)."""
-        conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+        conn = self._connect()
         if self._ids is not None and self._txn is None:
             try:
                 self._init_producer_id(conn)

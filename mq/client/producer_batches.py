@@ -57,7 +57,7 @@ class Batch:
     __slots__ = ("topic", "partition", "info", "builder", "add", "records", "created", "deadline",
                  "data", "seq", "attempts", "not_before", "sent_at", "base_offset",
                  "log_append_time", "error", "last_error", "done", "event", "callbacks", "lock",
-                 "producer_id", "producer_epoch", "pool")
+                 "producer_id", "producer_epoch", "pool", "slot")
 
     def __init__(self, info: TopicState, partition: int, compression: int, now: float,
                  linger_s: float, lock: threading.Lock, pool: list[bytearray]) -> None:
@@ -79,6 +79,7 @@ class Batch:
         self.deadline = now + linger_s
         self.data: bytearray | None = None
         self.seq = 0                               # the producer's close order
+        self.slot = -1                             # its arena slot while in flight, if any
         self.producer_id = -1                      # sealed with (idempotence), else -1
         self.producer_epoch = -1
         self.attempts = 0

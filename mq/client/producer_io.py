@@ -79,6 +79,7 @@ import threading
 import time
 from typing import Any
 
+from mq.client.arena import Arena, arena_supported
 from mq.client.connection import Connection
 from mq.client.producer_batches import Batch, finish_batch
 from mq.errors import (
@@ -104,6 +105,9 @@ log = logging.getLogger("mq.producer")
 _INF = float("inf")
 _MAX_BACKOFF_S = 1.0                       # Kafka's retry.backoff.max.ms
 _CALLER_READ_S = 50e-6                     # send() looks for replies at most this often
+# Batches from this size up go through the arena; smaller ones are cheaper to copy through
+# the socket than the broker's check of the written bytes (a map of them) costs.
+ARENA_MIN_BYTES = 32 * 1024
 
 
 class Sender:
@@ -122,6 +126,7 @@ class Sender:
         i = 0
         muted = self._muted
         unstamped = self._pid_pending
+        arena = conn.arena if acks else None      # acks=0 has no reply to free a slot
         while i < len(ready) and (acks == 0 or len(in_flight) < limit):
             batch = ready[i]
             if muted or self._retrying or unstamped:
@@ -154,9 +159,18 @@ class Sender:
                     f"{self._broker_max_request} B, of which a batch may take "
                     f"{self._request_cap} B)"), finished)
                 continue
+            data = batch.data
+            taken = arena.put(data) if arena is not None and len(data) >= ARENA_MIN_BYTES \
+                else None
             try:
-                rid = conn.send(Api.PRODUCE, batch.topic, batch.partition, acks, batch.data)
+                if taken is None:
+                    rid = conn.send(Api.PRODUCE, batch.topic, batch.partition, acks, data)
+                else:
+                    batch.slot = taken[0]
+                    rid = conn.send(Api.PRODUCE_SHARED, batch.topic, batch.partition, acks,
+                                    taken[1], len(data))
             except MQError as err:
+                batch.slot = -1                   # the arena goes with the connection
                 ready.insert(i, batch)
                 self._disconnected(conn, err, finished)
                 return
@@ -247,6 +261,7 @@ class Sender:
         self._fd = -1
         conn.close()
         for batch in self._in_flight.values():
+            batch.slot = -1                       # the arena closed with the connection
             self._requeue(batch, err, 0.0, finished)
         self._in_flight.clear()
         for rid in self._requests:
@@ -368,9 +383,34 @@ class Sender:
                     # Readable, so nothing to wait for; send() may have taken the replies.
                     self._read(conn)
 
+    def _connect(self) -> Connection:
+        """A new connection to the broker, with a batch arena (``arena.py``) when this
+        producer waits for acks and the broker takes one; without, if either side cannot
+        (the reason is logged), since the socket carries every batch just as well."""
+        conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+        if not (self._acks and self._shared_batches and arena_supported()
+                and conn.broker_info.get("shared_batches")):
+            return conn
+        try:
+            arena = Arena(self._wanted_max_request_size, self._max_in_flight)
+        except OSError as err:
+            log.info("producer sends batches through the socket: no arena (%s)", err)
+            return conn
+        try:
+            conn.share_arena(arena)
+        except BrokerUnavailableError:
+            arena.close()
+            conn.close()
+            raise
+        except MQError as err:
+            arena.close()
+            log.info("producer sends batches through the socket: the broker refused its "
+                     "arena (%s)", err)
+        return conn
+
     def _reconnect(self) -> Connection | None:
         try:
-            conn = Connection(self._socket, self._client_id, self._request_timeout_s)
+            conn = self._connect()
         except (MQError, OSError) as err:
             with self._lock:
                 self._last_error = err if isinstance(err, BrokerUnavailableError) else \
@@ -404,6 +444,9 @@ class Sender:
         in_flight = self._in_flight
         for reply in replies:
             batch = in_flight.pop(reply.request_id, None)
+            if batch is not None and batch.slot >= 0:
+                self._conn.arena.release(batch.slot)
+                batch.slot = -1
             if batch is None:
                 if reply.request_id in self._requests:
                     self._requests[reply.request_id] = reply

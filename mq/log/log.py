@@ -199,7 +199,8 @@ class PartitionLog:
 
     # --- append -------------------------------------------------------------------------------
     def append(self, batch, *, leader_epoch: int = 0, assign_offsets: bool = True,
-               now_ms: int | None = None, from_client: bool = True) -> AppendInfo:
+               now_ms: int | None = None, from_client: bool = True,
+               shared_head: bytes | None = None) -> AppendInfo:
         """Validate and append one RecordBatch v2; the broker's leader append.
 
         With ``assign_offsets`` the batch's baseOffset becomes the log end offset (stamped in
@@ -212,13 +213,30 @@ class PartitionLog:
         the producer table (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
         ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
         offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
+
+        ``shared_head``: ``batch`` is memory another process may still write (a producer's
+        arena, ``mq/client/arena.py``) and this is a copy of its header taken once. The
+        checks, the offsets and the stamps use the copy; the CRC is checked on the bytes that
+        reached the file (``LogSegment.append``), and a batch changed meanwhile is cut off
+        again and refused with ``CorruptRecordError``: the log only ever holds what was
+        checked, with no copy of the batch made here.
         """
         self._check_writable()
-        writable = isinstance(batch, bytearray) or (isinstance(batch, memoryview)
-                                                    and not batch.readonly)
-        buf = batch if writable else bytearray(batch)
-        parsed = RecordBatch(buf)
-        parsed.validate()
+        if shared_head is not None and (not assign_offsets or
+                                        self.config.message_timestamp_type == "LogAppendTime"):
+            batch, shared_head = bytearray(batch), None   # rewritten whole: a private copy
+        head = None
+        if shared_head is not None:
+            buf = batch
+            head = bytearray(shared_head)
+            parsed = RecordBatch(buf, header=head)
+            parsed.validate_header()
+        else:
+            writable = isinstance(batch, bytearray) or (isinstance(batch, memoryview)
+                                                        and not batch.readonly)
+            buf = batch if writable else bytearray(batch)
+            parsed = RecordBatch(buf)
+            parsed.validate()
         if len(buf) != parsed.size:
             raise ValueError(f"append takes exactly one batch: {len(buf)} bytes given, "
                              f"the batch is {parsed.size} bytes")
@@ -231,7 +249,7 @@ class PartitionLog:
                                          f"not match last offset delta "
                                          f"{parsed.last_offset_delta}")
             base_offset = self.log_end_offset
-            stamp_batch(buf, base_offset, leader_epoch)
+            stamp_batch(buf if head is None else head, base_offset, leader_epoch)
         else:
             base_offset = parsed.base_offset
             if base_offset < self.log_end_offset:
@@ -267,7 +285,7 @@ class PartitionLog:
             self._maybe_roll(len(buf), max_ts, base_offset, last_offset, now_ms)
             self.active_segment.append(buf, last_offset=last_offset, max_timestamp=max_ts,
                                        offset_of_max_timestamp=last_offset,
-                                       aborted_txn=aborted)
+                                       aborted_txn=aborted, head=head)
         except OSError as err:
             raise self._write_failed("append", err) from err
         if marker is not None:

@@ -324,7 +324,10 @@ class RecordBatch:
                  "base_timestamp", "max_timestamp", "producer_id", "producer_epoch",
                  "base_sequence", "records_count")
 
-    def __init__(self, buffer, position: int = 0, path=None) -> None:
+    def __init__(self, buffer, position: int = 0, path=None, header=None) -> None:
+        """``header``: read the header fields from this copy of the batch's first
+        ``RECORD_BATCH_OVERHEAD`` bytes, not from ``buffer`` (memory another process may
+        write: ``PartitionLog.append(shared_head=)``)."""
         mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
         if mv.format != "B" or mv.ndim != 1:
             mv = mv.cast("B")
@@ -336,7 +339,7 @@ class RecordBatch:
         (self.base_offset, self.batch_length, self.partition_leader_epoch, self.magic, self.crc,
          self.attributes, self.last_offset_delta, self.base_timestamp, self.max_timestamp,
          self.producer_id, self.producer_epoch, self.base_sequence,
-         self.records_count) = HEADER.unpack_from(mv)
+         self.records_count) = HEADER.unpack_from(mv if header is None else header)
         if self.magic != MAGIC:
             raise CorruptRecordError(path, position, f"unsupported magic {self.magic} "
                                      "(only RecordBatch v2 is supported)")
@@ -419,6 +422,11 @@ class RecordBatch:
         actual = self.compute_crc()
         if actual != self.crc:
             self._fail(f"CRC mismatch: stored {self.crc:#010x}, computed {actual:#010x}")
+        self.validate_header()
+
+    def validate_header(self) -> None:
+        """``validate`` but the CRC (checked elsewhere: on the bytes a shared batch left in
+        the file, ``LogSegment.append``)."""
         if self.compression > ZSTD:
             self._fail(f"invalid compression codec {self.compression}")
         if self.records_count < 0:

@@ -25,6 +25,7 @@ Reads use ``pread`` (the broker side); client processes read through ``mq.log.re
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import random
 import struct
@@ -38,12 +39,14 @@ from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.policy import SegmentMeta
 from mq.log.txnindex import AbortedTxn, TransactionIndex
-from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
-                            RecordBatch, iter_batches)
+from mq.log.records import (ATTRIBUTES_OFFSET, CRC_OFFSET, HEADER_SIZE_UP_TO_MAGIC,
+                            LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RecordBatch, crc32c,
+                            iter_batches)
 
 __all__ = ["LogSegment", "OffsetPosition", "FetchSlice"]
 
 _FRAME: Final = struct.Struct(">qiib")
+_CRC: Final = struct.Struct(">I")
 # Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp.
 _SCAN_BYTES: Final = 43
 _SCAN: Final = struct.Struct(">qi")
@@ -226,9 +229,14 @@ class LogSegment:
 
     # --- append -------------------------------------------------------------------------------
     def append(self, batch, *, last_offset: int, max_timestamp: int,
-               offset_of_max_timestamp: int, aborted_txn: AbortedTxn | None = None) -> int:
+               offset_of_max_timestamp: int, aborted_txn: AbortedTxn | None = None,
+               head: bytearray | None = None) -> int:
         """Append one or more whole batches with one write; returns their start position.
         ``aborted_txn``: the batch is an ABORT marker; its ``.txnindex`` entry goes in with it.
+        ``head``: one batch in memory another process may write, whose header (stamped) is
+        this private copy: written in its place, and the bytes that reached the file are
+        checked against it and its CRC before anything moves (``CorruptRecordError`` after
+        cutting them off again).
 
         Raises ``InvalidOffsetError`` when ``last_offset`` cannot be stored relative to the
         base offset (the caller must roll first).
@@ -244,7 +252,13 @@ class LogSegment:
             max_ts, max_ts_offset = self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far
         counts = self._index_counts()
         try:
-            diskio.write_fully(self._fd, batch, position)
+            if head is None:
+                diskio.write_fully(self._fd, batch, position)
+            else:
+                diskio.write_fully(self._fd, head, position)
+                with memoryview(batch)[len(head):] as body:
+                    diskio.write_fully(self._fd, body, position + len(head))
+                self._check_written(position, len(batch), head)
             indexed = self._index_entry(last_offset, position, max_ts, max_ts_offset)
             if aborted_txn is not None:
                 self.txn_index.append(aborted_txn)
@@ -264,6 +278,20 @@ class LogSegment:
             0 if indexed else self.bytes_since_last_index_entry)
         self._next_offset = last_offset + 1
         return position
+
+    def _check_written(self, position: int, size: int, head: bytearray) -> None:
+        """The ``size`` bytes at ``position`` start with ``head`` and match its CRC: read
+        through a map of just them (page-cache pages, no copy)."""
+        start = position - position % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(self._fd, position + size - start, offset=start,
+                       access=mmap.ACCESS_READ) as m, memoryview(m) as whole, \
+                whole[position - start:] as written:
+            stored = _CRC.unpack_from(head, CRC_OFFSET)[0]
+            if written[:len(head)] == head and crc32c(written[ATTRIBUTES_OFFSET:]) == stored:
+                return
+        raise CorruptRecordError(self.log_path, position, "the batch changed in the "
+                                 "producer's shared memory while it was written (CRC "
+                                 "mismatch); refused and cut off")
 
     def _truncate_back(self, position: int) -> None:
         """After a failed append: cut whatever part of it reached the file (Redis's rule for

@@ -22,6 +22,12 @@ Schemas (fields after ``request_id``)::
     Wait          1000  semaphore str, [[topic str, partition int, offset int], ...]   (no reply)
     BrokerStats   1001  (no fields) -> {broker, partitions, groups, fsync, cleaner}: one
                         snapshot of the broker's figures (mq/broker/stats.py documents it)
+    ShareMemory   1002  size int, with a sealed memfd of that size passed in the same
+                        sendmsg (SCM_RIGHTS): the connection's batch arena (to a broker whose
+                        Handshake info says ``shared_batches``; see mq/client/arena.py)
+    ProduceShared 1003  topic str, partition int, acks int (1 or -1), offset int, length int:
+                        Produce for the batch at [offset, offset + length) of the arena;
+                        the reply is Produce's
 
     OffsetCommit     8  group str, member_id str, member_epoch int,
                         [[topic str, partition int, offset int, leader_epoch int, metadata str]]
@@ -103,6 +109,8 @@ class Api(enum.IntEnum):
     LIST_TRANSACTIONS = 66
     WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
     BROKER_STATS = 1001     # mq top and the metrics: partitions, groups, fsync, cleaner
+    SHARE_MEMORY = 1002     # a producer's batch arena, a sealed memfd passed with SCM_RIGHTS
+    PRODUCE_SHARED = 1003   # Produce for a batch in that arena: a descriptor, not the bytes
 
 
 _STR_MAP = ("str_map",)
@@ -126,6 +134,9 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.CREATE_PARTITIONS: (("topic", str), ("total", int)),
     Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
     Api.BROKER_STATS: (),
+    Api.SHARE_MEMORY: (("size", int),),
+    Api.PRODUCE_SHARED: (("topic", str), ("partition", int), ("acks", int), ("offset", int),
+                         ("length", int)),
     Api.OFFSET_COMMIT: (("group", str), ("member_id", str), ("member_epoch", int),
                         ("offsets", _COMMIT_LIST)),
     Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST), ("require_stable", int)),

@@ -15,6 +15,9 @@ byte of the header tells). Batches are stamped with this broker start's leader e
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
 import struct
 from collections.abc import Callable, Mapping
 
@@ -29,7 +32,7 @@ from mq.broker.partitions import PartitionTable
 from mq.broker.space import FreeSpaceGuard
 from mq.broker.wakeups import post
 from mq.errors import InvalidRequestError
-from mq.log.records import ATTRIBUTES_OFFSET
+from mq.log.records import ATTRIBUTES_OFFSET, RECORD_BATCH_OVERHEAD
 from mq.protocol.messages import ACKS_ALL, Api, Request, response
 
 __all__ = ["ProduceApis"]
@@ -41,6 +44,9 @@ _CONTROL = 0x20
 _PRODUCER_ID = struct.Struct(">q")         # at 43
 _PRODUCER_EPOCH = struct.Struct(">h")      # at 51
 _PRODUCER_EPOCH_END = 53
+# A producer's batch arena (ShareMemory): sealed so it can never shrink under the map.
+_ARENA_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_MAX_ARENA_BYTES = 1 << 30
 
 
 class ProduceApis:
@@ -62,9 +68,56 @@ class ProduceApis:
 
     def handlers(self) -> Mapping[Api, Handler]:
         return {Api.PRODUCE: self.produce, Api.LIST_OFFSETS: self.list_offsets,
-                Api.WAIT: self.wait}
+                Api.WAIT: self.wait, Api.SHARE_MEMORY: self.share_memory,
+                Api.PRODUCE_SHARED: self.produce_shared}
 
     def produce(self, conn: Conn, req: Request) -> list | None:
+        return self._produce(conn, req, req["batch"], False)
+
+    def share_memory(self, conn: Conn, req: Request) -> list:
+        """Map the producer's batch arena, the fd passed with this request (``arena.py``):
+        only a memfd sealed against shrinking and growing, so the map can never fault."""
+        if not conn.fds:
+            raise InvalidRequestError("ShareMemory needs a memfd passed with it (SCM_RIGHTS)")
+        fd = conn.fds.pop(0)
+        try:
+            size = req["size"]
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+                actual = os.fstat(fd).st_size
+            except OSError as err:
+                raise InvalidRequestError(f"the shared descriptor is not a memfd: "
+                                          f"{err.strerror}") from err
+            if seals & _ARENA_SEALS != _ARENA_SEALS:
+                raise InvalidRequestError("the shared memfd must be sealed against shrinking "
+                                          "and growing (F_SEAL_SHRINK | F_SEAL_GROW | "
+                                          "F_SEAL_SEAL)")
+            if not 0 < size == actual <= _MAX_ARENA_BYTES:
+                raise InvalidRequestError(f"arena of {actual} bytes, {size} announced (at most "
+                                          f"{_MAX_ARENA_BYTES})")
+            arena = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        conn.set_arena(arena)
+        return response(req.api, req.request_id)
+
+    def produce_shared(self, conn: Conn, req: Request) -> list | None:
+        """Produce for the batch at ``[offset, offset + length)`` of the connection's arena.
+        The producer can still write there, so the log appends it as ``shared``: header
+        checked from a private copy, CRC checked on the bytes written (``PartitionLog``)."""
+        arena = conn.arena
+        if arena is None:
+            raise InvalidRequestError("ProduceShared before ShareMemory")
+        offset, length = req["offset"], req["length"]
+        if not (0 <= offset and 0 < length <= len(arena) - offset):
+            raise InvalidRequestError(f"batch at [{offset}, {offset + length}) is outside the "
+                                      f"arena of {len(arena)} bytes")
+        if req["acks"] == 0:
+            raise InvalidRequestError("ProduceShared needs acks: the reply frees the slot")
+        with memoryview(arena) as whole, whole[offset:offset + length] as batch:
+            return self._produce(conn, req, batch, True)
+
+    def _produce(self, conn: Conn, req: Request, batch, shared: bool) -> list | None:
         topic, acks = req["topic"], req["acks"]
         if is_internal(topic):
             raise InvalidRequestError(f"cannot produce to internal topic {topic!r}")
@@ -72,25 +125,30 @@ class ProduceApis:
             raise InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {acks}")
         part = self._lookup(topic, req["partition"])
         plog = part.log
-        batch = req["batch"]
         if len(batch) > plog.config.max_message_bytes:
             raise errors.MessageTooLargeError(
                 f"batch of {len(batch)} bytes exceeds max.message.bytes "
                 f"{plog.config.max_message_bytes} of topic {topic!r}")
         self._space.admit(len(batch))
-        attributes = batch[_ATTRIBUTES_LOW] if len(batch) > _PRODUCER_EPOCH_END else 0
+        # A shared batch's header is read once, from a private copy: the producer can still
+        # write the arena, so what is checked here must be what the log appends.
+        head = bytes(batch[:RECORD_BATCH_OVERHEAD]) if shared else batch
+        attributes = head[_ATTRIBUTES_LOW] if len(head) > _PRODUCER_EPOCH_END else 0
         if attributes & _CONTROL:
             raise errors.InvalidRecordError("clients may not produce control batches "
                                             "(transaction markers come from the coordinator)")
         if attributes & _TRANSACTIONAL and self._verify_transaction is not None:
             self._verify_transaction(topic, req["partition"],
-                                     _PRODUCER_ID.unpack_from(batch, 43)[0],
-                                     _PRODUCER_EPOCH.unpack_from(batch, 51)[0])
+                                     _PRODUCER_ID.unpack_from(head, 43)[0],
+                                     _PRODUCER_EPOCH.unpack_from(head, 51)[0])
         end = plog.log_end_offset
         # A tail frame's batch is a writable view of the receive buffer: stamped and written
         # from there. One inside msgpack arrived as bytes, so it is copied to be stamped.
-        info = plog.append(batch if isinstance(batch, (bytearray, memoryview))
-                           else bytearray(batch), leader_epoch=self._epoch)
+        if shared:
+            info = plog.append(batch, leader_epoch=self._epoch, shared_head=head)
+        else:
+            info = plog.append(batch if isinstance(batch, (bytearray, memoryview))
+                               else bytearray(batch), leader_epoch=self._epoch)
         if plog.log_end_offset != end:              # not a retry the log already had
             part.produced_records += plog.log_end_offset - end
             part.produced_bytes += len(batch)
