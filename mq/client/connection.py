@@ -47,8 +47,8 @@ def poll_ms(seconds: float) -> int:
 def send_parts(sock: socket.socket, parts, fds: tuple[int, ...] = ()) -> None:
     """Send every byte of ``parts`` in order, with one ``sendmsg`` unless it is cut short;
     ``fds`` go with the first byte (``SCM_RIGHTS``)."""
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg(parts, ancillary)
+    sent = sock.sendmsg(parts, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]) \
+        if fds else sock.sendmsg(parts)
     for part in parts:
         if sent < len(part):
             sock.sendall(memoryview(part)[sent:])
