@@ -39,11 +39,6 @@ import psutil
 
 from mq.log import records as _records
 
-try:  # pip install hdrhistogram (the `bench` extra)
-    from hdrh.histogram import HdrHistogram
-except ImportError:  # pragma: no cover - checked by bench.peers.ensure_python_packages
-    HdrHistogram = None
-
 KIB = 1024
 MIB = 1024 * 1024
 HDR_MIN_US, HDR_MAX_US, HDR_DIGITS = 1, 60_000_000, 3     # 1 us .. 60 s, 3 digits
@@ -342,6 +337,9 @@ def process_cpu_ticks(pid: int) -> float:
 # --- histograms -----------------------------------------------------------------------------
 
 def new_hist():
+    # Imported here, not at the top: on a fresh machine bench.peers.ensure_installed pip
+    # installs hdrhistogram after this module was loaded (and forked workers inherit it).
+    from hdrh.histogram import HdrHistogram
     return HdrHistogram(HDR_MIN_US, HDR_MAX_US, HDR_DIGITS)
 
 

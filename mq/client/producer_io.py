@@ -20,6 +20,12 @@ and when ``max_in_flight`` requests are out it reads the replies waiting on the 
 busy between sends would otherwise hold every record back for the switch interval
 (``_due_reply``). Callbacks still run on the I/O thread.
 
+A batch of ``ARENA_MIN_BYTES`` or more goes out as ``ProduceShared``: copied into a slot of the
+connection's shared-memory arena (``arena.py``), with only its place on the socket, when the
+producer waits for acks and the broker took the arena at connect (``_connect``). Its reply
+(``_dispatch``) frees the slot; a lost connection takes its arena with it, and the re-sent
+batches go into the next connection's.
+
 Ordering, retries and reconnects
 --------------------------------
 Batches of one partition are sent in the order they were closed, on one connection, and the
