@@ -16,7 +16,7 @@ A slot is taken when its batch is sent and given back when the batch's reply arr
 connection gets a new arena, so a request still queued at the old connection's broker side
 can never meet a slot reused for another batch. The broker never trusts the arena: it parses
 a private copy of the batch header and checks the CRC on the bytes that reached the file
-(``PartitionLog.append(shared=True)``), so a client that rewrites a slot in flight only gets
+(``PartitionLog.append(shared_head=)``), so a client that rewrites a slot in flight only gets
 its own batch refused.
 """
 
