@@ -79,6 +79,7 @@ class Connection:
         self.broker_info: dict[str, Any] = {}
         self._tails = False                # the broker takes Produce batches as frame tails
         self.arena: Arena | None = None    # this connection's batch arena (share_arena)
+        self._claimed: set[int] = set()    # request ids a wait() takes the reply of
         self._connect()
 
     # --- setup --------------------------------------------------------------------------------
@@ -125,10 +126,13 @@ class Connection:
         return self._sock
 
     # --- requests -----------------------------------------------------------------------------
-    def send(self, api: Api, *fields: Any) -> int:
-        """Send a request without waiting; returns its id."""
+    def send(self, api: Api, *fields: Any, claim: bool = False) -> int:
+        """Send a request without waiting; returns its id. ``claim``: a ``wait`` for this id
+        will take the reply, so ``poll_any`` (another thread's) leaves it alone."""
         sock = self._ensure()
         rid = next(self._ids)
+        if claim:
+            self._claimed.add(rid)
         message = request(api, rid, *fields)
         # A batch goes out as a tail frame's tail: the kernel copies it from the caller's
         # buffer, with no frame built around it here (and none taken apart in the broker).
@@ -138,6 +142,7 @@ class Connection:
             try:
                 send_parts(sock, parts)
             except OSError as err:
+                self._claimed.discard(rid)
                 raise BrokerUnavailableError(f"broker connection lost: {err}") from err
         return rid
 
@@ -146,6 +151,7 @@ class Connection:
         and keep it as this connection's: closed with it. Raises the broker's refusal."""
         sock = self._ensure()
         rid = next(self._ids)
+        self._claimed.add(rid)
         with self._send_lock:
             try:
                 send_parts(sock, (encode_frame(request(Api.SHARE_MEMORY, rid, arena.size)),),
@@ -165,22 +171,34 @@ class Connection:
 
     def wait_raw(self, rid: int, timeout: float | None = None) -> Response:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        with self._recv_lock:
-            while rid not in self._pending:
-                self._receive(deadline)
-            return self._pending.pop(rid)
+        try:
+            with self._recv_lock:
+                while rid not in self._pending:
+                    self._receive(deadline)
+                return self._pending.pop(rid)
+        finally:
+            self._claimed.discard(rid)
 
     def poll_any(self, timeout: float) -> list[Response]:
-        """Every response available within ``timeout`` (at least one unless it expires)."""
+        """Every response available within ``timeout`` (at least one unless it expires),
+        but those a ``wait`` claimed (``send(claim=True)``, ``call``): a producer's
+        ``send()`` reads replies while its I/O thread may be in a ``call``, whose reply it
+        must leave for it."""
         deadline = time.monotonic() + timeout
         with self._recv_lock:
-            if not self._pending:
+            pending, claimed = self._pending, self._claimed
+            if not pending or (claimed and all(rid in claimed for rid in pending)):
                 try:
                     self._receive(deadline)
                 except TimeoutError:
                     pass
-            out = list(self._pending.values())
-            self._pending.clear()
+            if not claimed:
+                out = list(pending.values())
+                pending.clear()
+                return out
+            out = [reply for rid, reply in pending.items() if rid not in claimed]
+            for reply in out:
+                del pending[reply.request_id]
             return out
 
     def ready(self) -> list[Response]:
@@ -194,7 +212,7 @@ class Connection:
             return self._pending.pop(rid, None) is not None
 
     def call(self, api: Api, *fields: Any, timeout: float | None = None) -> Response:
-        return self.wait(self.send(api, *fields), timeout)
+        return self.wait(self.send(api, *fields, claim=True), timeout)
 
     def _receive(self, deadline: float) -> None:
         sock = self._ensure()
