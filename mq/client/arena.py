@@ -26,11 +26,9 @@ import fcntl
 import mmap
 import os
 
-__all__ = ["Arena", "SEALS", "arena_supported"]
+from mq.protocol.messages import ARENA_SEALS
 
-# What the broker requires of a shared fd: it can neither shrink nor grow, and its seals are
-# final.
-SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+__all__ = ["Arena", "arena_supported"]
 
 
 def arena_supported() -> bool:
@@ -52,7 +50,7 @@ class Arena:
         self.fd = os.memfd_create("mq-producer-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, ARENA_SEALS)
             self._map: mmap.mmap | None = mmap.mmap(self.fd, self.size)
         except BaseException:
             os.close(self.fd)

@@ -126,9 +126,11 @@ class Connection:
         return self._sock
 
     # --- requests -----------------------------------------------------------------------------
-    def send(self, api: Api, *fields: Any, claim: bool = False) -> int:
+    def send(self, api: Api, *fields: Any, claim: bool = False,
+             fds: tuple[int, ...] = ()) -> int:
         """Send a request without waiting; returns its id. ``claim``: a ``wait`` for this id
-        will take the reply, so ``poll_any`` (another thread's) leaves it alone."""
+        will take the reply, so ``poll_any`` (another thread's) leaves it alone. ``fds`` go
+        with the request (``SCM_RIGHTS``)."""
         sock = self._ensure()
         rid = next(self._ids)
         if claim:
@@ -140,7 +142,7 @@ class Connection:
             else (encode_frame(message),)
         with self._send_lock:
             try:
-                send_parts(sock, parts)
+                send_parts(sock, parts, fds)
             except OSError as err:
                 self._claimed.discard(rid)
                 raise BrokerUnavailableError(f"broker connection lost: {err}") from err
@@ -149,16 +151,7 @@ class Connection:
     def share_arena(self, arena: Arena) -> None:
         """Hand ``arena`` to the broker (``ShareMemory``, its fd passed with ``SCM_RIGHTS``)
         and keep it as this connection's: closed with it. Raises the broker's refusal."""
-        sock = self._ensure()
-        rid = next(self._ids)
-        self._claimed.add(rid)
-        with self._send_lock:
-            try:
-                send_parts(sock, (encode_frame(request(Api.SHARE_MEMORY, rid, arena.size)),),
-                           (arena.fd,))
-            except OSError as err:
-                raise BrokerUnavailableError(f"broker connection lost: {err}") from err
-        self.wait(rid)
+        self.wait(self.send(Api.SHARE_MEMORY, arena.size, claim=True, fds=(arena.fd,)))
         self.arena = arena
 
     def wait(self, rid: int, timeout: float | None = None) -> Response:
@@ -187,15 +180,11 @@ class Connection:
         deadline = time.monotonic() + timeout
         with self._recv_lock:
             pending, claimed = self._pending, self._claimed
-            if not pending or (claimed and all(rid in claimed for rid in pending)):
+            if all(rid in claimed for rid in pending):      # nothing here for us (yet)
                 try:
                     self._receive(deadline)
                 except TimeoutError:
                     pass
-            if not claimed:
-                out = list(pending.values())
-                pending.clear()
-                return out
             out = [reply for rid, reply in pending.items() if rid not in claimed]
             for reply in out:
                 del pending[reply.request_id]

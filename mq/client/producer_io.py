@@ -132,7 +132,7 @@ class Sender:
         i = 0
         muted = self._muted
         unstamped = self._pid_pending
-        arena = conn.arena if acks else None      # acks=0 has no reply to free a slot
+        arena = conn.arena                        # None with acks=0: no reply frees a slot
         while i < len(ready) and (acks == 0 or len(in_flight) < limit):
             batch = ready[i]
             if muted or self._retrying or unstamped:
@@ -450,9 +450,6 @@ class Sender:
         in_flight = self._in_flight
         for reply in replies:
             batch = in_flight.pop(reply.request_id, None)
-            if batch is not None and batch.slot >= 0:
-                self._conn.arena.release(batch.slot)
-                batch.slot = -1
             if batch is None:
                 if reply.request_id in self._requests:
                     self._requests[reply.request_id] = reply
@@ -460,6 +457,9 @@ class Sender:
                     log.warning("produce request failed (acks=0): %s",
                                 error_for_code(reply.error_code, reply.error_message or ""))
                 continue
+            if batch.slot >= 0:
+                self._conn.arena.release(batch.slot)
+                batch.slot = -1
             if not reply.error_code:
                 self._done(batch, reply.fields[0], reply.fields[1], None, finished)
                 continue

@@ -39,14 +39,12 @@ from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.policy import SegmentMeta
 from mq.log.txnindex import AbortedTxn, TransactionIndex
-from mq.log.records import (ATTRIBUTES_OFFSET, CRC_OFFSET, HEADER_SIZE_UP_TO_MAGIC,
-                            LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RecordBatch, crc32c,
-                            iter_batches)
+from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
+                            RecordBatch, iter_batches)
 
 __all__ = ["LogSegment", "OffsetPosition", "FetchSlice"]
 
 _FRAME: Final = struct.Struct(">qiib")
-_CRC: Final = struct.Struct(">I")
 # Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp.
 _SCAN_BYTES: Final = 43
 _SCAN: Final = struct.Struct(">qi")
@@ -280,14 +278,14 @@ class LogSegment:
         return position
 
     def _check_written(self, position: int, size: int, head: bytearray) -> None:
-        """The ``size`` bytes at ``position`` start with ``head`` and match its CRC: read
-        through a map of just them (page-cache pages, no copy)."""
+        """The ``size`` bytes at ``position`` start with ``head`` and are a valid batch (its
+        CRC included): read through a map of just them (page-cache pages, no copy)."""
         start = position - position % mmap.ALLOCATIONGRANULARITY
         with mmap.mmap(self._fd, position + size - start, offset=start,
                        access=mmap.ACCESS_READ) as m, memoryview(m) as whole, \
                 whole[position - start:] as written:
-            stored = _CRC.unpack_from(head, CRC_OFFSET)[0]
-            if written[:len(head)] == head and crc32c(written[ATTRIBUTES_OFFSET:]) == stored:
+            if written[:len(head)] == head and \
+                    RecordBatch(written, position, self.log_path).is_valid:
                 return
         raise CorruptRecordError(self.log_path, position, "the batch changed in the "
                                  "producer's shared memory while it was written (CRC "

@@ -71,16 +71,20 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import fcntl
 from typing import Any, Final
 
 from mq.errors import RemoteProtocolError
 
-__all__ = ["PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Api", "Request", "Response",
+__all__ = ["PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Api", "Request", "Response", "ARENA_SEALS",
            "check_request", "request", "response", "ACKS_ALL", "PUSH_REQUEST_ID", "TAIL_APIS"]
 
 PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({1})
 ACKS_ALL: Final = -1
+# What ShareMemory's memfd must be sealed with: it can neither shrink (so the broker's map can
+# never fault) nor grow, and its seals are final.
+ARENA_SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class Api(enum.IntEnum):

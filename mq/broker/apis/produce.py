@@ -33,7 +33,7 @@ from mq.broker.space import FreeSpaceGuard
 from mq.broker.wakeups import post
 from mq.errors import InvalidRequestError
 from mq.log.records import ATTRIBUTES_OFFSET, RECORD_BATCH_OVERHEAD
-from mq.protocol.messages import ACKS_ALL, Api, Request, response
+from mq.protocol.messages import ACKS_ALL, ARENA_SEALS, Api, Request, response
 
 __all__ = ["ProduceApis"]
 
@@ -44,8 +44,6 @@ _CONTROL = 0x20
 _PRODUCER_ID = struct.Struct(">q")         # at 43
 _PRODUCER_EPOCH = struct.Struct(">h")      # at 51
 _PRODUCER_EPOCH_END = 53
-# A producer's batch arena (ShareMemory): sealed so it can never shrink under the map.
-_ARENA_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _MAX_ARENA_BYTES = 1 << 30
 
 
@@ -88,7 +86,7 @@ class ProduceApis:
             except OSError as err:
                 raise InvalidRequestError(f"the shared descriptor is not a memfd: "
                                           f"{err.strerror}") from err
-            if seals & _ARENA_SEALS != _ARENA_SEALS:
+            if seals & ARENA_SEALS != ARENA_SEALS:
                 raise InvalidRequestError("the shared memfd must be sealed against shrinking "
                                           "and growing (F_SEAL_SHRINK | F_SEAL_GROW | "
                                           "F_SEAL_SEAL)")

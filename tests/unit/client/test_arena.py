@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from mq.client.arena import SEALS, Arena
+from mq.client.arena import Arena
+from mq.protocol.messages import ARENA_SEALS as SEALS
 
 
 def test_slots_are_whole_pages_and_handed_out_until_none_is_left():
