@@ -24,6 +24,7 @@ __all__ = [
     "ClosedError",
     "ConfigError",
     "LogDirLockedError",
+    "DataDirError",
     "LogWriteError",
     "CheckpointError",
 ]
@@ -126,6 +127,11 @@ class ConfigError(MQError, ValueError):
 
 class LogDirLockedError(StorageError):
     """Another process holds the data directory's lock."""
+
+
+class DataDirError(StorageError):
+    """A path given as a data directory is not one mq may use (empty, a file, a dangling
+    symlink, a directory holding something else): refused with nothing changed."""
 
 
 class CheckpointError(StorageError):

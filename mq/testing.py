@@ -95,7 +95,8 @@ class BrokerProcess:
                  config_file: str | None = None, log_level: str = "WARNING",
                  env: dict[str, str] | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
-        os.makedirs(self.data_dir, exist_ok=True)
+        # Owner only: the broker changes no permission of a directory it did not create.
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         self._tmp = None
         if socket_path is None:
             socket_path = os.path.join(self.data_dir, "mq.sock")

@@ -12,14 +12,15 @@ from mq.broker.config import BrokerConfig, ConfigError
 from mq.broker.service import inherited_listener
 from mq.errors import MQError
 from mq.logformat import LOG_FORMATS
+from mq.protocol.paths import path_argument
 
 __all__ = ["add_arguments", "run", "main"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", help="data directory (default: $MQ_DATA_DIR, else "
+    parser.add_argument("--data-dir", type=path_argument, help="data directory (default: $MQ_DATA_DIR, else "
                         "$XDG_STATE_HOME/mq, else ~/.local/state/mq)")
-    parser.add_argument("--socket", help="Unix socket path (default: $MQ_SOCKET, else "
+    parser.add_argument("--socket", type=path_argument, help="Unix socket path (default: $MQ_SOCKET, else "
                         "<data-dir>/mq.sock)")
     parser.add_argument("--config", metavar="FILE.toml", help="broker config file (TOML)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],

@@ -176,8 +176,11 @@ class BrokerConfig:
                     raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, "
                                       f"got {value!r}")
                 kwargs[key] = level
+            elif key == "data_dir":
+                # A path, never a number taken for one, and never "" for "here".
+                if not isinstance(value, str) or not value.strip():
+                    raise ConfigError(f"data_dir must be a non-empty path, got {value!r}")
+                kwargs[key] = os.path.abspath(os.path.expanduser(value))
             else:
                 kwargs[key] = None if value is None else str(value)
-        if "data_dir" in kwargs:
-            kwargs["data_dir"] = os.path.abspath(os.path.expanduser(kwargs["data_dir"]))
         return cls(**kwargs)

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["INTERNAL_CONFIG", "INTERNAL_PREFIX", "METADATA_TOPIC", "OFFSETS_TOPIC",
-           "TRANSACTION_STATE_TOPIC", "is_internal"]
+__all__ = ["INTERNAL_CONFIG", "INTERNAL_PREFIX", "INTERNAL_TOPICS", "METADATA_TOPIC",
+           "OFFSETS_TOPIC", "TRANSACTION_STATE_TOPIC", "is_internal"]
 
 INTERNAL_PREFIX: Final = "__"
 METADATA_TOPIC: Final = "__cluster_metadata"      # topic metadata records (metadata.py)
 OFFSETS_TOPIC: Final = "__consumer_offsets"       # committed offsets (offsets.py)
 TRANSACTION_STATE_TOPIC: Final = "__transaction_state"   # the transaction coordinator's
+# The only internal topics: a directory named for another ``__`` topic is nobody's partition.
+INTERNAL_TOPICS: Final = (METADATA_TOPIC, OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
 
 # Their fixed overrides of the broker's topic defaults (they have no metadata record).
 INTERNAL_CONFIG: Final[dict[str, dict[str, str]]] = {

@@ -51,7 +51,7 @@ from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.conns import Conn, Connections
 from mq.broker.flushing import GroupCommit
-from mq.broker.internal_topics import METADATA_TOPIC
+from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
 from mq.broker.service import ServiceNotifier, status_line
@@ -141,8 +141,11 @@ class Broker:
         diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults
         self.logs = LogManager.open(self.data_dir, lambda topic: defaults,
-                                    progress=self.service.recovery_progress)
+                                    progress=self.service.recovery_progress, load_all=False)
         try:
+            # The internal topics first: the metadata says which other directories are
+            # partitions (TopicApis.open_partitions loads those and sets the rest aside).
+            self.logs.load([key for key in self.logs.unloaded if key[0] in INTERNAL_TOPICS])
             meta_log = self.logs.get(METADATA_TOPIC, 0) or self.logs.create(METADATA_TOPIC, 0)
             self.metadata = MetadataStore(meta_log)
             self.state = StateWriter(self.data_dir, self.config.state_slots, self.generation)

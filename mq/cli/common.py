@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from mq.cli import PROG, print_error
 from mq.errors import MQError
+from mq.protocol.paths import path_argument
 
 __all__ = [
     "DATETIME_HELP",
@@ -51,7 +52,7 @@ def formatter(prog: str) -> argparse.HelpFormatter:
 
 
 def add_socket_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
+    parser.add_argument("--socket", metavar="PATH", type=path_argument, help=SOCKET_HELP)
 
 
 def add_command_group(subparsers, name: str, commands: str, **kwargs):
@@ -60,7 +61,8 @@ def add_command_group(subparsers, name: str, commands: str, **kwargs):
     with ``socket_of``); without a subcommand it is a usage error listing ``commands``."""
     parser = subparsers.add_parser(name, formatter_class=formatter, **kwargs)
     # Its own dest: the subcommand's --socket default would overwrite the value.
-    parser.add_argument("--socket", dest="outer_socket", metavar="PATH", help=SOCKET_HELP)
+    parser.add_argument("--socket", dest="outer_socket", metavar="PATH", type=path_argument,
+                        help=SOCKET_HELP)
 
     def no_command(args: argparse.Namespace) -> int:
         raise ValueError(f"no {name} command given: {commands} (see '{PROG} {name} --help')")

@@ -35,6 +35,7 @@ import sys
 import time
 
 from mq.cli.common import formatter
+from mq.protocol.paths import path_argument
 
 __all__ = ["DistinctCount", "add_parser", "run"]
 
@@ -82,9 +83,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo", help="a broker, producers and consumers at work (the README's first command)",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=formatter)
-    parser.add_argument("--data-dir", metavar="DIR",
+    parser.add_argument("--data-dir", metavar="DIR", type=path_argument,
                         help="data directory of the broker to start (default: as 'mq broker')")
-    parser.add_argument("--socket", metavar="PATH",
+    parser.add_argument("--socket", metavar="PATH", type=path_argument,
                         help="broker socket (default: $MQ_SOCKET, else <data dir>/mq.sock)")
     parser.add_argument("--partitions", type=int, default=4, metavar="N",
                         help="partitions of the topic 'demo' (default 4)")

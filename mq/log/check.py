@@ -56,7 +56,7 @@ from mq.errors import (
     StorageError,
     UnsupportedCodecError,
 )
-from mq.log import files
+from mq.log import datadir, files
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.log import PartitionLog, RecoveryReport
@@ -83,7 +83,6 @@ __all__ = [
 
 _INT32_MAX = (1 << 31) - 1
 _CONFIG = LogConfig()
-_LOCK_FILE = ".lock"                 # mq.log.manager.LOCK_FILE (not imported: no cycle risk)
 _HASH_LIMIT = 64 * 1024 * 1024      # files up to this size are compared by content on repair
 
 Report = Callable[["Problem"], None]
@@ -462,19 +461,13 @@ def require_partition_dir(directory: str) -> None:
                        f"holding <base offset>.log segments){hint}")
 
 
-_FILE_TYPES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"))
-
-
 def require_regular_file(path: str) -> None:
     """Raise ``StorageError`` unless ``path`` is a regular file (symlinks followed), looking
     with ``stat`` only: opening a FIFO would block. Raises ``OSError`` when it cannot be
     stat'ed (``FileNotFoundError``, ``PermissionError``)."""
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _FILE_TYPES if test(mode)), "no regular file")
-        raise StorageError(f"{path}: not a regular file (it is {kind})")
+        raise StorageError(f"{path}: not a regular file (it is {files.file_type(mode)})")
 
 
 def live_broker_owns(directory: str) -> bool:
@@ -483,7 +476,7 @@ def live_broker_owns(directory: str) -> bool:
     at once by closing it (a broker starting in that instant would find the dir in use)."""
     parent = os.path.dirname(os.path.normpath(os.path.abspath(directory)))
     try:
-        fd = os.open(os.path.join(parent, _LOCK_FILE), os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(os.path.join(parent, files.LOCK_FILE), os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False                    # no lock file: no broker ever ran on it
     try:
@@ -507,8 +500,8 @@ def _listing(directory: str, result: CheckResult, live: bool) -> tuple[list[int]
     for name in names:
         path = os.path.join(directory, name)
         parsed = files.parse_segment_name(name)
-        leftover = name.endswith((files.TMP_SUFFIX, files.DELETED_SUFFIX)) or \
-            bool(parsed and parsed[2])
+        leftover = (name.endswith((files.TMP_SUFFIX, files.DELETED_SUFFIX))
+                    and datadir.is_partition_file(name)) or bool(parsed and parsed[2])
         if parsed is None and not leftover:
             continue                    # not the storage engine's: never opened
         try:
@@ -720,7 +713,7 @@ def _data_dir_lock(directory: str):
     """Hold the parent data directory's ``.lock`` (if it has one) so that a repair never runs
     under a live broker. Raises ``LogDirLockedError`` when another process holds it."""
     parent = os.path.dirname(os.path.normpath(os.path.abspath(directory)))
-    path = os.path.join(parent, _LOCK_FILE)
+    path = os.path.join(parent, files.LOCK_FILE)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -763,6 +756,12 @@ def repair_partition(directory: str) -> RepairResult:
     ``LogDirLockedError`` when a broker holds its data directory, ``OSError`` on I/O errors.
     """
     require_partition_dir(directory)
+    foreign = datadir.foreign_entries(directory)
+    if foreign or not os.listdir(directory):
+        what = (f"files mq did not write ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''})" if foreign else "nothing")
+        raise StorageError(f"{directory}: holds {what}: --repair changes only a partition "
+                           "directory all of whose files mq wrote; move the others out first")
     with _data_dir_lock(directory):             # so no broker runs: no need to probe for one
         first = check_partition(directory, live_broker=False)
         if first.clean:           # nothing to do: do not rebuild indexes that are fine

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -34,7 +35,8 @@ from mq.log import diskio
 __all__ = [
     "LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TXNINDEX_SUFFIX", "SNAPSHOT_SUFFIX",
     "DELETED_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "TMP_SUFFIX", "CLEAN_SHUTDOWN_FILE",
-    "RECOVERY_POINT_CHECKPOINT", "LOG_START_OFFSET_CHECKPOINT", "segment_name",
+    "RECOVERY_POINT_CHECKPOINT", "LOG_START_OFFSET_CHECKPOINT", "LOCK_FILE", "META_FILE",
+    "segment_name", "file_type",
     "parse_segment_name", "partition_dir_name", "parse_partition_dir", "atomic_write",
     "fsync_dir", "write_checkpoint", "read_checkpoint", "CheckpointError",
 ]
@@ -51,6 +53,8 @@ TMP_SUFFIX: Final = ".tmp"
 SEGMENT_FILE_SUFFIXES: Final = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX)
 
 CLEAN_SHUTDOWN_FILE: Final = ".kafka_cleanshutdown"
+LOCK_FILE: Final = ".lock"
+META_FILE: Final = "meta.properties"
 RECOVERY_POINT_CHECKPOINT: Final = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT: Final = "log-start-offset-checkpoint"
 
@@ -168,6 +172,17 @@ def read_checkpoint(path: str) -> dict[tuple[str, int], int]:
             raise CheckpointError(f"{path}: malformed line {line!r}")
         out[(topic, partition)] = offset
     return out
+
+
+_FILE_TYPES: Final = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"),
+                      (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                      (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def file_type(mode: int) -> str:
+    """``file_type(os.stat(p).st_mode)`` -> ``"a regular file"``, ``"a FIFO"``, ...: what a
+    path is, for a message that says why it is refused."""
+    return next((name for test, name in _FILE_TYPES if test(mode)), "an unknown file type")
 
 
 def remove_quietly(paths: Iterable[str]) -> None:

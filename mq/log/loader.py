@@ -1,7 +1,8 @@
 """Opening a partition directory: finish interrupted changes, load or recover its segments,
 rebuild its producer state (Kafka's LogLoader, ``../shared/reference/kafka-log-layer.md`` §4).
 
-- Leftovers first (``_finish_leftovers``): ``.deleted``, ``.cleaned`` and ``.tmp`` files go;
+- Leftovers first (``_finish_leftovers``): ``.deleted``, ``.cleaned`` and ``.tmp`` files of
+  the names mq gives (``datadir.is_partition_file``) go, and nothing else;
   ``.swap`` files at or above the smallest ``.cleaned`` base are an unfinished split and go
   too; the other swaps replace the segments they cover.
 - Segments: after a clean shutdown each is loaded from its indexes; otherwise every segment
@@ -21,7 +22,7 @@ import os
 from collections.abc import Callable
 
 from mq.errors import CorruptIndexError
-from mq.log import diskio, files, producer_state
+from mq.log import datadir, diskio, files, producer_state
 from mq.log.config import LogConfig
 from mq.log.producer_state import ProducerStateManager
 from mq.log.segment import LogSegment, scan_headers
@@ -152,7 +153,8 @@ def _finish_leftovers(directory: str, report: RecoveryReport) -> None:
     swaps: list[tuple[int, str, str]] = []
     for name in names:
         path = os.path.join(directory, name)
-        if name.endswith(files.TMP_SUFFIX) or name.endswith(files.DELETED_SUFFIX):
+        if name.endswith((files.TMP_SUFFIX, files.DELETED_SUFFIX)) and \
+                datadir.is_partition_file(name):    # never a file mq did not name
             os.unlink(path)
             report.leftovers_removed.append(name)
             continue

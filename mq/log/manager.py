@@ -1,13 +1,18 @@
 """A data directory: every partition log in it, its lock, checkpoints and shutdown marker.
 
-Open sequence (Kafka's ``LogManager.loadLogs``): take the ``.lock`` (flock, one owner per data
-dir); note whether ``.kafka_cleanshutdown`` exists and delete it at once (a crash while
-loading must count as unclean); read ``recovery-point-offset-checkpoint`` and
-``log-start-offset-checkpoint``; open and recover each ``<topic>-<partition>/`` directory.
+Open sequence (Kafka's ``LogManager.loadLogs``): check that the path may be used
+(``datadir.prepare``: missing, empty, or a log dir by its ``meta.properties``; anything else is
+refused with nothing changed); take the ``.lock`` (flock, one owner per data dir); note whether
+``.kafka_cleanshutdown`` exists and delete it at once (a crash while loading must count as
+unclean); read ``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint``; list
+the ``<topic>-<partition>/`` directories; open and recover the ones the caller names
+(``load``); set aside the ones nobody named (``finish_loading``, ``datadir.set_aside``): a
+directory is opened, and so written to, only once something says it is a partition.
 
 Close sequence: flush and close every log, write both checkpoints (recovery point = log end),
 then write the marker, fsynced. Checkpoints are written atomically (temp, fsync, rename, fsync
-dir), so a crash leaves the previous or the next checkpoint.
+dir), so a crash leaves the previous or the next checkpoint. A partition found on disk but not
+loaded yet keeps its checkpoint entries.
 
 Write failures: a checkpoint that cannot be written (a full disk) keeps the previous file and
 is retried at the next one (a stale checkpoint only lengthens recovery), never stopping the
@@ -23,13 +28,13 @@ import fcntl
 import json
 import logging
 import os
-import shutil
+import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from mq.errors import ClosedError, LogDirLockedError
-from mq.log import diskio, files
+from mq.errors import ClosedError, DataDirError, LogDirLockedError
+from mq.log import datadir, diskio, files
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 
@@ -37,9 +42,7 @@ __all__ = ["LogManager"]
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
 LOCK_RETRY_S = 0.1
-META_FILE = "meta.properties"
 
 
 def _read_checkpoint_or_empty(path: str) -> dict[tuple[str, int], int]:
@@ -66,22 +69,46 @@ class LogManager:
         self._lock_fd = -1
         self.write_failures = 0           # the data dir's own (checkpoints, topic removal)
         self.leader_epoch = 0             # this start's epoch, stamped into every batch
+        # Partition directories found at open and not loaded yet: (topic, partition) -> path.
+        self.unloaded: dict[tuple[str, int], str] = {}
+        self._recovery: dict[tuple[str, int], int] = {}
+        self._starts: dict[tuple[str, int], int] = {}
+        self._now_ms: int | None = None
+        self._progress: Callable[[int, int], None] | None = None
+        self._loaded = 0
+        self._total = 0
 
     @classmethod
     def open(cls, data_dir: str, config_for: Callable[[str], LogConfig] | None = None,
              now_ms: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> LogManager:
-        """Lock and load ``data_dir``. ``progress(done, total)`` hears of loading as it moves:
-        once with ``(0, total)`` partitions, then after every segment loaded or recovered
-        (``done`` counts the partitions finished), so a caller can tell a long recovery that
-        advances from one that hangs (the broker extends systemd's start timeout with it).
-        Raises ``LogDirLockedError`` when another process holds the data dir."""
+             progress: Callable[[int, int], None] | None = None, *,
+             load_all: bool = True) -> LogManager:
+        """Check, lock and load ``data_dir``. ``progress(done, total)`` hears of loading as it
+        moves: once with ``(0, total)`` partitions, then after every segment loaded or
+        recovered (``done`` counts the partitions finished), so a caller can tell a long
+        recovery that advances from one that hangs (the broker extends systemd's start timeout
+        with it).
+
+        ``load_all``: open every partition directory found that holds only files mq names,
+        for a caller that owns the data dir (tests, tools); the broker passes False, then ``load``s what its metadata lists and
+        calls ``finish_loading``, which sets the rest aside.
+
+        Raises ``DataDirError`` (nothing changed) when ``data_dir`` may not be used,
+        ``LogDirLockedError`` when another process holds it."""
         self = cls(data_dir, config_for)
-        diskio.ops.makedirs(self.data_dir)
-        _tighten_mode(self.data_dir, diskio.ops.dir_mode)
+        # abspath("") is the current directory: an empty path must reach prepare as it is.
+        created = datadir.prepare(self.data_dir if data_dir else "")
         self._lock()
+        if not created:
+            _warn_if_open_to_others(self.data_dir, diskio.ops.dir_mode)
+        self._now_ms = now_ms
+        self._progress = progress
         try:
-            self._load(now_ms, progress)
+            self._start()
+            if load_all:
+                self.load([key for key, path in self.unloaded.items()
+                           if datadir.classify(path) is datadir.DirKind.PARTITION])
+                self.finish_loading()
         except BaseException:
             self._unlock()
             raise
@@ -89,7 +116,7 @@ class LogManager:
         return self
 
     def _lock(self) -> None:
-        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT,
+        fd = os.open(os.path.join(self.data_dir, files.LOCK_FILE), os.O_RDWR | os.O_CREAT,
                      diskio.ops.file_mode)
         # ``mq log check`` probes the lock with a shared flock for a moment: a start that
         # meets such a probe tries again for up to LOCK_RETRY_S before it gives up.
@@ -112,9 +139,8 @@ class LogManager:
             os.close(self._lock_fd)        # closing the fd releases the flock
             self._lock_fd = -1
 
-    def _load(self, now_ms: int | None,
-              progress: Callable[[int, int], None] | None = None) -> None:
-        meta = os.path.join(self.data_dir, META_FILE)
+    def _start(self) -> None:
+        meta = os.path.join(self.data_dir, files.META_FILE)
         if not os.path.exists(meta):
             files.atomic_write(meta, f"version=0\ncluster.id={uuid.uuid4().hex}\n"
                                "node.id=0\n".encode())
@@ -123,34 +149,51 @@ class LogManager:
         if self.clean_shutdown:
             os.unlink(marker)
             files.fsync_dir(self.data_dir)
-        recovery = _read_checkpoint_or_empty(
+        self._recovery = _read_checkpoint_or_empty(
             os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT))
-        starts = _read_checkpoint_or_empty(
+        self._starts = _read_checkpoint_or_empty(
             os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT))
-        names = sorted(os.listdir(self.data_dir))
-        total = sum(1 for name in names if files.parse_partition_dir(name) is not None)
-        done = 0
-
-        def step() -> None:
-            progress(done, total)
-        if progress is not None:
-            step()
-        for name in names:
+        for name in sorted(os.listdir(self.data_dir)):
             path = os.path.join(self.data_dir, name)
-            if name.endswith("-delete") and os.path.isdir(path):
-                shutil.rmtree(path)        # a topic deletion that did not finish
+            if not os.path.isdir(path) or os.path.islink(path):
+                continue
+            if datadir.is_deletion_leftover(name):
+                _remove(path)                  # a topic deletion that did not finish
                 continue
             parsed = files.parse_partition_dir(name)
-            if parsed is None or not os.path.isdir(path):
+            if parsed is not None:
+                self.unloaded[parsed] = path
+        self._total = len(self.unloaded)
+        if self._progress is not None:
+            self._progress(0, self._total)
+
+    def load(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Open and recover those of ``partitions`` whose directories are on disk and not open
+        yet (the others are skipped: ``create`` makes new ones)."""
+        for key in partitions:
+            path = self.unloaded.pop(key, None)
+            if path is None:
                 continue
-            topic, partition = parsed
-            self.logs[parsed] = PartitionLog.open(
-                path, self.config_for(topic), recovery_point=recovery.get(parsed, 0),
-                log_start_offset=starts.get(parsed, 0), clean_shutdown=self.clean_shutdown,
-                now_ms=now_ms, on_segment=None if progress is None else step)
-            done += 1
-            if progress is not None:
+            step = None if self._progress is None else self._step
+            self.logs[key] = PartitionLog.open(
+                path, self.config_for(key[0]), recovery_point=self._recovery.get(key, 0),
+                log_start_offset=self._starts.get(key, 0), clean_shutdown=self.clean_shutdown,
+                now_ms=self._now_ms, on_segment=step)
+            self._loaded += 1
+            if step is not None:
                 step()
+
+    def _step(self) -> None:
+        assert self._progress is not None
+        self._progress(self._loaded, self._total)
+
+    def finish_loading(self) -> None:
+        """Set aside every partition directory no one loaded (``datadir.set_aside``: an mq
+        partition is renamed ``*-stray`` and kept, anything else left as it is), write the
+        checkpoints, and fix this start's leader epoch."""
+        for key, path in sorted(self.unloaded.items()):
+            datadir.set_aside(self.data_dir, os.path.basename(path))
+        self.unloaded.clear()
         self.checkpoint()
         # One broker: every start is a new leader epoch, above any a partition recorded.
         self.leader_epoch = 1 + max((lg.leader_epochs.latest_epoch for lg in self.logs.values()),
@@ -173,18 +216,26 @@ class LogManager:
 
     def create(self, topic: str, partition: int, config: LogConfig | None = None
                ) -> PartitionLog:
-        """Create (or return) the log of a partition."""
+        """Create (or return) the log of a partition. Raises ``DataDirError`` when its
+        directory's name is taken by something mq did not open as a partition (a directory
+        left alone at open, a file): mq writes into no directory it did not make."""
         self._check_open()
         files.validate_topic_name(topic)
         key = (topic, partition)
         if key not in self.logs:
+            if key in self.unloaded:
+                self.load([key])
+                return self.logs[key]
             path = os.path.join(self.data_dir, files.partition_dir_name(topic, partition))
+            if os.path.lexists(path):
+                raise DataDirError(f"{path} exists and is not a partition of this broker: "
+                                   "move it out of the data dir to create this partition")
             plog = PartitionLog.open(path, config or self.config_for(topic))
             try:
                 files.fsync_dir(self.data_dir)
             except BaseException:
                 plog.close()
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
                 raise
             self.logs[key] = plog
         return self.logs[key]
@@ -202,12 +253,14 @@ class LogManager:
             diskio.ops.rename(plog.dir, doomed)
             files.fsync_dir(self.data_dir)
         except OSError as err:
-            # The topic is gone from the metadata: the next start removes what is left.
+            # The topic is gone from the metadata: the next start removes a renamed
+            # directory, and sets aside (keeps) one the rename did not reach.
             self.write_failures += 1
-            log.warning("%s: not removed now (%s); the next start removes it", plog.dir, err)
+            log.warning("%s: not removed now (%s); the next start removes or sets it aside",
+                        plog.dir, err)
             if not os.path.exists(doomed):
                 return
-        shutil.rmtree(doomed, ignore_errors=True)
+        _remove(doomed)
 
     def __iter__(self) -> Iterator[PartitionLog]:
         return iter(list(self.logs.values()))
@@ -279,12 +332,23 @@ class LogManager:
         self.close()
 
 
-def _tighten_mode(path: str, mode: int) -> None:
-    """Take away permission bits ``mode`` does not grant (never add any): a data dir made
-    before ``file_mode`` was set keeps its files from other users that way."""
+def _remove(path: str) -> None:
+    """Remove a partition directory mq made (``datadir.remove_partition_dir``: only the
+    files mq names); what cannot be removed now is logged and left to the next start."""
     try:
-        current = os.stat(path).st_mode & 0o777
-        if current & ~mode:
-            os.chmod(path, current & mode)
-    except OSError as err:              # not ours to change: say so, carry on
-        log.warning("%s: permissions not tightened: %s", path, err)
+        datadir.remove_partition_dir(path)
+    except OSError as err:
+        log.warning("%s: not removed (%s); the next start removes it", path, err)
+
+
+def _warn_if_open_to_others(path: str, mode: int) -> None:
+    """A data dir mq did not create keeps the permission bits its owner gave it; say so when
+    they grant what ``file_mode`` does not (other users could read the logs)."""
+    try:
+        current = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    if current & ~mode:
+        log.warning("%s: mode %04o grants more than file_mode allows (%04o); mq changes no "
+                    "permission of a directory it did not create: chmod %04o %s",
+                    path, current, mode, current & mode, path)

@@ -7,9 +7,10 @@ started with none: ``$MQ_SOCKET``, else ``<data-dir>/mq.sock``, where the data d
 
 from __future__ import annotations
 
+import argparse
 import os
 
-__all__ = ["default_data_dir", "default_socket_path"]
+__all__ = ["default_data_dir", "default_socket_path", "path_argument"]
 
 
 def default_data_dir() -> str:
@@ -26,3 +27,13 @@ def default_socket_path(data_dir: str | None = None) -> str:
     if os.environ.get("MQ_SOCKET"):
         return os.environ["MQ_SOCKET"]
     return os.path.join(data_dir or default_data_dir(), "mq.sock")
+
+
+def path_argument(text: str) -> str:
+    """argparse ``type=`` for ``--data-dir`` and ``--socket``: an empty path is an error,
+    never "here" nor "the default" (``mq broker --data-dir ""`` once adopted the current
+    directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names nothing: give a path, or leave "
+                                         "the option out for the default")
+    return text

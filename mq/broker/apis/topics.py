@@ -75,16 +75,13 @@ class TopicApis:
 
     # --- the partitions' lifecycle ------------------------------------------------------------
     def open_partitions(self) -> None:
-        """At start: make the partition logs match the metadata — open or create what it lists,
-        remove directories of deleted topics (a crash between the record and the removal)."""
-        for plog in list(self.logs):
-            if is_internal(plog.topic):
-                continue
-            info = self.metadata.topics.get(plog.topic)
-            if info is None or plog.partition >= info.partitions:
-                log.warning("removing %s-%d: not in the topic metadata", plog.topic,
-                            plog.partition)
-                self.logs.delete(plog.topic, plog.partition)
+        """At start: make the partition logs match the metadata — load or create what it
+        lists; a directory it does not list (a deletion a crash cut short, or something mq
+        did not write) is never opened, and is set aside or left alone
+        (``LogManager.finish_loading``)."""
+        self.logs.load((info.name, p) for info in self.metadata.topics.values()
+                       for p in range(info.partitions))
+        self.logs.finish_loading()
         for info in self.metadata.topics.values():
             cfg = self.config_for(info.name)
             for p in range(info.partitions):

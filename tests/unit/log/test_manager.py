@@ -491,10 +491,10 @@ def test_unfinished_partition_delete_is_finished_at_open(tmp_path):
     mgr.create("t", 1).append(make_batch())
     mgr.close()
     # a crash between the rename and the removal
-    os.rename(data / "t-1", data / "t-1.0123456789abcdef-delete")
+    os.rename(data / "t-1", data / "t-1.0123456789abcdef0123456789abcdef-delete")
     mgr = LogManager.open(str(data), small)
     assert sorted(mgr.logs) == [("t", 0)]
-    assert not (data / "t-1.0123456789abcdef-delete").exists()
+    assert not (data / "t-1.0123456789abcdef0123456789abcdef-delete").exists()
     assert [p.topic for p in mgr] == ["t"]
     mgr.close()
 
