@@ -32,6 +32,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from mq.log import datadir
+
 __all__ = ["BrokerProcess", "broker", "broker_ready"]
 
 _MAX_SOCKET_PATH = 100          # sun_path is 108 bytes on Linux
@@ -112,7 +114,10 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         """Start and wait until the broker listens. Raises ``RuntimeError`` with the
-        broker's stderr if it exits or is not ready within ``timeout`` seconds."""
+        broker's stderr if it exits or is not ready within ``timeout`` seconds, and
+        ``DataDirError`` before writing anything (its log included) into a directory that is
+        not empty and not an mq data dir."""
+        datadir.prepare(self.data_dir)
         r, w = os.pipe()
         cmd = [sys.executable, "-c", _BOOT, str(os.getpid()), "--data-dir", self.data_dir,
                "--socket", self.socket, "--log-level", self.log_level, "--ready-fd", str(w)]

@@ -110,3 +110,12 @@ def test_repair_refuses_a_directory_mq_did_not_write(tmp_path):
     assert result.code == 1 and "files mq did not write (db.sql, export.tmp)" in result.err
     assert len(result.err.strip().splitlines()) == 1, result
     assert tree(tmp_path) == before
+
+
+def test_mq_demo_refuses_a_user_directory_without_writing_its_log_there(tmp_path):
+    user_files(tmp_path)
+    before = tree(tmp_path)
+    result = mq_run("demo", "--data-dir", tmp_path)
+    assert result.code == 1 and "not an mq data dir" in result.err, result
+    assert "Traceback" not in result.err
+    assert tree(tmp_path) == before             # no broker.stderr.log either
