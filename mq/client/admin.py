@@ -10,6 +10,7 @@ from typing import Any
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
 from mq.errors import UnstableOffsetCommitError, error_for_code
+from mq.protocol.limits import check_partition_count
 from mq.protocol.messages import Api
 
 __all__ = ["Admin"]
@@ -47,10 +48,12 @@ class Admin:
 
     def create_topic(self, name: str, partitions: int = 1,
                      config: dict[str, Any] | None = None) -> dict:
-        """Create a topic; raises ``TopicAlreadyExistsError``, ``InvalidPartitionsError``,
+        """Create a topic; raises ``TopicAlreadyExistsError``, ``InvalidPartitionsError``
+        (before sending, for a count no topic may have: ``mq.protocol.limits``),
         ``InvalidConfigurationError`` or ``InvalidTopicError``."""
+        count = check_partition_count(partitions)
         cfg = {str(k): str(v) for k, v in (config or {}).items()}
-        return self._conn.call(Api.CREATE_TOPICS, name, int(partitions), cfg).fields[0]
+        return self._conn.call(Api.CREATE_TOPICS, name, count, cfg).fields[0]
 
     def delete_topic(self, name: str) -> None:
         self._conn.call(Api.DELETE_TOPICS, name)
@@ -79,7 +82,10 @@ class Admin:
                 "offline": meta.get("offline", [None] * count)}
 
     def create_partitions(self, name: str, total: int) -> dict:
-        return self._conn.call(Api.CREATE_PARTITIONS, name, int(total)).fields[0]
+        """Grow the topic to ``total`` partitions. Raises ``InvalidPartitionsError`` (before
+        sending for a count no topic may have), ``UnknownTopicOrPartitionError``."""
+        total = check_partition_count(total)
+        return self._conn.call(Api.CREATE_PARTITIONS, name, total).fields[0]
 
     def alter_config(self, name: str, config: dict[str, Any]) -> dict:
         cfg = {str(k): str(v) for k, v in config.items()}

@@ -1,0 +1,81 @@
+"""Clear errors where issue 19's attack found unclear ones: each bad input through every door
+it enters — the CLI's flags (``python -m mq`` as a real process), ``mq.Admin`` (which checks
+before sending) and the broker's own request checks (for a client that skips them) — is one
+``mq: error:`` line naming the value, the limit and the flag or setting to change, a non-zero
+exit and no traceback. Each test has its own broker, data dir, socket and group names.
+"""
+
+from __future__ import annotations
+
+import pytest
+from brokers import create_topic
+from cli_run import assert_one_error, mq_run
+
+from mq.client.admin import Admin
+from mq.client.connection import Connection
+from mq.errors import InvalidPartitionsError, InvalidRequestError
+from mq.protocol.messages import Api
+
+HUGE = "100000000000000000000000"
+
+
+# --- partition counts -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, value", [
+    (("topics", "create", "x", "--partitions", HUGE), HUGE),
+    (("topics", "create", "x", "--partitions", "10001"), "10001"),
+    (("topics", "create", "x", "--partitions", "0"), "0"),
+    (("topics", "create", "x", "--partitions", "-3"), "-3"),
+    (("topics", "alter", "t", "--partitions", "999999"), "999999"),
+    (("topics", "alter", "t", "--partitions", HUGE), HUGE),
+])
+def test_a_partition_count_out_of_range_names_the_flag_and_the_limit(broker, args, value):
+    result = mq_run(*args, "--socket", broker.socket)
+    assert_one_error(result, "argument --partitions: a topic has 1 to 10000 partitions, "
+                             f"got {value}", code=2)
+
+
+def test_a_partition_count_that_does_not_grow_says_how_it_may_change(broker):
+    create_topic(broker, "t", 2)
+    for extra in ((), ("--config", "retention.ms=5")):
+        result = mq_run("topics", "alter", "t", "--partitions", "2", *extra,
+                        "--socket", broker.socket)
+        assert_one_error(result, "--partitions 2: topic 't' has 2 partitions and partitions can "
+                                 "only be added: the new total must be 3 to 10000, got 2",
+                         code=1)
+    with Admin(broker.socket) as admin:
+        assert admin.describe_topic("t")["overrides"] == {}, "nothing was half applied"
+
+
+def test_admin_checks_a_partition_count_before_sending(broker):
+    create_topic(broker, "t")
+    with Admin(broker.socket) as admin:
+        for bad in (10 ** 23, 0, 1.5, "3"):
+            with pytest.raises(InvalidPartitionsError, match="partition"):
+                admin.create_topic("x", bad)
+        with pytest.raises(InvalidPartitionsError, match=f"1 to 10000 partitions, got {HUGE}"):
+            admin.create_partitions("t", 10 ** 23)
+        assert admin.list_topics() == ["t"]
+
+
+def test_the_broker_checks_a_count_another_client_sends(broker):
+    """A client that skips the checks gets INVALID_PARTITIONS or INVALID_REQUEST with the
+    message, for any count msgpack can carry (up to 2**64 - 1)."""
+    create_topic(broker, "t")
+    conn = Connection(broker.socket)
+    try:
+        for count in (0, 10_001, (1 << 64) - 1, -(1 << 63)):
+            with pytest.raises(InvalidPartitionsError,
+                               match=f"^a topic has 1 to 10000 partitions, got {count}$"):
+                conn.call(Api.CREATE_TOPICS, "x", count, {})
+        with pytest.raises(InvalidPartitionsError,
+                           match="^topic 't' has 1 partition and partitions can only be added"):
+            conn.call(Api.CREATE_PARTITIONS, "t", 1)
+        with pytest.raises(InvalidPartitionsError, match="got 18446744073709551615$"):
+            conn.call(Api.CREATE_PARTITIONS, "t", (1 << 64) - 1)
+        with pytest.raises(InvalidRequestError, match="field 'partitions' has the wrong type"):
+            conn.call(Api.CREATE_TOPICS, "x", "3", {})
+    finally:
+        conn.close()
+    with Admin(broker.socket) as admin:
+        assert admin.list_topics() == ["t"]

@@ -1,0 +1,37 @@
+"""The limits both ends of the protocol check: partition counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mq.errors import InvalidPartitionsError
+from mq.protocol.limits import MAX_PARTITIONS_PER_TOPIC, check_partition_count
+
+
+@pytest.mark.parametrize("count", [1, 7, MAX_PARTITIONS_PER_TOPIC])
+def test_counts_a_topic_may_have_pass(count):
+    assert check_partition_count(count) == count
+
+
+@pytest.mark.parametrize("count", [0, -1, MAX_PARTITIONS_PER_TOPIC + 1, 999_999, 10 ** 23])
+def test_a_count_out_of_range_names_it_and_the_limit(count):
+    with pytest.raises(InvalidPartitionsError,
+                       match=f"a topic has 1 to 10000 partitions, got {count}$"):
+        check_partition_count(count)
+
+
+@pytest.mark.parametrize("count", [1.5, "3", True, None])
+def test_a_count_must_be_an_integer(count):
+    with pytest.raises(InvalidPartitionsError, match="must be an integer"):
+        check_partition_count(count)
+
+
+def test_a_count_only_grows():
+    assert check_partition_count(4, current=3, topic="t") == 4
+    with pytest.raises(InvalidPartitionsError,
+                       match="topic 't' has 3 partitions and partitions can only be added: "
+                             "the new total must be 4 to 10000, got 3"):
+        check_partition_count(3, current=3, topic="t")
+    with pytest.raises(InvalidPartitionsError, match="has 1 partition and"):
+        check_partition_count(1, current=1, topic="t")
+
