@@ -8,7 +8,7 @@ exit and no traceback. Each test has its own broker, data dir, socket and group 
 from __future__ import annotations
 
 import pytest
-from brokers import create_topic
+from brokers import broker_with, create_topic
 from cli_run import assert_one_error, mq_run
 
 from mq.client.admin import Admin
@@ -79,3 +79,17 @@ def test_the_broker_checks_a_count_another_client_sends(broker):
         conn.close()
     with Admin(broker.socket) as admin:
         assert admin.list_topics() == ["t"]
+
+
+def test_too_few_state_slots_names_the_setting(tmp_path):
+    # 8 slots, two of them the internal topics' (__consumer_offsets, __transaction_state).
+    with broker_with(tmp_path, state_slots=8) as b:
+        for args in (("topics", "create", "big", "--partitions", "9"),
+                     ("topics", "alter", "small", "--partitions", "8")):
+            if args[1] == "alter":
+                create_topic(b, "small")
+            free = 6 if args[1] == "create" else 5
+            result = mq_run(*args, "--socket", b.socket)
+            assert_one_error(result, f"--partitions {args[-1]}: not enough state slots for ",
+                             f"{free} of the broker's 8 are free; raise state_slots in its "
+                             "config file (at most 1048576) and restart it", code=1)
