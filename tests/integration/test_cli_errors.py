@@ -7,6 +7,8 @@ exit and no traceback. Each test has its own broker, data dir, socket and group 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from brokers import broker_with, create_topic
 from cli_run import assert_one_error, mq_run
@@ -93,3 +95,23 @@ def test_too_few_state_slots_names_the_setting(tmp_path):
             assert_one_error(result, f"--partitions {args[-1]}: not enough state slots for ",
                              f"{free} of the broker's 8 are free; raise state_slots in its "
                              "config file (at most 1048576) and restart it", code=1)
+
+
+# --- the broker's config --------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ("state_slots = 100000000000", "state_slots must be an integer from 1 to 1048576 (64 MiB "
+                                   "of shared memory at 64 bytes a slot), got 100000000000"),
+    ("state_slots = 1e11", "state_slots must be an integer from 1 to 1048576"),
+    ("max_request_bytes = 4294967296", "max_request_bytes must be an integer from 1 to "
+                                       "2147483647"),
+    ('socket = 5', "socket must be a string, got 5"),
+    ('[topic_defaults]\n"segment.bytes" = 4294967296', "topic_defaults: segment.bytes must be "
+                                                        "at most 2147483647"),
+])
+def test_a_bad_config_value_is_one_line_naming_the_file_and_the_range(tmp_path, line, message):
+    conf = tmp_path / "mq.toml"
+    conf.write_text(line + "\n")
+    result = mq_run("broker", "--data-dir", tmp_path / "data", "--config", conf)
+    assert_one_error(result, f"config file {conf}: {message}", code=2)
+    assert not os.path.exists(tmp_path / "data" / "meta.properties"), "refused before start"

@@ -1,4 +1,4 @@
-"""The limits both ends of the protocol check: partition counts."""
+"""The limits both ends of the protocol check: partition counts and socket path lengths."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from mq.errors import InvalidPartitionsError
 from mq.protocol.limits import MAX_PARTITIONS_PER_TOPIC, check_partition_count
+from mq.protocol.paths import MAX_SOCKET_PATH_BYTES, check_socket_path
 
 
 @pytest.mark.parametrize("count", [1, 7, MAX_PARTITIONS_PER_TOPIC])
@@ -35,3 +36,12 @@ def test_a_count_only_grows():
     with pytest.raises(InvalidPartitionsError, match="has 1 partition and"):
         check_partition_count(1, current=1, topic="t")
 
+
+def test_a_socket_path_longer_than_sun_path_names_its_length():
+    fits = "/" + "s" * (MAX_SOCKET_PATH_BYTES - 1)
+    assert check_socket_path(fits) == fits
+    with pytest.raises(ValueError, match=f"is 108 bytes, more than the 107 a Unix socket "
+                                         f"path can have"):
+        check_socket_path(fits + "s")
+    with pytest.raises(ValueError, match="is 108 bytes"):      # bytes, not characters
+        check_socket_path("/" + "é" * 53 + "s")
