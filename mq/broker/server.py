@@ -72,6 +72,7 @@ from mq.protocol.messages import (
     check_request,
     response,
 )
+from mq.protocol.paths import check_socket_path
 from mq.protocol.state import StateWriter, futex, semaphore_prefix
 
 __all__ = ["Broker", "run_broker"]
@@ -136,7 +137,14 @@ class Broker:
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
-        """Recover the data dir, publish state and listen. Raises on a second broker."""
+        """Recover the data dir, publish state and listen. Raises on a second broker, and
+        ``ConfigError`` before anything else for a socket path too long to bind."""
+        if self._inherited is None:
+            try:
+                check_socket_path(self.socket_path)     # <data dir>/mq.sock may be too long
+            except ValueError as err:
+                raise ConfigError(f"{err}; set socket (--socket, $MQ_SOCKET) to a shorter "
+                                  "path") from err
         diskio.ops.file_mode = self.config.file_mode
         diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults

@@ -11,11 +11,11 @@ import os
 
 import pytest
 from brokers import broker_with, create_topic
-from cli_run import assert_one_error, mq_run
+from cli_run import ENV, assert_one_error, mq_run
 
 from mq.client.admin import Admin
 from mq.client.connection import Connection
-from mq.errors import InvalidPartitionsError, InvalidRequestError
+from mq.errors import ConfigError, InvalidPartitionsError, InvalidRequestError
 from mq.protocol.messages import Api
 
 HUGE = "100000000000000000000000"
@@ -95,6 +95,34 @@ def test_too_few_state_slots_names_the_setting(tmp_path):
             assert_one_error(result, f"--partitions {args[-1]}: not enough state slots for ",
                              f"{free} of the broker's 8 are free; raise state_slots in its "
                              "config file (at most 1048576) and restart it", code=1)
+
+
+# --- socket paths ---------------------------------------------------------------------------
+
+def test_a_socket_path_too_long_for_unix_sockets_says_so(tmp_path):
+    long_path = str(tmp_path / ("s" * (120 - len(str(tmp_path)))))
+    size = len(long_path.encode())
+    why = f"is {size} bytes, more than the 107 a Unix socket path can have"
+    result = mq_run("topics", "list", "--socket", long_path)
+    assert_one_error(result, f"cannot connect to the broker: socket path {long_path} {why}",
+                     "--socket", code=2)
+    result = mq_run("topics", "list", env=dict(ENV, MQ_SOCKET=long_path))
+    assert_one_error(result, why, "$MQ_SOCKET", code=2)
+    with pytest.raises(ConfigError, match=why):
+        Admin(long_path)
+
+    data = tmp_path / "data"
+    result = mq_run("broker", "--data-dir", data, "--socket", long_path)
+    assert_one_error(result, f"--socket: socket path {long_path} {why}", code=2)
+    result = mq_run("broker", "--data-dir", data, env=dict(ENV, MQ_SOCKET=long_path))
+    assert_one_error(result, f"$MQ_SOCKET: socket path {long_path} {why}", code=2)
+    # The default socket, <data dir>/mq.sock, is checked before the data dir is touched.
+    deep = os.path.dirname(long_path)
+    deep = os.path.join(deep, "d" * (110 - len(deep)))
+    result = mq_run("broker", "--data-dir", deep)
+    assert_one_error(result, f"socket path {deep}/mq.sock is ", "set socket (--socket, "
+                     "$MQ_SOCKET) to a shorter path", code=2)
+    assert not os.path.exists(deep)
 
 
 # --- the broker's config --------------------------------------------------------------------
