@@ -8,6 +8,9 @@ exit and no traceback. Each test has its own broker, data dir, socket and group 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import uuid
 
 import pytest
 from brokers import broker_with, create_topic
@@ -143,3 +146,26 @@ def test_a_bad_config_value_is_one_line_naming_the_file_and_the_range(tmp_path, 
     result = mq_run("broker", "--data-dir", tmp_path / "data", "--config", conf)
     assert_one_error(result, f"config file {conf}: {message}", code=2)
     assert not os.path.exists(tmp_path / "data" / "meta.properties"), "refused before start"
+
+
+# --- mq workers stats -----------------------------------------------------------------------
+
+def test_workers_stats_of_a_group_without_a_running_pool_says_so(tmp_path):
+    group = f"errors-{uuid.uuid4().hex}"
+    result = mq_run("workers", "stats", group)
+    assert_one_error(result, f"no worker pool of group {group!r} is running (none has a "
+                             "counter table in ", code=1)
+    # A pool killed with SIGKILL leaves its table behind: that pool has ended.
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)
+    pid = int(exited.stdout)
+    from workers.stats import stats_dir
+    stale = os.path.join(stats_dir(), f"mq-workers-{group}-{pid}.stats")
+    with open(stale, "wb"):
+        pass
+    try:
+        result = mq_run("workers", "stats", group, "--json")
+        assert_one_error(result, f"no worker pool of group {group!r} is running: its pool "
+                                 f"(pid {pid}) has ended", code=1)
+    finally:
+        os.unlink(stale)
