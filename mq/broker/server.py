@@ -202,7 +202,8 @@ class Broker:
                               verify_transaction=self.transactions.verify)
         self.stats = BrokerStats(self.partitions, self.conns, self.groups, self._commit,
                                  self._cleaner, data_dir=self.data_dir,
-                                 socket_path=lambda: self.socket_path)
+                                 socket_path=lambda: self.socket_path,
+                                 metadata_log=self.metadata.log)
         self._handlers = dispatch_table([self, produce, self.topics, self.groups,
                                          self.transactions, self.stats])
         self.transactions.recover()

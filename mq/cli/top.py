@@ -58,7 +58,8 @@ output:
   started).
   --once --json prints one JSON object instead: {"broker": {...}, "topics": [...],
   "groups": [...], "intervalSeconds", "hiddenTopics"} with rates per second and null where
-  unknown. Internal topics (__consumer_offsets, __transaction_state) show with --all.
+  unknown. Internal topics (__cluster_metadata, __consumer_offsets, __transaction_state) show
+  with --all.
 
 examples:
   mq top                                        live view, every second
