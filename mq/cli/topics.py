@@ -89,6 +89,9 @@ def add_parser(subparsers) -> None:
     create.add_argument("--config", action="append", metavar="KEY=VALUE",
                         help="a topic config override, e.g. retention.ms=604800000 "
                              "(repeatable)")
+    create.add_argument("--replication-factor", type=replication_factor, metavar="1",
+                        help="Kafka's option, for its scripts: mq keeps one copy of each "
+                             "partition, so only 1")
     add_socket_argument(create)
     create.set_defaults(run=run_create)
 
@@ -141,6 +144,14 @@ def partition_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from err
     except InvalidPartitionsError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def replication_factor(text: str) -> int:
+    """argparse type: Kafka's --replication-factor, which only 1 can satisfy on one host."""
+    if text.strip() != "1":
+        raise argparse.ArgumentTypeError(f"mq keeps one copy of each partition (on one host), "
+                                         f"so only 1 is possible, got {text}")
+    return 1
 
 
 @contextlib.contextmanager

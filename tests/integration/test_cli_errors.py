@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from brokers import broker_with, create_topic
-from cli_run import ENV, assert_one_error, mq_run
+from cli_run import ENV, assert_one_error, mq_run, ok
 
 from mq.client.admin import Admin
 from mq.client.connection import Connection
@@ -84,6 +84,14 @@ def test_the_broker_checks_a_count_another_client_sends(broker):
         conn.close()
     with Admin(broker.socket) as admin:
         assert admin.list_topics() == ["t"]
+
+
+def test_kafkas_replication_factor_takes_only_1(broker):
+    result = mq_run("topics", "create", "x", "--replication-factor", "3", "--socket",
+                    broker.socket)
+    assert_one_error(result, "argument --replication-factor: mq keeps one copy of each "
+                             "partition (on one host), so only 1 is possible, got 3", code=2)
+    ok(mq_run("topics", "create", "x", "--replication-factor", "1", "--socket", broker.socket))
 
 
 def test_too_few_state_slots_names_the_setting(tmp_path):
