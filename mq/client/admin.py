@@ -10,7 +10,7 @@ from typing import Any
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
 from mq.errors import UnstableOffsetCommitError, error_for_code
-from mq.protocol.limits import check_partition_count
+from mq.protocol.limits import check_offset, check_partition_count
 from mq.protocol.messages import Api
 
 __all__ = ["Admin"]
@@ -92,8 +92,11 @@ class Admin:
         return self._conn.call(Api.ALTER_CONFIGS, name, cfg).fields[0]
 
     def delete_records(self, name: str, partition: int, before_offset: int) -> int:
-        """Kafka's DeleteRecords: records below ``before_offset`` become unreadable."""
-        return self._conn.call(Api.DELETE_RECORDS, name, partition, before_offset).fields[0]
+        """Kafka's DeleteRecords: records below ``before_offset`` become unreadable. Raises
+        ``ValueError`` (before sending) for an offset out of 0..2**63-1,
+        ``BrokerOffsetOutOfRangeError`` for one above the high watermark."""
+        offset = check_offset(before_offset, "before_offset")
+        return self._conn.call(Api.DELETE_RECORDS, name, partition, offset).fields[0]
 
     # --- consumer groups ------------------------------------------------------------------------
     def list_groups(self) -> list[dict]:
@@ -121,8 +124,10 @@ class Admin:
 
     def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
         """Set committed offsets of a group without live members (an offset reset). Raises
-        ``NonEmptyGroupError`` while it has live members, ``UnknownTopicOrPartitionError``."""
-        items = [[tp[0], tp[1], int(offset), -1, ""] for tp, offset in offsets.items()]
+        ``NonEmptyGroupError`` while it has live members, ``UnknownTopicOrPartitionError``, and
+        ``ValueError`` (before sending) for an offset out of 0..2**63-1."""
+        items = [[tp[0], tp[1], check_offset(offset, f"the offset of {tp[0]}-{tp[1]}"), -1, ""]
+                 for tp, offset in offsets.items()]
         if items:
             self._conn.call(Api.OFFSET_COMMIT, group, "", -1, items)
 

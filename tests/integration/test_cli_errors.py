@@ -8,6 +8,7 @@ exit and no traceback. Each test has its own broker, data dir, socket and group 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ from cli_run import ENV, assert_one_error, mq_run, ok
 
 from mq.client.admin import Admin
 from mq.client.connection import Connection
+from mq.client.types import TopicPartition
 from mq.errors import ConfigError, InvalidPartitionsError, InvalidRequestError
 from mq.protocol.messages import Api
 
@@ -106,6 +108,38 @@ def test_too_few_state_slots_names_the_setting(tmp_path):
             assert_one_error(result, f"--partitions {args[-1]}: not enough state slots for ",
                              f"{free} of the broker's 8 are free; raise state_slots in its "
                              "config file (at most 1048576) and restart it", code=1)
+
+
+# --- offsets --------------------------------------------------------------------------------
+
+def test_offsets_out_of_kafkas_int64_are_refused_before_sending_and_by_the_broker(broker):
+    """Was ``cannot encode message`` from Admin, and an UnknownServerError with a traceback
+    in the broker's log for a committed offset of 2**64 - 1 from another client."""
+    create_topic(broker, "t")
+    int64 = "must be 0 to 9223372036854775807 (Kafka's int64)"
+    with Admin(broker.socket) as admin:
+        with pytest.raises(ValueError, match=re.escape(f"before_offset {int64}, got {HUGE}")):
+            admin.delete_records("t", 0, 10 ** 23)
+        with pytest.raises(ValueError, match=re.escape(f"the offset of t-0 {int64}, got -1")):
+            admin.alter_group_offsets("g", {TopicPartition("t", 0): -1})
+        with pytest.raises(ValueError, match=re.escape(f"the offset of t-0 {int64}, got {HUGE}")):
+            admin.alter_group_offsets("g", {TopicPartition("t", 0): 10 ** 23})
+    conn = Connection(broker.socket)
+    try:
+        with pytest.raises(InvalidRequestError, match=re.escape(
+                f"the offset of t-0 {int64}, got {(1 << 64) - 1}")):
+            conn.call(Api.OFFSET_COMMIT, "g", "", -1, [["t", 0, (1 << 64) - 1, -1, ""]])
+        with pytest.raises(InvalidRequestError, match="the leader epoch of t-0 must be -1 to "
+                                                      "2147483647, got 1099511627776"):
+            conn.call(Api.OFFSET_COMMIT, "g", "", -1, [["t", 0, 1, 1 << 40, ""]])
+        with pytest.raises(InvalidRequestError, match=re.escape(
+                f"the offset to delete records before {int64}, got -7")):
+            conn.call(Api.DELETE_RECORDS, "t", 0, -7)
+    finally:
+        conn.close()
+    with Admin(broker.socket) as admin:
+        assert admin.list_group_offsets("g") == {}
+    assert "Traceback" not in broker.stderr()
 
 
 # --- socket paths ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from mq.errors import UnknownTopicOrPartitionError
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.manager import LogManager
-from mq.protocol.limits import check_partition_count
+from mq.protocol.limits import check_offset, check_partition_count
 from mq.protocol.messages import Api, Request, response
 
 __all__ = ["TopicApis", "TopicListener"]
@@ -246,6 +246,7 @@ class TopicApis:
 
     def delete_records(self, conn: Conn, req: Request) -> list:
         part = self._table.partition(req["topic"], req["partition"])
-        start = part.log.delete_records_before(req["offset"])
+        offset = check_offset(req["offset"], "the offset to delete records before")
+        start = part.log.delete_records_before(offset)
         self._table.touch(part)
         return response(req.api, req.request_id, 0, None, start)

@@ -1,11 +1,17 @@
-"""The limits both ends of the protocol check: partition counts and socket path lengths."""
+"""The limits both ends of the protocol check: partition counts, offsets and socket path
+lengths."""
 
 from __future__ import annotations
 
 import pytest
 
 from mq.errors import InvalidPartitionsError
-from mq.protocol.limits import MAX_PARTITIONS_PER_TOPIC, check_partition_count
+from mq.protocol.limits import (
+    MAX_OFFSET,
+    MAX_PARTITIONS_PER_TOPIC,
+    check_offset,
+    check_partition_count,
+)
 from mq.protocol.paths import MAX_SOCKET_PATH_BYTES, check_socket_path
 
 
@@ -45,3 +51,15 @@ def test_a_socket_path_longer_than_sun_path_names_its_length():
         check_socket_path(fits + "s")
     with pytest.raises(ValueError, match="is 108 bytes"):      # bytes, not characters
         check_socket_path("/" + "é" * 53 + "s")
+
+
+def test_an_offset_is_a_64_bit_integer_from_0():
+    assert check_offset(0) == 0 and check_offset(MAX_OFFSET) == MAX_OFFSET
+    for bad in (-1, MAX_OFFSET + 1, 10 ** 23):
+        with pytest.raises(ValueError, match=rf"^the offset of t-0 must be 0 to "
+                                             rf"9223372036854775807 \(Kafka's int64\), "
+                                             rf"got {bad}$"):
+            check_offset(bad, "the offset of t-0")
+    for bad in (1.0, "3", True, None):
+        with pytest.raises(ValueError, match="^offset must be an integer"):
+            check_offset(bad)
