@@ -32,6 +32,7 @@ leaves its path alone at exit, so clients queue in its backlog while the broker 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import selectors
@@ -55,7 +56,7 @@ from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
 from mq.broker.service import ServiceNotifier, status_line
-from mq.broker.space import FreeSpaceGuard
+from mq.broker.space import FreeSpaceGuard, format_bytes
 from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
 from mq.errors import BrokerError, ConfigError, InvalidRequestError, RemoteProtocolError
@@ -73,9 +74,9 @@ from mq.protocol.messages import (
     response,
 )
 from mq.protocol.paths import check_socket_path
-from mq.protocol.state import StateWriter, futex, semaphore_prefix
+from mq.protocol.state import HEADER_SIZE, SLOT_SIZE, StateWriter, futex, semaphore_prefix
 
-__all__ = ["Broker", "run_broker"]
+__all__ = ["Broker", "run_broker", "state_region"]
 
 log = logging.getLogger("mq.broker")
 
@@ -156,7 +157,7 @@ class Broker:
             self.logs.load([key for key in self.logs.unloaded if key[0] in INTERNAL_TOPICS])
             meta_log = self.logs.get(METADATA_TOPIC, 0) or self.logs.create(METADATA_TOPIC, 0)
             self.metadata = MetadataStore(meta_log)
-            self.state = StateWriter(self.data_dir, self.config.state_slots, self.generation)
+            self.state = state_region(self.data_dir, self.config.state_slots, self.generation)
             self._build_components()
             self._listen()
         except BaseException:
@@ -634,6 +635,21 @@ class Broker:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def state_region(data_dir: str, slots: int, generation: int) -> StateWriter:
+    """The shared state region of ``slots`` slots. Raises ``ConfigError`` naming
+    ``state_slots`` when /dev/shm cannot hold it (Docker's default is 64 MiB, the region of
+    the most slots 64 MiB and 64 bytes), rather than a bare 'No space left on device'."""
+    try:
+        return StateWriter(data_dir, slots, generation)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        size = format_bytes(HEADER_SIZE + SLOT_SIZE * slots)
+        raise ConfigError(f"cannot reserve the {size} state region of state_slots = {slots} "
+                          f"in /dev/shm: {err.strerror}; lower state_slots or give /dev/shm "
+                          "more room") from err
 
 
 def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:
