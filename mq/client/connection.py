@@ -23,6 +23,7 @@ from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
     ConfigError,
+    LocalProtocolError,
     RemoteProtocolError,
     error_for_code,
 )
@@ -144,13 +145,16 @@ class Connection:
         with the request (``SCM_RIGHTS``)."""
         sock = self._ensure()
         rid = next(self._ids)
-        if claim:
-            self._claimed.add(rid)
         message = request(api, rid, *fields)
         # A batch goes out as a tail frame's tail: the kernel copies it from the caller's
         # buffer, with no frame built around it here (and none taken apart in the broker).
-        parts = encode_tail_frame(message) if self._tails and api in TAIL_APIS \
-            else (encode_frame(message),)
+        try:
+            parts = encode_tail_frame(message) if self._tails and api in TAIL_APIS \
+                else (encode_frame(message),)
+        except LocalProtocolError as err:
+            raise LocalProtocolError(f"{api.name} request: {err}") from err
+        if claim:
+            self._claimed.add(rid)
         with self._send_lock:
             try:
                 send_parts(sock, parts, fds)

@@ -20,7 +20,12 @@ from cli_run import ENV, assert_one_error, mq_run, ok
 from mq.client.admin import Admin
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
-from mq.errors import ConfigError, InvalidPartitionsError, InvalidRequestError
+from mq.errors import (
+    ConfigError,
+    InvalidPartitionsError,
+    InvalidRequestError,
+    LocalProtocolError,
+)
 from mq.protocol.messages import Api
 
 HUGE = "100000000000000000000000"
@@ -135,6 +140,12 @@ def test_offsets_out_of_kafkas_int64_are_refused_before_sending_and_by_the_broke
         with pytest.raises(InvalidRequestError, match=re.escape(
                 f"the offset to delete records before {int64}, got -7")):
             conn.call(Api.DELETE_RECORDS, "t", 0, -7)
+        # A door nothing checks: the frame encoder names the api and the integer.
+        with pytest.raises(LocalProtocolError, match=re.escape(
+                f"LIST_OFFSETS request: cannot encode message: integer {HUGE} is outside "
+                "msgpack's -2**63..2**64-1")):
+            conn.call(Api.LIST_OFFSETS, "t", 0, 10 ** 23)
+        assert conn.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 0, "the connection works"
     finally:
         conn.close()
     with Admin(broker.socket) as admin:
