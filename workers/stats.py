@@ -49,8 +49,8 @@ import re
 import tempfile
 import time
 
-__all__ = ["COUNTERS", "STATES", "StatsTable", "default_stats_path", "find_stats", "read_stats",
-           "remove_stale"]
+__all__ = ["COUNTERS", "STATES", "StatsTable", "default_stats_path", "find_ended", "find_stats",
+           "read_stats", "remove_stale", "stats_dir"]
 
 MAGIC = int.from_bytes(b"MQWORK01", "little")
 VERSION = 1
@@ -342,29 +342,39 @@ def read_stats(path: str) -> dict:
 
 def find_stats(group_id: str | None = None, directory: str | None = None) -> list[str]:
     """Paths of the tables of live pools (of ``group_id``, or all) in the default place."""
-    pattern = f"mq-workers-{_sanitize(group_id) if group_id else '*'}-*.stats"
-    out = []
-    for path in sorted(glob.glob(os.path.join(directory or stats_dir(), pattern))):
-        pid = path.rsplit("-", 1)[-1].removesuffix(".stats")
-        if pid.isdigit() and _alive(int(pid)):
-            out.append(path)
-    return out
+    return [path for path, pid in _tables(group_id, directory) if _alive(pid)]
+
+
+def find_ended(group_id: str | None = None, directory: str | None = None) -> list[str]:
+    """Paths of the tables pools (of ``group_id``, or all) left behind when their supervisor
+    was killed: its pid is gone. (A pool that exits removes its own.)"""
+    return [path for path, pid in _tables(group_id, directory) if not _alive(pid)]
 
 
 def remove_stale(group_id: str, directory: str | None = None) -> list[str]:
     """Remove the tables ``group_id``'s pools left behind when their supervisor was killed
     (its pid is gone); returns their paths."""
-    pattern = f"mq-workers-{_sanitize(group_id)}-*.stats"
     gone = []
-    for path in glob.glob(os.path.join(directory or stats_dir(), pattern)):
-        pid = path.rsplit("-", 1)[-1].removesuffix(".stats")
-        if pid.isdigit() and not _alive(int(pid)):
-            try:
-                os.unlink(path)
-                gone.append(path)
-            except OSError:
-                pass
+    for path in find_ended(group_id, directory):
+        try:
+            os.unlink(path)
+            gone.append(path)
+        except OSError:
+            pass
     return gone
+
+
+def _tables(group_id: str | None, directory: str | None) -> list[tuple[str, int]]:
+    """(path, supervisor pid) of the tables of ``group_id``'s pools (or all), sorted. Group
+    ``a``'s are not group ``a-b``'s: what follows the group name must be the pid."""
+    prefix = f"mq-workers-{_sanitize(group_id)}-" if group_id else "mq-workers-"
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory or stats_dir(), prefix + "*.stats"))):
+        name = os.path.basename(path).removesuffix(".stats")
+        pid = name.rsplit("-", 1)[-1]
+        if pid.isdigit() and (not group_id or name == prefix + pid):
+            out.append((path, int(pid)))
+    return out
 
 
 def _alive(pid: int) -> bool:

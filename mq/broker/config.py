@@ -17,7 +17,9 @@
     "retention.ms" = "604800000"
     "segment.bytes" = "1073741824"
 
-Unknown keys are rejected with one line naming them.
+Unknown keys are rejected with one line naming them; every value is checked for its type and
+range (``_INT_RANGES``: each integer has a top, e.g. ``state_slots`` at most 1,048,576), whether
+it comes from the file, ``MQ_*`` or a flag, and the line names where it came from.
 """
 
 from __future__ import annotations
@@ -35,22 +37,42 @@ from mq.broker.group_model import (
     DEFAULT_MIN_SESSION_TIMEOUT_MS,
     DEFAULT_SESSION_TIMEOUT_MS,
 )
+from mq.broker.partitions import MAX_STATE_SLOTS
 from mq.errors import ConfigError
 from mq.log.config import LogConfig
 from mq.logformat import LOG_FORMATS
 from mq.metrics import parse_address
-from mq.protocol.paths import default_data_dir, default_socket_path
+from mq.protocol.paths import check_socket_path, default_data_dir, default_socket_path
 
 __all__ = ["BrokerConfig", "ConfigError"]
 
 
-_NON_NEGATIVE_INTS = frozenset({"min_free_bytes"})
-_POSITIVE_INTS = frozenset({
-    "transaction_max_timeout_ms", "producer_id_expiration_ms",
-    "retention_check_interval_ms", "flush_interval_ms", "max_request_bytes", "state_slots",
-    "cleaner_backoff_ms", "cleaner_dedupe_buffer_bytes",
-    "offsets_retention_check_interval_ms", "group_heartbeat_interval_ms",
-    "group_session_timeout_ms", "group_min_session_timeout_ms", "group_max_session_timeout_ms"})
+_INT32_MAX = (1 << 31) - 1           # Kafka's INT configs
+_INT64_MAX = (1 << 63) - 1           # Kafka's LONG configs
+_WAIT = "epoll's int32 milliseconds: 24.8 days"
+# Each integer key's range, and why its top is there (named in the message): Kafka's type
+# where Kafka has the key; a period the broker waits for is bounded by its loop's epoll wait,
+# a request by a frame's 31-bit length (frames.py), the state region by MAX_STATE_SLOTS.
+_INT_RANGES: dict[str, tuple[int, int, str]] = {
+    "min_free_bytes": (0, _INT64_MAX, "a 64-bit integer"),
+    "transaction_max_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
+    "producer_id_expiration_ms": (1, _INT32_MAX, "Kafka's int32"),
+    "retention_check_interval_ms": (1, _INT32_MAX, _WAIT),
+    "flush_interval_ms": (1, _INT32_MAX, _WAIT),
+    "max_request_bytes": (1, _INT32_MAX, "a frame's 31-bit length"),
+    "state_slots": (1, MAX_STATE_SLOTS, "64 MiB of shared memory at 64 bytes a slot"),
+    "cleaner_backoff_ms": (1, _INT32_MAX, _WAIT),
+    "cleaner_dedupe_buffer_bytes": (1, _INT64_MAX, "a 64-bit integer"),
+    "offsets_retention_check_interval_ms": (1, _INT32_MAX, _WAIT),
+    "group_heartbeat_interval_ms": (1, _INT32_MAX, "Kafka's int32"),
+    "group_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
+    "group_min_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
+    "group_max_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
+}
+# The variables over the file, and the flags over both: a message names where a bad value came
+# from (the file, $MQ_SOCKET, --socket).
+_ENV = {"data_dir": "MQ_DATA_DIR", "socket": "MQ_SOCKET", "log_level": "MQ_LOG_LEVEL"}
+_FLAGS = {"metrics_address": "--metrics"}   # the others are --key-with-dashes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +116,10 @@ class BrokerConfig:
     def load(cls, path: str | None = None, **overrides: Any) -> BrokerConfig:
         """Defaults < TOML file < environment (``MQ_DATA_DIR``, ``MQ_SOCKET``,
         ``MQ_LOG_LEVEL``) < ``overrides`` (flags; ``None`` values are ignored).
-        Raises ``ConfigError`` for unreadable files, unknown keys and bad values."""
+        Raises ``ConfigError`` for unreadable files, unknown keys and bad values, naming the
+        key, the value, what it must be and where it came from."""
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         if path:
             try:
                 with open(path, "rb") as f:
@@ -104,83 +128,128 @@ class BrokerConfig:
                 raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
             except tomllib.TOMLDecodeError as err:
                 raise ConfigError(f"config file {path} is not valid TOML: {err}") from err
+            sources.update(dict.fromkeys(values, f"config file {path}"))
             values["config_file"] = path
-        env = {"data_dir": "MQ_DATA_DIR", "socket": "MQ_SOCKET", "log_level": "MQ_LOG_LEVEL"}
-        for key, var in env.items():
+        for key, var in _ENV.items():
             if os.environ.get(var):
-                values[key] = os.environ[var]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_mapping(values)
+                values[key], sources[key] = os.environ[var], f"${var}"
+        for key, value in overrides.items():
+            if value is not None:
+                values[key], sources[key] = value, _FLAGS.get(key, "--" + key.replace("_", "-"))
+        return cls.from_mapping(values, sources)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> BrokerConfig:
+    def from_mapping(cls, values: Mapping[str, Any],
+                     sources: Mapping[str, str] | None = None) -> BrokerConfig:
+        """The config of ``values`` (key: value) over the defaults. Raises ``ConfigError``
+        naming the key (and its ``sources`` entry: ``config file F``, ``$MQ_SOCKET``, a flag)
+        for an unknown key or a value of the wrong type or out of its range."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
-            if key not in known:
-                raise ConfigError(f"unknown broker config {key!r}; known: "
-                                  f"{', '.join(sorted(known))}")
-            if key == "topic_defaults":
-                if not isinstance(value, Mapping):
-                    raise ConfigError("topic_defaults must be a table of Kafka topic configs")
-                kwargs[key] = LogConfig.from_properties(value)
-            elif key in ("socket_mode", "file_mode"):
-                example = "0660" if key == "socket_mode" else "0640"
-                try:
-                    mode = int(str(value), 8) if isinstance(value, str) else int(value)
-                except ValueError:
-                    mode = -1
-                if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
-                    raise ConfigError(f"{key} must be octal like \"{example}\" and let the "
-                                      f"owner read and write, got {value!r}")
-                kwargs[key] = mode
-            elif key in _NON_NEGATIVE_INTS:
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ConfigError(f"{key} must be an integer >= 0, got {value!r}")
-                kwargs[key] = value
-            elif key in _POSITIVE_INTS:
-                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                    raise ConfigError(f"{key} must be a positive integer, got {value!r}")
-                kwargs[key] = value
-            elif key == "offsets_retention_minutes":
-                # A fraction is allowed (Kafka takes whole minutes): tests and short-lived
-                # setups want seconds.
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                    raise ConfigError(f"{key} must be a positive number, got {value!r}")
-                kwargs[key] = value
-            elif key == "group_assignor":
-                try:
-                    kwargs[key] = canonical_assignor(str(value))
-                except ValueError as err:
-                    raise ConfigError(f"group_assignor: {err}") from err
-            elif key == "metrics_address":
-                if value:
-                    try:
-                        parse_address(str(value))
-                    except ValueError as err:
-                        raise ConfigError(str(err)) from err
-                kwargs[key] = str(value or "")
-            elif key == "high_watermark":
-                if value not in ("written", "durable"):
-                    raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "
-                                      f"got {value!r}")
-                kwargs[key] = value
-            elif key == "log_format":
-                if value not in LOG_FORMATS:
-                    raise ConfigError(f"log_format must be \"plain\" or \"json\", got "
-                                      f"{value!r}")
-                kwargs[key] = value
-            elif key == "log_level":
-                level = str(value).upper()
-                if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-                    raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, "
-                                      f"got {value!r}")
-                kwargs[key] = level
-            elif key == "data_dir":
-                # A path, never a number taken for one, and never "" for "here".
-                if not isinstance(value, str) or not value.strip():
-                    raise ConfigError(f"data_dir must be a non-empty path, got {value!r}")
-                kwargs[key] = os.path.abspath(os.path.expanduser(value))
-            else:
-                kwargs[key] = None if value is None else str(value)
-        return cls(**kwargs)
+            try:
+                if key not in known:
+                    raise ConfigError(f"unknown broker config {key!r}; known: "
+                                      f"{', '.join(sorted(known))}")
+                kwargs[key] = _checked(key, value)
+            except ConfigError as err:
+                where = (sources or {}).get(key)
+                if where is None:
+                    raise
+                raise ConfigError(f"{where}: {err}") from err
+        config = cls(**kwargs)
+        _check_session_timeouts(config, sources or {})
+        return config
+
+
+def _checked(key: str, value: Any) -> Any:
+    """``value`` as the config holds it. Raises ``ConfigError`` naming ``key``."""
+    if key == "topic_defaults":
+        if not isinstance(value, Mapping):
+            raise ConfigError("topic_defaults must be a table of Kafka topic configs")
+        try:
+            return LogConfig.from_properties(value)
+        except ConfigError as err:
+            raise ConfigError(f"topic_defaults: {err}") from err
+    if key in ("socket_mode", "file_mode"):
+        example = "0660" if key == "socket_mode" else "0640"
+        mode = value if type(value) is int else -1          # not True, not 432.0
+        if isinstance(value, str):
+            try:
+                mode = int(value, 8)
+            except ValueError:
+                pass
+        if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+            raise ConfigError(f"{key} must be octal like \"{example}\" and let the "
+                              f"owner read and write, got {value!r}")
+        return mode
+    if key in _INT_RANGES:
+        low, high, why = _INT_RANGES[key]
+        if type(value) is not int or not low <= value <= high:
+            raise ConfigError(f"{key} must be an integer from {low} to {high} ({why}), "
+                              f"got {value!r}")
+        return value
+    if key == "offsets_retention_minutes":
+        # A fraction is allowed (Kafka takes whole minutes): tests and short-lived setups
+        # want seconds. The top is Kafka's int32 of minutes (4,085 years).
+        if type(value) not in (int, float) or not 0 < value <= _INT32_MAX:
+            raise ConfigError(f"{key} must be a number above 0 and at most {_INT32_MAX} "
+                              f"(Kafka's int32), got {value!r}")
+        return value
+    if key == "data_dir":
+        # A path, never a number taken for one, and never "" for "here".
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"data_dir must be a non-empty path, got {value!r}")
+        return os.path.abspath(os.path.expanduser(value))
+    if key in ("socket", "log_level", "log_format", "high_watermark", "group_assignor",
+               "metrics_address") and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    if key == "socket":
+        if value:
+            try:
+                check_socket_path(value)
+            except ValueError as err:
+                raise ConfigError(f"{err}; give a shorter one") from err
+        return value or ""
+    if key == "group_assignor":
+        try:
+            return canonical_assignor(value)
+        except ValueError as err:
+            raise ConfigError(f"group_assignor: {err}") from err
+    if key == "metrics_address":
+        if value:
+            try:
+                parse_address(value)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+        return value or ""
+    if key == "high_watermark":
+        if value not in ("written", "durable"):
+            raise ConfigError(f"high_watermark must be \"written\" or \"durable\", "
+                              f"got {value!r}")
+        return value
+    if key == "log_format":
+        if value not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be \"plain\" or \"json\", got {value!r}")
+        return value
+    if key == "log_level":
+        level = value.upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, "
+                              f"got {value!r}")
+        return level
+    return None if value is None else str(value)
+
+
+def _check_session_timeouts(config: BrokerConfig, sources: Mapping[str, str]) -> None:
+    """The default session timeout lies within the bounds members must keep (as Kafka's
+    group.consumer.session.timeout.ms must), or every member without one is refused."""
+    low, default, high = (config.group_min_session_timeout_ms, config.group_session_timeout_ms,
+                          config.group_max_session_timeout_ms)
+    if not low <= default <= high:
+        names = ("group_min_session_timeout_ms", "group_session_timeout_ms",
+                 "group_max_session_timeout_ms")
+        where = ", ".join(sorted({sources[n] for n in names if n in sources}))
+        raise ConfigError(f"{where + ': ' if where else ''}group_session_timeout_ms ({default}) "
+                          f"must be between group_min_session_timeout_ms ({low}) and "
+                          f"group_max_session_timeout_ms ({high})")

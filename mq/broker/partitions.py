@@ -6,9 +6,10 @@ Every partition with a slot — user topics' and ``__consumer_offsets``'; the me
 none — is a ``Partition`` in the ``PartitionTable``:
 
 - **Slots.** A partition takes the lowest free slot index of the region (``state_slots`` of
-  them, ``mq/protocol/state.py``) and gives it back when its topic is deleted; clients find a
-  partition's slot in the topic metadata. ``check_room`` says before a topic change is recorded
-  whether its partitions will fit, so the metadata never names a partition without a slot.
+  them, ``mq/protocol/state.py``; at most ``MAX_STATE_SLOTS``) and gives it back when its topic
+  is deleted; clients find a partition's slot in the topic metadata. ``check_room`` says before
+  a topic change is recorded whether its partitions will fit, so the metadata never names a
+  partition without a slot.
 - **Published state.** ``state_of`` is what a partition's slot says: its offsets, where the
   readable data ends (segment base and byte position of the high watermark) and a segment-set
   generation that moves whenever the segment list changes shape (roll, retention, a
@@ -35,7 +36,12 @@ from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
 from mq.log.log import PartitionLog
 from mq.protocol.state import PartitionState
 
-__all__ = ["VACANT", "Partition", "PartitionTable", "Waiter"]
+__all__ = ["MAX_STATE_SLOTS", "VACANT", "Partition", "PartitionTable", "Waiter"]
+
+# The most slots ``state_slots`` may ask for: 64 MiB of /dev/shm at 64 bytes a slot (the
+# region is reserved whole at start, and Docker's default /dev/shm is 64 MiB), 256 times the
+# default 4,096 — more partitions than one host's open-file limit lets a broker serve.
+MAX_STATE_SLOTS = 1 << 20
 
 # (connection, semaphore, offset): post the semaphore once the high watermark passes offset.
 Waiter = tuple[Conn, posix_ipc.Semaphore, int]
@@ -104,8 +110,15 @@ class PartitionTable:
     # --- slots --------------------------------------------------------------------------------
     def check_room(self, count: int) -> None:
         """Raise ``InvalidPartitionsError`` unless ``count`` more partitions fit the region."""
-        if self._next_slot - len(self._free_slots) + count > self.slots:
-            raise InvalidPartitionsError("not enough state slots for this many partitions")
+        free = self.slots - self._next_slot + len(self._free_slots)
+        if count > free:
+            raise self._full(count, free)
+
+    def _full(self, count: int, free: int) -> InvalidPartitionsError:
+        return InvalidPartitionsError(
+            f"not enough state slots for {count} more partition(s): {free} of the broker's "
+            f"{self.slots} are free; raise state_slots in its config file (at most "
+            f"{MAX_STATE_SLOTS}) and restart it")
 
     def add(self, topic: str, partition: int, log: PartitionLog) -> Partition:
         """Give ``log`` a slot. Raises ``InvalidPartitionsError`` when the region is full."""
@@ -114,8 +127,7 @@ class PartitionTable:
         elif self._next_slot < self.slots:
             slot, self._next_slot = self._next_slot, self._next_slot + 1
         else:
-            raise InvalidPartitionsError(f"the broker's state region holds {self.slots} "
-                                         "partitions; raise state_slots in the broker config")
+            raise self._full(1, 0)
         part = Partition(topic, partition, log, slot)
         self._by_key[(topic, partition)] = part
         return part

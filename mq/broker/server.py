@@ -32,6 +32,7 @@ leaves its path alone at exit, so clients queue in its backlog while the broker 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import selectors
@@ -55,7 +56,7 @@ from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
 from mq.broker.service import ServiceNotifier, status_line
-from mq.broker.space import FreeSpaceGuard
+from mq.broker.space import FreeSpaceGuard, format_bytes
 from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
 from mq.errors import BrokerError, ConfigError, InvalidRequestError, RemoteProtocolError
@@ -72,9 +73,10 @@ from mq.protocol.messages import (
     check_request,
     response,
 )
-from mq.protocol.state import StateWriter, futex, semaphore_prefix
+from mq.protocol.paths import check_socket_path
+from mq.protocol.state import HEADER_SIZE, SLOT_SIZE, StateWriter, futex, semaphore_prefix
 
-__all__ = ["Broker", "run_broker"]
+__all__ = ["Broker", "run_broker", "state_region"]
 
 log = logging.getLogger("mq.broker")
 
@@ -136,7 +138,14 @@ class Broker:
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
-        """Recover the data dir, publish state and listen. Raises on a second broker."""
+        """Recover the data dir, publish state and listen. Raises on a second broker, and
+        ``ConfigError`` before anything else for a socket path too long to bind."""
+        if self._inherited is None:
+            try:
+                check_socket_path(self.socket_path)     # <data dir>/mq.sock may be too long
+            except ValueError as err:
+                raise ConfigError(f"{err}; set socket (--socket, $MQ_SOCKET) to a shorter "
+                                  "path") from err
         diskio.ops.file_mode = self.config.file_mode
         diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults
@@ -148,7 +157,7 @@ class Broker:
             self.logs.load([key for key in self.logs.unloaded if key[0] in INTERNAL_TOPICS])
             meta_log = self.logs.get(METADATA_TOPIC, 0) or self.logs.create(METADATA_TOPIC, 0)
             self.metadata = MetadataStore(meta_log)
-            self.state = StateWriter(self.data_dir, self.config.state_slots, self.generation)
+            self.state = state_region(self.data_dir, self.config.state_slots, self.generation)
             self._build_components()
             self._listen()
         except BaseException:
@@ -194,7 +203,8 @@ class Broker:
                               verify_transaction=self.transactions.verify)
         self.stats = BrokerStats(self.partitions, self.conns, self.groups, self._commit,
                                  self._cleaner, data_dir=self.data_dir,
-                                 socket_path=lambda: self.socket_path)
+                                 socket_path=lambda: self.socket_path,
+                                 metadata_log=self.metadata.log)
         self._handlers = dispatch_table([self, produce, self.topics, self.groups,
                                          self.transactions, self.stats])
         self.transactions.recover()
@@ -625,6 +635,21 @@ class Broker:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def state_region(data_dir: str, slots: int, generation: int) -> StateWriter:
+    """The shared state region of ``slots`` slots. Raises ``ConfigError`` naming
+    ``state_slots`` when /dev/shm cannot hold it (Docker's default is 64 MiB, the region of
+    the most slots 64 MiB and 64 bytes), rather than a bare 'No space left on device'."""
+    try:
+        return StateWriter(data_dir, slots, generation)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        size = format_bytes(HEADER_SIZE + SLOT_SIZE * slots)
+        raise ConfigError(f"cannot reserve the {size} state region of state_slots = {slots} "
+                          f"in /dev/shm: {err.strerror}; lower state_slots or give /dev/shm "
+                          "more room") from err
 
 
 def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:

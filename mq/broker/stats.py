@@ -13,7 +13,9 @@ The snapshot::
                 this snapshot), connections, metrics_url (None: no /metrics)
     partitions  [{topic, partition, internal, log_start_offset, high_watermark,
                   last_stable_offset, log_end_offset, size_bytes, segments,
-                  produced_records, produced_bytes}]      counters since the broker started
+                  produced_records, produced_bytes}]      counters since the broker started;
+                every partition with a slot, and the metadata log (__cluster_metadata-0,
+                which has none); only Produce counts as produced
     groups      [{group, state, members, offsets: [{topic, partition, committed_offset,
                   end_offset, lag, lag_ms}]}]             lag_ms: age of the oldest unconsumed
                                                            record (None: unknown)
@@ -36,8 +38,9 @@ from mq.broker.apis.groups import GroupApis
 from mq.broker.cleaning import BackgroundCleaner
 from mq.broker.conns import Conn, Connections
 from mq.broker.flushing import GroupCommit
-from mq.broker.internal_topics import is_internal
+from mq.broker.internal_topics import METADATA_TOPIC, is_internal
 from mq.broker.partitions import PartitionTable
+from mq.log.log import PartitionLog
 from mq.protocol.messages import Api, Request, response
 
 __all__ = ["BrokerStats"]
@@ -48,8 +51,10 @@ class BrokerStats:
 
     def __init__(self, table: PartitionTable, conns: Connections, groups: GroupApis,
                  commit: GroupCommit, cleaner: BackgroundCleaner, *, data_dir: str,
-                 socket_path: Callable[[], str]) -> None:
+                 socket_path: Callable[[], str], metadata_log: PartitionLog | None = None
+                 ) -> None:
         self._table = table
+        self._metadata_log = metadata_log
         self._conns = conns
         self._groups = groups
         self._commit = commit
@@ -67,19 +72,21 @@ class BrokerStats:
 
     def snapshot(self) -> dict:
         """Every figure at once (loop thread only)."""
+        logs = [(part.topic, part.partition, part.log, part.produced_records,
+                 part.produced_bytes) for part in self._table]
+        if self._metadata_log is not None:
+            logs.append((METADATA_TOPIC, 0, self._metadata_log, 0, 0))
         partitions = []
-        for part in sorted(self._table, key=lambda p: (p.topic, p.partition)):
-            plog = part.log
+        for topic, partition, plog, produced_records, produced_bytes in sorted(
+                logs, key=lambda row: row[:2]):
             partitions.append({
-                "topic": part.topic, "partition": part.partition,
-                "internal": is_internal(part.topic),
+                "topic": topic, "partition": partition, "internal": is_internal(topic),
                 "log_start_offset": plog.log_start_offset,
                 "high_watermark": plog.high_watermark,
                 "last_stable_offset": plog.last_stable_offset,
                 "log_end_offset": plog.log_end_offset,
                 "size_bytes": plog.size_in_bytes, "segments": len(plog.segments),
-                "produced_records": part.produced_records,
-                "produced_bytes": part.produced_bytes})
+                "produced_records": produced_records, "produced_bytes": produced_bytes})
         totals = self._cleaner.totals()
         return {
             "broker": {"pid": os.getpid(), "data_dir": self._data_dir,

@@ -58,7 +58,8 @@ output:
   started).
   --once --json prints one JSON object instead: {"broker": {...}, "topics": [...],
   "groups": [...], "intervalSeconds", "hiddenTopics"} with rates per second and null where
-  unknown. Internal topics (__consumer_offsets, __transaction_state) show with --all.
+  unknown. Internal topics (__cluster_metadata, __consumer_offsets, __transaction_state) show
+  with --all.
 
 examples:
   mq top                                        live view, every second
@@ -67,6 +68,9 @@ examples:
   mq top --once --json | jq '.groups[] | {group, lag}'"""
 
 _MIN_TIMEOUT_S = 5.0      # a stats call slower than this is a broker that does not answer
+# The longest --interval: a view refreshed less than daily is no live view, and a sleep of 1e300
+# seconds overflows time_t.
+_MAX_INTERVAL_S = 86_400
 
 
 def add_parser(subparsers) -> None:
@@ -86,13 +90,14 @@ def add_parser(subparsers) -> None:
 
 
 def _seconds(text: str) -> float:
-    """argparse type: a finite number of seconds >= 0."""
+    """argparse type: a number of seconds from 0 to ``_MAX_INTERVAL_S``."""
     try:
         value = float(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from err
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    if not 0 <= value <= _MAX_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be 0 to {_MAX_INTERVAL_S} seconds (a day), "
+                                         f"got {text}")
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from mq.broker.space import format_bytes
@@ -13,9 +14,10 @@ from mq.cli.common import (
     formatter,
     parse_key_values,
     plural,
-    positive_int,
     socket_of,
 )
+from mq.errors import InvalidPartitionsError
+from mq.protocol.limits import MAX_PARTITIONS_PER_TOPIC, check_partition_count
 
 __all__ = ["add_parser", "run_alter", "run_create", "run_delete", "run_describe", "run_list"]
 
@@ -81,11 +83,15 @@ def add_parser(subparsers) -> None:
                                  epilog=CREATE_EPILOG, formatter_class=formatter)
     create.add_argument("name", metavar="NAME", help="topic name: letters, digits, '.', '_', "
                         "'-' (at most 249 characters)")
-    create.add_argument("--partitions", type=positive_int, default=1, metavar="N",
-                        help="number of partitions (default 1)")
+    create.add_argument("--partitions", type=partition_count, default=1, metavar="N",
+                        help=f"number of partitions, 1 to {MAX_PARTITIONS_PER_TOPIC} "
+                             "(default 1)")
     create.add_argument("--config", action="append", metavar="KEY=VALUE",
                         help="a topic config override, e.g. retention.ms=604800000 "
                              "(repeatable)")
+    create.add_argument("--replication-factor", type=replication_factor, metavar="1",
+                        help="Kafka's option, for its scripts: mq keeps one copy of each "
+                             "partition, so only 1")
     add_socket_argument(create)
     create.set_defaults(run=run_create)
 
@@ -114,8 +120,9 @@ def add_parser(subparsers) -> None:
     alter.add_argument("name", metavar="NAME", help="topic name")
     alter.add_argument("--config", action="append", metavar="KEY=VALUE",
                        help="set a topic config override (repeatable)")
-    alter.add_argument("--partitions", type=positive_int, metavar="N",
-                       help="new (larger) total number of partitions")
+    alter.add_argument("--partitions", type=partition_count, metavar="N",
+                       help=f"new (larger) total number of partitions, at most "
+                            f"{MAX_PARTITIONS_PER_TOPIC}")
     add_socket_argument(alter)
     alter.set_defaults(run=run_alter)
 
@@ -129,6 +136,33 @@ def add_parser(subparsers) -> None:
     delete.set_defaults(run=run_delete)
 
 
+def partition_count(text: str) -> int:
+    """argparse type: a partition count a topic may have (``mq.protocol.limits``)."""
+    try:
+        return check_partition_count(int(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from err
+    except InvalidPartitionsError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def replication_factor(text: str) -> int:
+    """argparse type: Kafka's --replication-factor, which only 1 can satisfy on one host."""
+    if text.strip() != "1":
+        raise argparse.ArgumentTypeError(f"mq keeps one copy of each partition (on one host), "
+                                         f"so only 1 is possible, got {text}")
+    return 1
+
+
+@contextlib.contextmanager
+def _partitions_flag(count: int):
+    """Name ``--partitions N`` in a refusal of the count (the broker's message does not)."""
+    try:
+        yield
+    except InvalidPartitionsError as err:
+        raise InvalidPartitionsError(f"--partitions {count}: {err}") from err
+
+
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
     return Admin(socket_of(args))
@@ -136,7 +170,7 @@ def _admin(args: argparse.Namespace):
 
 def run_create(args: argparse.Namespace) -> int:
     config = parse_key_values(args.config, "--config")
-    with _admin(args) as admin:
+    with _admin(args) as admin, _partitions_flag(args.partitions):
         meta = admin.create_topic(args.name, args.partitions, config)
     count = meta.get("partitions", args.partitions)
     sys.stdout.write(f"Created topic {args.name} with {plural(count, 'partition')}.\n")
@@ -189,14 +223,12 @@ def run_alter(args: argparse.Namespace) -> int:
     if not config and args.partitions is None:
         raise ValueError("nothing to alter: give --config KEY=VALUE and/or --partitions N "
                          "(see 'mq topics alter --help')")
-    with _admin(args) as admin:
+    with _admin(args) as admin, _partitions_flag(args.partitions):
         if config and args.partitions is not None:
             # Check the count first, so that a refused count does not leave the configs
             # half-applied (the broker checks again).
             current = admin.describe_topic(args.name)["partitions"]
-            if args.partitions <= current:
-                raise ValueError(f"topic {args.name!r} has {current} partitions; "
-                                 f"--partitions must be larger (got {args.partitions})")
+            check_partition_count(args.partitions, current, args.name)
         if config:
             admin.alter_config(args.name, config)
         if args.partitions is not None:

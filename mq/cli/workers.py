@@ -22,6 +22,7 @@ from mq.cli.common import (
     socket_of,
     table,
 )
+from mq.errors import MQError
 
 __all__ = ["add_parser"]
 
@@ -224,6 +225,24 @@ def run_redrive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_pool(group: str | None) -> None:
+    """Say that no pool (of ``group``) runs: for a named group an error (exit status 1), naming
+    the pid of a pool of it that was killed, if one left its table behind; without a group a
+    note on stderr (nothing to show is an answer)."""
+    from workers.stats import find_ended, stats_dir
+    if group is None:
+        sys.stderr.write(f"mq: no worker pool is running (none has a counter table in "
+                         f"{stats_dir()})\n")
+        return
+    ended = find_ended(group)
+    if ended:
+        pid = ended[-1].rsplit("-", 1)[-1].removesuffix(".stats")
+        raise MQError(f"no worker pool of group {group!r} is running: its pool (pid {pid}) "
+                      "has ended")
+    raise MQError(f"no worker pool of group {group!r} is running (none has a counter table "
+                  f"in {stats_dir()}; 'mq workers stats' lists the running pools)")
+
+
 _STATS_COLUMNS = ("pid", "state", "incarnations", "handled", "retried", "failed",
                   "dead_lettered", "skipped", "handler_seconds", "hang_kills", "deaths",
                   "committed")
@@ -232,6 +251,8 @@ _STATS_COLUMNS = ("pid", "state", "incarnations", "handled", "retried", "failed"
 def run_stats(args: argparse.Namespace) -> int:
     import workers
     paths = [args.file] if args.file else workers.find_stats(args.group)
+    if not paths:
+        _no_pool(args.group)
     if args.openmetrics or args.prometheus:
         from workers.metrics import exposition
         sys.stdout.buffer.write(exposition(paths, openmetrics=args.openmetrics))

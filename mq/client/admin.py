@@ -10,6 +10,7 @@ from typing import Any
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
 from mq.errors import UnstableOffsetCommitError, error_for_code
+from mq.protocol.limits import check_offset, check_partition_count
 from mq.protocol.messages import Api
 
 __all__ = ["Admin"]
@@ -47,10 +48,12 @@ class Admin:
 
     def create_topic(self, name: str, partitions: int = 1,
                      config: dict[str, Any] | None = None) -> dict:
-        """Create a topic; raises ``TopicAlreadyExistsError``, ``InvalidPartitionsError``,
+        """Create a topic; raises ``TopicAlreadyExistsError``, ``InvalidPartitionsError``
+        (before sending, for a count no topic may have: ``mq.protocol.limits``),
         ``InvalidConfigurationError`` or ``InvalidTopicError``."""
+        count = check_partition_count(partitions)
         cfg = {str(k): str(v) for k, v in (config or {}).items()}
-        return self._conn.call(Api.CREATE_TOPICS, name, int(partitions), cfg).fields[0]
+        return self._conn.call(Api.CREATE_TOPICS, name, count, cfg).fields[0]
 
     def delete_topic(self, name: str) -> None:
         self._conn.call(Api.DELETE_TOPICS, name)
@@ -79,15 +82,21 @@ class Admin:
                 "offline": meta.get("offline", [None] * count)}
 
     def create_partitions(self, name: str, total: int) -> dict:
-        return self._conn.call(Api.CREATE_PARTITIONS, name, int(total)).fields[0]
+        """Grow the topic to ``total`` partitions. Raises ``InvalidPartitionsError`` (before
+        sending for a count no topic may have), ``UnknownTopicOrPartitionError``."""
+        total = check_partition_count(total)
+        return self._conn.call(Api.CREATE_PARTITIONS, name, total).fields[0]
 
     def alter_config(self, name: str, config: dict[str, Any]) -> dict:
         cfg = {str(k): str(v) for k, v in config.items()}
         return self._conn.call(Api.ALTER_CONFIGS, name, cfg).fields[0]
 
     def delete_records(self, name: str, partition: int, before_offset: int) -> int:
-        """Kafka's DeleteRecords: records below ``before_offset`` become unreadable."""
-        return self._conn.call(Api.DELETE_RECORDS, name, partition, before_offset).fields[0]
+        """Kafka's DeleteRecords: records below ``before_offset`` become unreadable. Raises
+        ``ValueError`` (before sending) for an offset out of 0..2**63-1,
+        ``BrokerOffsetOutOfRangeError`` for one above the high watermark."""
+        offset = check_offset(before_offset, "before_offset")
+        return self._conn.call(Api.DELETE_RECORDS, name, partition, offset).fields[0]
 
     # --- consumer groups ------------------------------------------------------------------------
     def list_groups(self) -> list[dict]:
@@ -115,8 +124,10 @@ class Admin:
 
     def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
         """Set committed offsets of a group without live members (an offset reset). Raises
-        ``NonEmptyGroupError`` while it has live members, ``UnknownTopicOrPartitionError``."""
-        items = [[tp[0], tp[1], int(offset), -1, ""] for tp, offset in offsets.items()]
+        ``NonEmptyGroupError`` while it has live members, ``UnknownTopicOrPartitionError``, and
+        ``ValueError`` (before sending) for an offset out of 0..2**63-1."""
+        items = [[tp[0], tp[1], check_offset(offset, f"the offset of {tp[0]}-{tp[1]}"), -1, ""]
+                 for tp, offset in offsets.items()]
         if items:
             self._conn.call(Api.OFFSET_COMMIT, group, "", -1, items)
 

@@ -19,10 +19,17 @@ import time
 from typing import Any
 
 from mq.client.arena import Arena
-from mq.errors import BrokerUnavailableError, ClosedError, RemoteProtocolError, error_for_code
+from mq.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    ConfigError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    error_for_code,
+)
 from mq.protocol.frames import FrameReader, encode_frame, encode_tail_frame
 from mq.protocol.messages import PROTOCOL_VERSION, TAIL_APIS, Api, Response, request
-from mq.protocol.paths import default_socket_path
+from mq.protocol.paths import check_socket_path, default_socket_path
 
 __all__ = ["Connection", "poll_ms", "resolve_socket", "send_parts"]
 
@@ -84,6 +91,11 @@ class Connection:
 
     # --- setup --------------------------------------------------------------------------------
     def _connect(self) -> None:
+        try:
+            check_socket_path(self.socket_path)
+        except ValueError as err:
+            raise ConfigError(f"cannot connect to the broker: {err}; give a shorter one "
+                              "(--socket, socket=, $MQ_SOCKET)") from err
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
         try:
@@ -96,7 +108,7 @@ class Connection:
         except OSError as err:
             sock.close()
             raise BrokerUnavailableError(f"cannot connect to {self.socket_path}: "
-                                         f"{err.strerror}") from err
+                                         f"{err.strerror or err}") from err
         self._sock = sock
         # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE), which any
         # socket of a process with many open files has. One poller per socket, used under
@@ -133,13 +145,16 @@ class Connection:
         with the request (``SCM_RIGHTS``)."""
         sock = self._ensure()
         rid = next(self._ids)
-        if claim:
-            self._claimed.add(rid)
         message = request(api, rid, *fields)
         # A batch goes out as a tail frame's tail: the kernel copies it from the caller's
         # buffer, with no frame built around it here (and none taken apart in the broker).
-        parts = encode_tail_frame(message) if self._tails and api in TAIL_APIS \
-            else (encode_frame(message),)
+        try:
+            parts = encode_tail_frame(message) if self._tails and api in TAIL_APIS \
+                else (encode_frame(message),)
+        except LocalProtocolError as err:
+            raise LocalProtocolError(f"{api.name} request: {err}") from err
+        if claim:
+            self._claimed.add(rid)
         with self._send_lock:
             try:
                 send_parts(sock, parts, fds)

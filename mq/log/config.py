@@ -76,6 +76,10 @@ _MINIMUMS: Final = {"segment.bytes": 14 + 61, "segment.ms": 1, "segment.index.by
                     "retention.ms": -1, "retention.bytes": -1, "flush.messages": 1,
                     "flush.ms": 0}
 
+# Kafka's INT topic configs; the other integers are LONG.
+_INT32_KEYS: Final = frozenset({"segment.bytes", "segment.index.bytes", "index.interval.bytes",
+                                "max.message.bytes"})
+
 
 def _convert(key: str, field: dataclasses.Field, raw: object) -> object:
     if field.type in ("int", int):
@@ -86,8 +90,12 @@ def _convert(key: str, field: dataclasses.Field, raw: object) -> object:
         low = _MINIMUMS.get(key)
         if low is not None and value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
-        if key in ("segment.bytes", "segment.index.bytes") and value > (1 << 31) - 1:
-            raise ConfigError(f"{key} must fit in 31 bits (positions are int32), got {value}")
+        if key in _INT32_KEYS and value > (1 << 31) - 1:
+            raise ConfigError(f"{key} must be at most {(1 << 31) - 1} (Kafka's int32: file "
+                              f"positions and sizes are int32), got {value}")
+        if value > (1 << 63) - 1:
+            raise ConfigError(f"{key} must be at most {(1 << 63) - 1} (Kafka's int64), "
+                              f"got {value}")
         return value
     if field.type in ("float", float):
         try:

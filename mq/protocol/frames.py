@@ -71,11 +71,29 @@ def _pack(message: list | tuple, max_frame_bytes: int, extra: int = 0) -> bytes:
     try:
         payload = msgpack.packb(message, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as err:
-        raise LocalProtocolError(f"cannot encode message: {err}") from err
+        wide = _wide_integer(message)
+        why = f"integer {wide} is outside msgpack's -2**63..2**64-1" if wide is not None \
+            else str(err)
+        raise LocalProtocolError(f"cannot encode message: {why}") from err
     if len(payload) + extra > max_frame_bytes:
         raise LocalProtocolError(f"frame of {len(payload) + extra} bytes exceeds the "
                                  f"{max_frame_bytes}-byte limit")
     return payload
+
+
+def _wide_integer(value: object) -> int | None:
+    """The first integer in ``value`` (or in the lists, tuples and dicts in it) that msgpack
+    cannot encode, or None: what to name when ``packb`` says only "Integer value out of
+    range"."""
+    if isinstance(value, int):
+        return value if not -(1 << 63) <= value < 1 << 64 else None
+    items = value.items() if isinstance(value, dict) else \
+        value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        found = _wide_integer(item)
+        if found is not None:
+            return found
+    return None
 
 
 def encode_frame(message: list | tuple, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:

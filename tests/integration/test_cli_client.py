@@ -487,9 +487,10 @@ ERRORS = [
     (("topics", "alter", "t", "--config", "oops"), b"", 2, "invalid --config 'oops'"),
     (("topics", "alter", "t", "--config", "segment.bytes=1"), b"", 1, "segment.bytes"),
     (("topics", "alter", "t"), b"", 2, "nothing to alter"),
-    (("topics", "alter", "t", "--partitions", "2"), b"", 1, "must be larger"),
-    (("topics", "alter", "t", "--partitions", "1", "--config", "retention.ms=5"), b"", 2,
-     "must be larger"),
+    (("topics", "alter", "t", "--partitions", "2"), b"", 1,
+     "--partitions 2: topic 't' has 2 partitions and partitions can only be added"),
+    (("topics", "alter", "t", "--partitions", "1", "--config", "retention.ms=5"), b"", 1,
+     "the new total must be 3 to 10000, got 1"),
     # partition out of range
     (("produce", "t", "--partition", "9"), b"a\n", 1, "topic 't' has no partition 9 (it has 2)"),
     (("consume", "t", "--partition", "9"), b"", 1, "topic 't' has no partition 9 (it has 2)"),

@@ -37,6 +37,7 @@ from mq.broker.offsets import CommittedOffset, OffsetStore
 from mq.broker.partitions import Partition, PartitionTable
 from mq.errors import InvalidRequestError
 from mq.log.log import PartitionLog
+from mq.protocol.limits import check_offset
 from mq.protocol.messages import PUSH_REQUEST_ID, Api, Request, response
 from mq.protocol.types import TopicPartition
 
@@ -51,6 +52,7 @@ _Ages = dict[tuple[Partition, int], tuple[int, int | None]]
 RESTART_GRACE_MS = 2_000
 OFFSET_METADATA_MAX_BYTES = 4096            # offset.metadata.max.bytes
 _PID_CHECK_MS = 100
+_INT32_MAX = (1 << 31) - 1
 _PUSH = [int(Api.CONSUMER_GROUP_HEARTBEAT), PUSH_REQUEST_ID, 0, None]
 
 
@@ -263,9 +265,13 @@ class GroupApis:
             self._table.partition(topic, partition)     # UnknownTopicOrPartition
             if is_internal(topic):
                 raise InvalidRequestError(f"cannot commit offsets of internal topic {topic!r}")
-            if offset < 0:
-                raise InvalidRequestError(f"offset must be >= 0, got {offset} for "
-                                          f"{topic}-{partition}")
+            try:
+                check_offset(offset, f"the offset of {topic}-{partition}")
+            except ValueError as err:
+                raise InvalidRequestError(str(err)) from err
+            if not -1 <= leader_epoch <= _INT32_MAX:        # stored as an int32 (offsets.py)
+                raise InvalidRequestError(f"the leader epoch of {topic}-{partition} must be -1 "
+                                          f"to {_INT32_MAX}, got {leader_epoch}")
             if len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                 raise errors.OffsetMetadataTooLargeError(
                     f"offset metadata is longer than {OFFSET_METADATA_MAX_BYTES} bytes")

@@ -26,17 +26,17 @@ from mq.broker.internal_topics import INTERNAL_PREFIX, is_internal
 from mq.broker.metadata import MetadataStore, TopicInfo
 from mq.broker.partitions import Partition, PartitionTable
 from mq.broker.wakeups import StatePublisher
-from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
+from mq.errors import UnknownTopicOrPartitionError
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.manager import LogManager
+from mq.protocol.limits import check_offset, check_partition_count
 from mq.protocol.messages import Api, Request, response
 
-__all__ = ["MAX_PARTITIONS_PER_TOPIC", "TopicApis", "TopicListener"]
+__all__ = ["TopicApis", "TopicListener"]
 
 log = logging.getLogger("mq.broker")
 
-MAX_PARTITIONS_PER_TOPIC = 10_000
 T = TypeVar("T")
 
 
@@ -160,9 +160,7 @@ class TopicApis:
             raise errors.InvalidTopicError(str(err)) from err
         if name in self.metadata.topics:
             raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
-        if not 1 <= count <= MAX_PARTITIONS_PER_TOPIC:
-            raise InvalidPartitionsError(f"partitions must be 1..{MAX_PARTITIONS_PER_TOPIC}, "
-                                         f"got {count}")
+        check_partition_count(count)
         cfg = LogConfig.from_properties(config, self.topic_defaults)   # validates
         self._table.check_room(count)
         self._create_logs(name, range(count), cfg)
@@ -193,9 +191,7 @@ class TopicApis:
     def create_partitions(self, conn: Conn, req: Request) -> list:
         name, total = req["topic"], req["total"]
         info = self.topic_info(name)
-        if total <= info.partitions or total > MAX_PARTITIONS_PER_TOPIC:
-            raise InvalidPartitionsError(f"topic {name!r} has {info.partitions} partitions; "
-                                         f"the new total must be larger (got {total})")
+        check_partition_count(total, info.partitions, name)
         cfg = self.config_for(name)
         self._table.check_room(total - info.partitions)
         new = range(info.partitions, total)
@@ -250,6 +246,7 @@ class TopicApis:
 
     def delete_records(self, conn: Conn, req: Request) -> list:
         part = self._table.partition(req["topic"], req["partition"])
-        start = part.log.delete_records_before(req["offset"])
+        offset = check_offset(req["offset"], "the offset to delete records before")
+        start = part.log.delete_records_before(offset)
         self._table.touch(part)
         return response(req.api, req.request_id, 0, None, start)

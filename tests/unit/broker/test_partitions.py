@@ -62,7 +62,10 @@ def test_slots_are_taken_freed_and_reused(open_log):
     a, b = table.add("t", 0, open_log("t-0")), table.add("t", 1, open_log("t-1"))
     assert (a.slot, b.slot) == (0, 1)
     table.check_room(1)
-    with pytest.raises(InvalidPartitionsError):
+    with pytest.raises(InvalidPartitionsError,
+                       match=r"^not enough state slots for 2 more partition\(s\): 1 of the "
+                             r"broker's 3 are free; raise state_slots in its config file \(at "
+                             r"most 1048576\) and restart it$"):
         table.check_room(2)
     assert table.remove("t", 0) is a
     assert table.add("u", 0, open_log("u-0")).slot == 0      # the freed slot first

@@ -139,8 +139,10 @@ def test_keys_without_a_terminal_just_wait():
 @pytest.mark.parametrize("argv, message", [
     (["top", "--json"], "--json needs --once"),
     (["top", "--interval", "0"], "the live view needs an --interval above 0"),
-    (["top", "--once", "--interval", "-1"], "must be 0 or more seconds, got -1"),
-    (["top", "--once", "--interval", "nan"], "must be 0 or more seconds, got nan"),
+    (["top", "--once", "--interval", "-1"], "must be 0 to 86400 seconds (a day), got -1"),
+    (["top", "--once", "--interval", "nan"], "must be 0 to 86400 seconds (a day), got nan"),
+    (["top", "--once", "--interval", "1e300"], "argument --interval: must be 0 to 86400 "
+                                               "seconds (a day), got 1e300"),
     (["top", "--once", "--interval", "soon"], "invalid number of seconds 'soon'"),
 ])
 def test_bad_arguments_are_one_line_and_status_2(argv, message, capsys):

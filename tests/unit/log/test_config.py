@@ -102,8 +102,11 @@ def test_cleanup_policy_normalised(value, expected):
     ({"segment.bytes": "big"}, "segment.bytes must be an integer, got 'big'"),
     ({"segment.bytes": "1.5"}, "segment.bytes must be an integer"),
     ({"segment.bytes": "10"}, "segment.bytes must be >= 75, got 10"),
-    ({"segment.bytes": str(1 << 31)}, "segment.bytes must fit in 31 bits"),
-    ({"segment.index.bytes": str(1 << 31)}, "segment.index.bytes must fit in 31 bits"),
+    ({"segment.bytes": str(1 << 31)}, r"segment.bytes must be at most 2147483647 \(Kafka's int32"),
+    ({"segment.index.bytes": str(1 << 31)}, "segment.index.bytes must be at most 2147483647"),
+    ({"max.message.bytes": str(1 << 31)}, "max.message.bytes must be at most 2147483647"),
+    ({"retention.ms": str(1 << 63)}, r"retention.ms must be at most 9223372036854775807 "
+                                     r"\(Kafka's int64\), got 9223372036854775808"),
     ({"segment.ms": "0"}, "segment.ms must be >= 1"),
     ({"retention.ms": "-2"}, "retention.ms must be >= -1, got -2"),
     ({"retention.bytes": "-5"}, "retention.bytes must be >= -1"),

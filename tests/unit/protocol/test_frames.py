@@ -164,3 +164,15 @@ def test_tail_frames_count_against_the_limit():
     reader.feed(head)
     with pytest.raises(RemoteProtocolError):
         list(reader.messages())
+
+
+@pytest.mark.parametrize("message, wide", [
+    ([19, 1, "t", 10 ** 23, {}], 10 ** 23),
+    ([8, 1, "g", "", -1, [["t", 0, 1 << 64, -1, ""]]], 1 << 64),
+    ([8, 1, {"k": -(1 << 63) - 1}], -(1 << 63) - 1),
+])
+def test_an_integer_msgpack_cannot_encode_is_named(message, wide):
+    with pytest.raises(LocalProtocolError, match=rf"^cannot encode message: integer {wide} is "
+                                                 r"outside msgpack's -2\*\*63..2\*\*64-1$"):
+        encode_frame(message)
+    encode_frame([19, 1, "t", (1 << 64) - 1, -(1 << 63)])          # the edges encode
