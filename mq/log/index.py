@@ -1,4 +1,4 @@
-"""Sparse offset and time indexes (``.index``, ``.timeindex``), memory-mapped as Kafka does.
+"""Sparse offset and time indexes (``.index``, ``.timeindex``): Kafka's files, one descriptor each.
 
 On disk (big-endian, no header, no checksum — both files are rebuilt from the ``.log``)::
 
@@ -11,15 +11,21 @@ position. A time-index entry says "the largest timestamp seen up to here is T, f
 the batch ending at offset O".
 
 A new file is preallocated to ``floor(max_index_size / entry) * entry`` zero bytes (sparse on
-disk) and mapped; an existing file is assumed full of entries (entries = length / entry), which
+disk); an existing file is assumed full of entries (entries = length / entry), which
 is why indexes are trimmed to their entries when a segment rolls or closes. The time index keeps
 its last slot for the final entry written at roll/close, so it is "full" one entry early.
 
-Entries are written with ``pwrite`` (through ``diskio``), never through the map, which is
-read-only even in the broker: on a full disk, a store into a sparse page of a shared map is a
-``SIGBUS`` that kills the process, while ``pwrite`` fails with ``ENOSPC``. An entry counts
-(``entries`` grows) only once its bytes are written; a failed write leaves the count, and the
-stale bytes past it are overwritten by the next entry or trimmed at close.
+Entries are written with ``pwrite`` (through ``diskio``), never through a map: on a full disk,
+a store into a sparse page of a shared map is a ``SIGBUS`` that kills the process, while
+``pwrite`` fails with ``ENOSPC``. An entry counts (``entries`` grows) only once its bytes are
+written; a failed write leaves the count, and the stale bytes past it are overwritten by the
+next entry or trimmed at close.
+
+A writable index (the broker's) reads entries with ``pread`` too, not through a map: Python's
+``mmap`` (before 3.13's ``trackfd``) keeps a duplicate of the file's descriptor, which made two
+descriptors an index, and the broker looks entries up rarely (a lookup is ~21 probes, the last
+entry is cached for appends; clients map the files themselves, ``mq.log.reader``). A read-only
+index (the ``mq log`` tools) reads its file once when opened and holds no descriptor.
 
 Invariants: offsets strictly increase in ``.index``; offsets and timestamps never decrease in
 ``.timeindex``. Lookups return the largest entry whose key is <= the target (``floor``).
@@ -27,7 +33,6 @@ Invariants: offsets strictly increase in ``.index``; offsets and timestamps neve
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from typing import Final
@@ -90,18 +95,19 @@ class _Index:
         self.writable = writable
         self._entry_size = self.ENTRY.size
         self._fd = -1
-        self._mmap: mmap.mmap | None = None
+        self._data: bytes | None = None       # a read-only index's contents
+        self._last: tuple[int, tuple] | None = None   # (entries, last entry) once written
         self._length = 0
         self.entries = 0
         self._open()
 
-    # --- file and map management --------------------------------------------------------------
+    # --- the file -----------------------------------------------------------------------------
     def _open(self) -> None:
         if not self.writable:
-            self._fd = os.open(self.path, os.O_RDONLY)
-            length = os.fstat(self._fd).st_size
-            self.entries = length // self._entry_size
-            self._map(length)
+            with open(self.path, "rb") as f:
+                self._data = f.read()
+            self._length = len(self._data)
+            self.entries = self._length // self._entry_size
             return
         # Only a file created here is preallocated (Kafka's AbstractIndex): an existing empty
         # file is a trimmed index without entries. Growing it would leave an inactive segment
@@ -116,7 +122,7 @@ class _Index:
             else:
                 length = os.fstat(self._fd).st_size
                 self.entries = length // self._entry_size
-            self._map(length)
+            self._length = length
         except BaseException:
             # A created file left empty would read as a trimmed index with no room.
             diskio.ops.close(self._fd)
@@ -131,17 +137,27 @@ class _Index:
     def _round(self, size: int) -> int:
         return size - size % self._entry_size
 
-    def _map(self, length: int) -> None:
-        self._length = length
-        if length == 0:
-            self._mmap = None
-            return
-        self._mmap = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ)
+    def _unpack(self, slot: int) -> tuple:
+        """The fields of entry ``slot`` (< ``entries``): the cached last entry, else read.
+        Raises ``CorruptIndexError`` when the file ends before it (cut by someone else)."""
+        last = self._last
+        if last is not None and last[0] == slot + 1 == self.entries:
+            return last[1]
+        size = self._entry_size
+        if self._data is not None:
+            raw = self._data[slot * size:(slot + 1) * size]
+        else:
+            raw = os.pread(self._fd, size, slot * size)
+        if len(raw) < size:
+            raise CorruptIndexError(self.path, f"entry {slot} lies past the end of the file")
+        return self.ENTRY.unpack(raw)
 
-    def _unmap(self) -> None:
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
+    def _used_bytes(self) -> bytes:
+        """Every entry's bytes, read at once (a full check reads them all)."""
+        used = self.entries * self._entry_size
+        if self._data is not None:
+            return self._data[:used]
+        return os.pread(self._fd, used, 0) if used else b""
 
     @property
     def max_entries(self) -> int:
@@ -161,14 +177,8 @@ class _Index:
         new_length = self._round(new_size)
         if new_length == self._length:
             return False
-        old_length = self._length
-        self._unmap()        # a map past a shrunk end would fault on access
-        try:
-            diskio.ops.ftruncate(self._fd, new_length)
-        except BaseException:
-            self._map(old_length)
-            raise
-        self._map(new_length)
+        diskio.ops.ftruncate(self._fd, new_length)
+        self._length = new_length
         self.entries = min(self.entries, self.max_entries)
         return True
 
@@ -180,9 +190,16 @@ class _Index:
         if self._fd >= 0 and self.writable:
             diskio.ops.fdatasync(self._fd)
 
+    @property
+    def trimmed(self) -> bool:
+        """The file holds exactly the entries: it can be closed and opened again (an untrimmed
+        one, opened again, would count its zero tail as entries)."""
+        return self._length == self.size_in_bytes
+
     def close(self) -> None:
-        """Trim to the entries, unmap and close. Idempotent."""
+        """Trim to the entries and close. Idempotent."""
         if self._fd < 0:
+            self._data = None
             return
         try:
             self.trim_to_valid_size()
@@ -190,8 +207,8 @@ class _Index:
             self.close_without_trim()
 
     def close_without_trim(self) -> None:
+        self._data = None
         if self._fd >= 0:
-            self._unmap()
             diskio.ops.close(self._fd)
             self._fd = -1
 
@@ -207,9 +224,10 @@ class _Index:
             diskio.ops.rename(self.path, new_path)
         self.path = new_path
 
-    def _write_slot(self, slot: int, entry: bytes) -> None:
-        """Write one entry's bytes; raises ``OSError`` with ``entries`` unchanged."""
-        diskio.write_fully(self._fd, entry, slot * self._entry_size)
+    def _write_slot(self, slot: int, *fields: int) -> None:
+        """Write one entry; raises ``OSError`` with ``entries`` unchanged."""
+        diskio.write_fully(self._fd, self.ENTRY.pack(*fields), slot * self._entry_size)
+        self._last = (slot + 1, fields)
 
     def reset(self) -> None:
         """Drop every entry and grow back to the maximum size (used before a rebuild)."""
@@ -263,11 +281,11 @@ class OffsetIndex(_Index):
 
     def entry(self, slot: int) -> tuple[int, int]:
         """(absolute offset, position) of ``slot``."""
-        rel, pos = OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
+        rel, pos = self._unpack(slot)
         return self.base_offset + rel, pos
 
     def _rel_at(self, slot: int) -> int:
-        return OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[0]
+        return self._unpack(slot)[0]
 
     @property
     def is_full(self) -> bool:
@@ -290,7 +308,7 @@ class OffsetIndex(_Index):
         target = start_position + fetch_size
 
         def pos_at(slot: int) -> int:
-            return OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)[1]
+            return self._unpack(slot)[1]
         slot = _smallest_upper_slot(pos_at, self.entries, target)
         return None if slot < 0 else self.entry(slot)
 
@@ -303,7 +321,7 @@ class OffsetIndex(_Index):
             raise InvalidOffsetError(f"{self.path}: offset {offset} is not larger than the "
                                      f"last indexed offset {self.last_offset}")
         rel = self._relative(offset)
-        self._write_slot(self.entries, OFFSET_ENTRY.pack(rel, position))
+        self._write_slot(self.entries, rel, position)
         self.entries += 1
 
     def sanity_check(self) -> None:
@@ -311,13 +329,12 @@ class OffsetIndex(_Index):
         if self._length % 8:
             raise CorruptIndexError(self.path, f"length {self._length} is not a multiple of 8")
         if self.entries:
-            last_rel, last_pos = OFFSET_ENTRY.unpack_from(self._mmap, (self.entries - 1) * 8)
+            last_rel, last_pos = self._unpack(self.entries - 1)
             if last_rel < 0:
                 raise CorruptIndexError(self.path, f"last offset {self.base_offset + last_rel} "
                                         f"is below the base offset {self.base_offset}")
             if self.entries > 1:
-                prev_rel, prev_pos = OFFSET_ENTRY.unpack_from(self._mmap,
-                                                               (self.entries - 2) * 8)
+                prev_rel, prev_pos = self._unpack(self.entries - 2)
                 if prev_rel >= last_rel or prev_pos >= last_pos:
                     raise CorruptIndexError(self.path, "last entries are not increasing")
 
@@ -326,8 +343,7 @@ class OffsetIndex(_Index):
         position lies inside the log."""
         self.sanity_check()
         prev_rel = prev_pos = -1
-        for slot in range(self.entries):
-            rel, pos = OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
+        for slot, (rel, pos) in enumerate(OFFSET_ENTRY.iter_unpack(self._used_bytes())):
             if rel <= prev_rel or pos <= prev_pos or pos >= log_size:
                 raise CorruptIndexError(self.path, f"entry {slot} (offset "
                                         f"{self.base_offset + rel}, position {pos}) is out of "
@@ -342,14 +358,14 @@ class TimeIndex(_Index):
 
     def entry(self, slot: int) -> tuple[int, int]:
         """(timestamp, absolute offset) of ``slot``."""
-        ts, rel = TIME_ENTRY.unpack_from(self._mmap, slot * 12)
+        ts, rel = self._unpack(slot)
         return ts, self.base_offset + rel
 
     def _ts_at(self, slot: int) -> int:
-        return TIME_ENTRY.unpack_from(self._mmap, slot * 12)[0]
+        return self._unpack(slot)[0]
 
     def _rel_at(self, slot: int) -> int:
-        return TIME_ENTRY.unpack_from(self._mmap, slot * 12)[1]
+        return self._unpack(slot)[1]
 
     @property
     def is_full(self) -> bool:
@@ -392,7 +408,7 @@ class TimeIndex(_Index):
         if self.entries >= self.max_entries:
             raise IndexFullError(f"{self.path}: time index has no slot left")
         rel = self._relative(offset)
-        self._write_slot(self.entries, TIME_ENTRY.pack(timestamp, rel))
+        self._write_slot(self.entries, timestamp, rel)
         self.entries += 1
 
     def sanity_check(self) -> None:
@@ -413,8 +429,8 @@ class TimeIndex(_Index):
         """Full check: timestamps and offsets never decrease and offsets stay in the segment."""
         self.sanity_check()
         prev_ts = prev_off = -1
-        for slot in range(self.entries):
-            ts, off = self.entry(slot)
+        for slot, (ts, rel) in enumerate(TIME_ENTRY.iter_unpack(self._used_bytes())):
+            off = self.base_offset + rel
             if ts < prev_ts or off < prev_off or off >= max(next_offset, self.base_offset + 1):
                 raise CorruptIndexError(self.path, f"entry {slot} (timestamp {ts}, offset "
                                         f"{off}) is out of order or beyond the log")

@@ -101,6 +101,7 @@ class PartitionLog:
         self.config = config
         self.segments = segments
         self._bases = [s.base_offset for s in segments]
+        segments[-1].pin()     # only the active segment keeps its files open (segment.py)
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
         self.high_watermark = self.log_end_offset
@@ -378,11 +379,14 @@ class PartitionLog:
             except OSError:
                 pass       # it stays trimmed: rolls early at its next index entry
             raise
+        seg.pin()
         if active.size == 0:
             # An empty segment at a lower base would only shadow the new one.
             active.delete()
             self.segments.pop()
             self._bases.pop()
+        else:
+            active.unpin()       # trimmed: its files close (segment.py)
         self.segments.append(seg)
         self._bases.append(base)
         self._fsync_dir("roll")
@@ -529,6 +533,7 @@ class PartitionLog:
             while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
                 self.segments.pop().delete()
                 self._bases.pop()
+            self.active_segment.pin()
             self.active_segment.truncate_to(offset)
             self.active_segment.resize_indexes(self.config.segment_index_bytes)
         except OSError as err:
@@ -554,6 +559,7 @@ class PartitionLog:
         self.leader_epochs.clear()
         try:
             seg = LogSegment(self.dir, offset, self.config)
+            seg.pin()
             seg.create_indexes()
         except OSError as err:
             raise self._write_failed("truncate", err, contained=False) from err

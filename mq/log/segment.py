@@ -20,15 +20,28 @@ was; if even the truncation fails the segment is ``torn`` (bytes past ``size`` a
 recovery cuts) and its log must take no more writes. Nothing past ``size`` is ever read.
 
 Reads use ``pread`` (the broker side); client processes read through ``mq.log.reader``'s maps.
+
+Open files (Kafka opens a segment's files lazily too): a segment keeps its ``.log`` and index
+descriptors open between calls only while ``pinned`` — its log pins the active segment, 3
+descriptors (``.log``, ``.index``, ``.timeindex``; the ``.txnindex`` is opened per write). Any
+other segment opens what a call needs when the call starts and closes it when the call (the
+outermost, on whichever thread: the cleaner reads beside the broker's loop) ends, so a
+partition's older segments cost no descriptor. Files stay open past a call only while an index
+is not trimmed (preallocated, or with failed entries past its count): opened again, its zero
+tail would count as entries; the next call that leaves it trimmed closes it. An append opens
+the ``.log`` if it is closed and leaves it so. A segment closed for good raises ``EBADF``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import mmap
 import os
 import random
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from typing import Final
@@ -52,6 +65,30 @@ _LAST_DELTA: Final = struct.Struct(">i")
 _MAX_TS: Final = struct.Struct(">q")
 _INT32_MAX: Final = (1 << 31) - 1
 _READ_CHUNK: Final = 1 << 20
+
+
+def _using_files(method):
+    """A method that reads or writes the segment's files: open for its length (module doc)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._leave()
+    return call
+
+
+def _using_files_while_iterating(method):
+    """``_using_files`` for a generator: open until it finishes or is dropped."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._enter()
+        try:
+            yield from method(self, *args, **kwargs)
+        finally:
+            self._leave()
+    return call
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,11 +121,18 @@ class LogSegment:
         self.config = config
         self.suffix = suffix
         self.log_path = os.path.join(directory, files.segment_name(base_offset, ".log") + suffix)
+        self._lock = threading.Lock()      # guards the open files and the count of their users
+        self._users = 0
+        # The mq log tools read a segment or two: they keep its files open.
+        self.pinned = read_only
         if read_only:
             self._fd = os.open(self.log_path, os.O_RDONLY)
         else:
             self._fd = diskio.ops.open(self.log_path, os.O_RDWR | os.O_CREAT)
         self.size = os.fstat(self._fd).st_size
+        if not read_only:
+            diskio.ops.close(self._fd)
+            self._fd = -1
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         self._txn_index: TransactionIndex | None = None
@@ -104,6 +148,65 @@ class LogSegment:
         self.closed = False
         self.torn = False           # a failed append could not be truncated back
 
+    # --- open files (module doc) ---------------------------------------------------------------
+    def pin(self) -> None:
+        """Keep the files open between calls from now on (the active segment)."""
+        with self._lock:
+            self.pinned = True
+            if self._fd < 0 and not self.closed:
+                self._fd = self._open_log()
+
+    def unpin(self) -> None:
+        """Close the files once no call uses them and the indexes are trimmed (a roll)."""
+        with self._lock:
+            self.pinned = False
+            if not self._users:
+                self._close_if_trimmed()
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self.closed:
+                raise OSError(errno.EBADF, f"{self.log_path}: the segment is closed")
+            if self._fd < 0:
+                self._fd = self._open_log()
+            self._users += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if not self._users and not self.pinned:
+                self._close_if_trimmed()
+
+    def _open_log(self) -> int:
+        if self.read_only:
+            return os.open(self.log_path, os.O_RDONLY)
+        return diskio.ops.open(self.log_path, os.O_RDWR)
+
+    def _close_if_trimmed(self) -> None:
+        """Close every file unless an index is not trimmed; the caller holds the lock."""
+        indexes = (self._offset_index, self._time_index)
+        if any(index is not None and not index.trimmed for index in indexes):
+            return
+        self._offset_index = self._time_index = None
+        for index in indexes:
+            if index is not None:
+                index.close_without_trim()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            diskio.ops.close(fd)
+
+    def _open_for_append(self) -> None:
+        with self._lock:
+            if self.closed:
+                raise OSError(errno.EBADF, f"{self.log_path}: the segment is closed")
+            if self._fd < 0:
+                self._fd = self._open_log()
+
+    @property
+    def files_open(self) -> bool:
+        """Whether any descriptor of the segment is open now."""
+        return self._fd >= 0 or self._offset_index is not None or self._time_index is not None
+
     # --- paths and lazy indexes ---------------------------------------------------------------
     def _path(self, kind: str) -> str:
         return os.path.join(self.dir, files.segment_name(self.base_offset, kind) + self.suffix)
@@ -111,6 +214,7 @@ class LogSegment:
     def index_file_exists(self, kind: str = files.INDEX_SUFFIX) -> bool:
         return os.path.exists(self._path(kind))
 
+    @_using_files
     def create_indexes(self) -> None:
         """Create (preallocated) both index files now, not at the first entry: a segment
         of a live log always has them (a roll makes them with the segment, as Kafka does)."""
@@ -127,19 +231,27 @@ class LogSegment:
 
     @property
     def offset_index(self) -> OffsetIndex:
-        if self._offset_index is None:
-            self._offset_index = OffsetIndex(self._path(files.INDEX_SUFFIX), self.base_offset,
-                                             self.config.segment_index_bytes,
-                                             writable=not self.read_only)
-        return self._offset_index
+        index = self._offset_index
+        if index is None:
+            with self._lock:        # the cleaner's thread may open it at the same time
+                if self._offset_index is None:
+                    self._offset_index = OffsetIndex(
+                        self._path(files.INDEX_SUFFIX), self.base_offset,
+                        self.config.segment_index_bytes, writable=not self.read_only)
+                index = self._offset_index
+        return index
 
     @property
     def time_index(self) -> TimeIndex:
-        if self._time_index is None:
-            self._time_index = TimeIndex(self._path(files.TIMEINDEX_SUFFIX), self.base_offset,
-                                         self.config.segment_index_bytes,
-                                         writable=not self.read_only)
-        return self._time_index
+        index = self._time_index
+        if index is None:
+            with self._lock:
+                if self._time_index is None:
+                    self._time_index = TimeIndex(
+                        self._path(files.TIMEINDEX_SUFFIX), self.base_offset,
+                        self.config.segment_index_bytes, writable=not self.read_only)
+                index = self._time_index
+        return index
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -149,6 +261,7 @@ class LogSegment:
             self._txn_index = TransactionIndex(self._path(files.TXNINDEX_SUFFIX))
         return self._txn_index
 
+    @_using_files
     def load_index_state(self) -> None:
         """After opening an existing segment without recovery: restore the max timestamp from
         the time index and the next offset by scanning past the last offset-index entry."""
@@ -166,6 +279,7 @@ class LogSegment:
             raise CorruptIndexError(self.time_index.path, "no entries, but the segment's "
                                     "batches carry timestamps")
 
+    @_using_files
     def _compute_next_offset(self) -> int:
         """Scan batch headers from the last offset-index entry to the end of the file."""
         idx = self._existing_index(files.INDEX_SUFFIX)
@@ -200,6 +314,10 @@ class LogSegment:
         """Max record timestamp, or the file's mtime if no batch carries one (Kafka)."""
         if self.max_timestamp_so_far >= 0:
             return self.max_timestamp_so_far
+        return self._mtime_ms()
+
+    @_using_files
+    def _mtime_ms(self) -> int:
         return int(os.fstat(self._fd).st_mtime * 1000)
 
     # SegmentMeta's fields, read live by the roll rule on every append.
@@ -209,13 +327,16 @@ class LogSegment:
 
     @property
     def offset_index_full(self) -> bool:
-        index = self._existing_index(files.INDEX_SUFFIX)
-        return index is not None and index.is_full
+        return self._index_full(self._offset_index, files.INDEX_SUFFIX)
 
     @property
     def time_index_full(self) -> bool:
-        index = self._existing_index(files.TIMEINDEX_SUFFIX)
-        return index is not None and index.is_full
+        return self._index_full(self._time_index, files.TIMEINDEX_SUFFIX)
+
+    def _index_full(self, index: OffsetIndex | TimeIndex | None, kind: str) -> bool:
+        # A closed index is trimmed (module doc), and a trimmed index has no free slot: the
+        # answer needs no descriptor (retention asks it of every segment).
+        return index.is_full if index is not None else self.index_file_exists(kind)
 
     def meta(self) -> SegmentMeta:
         return SegmentMeta(
@@ -244,6 +365,8 @@ class LogSegment:
             raise InvalidOffsetError(f"{self.log_path}: offset {last_offset} does not fit "
                                      f"relative to base {self.base_offset}")
         position = self.size
+        if self._fd < 0:
+            self._open_for_append()
         if max_timestamp > self.max_timestamp_so_far:
             max_ts, max_ts_offset = max_timestamp, offset_of_max_timestamp
         else:
@@ -339,6 +462,7 @@ class LogSegment:
                       ) -> Iterator[tuple[int, int, int, int]]:
         return scan_headers(self._fd, start, self.size if end is None else end)
 
+    @_using_files
     def translate_offset(self, offset: int, starting_position: int = 0) -> OffsetPosition | None:
         """The first batch whose last offset is >= ``offset`` (index floor, then a scan of
         batch headers), or None when every batch ends before it."""
@@ -351,6 +475,7 @@ class LogSegment:
             pos += size
         return None
 
+    @_using_files
     def read(self, start_offset: int, max_bytes: int, max_position: int | None = None,
              min_one_batch: bool = True) -> FetchSlice | None:
         """Whole batches from the one holding ``start_offset``, up to ``max_bytes`` (at least
@@ -375,6 +500,7 @@ class LogSegment:
                 length += size
         return FetchSlice(start_offset, self.base_offset, start, self._pread(start, length))
 
+    @_using_files_while_iterating
     def batches(self, start_position: int = 0, end: int | None = None
                 ) -> Iterator[RecordBatch]:
         """Every whole batch from ``start_position`` (no CRC check), read in chunks with
@@ -401,6 +527,7 @@ class LogSegment:
                 consumed = size
             pos += consumed
 
+    @_using_files
     def find_offset_by_timestamp(self, timestamp: int, starting_offset: int = 0
                                  ) -> tuple[int, int] | None:
         """Earliest (offset, timestamp) at or after ``starting_offset`` whose timestamp is
@@ -421,6 +548,7 @@ class LogSegment:
         return None
 
     # --- recovery and truncation --------------------------------------------------------------
+    @_using_files
     def recover(self) -> int:
         """Rebuild both indexes from the ``.log``, validating every batch; truncate the file at
         the first torn or invalid batch; empty the ``.txnindex`` (the log's producer-state
@@ -468,6 +596,7 @@ class LogSegment:
             pass   # everything from `valid` on is dropped
         return valid, next_offset
 
+    @_using_files
     def verify(self) -> list[str]:
         """Problems found without changing anything (``mq log check``): invalid batches,
         index entries inconsistent with the log."""
@@ -502,6 +631,7 @@ class LogSegment:
                 problems.append(str(err))
         return problems
 
+    @_using_files
     def truncate_to(self, offset: int) -> int:
         """Remove ``offset`` and everything after it (the whole batch holding it); returns the
         bytes removed."""
@@ -527,6 +657,7 @@ class LogSegment:
         return removed
 
     # --- lifecycle ----------------------------------------------------------------------------
+    @_using_files
     def on_become_inactive(self) -> None:
         """At roll: write the final time-index entry and trim both indexes."""
         if self.max_timestamp_so_far >= 0:
@@ -536,6 +667,7 @@ class LogSegment:
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
 
+    @_using_files
     def resize_indexes(self, size: int) -> None:
         # Never below the entries already written (segment.index.bytes may have been lowered):
         # shrinking would drop entries and the time index's reserved last slot, and the roll
@@ -544,15 +676,31 @@ class LogSegment:
         self.time_index.resize(max(size, self.time_index.size_in_bytes + 12))
 
     def dup_fd(self) -> int:
-        """A duplicate of the ``.log`` descriptor, for an fsync in another thread that must
-        not race with this segment being closed."""
-        return diskio.ops.dup(self._fd)
+        """A descriptor of the ``.log`` of its own (a duplicate, or opened when the files are
+        closed), for an fsync in another thread that must not race with this segment being
+        closed. An fsync covers the file's pages whichever descriptor wrote them, and a
+        writeback error no descriptor has seen yet is reported to one opened after it (Linux
+        4.16 and later)."""
+        with self._lock:
+            if self._fd >= 0:
+                return diskio.ops.dup(self._fd)
+            return diskio.ops.open(self.log_path, os.O_RDONLY)
 
+    @_using_files
     def flush(self) -> None:
         diskio.ops.fdatasync(self._fd)
-        for index in (self._offset_index, self._time_index, self._txn_index):
+        for kind, index in ((files.INDEX_SUFFIX, self._offset_index),
+                            (files.TIMEINDEX_SUFFIX, self._time_index)):
             if index is not None:
                 index.flush()
+            elif self.index_file_exists(kind):     # closed after its last change, maybe
+                fd = diskio.ops.open(self._path(kind), os.O_RDONLY)
+                try:
+                    diskio.ops.fdatasync(fd)
+                finally:
+                    diskio.ops.close(fd)
+        if self._txn_index is not None:
+            self._txn_index.flush()
 
     def close(self) -> None:
         if self.read_only:
@@ -576,7 +724,7 @@ class LogSegment:
             finally:
                 if self._txn_index is not None:
                     self._txn_index.close()
-                diskio.ops.close(self._fd)
+                self._close_log()
 
     def close_without_index_changes(self) -> None:
         """Close leaving files exactly as they are (``mq log check`` without ``--repair``)."""
@@ -588,7 +736,13 @@ class LogSegment:
                 index.close_without_trim()
         if self._txn_index is not None:
             self._txn_index.close()
-        diskio.ops.close(self._fd)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            diskio.ops.close(fd)
 
     def rename_suffix(self, new_suffix: str) -> None:
         """Rename every existing file of the segment from the current suffix to ``new_suffix``

@@ -14,15 +14,19 @@ and later segments, and stops at the first entry whose ``lastStableOffset >= end
 
 Entries are written with ``pwrite`` through ``diskio`` at the tracked end; a failed write leaves
 the count as it was (the bytes past it are overwritten by the next entry, or cut by
-``truncate``). Readers read the file with ``pread`` (``read_entries``).
+``truncate``). Readers read the file with ``pread`` (``read_entries``). No descriptor stays
+open between calls: a write opens the file and closes it again (aborts are rare; a broker's
+descriptors go to the segments it appends to), and ``flush`` fsyncs what was written since
+the last one through a descriptor of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from mq.errors import CorruptIndexError
@@ -82,12 +86,17 @@ class TransactionIndex:
     def __init__(self, path: str) -> None:
         self.path = path
         self.entries: list[AbortedTxn] = read_entries(path) if os.path.exists(path) else []
-        self._fd = -1
+        self._unsynced = False              # written since the last flush
 
-    def _file(self) -> int:
-        if self._fd < 0:
-            self._fd = diskio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
-        return self._fd
+    @contextlib.contextmanager
+    def _file(self) -> Iterator[int]:
+        """The file open for one change (created if need be); closed after it."""
+        fd = diskio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            self._unsynced = True
+            yield fd
+        finally:
+            diskio.ops.close(fd)
 
     def append(self, txn: AbortedTxn) -> None:
         """Add an entry; raises ``OSError`` (count unchanged) or ``ValueError`` for a last
@@ -95,7 +104,8 @@ class TransactionIndex:
         if self.entries and txn.last_offset <= self.entries[-1].last_offset:
             raise ValueError(f"{self.path}: aborted transaction ending at {txn.last_offset} "
                              f"does not follow {self.entries[-1].last_offset}")
-        diskio.write_fully(self._file(), txn.encode(), len(self.entries) * ENTRY_SIZE)
+        with self._file() as fd:
+            diskio.write_fully(fd, txn.encode(), len(self.entries) * ENTRY_SIZE)
         self.entries.append(txn)
 
     def collect(self, start: int, end: int) -> tuple[list[AbortedTxn], bool]:
@@ -110,28 +120,36 @@ class TransactionIndex:
         keep = [t for t in self.entries if t.last_offset < offset]
         if len(keep) == len(self.entries):
             return
-        diskio.ops.ftruncate(self._file(), len(keep) * ENTRY_SIZE)
+        with self._file() as fd:
+            diskio.ops.ftruncate(fd, len(keep) * ENTRY_SIZE)
         self.entries = keep
 
     def reset(self) -> None:
         """Drop every entry (before recovery rebuilds them)."""
         if self.entries or os.path.exists(self.path):
-            diskio.ops.ftruncate(self._file(), 0)
+            with self._file() as fd:
+                diskio.ops.ftruncate(fd, 0)
         self.entries = []
 
     def trim(self) -> None:
         """Cut bytes past the last entry (a failed write's leftovers)."""
-        if self._fd >= 0 and os.fstat(self._fd).st_size != len(self.entries) * ENTRY_SIZE:
-            diskio.ops.ftruncate(self._fd, len(self.entries) * ENTRY_SIZE)
+        if self._unsynced and os.stat(self.path).st_size != len(self.entries) * ENTRY_SIZE:
+            with self._file() as fd:
+                diskio.ops.ftruncate(fd, len(self.entries) * ENTRY_SIZE)
 
     def flush(self) -> None:
-        if self._fd >= 0:
-            diskio.ops.fdatasync(self._fd)
+        """fdatasync what was written since the last flush (a descriptor opened for it: an
+        fsync covers the file's pages whichever descriptor wrote them)."""
+        if self._unsynced:
+            fd = diskio.ops.open(self.path, os.O_RDONLY)
+            try:
+                diskio.ops.fdatasync(fd)
+            finally:
+                diskio.ops.close(fd)
+            self._unsynced = False
 
     def close(self) -> None:
-        if self._fd >= 0:
-            diskio.ops.close(self._fd)
-            self._fd = -1
+        """Nothing stays open between calls: kept for the segment's lifecycle."""
 
     def rename(self, new_path: str) -> None:
         if os.path.exists(self.path):
