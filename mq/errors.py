@@ -25,6 +25,7 @@ __all__ = [
     "ConfigError",
     "LogDirLockedError",
     "DataDirError",
+    "FileLimitError",
     "LogWriteError",
     "CheckpointError",
 ]
@@ -132,6 +133,11 @@ class LogDirLockedError(StorageError):
 class DataDirError(StorageError):
     """A path given as a data directory is not one mq may use (empty, a file, a dangling
     symlink, a directory holding something else): refused with nothing changed."""
+
+
+class FileLimitError(MQError):
+    """The open-file limit (``RLIMIT_NOFILE``) is too low for the broker's data dir; the
+    message names the limit, the number needed and how to raise it."""
 
 
 class CheckpointError(StorageError):

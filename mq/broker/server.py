@@ -35,6 +35,7 @@ import dataclasses
 import errno
 import logging
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -51,6 +52,7 @@ from mq.broker.apis.transactions import TransactionApis
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.conns import Conn, Connections
+from mq.broker.fd_budget import FDS_PER_PARTITION, FdBudget
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
@@ -60,7 +62,7 @@ from mq.broker.space import FreeSpaceGuard, format_bytes
 from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
 from mq.errors import BrokerError, ConfigError, InvalidRequestError, RemoteProtocolError
-from mq.log import diskio
+from mq.log import diskio, files
 from mq.log.cleaner import CleanerConfig
 from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
@@ -135,6 +137,7 @@ class Broker:
         self._signal_r, self._signal_w = os.pipe()
         self._sem_prefix = semaphore_prefix(self.data_dir)   # realpath + sha1: compute once
         self.generation = int(time.time() * 1000)
+        self._fds = FdBudget(None)             # the open-file limit, known at start()
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -149,8 +152,10 @@ class Broker:
         diskio.ops.file_mode = self.config.file_mode
         diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults
+        self._fds, fds_line = _open_files_budget(self.data_dir)   # refuses before the dir
         self.logs = LogManager.open(self.data_dir, lambda topic: defaults,
                                     progress=self.service.recovery_progress, load_all=False)
+        log.info("%s", fds_line)
         try:
             # The internal topics first: the metadata says which other directories are
             # partitions (TopicApis.open_partitions loads those and sets the rest aside).
@@ -189,7 +194,8 @@ class Broker:
         self.topics = TopicApis(
             self.logs, self.metadata, self.partitions, publisher, self._commit, self._cleaner,
             topic_defaults=self.config.topic_defaults,
-            high_watermark_follows_log_end=self.config.high_watermark == "written")
+            high_watermark_follows_log_end=self.config.high_watermark == "written",
+            fd_budget=self._fds)
         self.topics.open_partitions()
         self.groups = GroupApis(self.topics, self.partitions, self.conns, self._commit,
                                 self.config)
@@ -650,6 +656,31 @@ def state_region(data_dir: str, slots: int, generation: int) -> StateWriter:
         raise ConfigError(f"cannot reserve the {size} state region of state_slots = {slots} "
                           f"in /dev/shm: {err.strerror}; lower state_slots or give /dev/shm "
                           "more room") from err
+
+
+def _open_files_budget(data_dir: str) -> tuple[FdBudget, str]:
+    """Raise the soft open-file limit to the hard one (what Kafka's and most daemons' docs
+    ask operators to do by hand: a shell's default soft limit is often 1,024) and raise
+    ``FileLimitError`` if what ``data_dir`` needs does not fit; else return the budget and a
+    line for the log saying both. Reads the data dir's listing only."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = soft
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as err:
+            log.warning("open files: soft limit %d not raised to the hard limit %d: %s",
+                        soft, hard, err)
+    budget = FdBudget(None if soft == resource.RLIM_INFINITY else soft)
+    partitions = files.count_partition_dirs(data_dir)
+    budget.check_start(partitions)
+    needed = budget.needed(partitions)
+    return budget, (f"open files: limit {'unlimited' if budget.limit is None else budget.limit}"
+                    f"{f' (raised from {before})' if soft != before else ''}; the data dir's "
+                    f"{partitions} partition(s) need about {needed} ({FDS_PER_PARTITION} "
+                    f"each, {needed - partitions * FDS_PER_PARTITION} for the broker and its "
+                    "clients)")
 
 
 def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:

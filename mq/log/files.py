@@ -37,7 +37,8 @@ __all__ = [
     "DELETED_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "TMP_SUFFIX", "CLEAN_SHUTDOWN_FILE",
     "RECOVERY_POINT_CHECKPOINT", "LOG_START_OFFSET_CHECKPOINT", "LOCK_FILE", "META_FILE",
     "segment_name", "file_type",
-    "parse_segment_name", "partition_dir_name", "parse_partition_dir", "atomic_write",
+    "parse_segment_name", "partition_dir_name", "parse_partition_dir", "count_partition_dirs",
+    "atomic_write",
     "fsync_dir", "write_checkpoint", "read_checkpoint", "CheckpointError",
 ]
 
@@ -95,6 +96,17 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
     if m is None or not _TOPIC_RE.match(m.group(1)):
         return None
     return m.group(1), int(m.group(2))
+
+
+def count_partition_dirs(data_dir: str) -> int:
+    """How many ``<topic>-<partition>`` directories ``data_dir`` holds (0 when it does not
+    exist); reads the listing only, changes nothing."""
+    try:
+        with os.scandir(data_dir) as entries:
+            return sum(1 for e in entries
+                       if parse_partition_dir(e.name) is not None and e.is_dir())
+    except FileNotFoundError:
+        return 0
 
 
 def fsync_dir(path: str) -> None:

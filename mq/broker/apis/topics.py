@@ -21,6 +21,7 @@ from mq import errors
 from mq.broker.apis import Handler
 from mq.broker.cleaning import BackgroundCleaner
 from mq.broker.conns import Conn
+from mq.broker.fd_budget import FdBudget
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import INTERNAL_PREFIX, is_internal
 from mq.broker.metadata import MetadataStore, TopicInfo
@@ -51,7 +52,8 @@ class TopicApis:
 
     def __init__(self, logs: LogManager, metadata: MetadataStore, table: PartitionTable,
                  publisher: StatePublisher, commit: GroupCommit, cleaner: BackgroundCleaner, *,
-                 topic_defaults: LogConfig, high_watermark_follows_log_end: bool) -> None:
+                 topic_defaults: LogConfig, high_watermark_follows_log_end: bool,
+                 fd_budget: FdBudget | None = None) -> None:
         self.logs = logs
         self.metadata = metadata
         self._table = table
@@ -61,6 +63,7 @@ class TopicApis:
         self.topic_defaults = topic_defaults
         self._hw_follows_log_end = high_watermark_follows_log_end
         self._listeners: list[TopicListener] = []
+        self._fds = fd_budget or FdBudget(None)
 
     def handlers(self) -> Mapping[Api, Handler]:
         return {Api.METADATA: self.metadata_api, Api.CREATE_TOPICS: self.create_topics,
@@ -162,7 +165,7 @@ class TopicApis:
             raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
         check_partition_count(count)
         cfg = LogConfig.from_properties(config, self.topic_defaults)   # validates
-        self._table.check_room(count)
+        self._check_room(count)
         self._create_logs(name, range(count), cfg)
         info = self._record_or_undo(name, range(count),
                                     lambda: self.metadata.create_topic(name, count, config))
@@ -193,7 +196,7 @@ class TopicApis:
         info = self.topic_info(name)
         check_partition_count(total, info.partitions, name)
         cfg = self.config_for(name)
-        self._table.check_room(total - info.partitions)
+        self._check_room(total - info.partitions)
         new = range(info.partitions, total)
         self._create_logs(name, new, cfg)
         grown = self._record_or_undo(name, new,
@@ -202,6 +205,12 @@ class TopicApis:
             self.open_partition(name, p, cfg)
         self._changed(name, total)
         return response(req.api, req.request_id, 0, None, self._topic_metadata(grown))
+
+    def _check_room(self, count: int) -> None:
+        """Refuse, before anything is created, ``count`` new partitions that the state region
+        or the open-file limit cannot hold (``InvalidPartitionsError``)."""
+        self._table.check_room(count)
+        self._fds.check_create(len(self.logs.logs), count)
 
     def _create_logs(self, name: str, partitions: range, cfg: LogConfig) -> None:
         """Create the partitions' directories and first segments before the metadata names

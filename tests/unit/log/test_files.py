@@ -74,6 +74,17 @@ def test_parse_partition_dir_rejects_others(name):
     assert parse_partition_dir(name) is None
 
 
+def test_count_partition_dirs_counts_partition_directories_only(tmp_path):
+    assert files.count_partition_dirs(str(tmp_path / "absent")) == 0
+    for name in ("orders-0", "orders-1", "__consumer_offsets-0", "orders-2.0123abcd-delete"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "orders-3").write_bytes(b"")        # a file, not a partition
+    (tmp_path / "meta.properties").write_bytes(b"")
+    before = sorted(os.listdir(tmp_path))
+    assert files.count_partition_dirs(str(tmp_path)) == 3
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 def test_validate_topic_name():
     for ok in ("a", "orders", "my-topic.v2_x", "x" * 249):
         validate_topic_name(ok)
