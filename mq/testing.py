@@ -38,12 +38,16 @@ __all__ = ["BrokerProcess", "broker", "broker_ready"]
 
 _MAX_SOCKET_PATH = 100          # sun_path is 108 bytes on Linux
 
-# Runs as ``python -c _BOOT PARENT_PID ARGS...``: sets the parent-death signal, then runs
-# ``python -m mq.broker ARGS...`` in the same process. If the parent died before prctl, the
-# broker was already reparented: it exits instead of running unowned.
+# Runs as ``python -c _BOOT PARENT_PID NOFILE ARGS...``: sets the parent-death signal and the
+# open-file limit NOFILE ("soft:hard", or "-" to inherit it), then runs ``python -m mq.broker
+# ARGS...`` in the same process. If the parent died before prctl, the broker was already
+# reparented: it exits instead of running unowned.
 _BOOT = """\
-import ctypes, os, runpy, signal, sys
+import ctypes, os, resource, runpy, signal, sys
 parent = int(sys.argv.pop(1))
+nofile = sys.argv.pop(1)
+if nofile != "-":
+    resource.setrlimit(resource.RLIMIT_NOFILE, tuple(map(int, nofile.split(":"))))
 try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
 except (OSError, AttributeError):
@@ -91,11 +95,13 @@ _forker = _Forker()
 
 
 class BrokerProcess:
-    """A broker subprocess; ``data_dir`` and ``socket`` stay the same across restarts."""
+    """A broker subprocess; ``data_dir`` and ``socket`` stay the same across restarts.
+    ``nofile``: its open-file limit (soft, hard), else this process's."""
 
     def __init__(self, data_dir: str, socket_path: str | None = None,
                  config_file: str | None = None, log_level: str = "WARNING",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 nofile: tuple[int, int] | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         # Owner only: the broker changes no permission of a directory it did not create.
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
@@ -109,6 +115,7 @@ class BrokerProcess:
         self.config_file = config_file
         self.log_level = log_level
         self.env = env
+        self.nofile = nofile
         self.proc: subprocess.Popen | None = None
         self.stderr_path = os.path.join(self.data_dir, "broker.stderr.log")
 
@@ -119,8 +126,10 @@ class BrokerProcess:
         not empty and not an mq data dir."""
         datadir.prepare(self.data_dir)
         r, w = os.pipe()
-        cmd = [sys.executable, "-c", _BOOT, str(os.getpid()), "--data-dir", self.data_dir,
-               "--socket", self.socket, "--log-level", self.log_level, "--ready-fd", str(w)]
+        nofile = "-" if self.nofile is None else "%d:%d" % self.nofile
+        cmd = [sys.executable, "-c", _BOOT, str(os.getpid()), nofile,
+               "--data-dir", self.data_dir, "--socket", self.socket,
+               "--log-level", self.log_level, "--ready-fd", str(w)]
         if self.config_file:
             cmd += ["--config", self.config_file]
         env = dict(os.environ, **(self.env or {}))
