@@ -198,7 +198,10 @@ RestartSec=1s
 # covers flushing a page cache full of acks=1 data on a slow disk; SIGKILL only after that.
 KillMode=mixed
 TimeoutStopSec=120s
-# A segment is 3-4 open files, and every client connection a socket.
+# A partition holds 3 open files (its active segment; 4 while fsynced), older segments none,
+# and a client connection 1-2: 65536 holds about 16,000 partitions beside 128 clients. The
+# broker raises its soft limit to this hard one and refuses, with one line, a start or a topic
+# change that would not fit (`journalctl -u mq-broker` shows the limit at every start).
 LimitNOFILE=65536
 # Sandboxing. Not used: PrivateIPC=, RemoveIPC=, DynamicUser= (/dev/shm is shared with
 # clients outside the unit) and MemoryDenyWriteExecute= (Python extensions may need it).
