@@ -153,8 +153,7 @@ class LogSegment:
         """Keep the files open between calls from now on (the active segment)."""
         with self._lock:
             self.pinned = True
-            if self._fd < 0 and not self.closed:
-                self._fd = self._open_log()
+            self._open_log()
 
     def unpin(self) -> None:
         """Close the files once no call uses them and the indexes are trimmed (a roll)."""
@@ -165,10 +164,7 @@ class LogSegment:
 
     def _enter(self) -> None:
         with self._lock:
-            if self.closed:
-                raise OSError(errno.EBADF, f"{self.log_path}: the segment is closed")
-            if self._fd < 0:
-                self._fd = self._open_log()
+            self._open_log()
             self._users += 1
 
     def _leave(self) -> None:
@@ -177,10 +173,12 @@ class LogSegment:
             if not self._users and not self.pinned:
                 self._close_if_trimmed()
 
-    def _open_log(self) -> int:
-        if self.read_only:
-            return os.open(self.log_path, os.O_RDONLY)
-        return diskio.ops.open(self.log_path, os.O_RDWR)
+    def _open_log(self) -> None:
+        """Open the ``.log`` unless it is open; the caller holds the lock."""
+        if self.closed:
+            raise OSError(errno.EBADF, f"{self.log_path}: the segment is closed")
+        if self._fd < 0:
+            self._fd = diskio.ops.open(self.log_path, os.O_RDWR)   # read-only ones stay open
 
     def _close_if_trimmed(self) -> None:
         """Close every file unless an index is not trimmed; the caller holds the lock."""
@@ -194,18 +192,6 @@ class LogSegment:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             diskio.ops.close(fd)
-
-    def _open_for_append(self) -> None:
-        with self._lock:
-            if self.closed:
-                raise OSError(errno.EBADF, f"{self.log_path}: the segment is closed")
-            if self._fd < 0:
-                self._fd = self._open_log()
-
-    @property
-    def files_open(self) -> bool:
-        """Whether any descriptor of the segment is open now."""
-        return self._fd >= 0 or self._offset_index is not None or self._time_index is not None
 
     # --- paths and lazy indexes ---------------------------------------------------------------
     def _path(self, kind: str) -> str:
@@ -231,27 +217,27 @@ class LogSegment:
 
     @property
     def offset_index(self) -> OffsetIndex:
-        index = self._offset_index
-        if index is None:
-            with self._lock:        # the cleaner's thread may open it at the same time
-                if self._offset_index is None:
-                    self._offset_index = OffsetIndex(
-                        self._path(files.INDEX_SUFFIX), self.base_offset,
-                        self.config.segment_index_bytes, writable=not self.read_only)
-                index = self._offset_index
-        return index
+        return self._offset_index or self._open_index(files.INDEX_SUFFIX)
 
     @property
     def time_index(self) -> TimeIndex:
-        index = self._time_index
-        if index is None:
-            with self._lock:
-                if self._time_index is None:
-                    self._time_index = TimeIndex(
-                        self._path(files.TIMEINDEX_SUFFIX), self.base_offset,
-                        self.config.segment_index_bytes, writable=not self.read_only)
-                index = self._time_index
-        return index
+        return self._time_index or self._open_index(files.TIMEINDEX_SUFFIX)
+
+    def _open_index(self, kind: str):
+        """Open (creating, when writable) one index; under the lock, as the cleaner's thread
+        may ask at the same time."""
+        with self._lock:
+            offsets = kind == files.INDEX_SUFFIX
+            index = self._offset_index if offsets else self._time_index
+            if index is None:
+                index = (OffsetIndex if offsets else TimeIndex)(
+                    self._path(kind), self.base_offset, self.config.segment_index_bytes,
+                    writable=not self.read_only)
+                if offsets:
+                    self._offset_index = index
+                else:
+                    self._time_index = index
+            return index
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -366,7 +352,8 @@ class LogSegment:
                                      f"relative to base {self.base_offset}")
         position = self.size
         if self._fd < 0:
-            self._open_for_append()
+            with self._lock:
+                self._open_log()
         if max_timestamp > self.max_timestamp_so_far:
             max_ts, max_ts_offset = max_timestamp, offset_of_max_timestamp
         else:
