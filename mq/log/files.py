@@ -99,13 +99,13 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
 
 
 def count_partition_dirs(data_dir: str) -> int:
-    """How many ``<topic>-<partition>`` directories ``data_dir`` holds (0 when it does not
-    exist); reads the listing only, changes nothing."""
+    """How many ``<topic>-<partition>`` directories ``data_dir`` holds (0 when it cannot be
+    listed: opening it says why); reads the listing only, changes nothing."""
     try:
         with os.scandir(data_dir) as entries:
             return sum(1 for e in entries
                        if parse_partition_dir(e.name) is not None and e.is_dir())
-    except FileNotFoundError:
+    except OSError:
         return 0
 
 
