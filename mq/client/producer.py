@@ -61,7 +61,12 @@ from mq.client.idempotence import ProducerIdentity, resolve_idempotence
 from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
 from mq.client.producer_io import Sender
-from mq.client.producer_records import as_bytes, check_headers, check_record_size
+from mq.client.producer_records import (
+    as_bytes,
+    check_headers,
+    check_record_size,
+    check_timestamp,
+)
 from mq.client.transaction_manager import TransactionManager, TxnState
 from mq.client.transactions import Transactions
 from mq.client.types import RecordMetadata, TopicPartition
@@ -350,15 +355,18 @@ class Producer(Sender):
              headers: Iterable | None = None, timestamp_ms: int | None = None,
              ) -> FutureRecordMetadata:
         """Queue one record; returns a future. Raises at once: ``TypeError`` for a value or key
-        that is not bytes-like, ``UnknownTopicOrPartitionError`` for an unknown topic or a
-        partition out of range, ``MessageTooLargeError`` for a record over
-        ``max_request_size``, ``RecordListTooLargeError`` for one over what the broker accepts
-        in a request (its ``max_request_bytes``), ``ClosedError`` after ``close()``,
-        ``BrokerUnavailableError`` when metadata is needed and no broker answers,
-        ``TimeoutError`` after waiting ``max_block_ms`` for room. A transactional producer
-        also raises ``InvalidTxnStateError`` outside a transaction (or once it can only be
-        aborted), ``ProducerFencedError`` once fenced, and AddPartitionsToTxn's errors for
-        the first record of a partition in the transaction."""
+        that is not bytes-like, ``ValueError`` for a ``timestamp_ms`` below -1 (None: now),
+        ``UnknownTopicOrPartitionError`` for an unknown topic or a partition out of range,
+        ``MessageTooLargeError`` for a record over ``max_request_size``,
+        ``RecordListTooLargeError`` for one over what the broker accepts in a request (its
+        ``max_request_bytes``), ``ClosedError`` after ``close()``, ``BrokerUnavailableError``
+        when metadata is needed and no broker answers, ``TimeoutError`` after waiting
+        ``max_block_ms`` for room. A transactional producer also raises
+        ``InvalidTxnStateError`` outside a transaction (or once it can only be aborted),
+        ``ProducerFencedError`` once fenced, and AddPartitionsToTxn's errors for the first
+        record of a partition in the transaction. The future fails with
+        ``InvalidTimestampError`` when the topic refuses the record's timestamp
+        (``message.timestamp.after.max.ms``, ``message.timestamp.before.max.ms``)."""
         if self._closed:
             raise ClosedError("producer is closed")
         if value is not None:
@@ -404,9 +412,8 @@ class Producer(Sender):
                 raise UnknownTopicOrPartitionError(
                     f"topic {topic!r} has no partition {partition} (it has "
                     f"{info.num_partitions})")
-        if timestamp_ms is not None and type(timestamp_ms) is not int:
-            raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
-                            f"{type(timestamp_ms).__name__}")
+        if timestamp_ms is not None:
+            check_timestamp(timestamp_ms)
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
         if headers:
             headers, hsize = check_headers(headers)
@@ -498,9 +505,8 @@ class Producer(Sender):
         info = self._topics.get(topic)
         if info is None:
             info = self._topic(topic)
-        if timestamp_ms is not None and type(timestamp_ms) is not int:
-            raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
-                            f"{type(timestamp_ms).__name__}")
+        if timestamp_ms is not None:
+            check_timestamp(timestamp_ms)
         if headers:
             headers, size = check_headers(headers)
         else:

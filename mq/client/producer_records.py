@@ -1,7 +1,9 @@
 """What ``Producer.send()`` accepts, checked in the caller's thread before a record joins a
 batch: keys and values that are bytes-like (a ``str`` is refused, not guessed at), headers as
-``(str, bytes | None)`` pairs, and one record small enough to travel in a request alone.
-Pure functions; each raises ``TypeError`` or the size error naming the record.
+``(str, bytes | None)`` pairs, timestamps that are ms since the epoch (or -1, none: negative
+ones no ListOffsets by time could find, refused as Kafka's client refuses them), and one
+record small enough to travel in a request alone. Pure functions; each raises ``TypeError``,
+``ValueError`` or the size error naming the record.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from mq.errors import MessageTooLargeError, RecordListTooLargeError
 from mq.log.records import BatchBuilder
 
-__all__ = ["as_bytes", "check_headers", "check_record_size"]
+__all__ = ["as_bytes", "check_headers", "check_record_size", "check_timestamp"]
 
 
 def as_bytes(data: Any, what: str) -> bytes:
@@ -25,6 +27,17 @@ def as_bytes(data: Any, what: str) -> bytes:
     except TypeError as err:
         raise TypeError(f"{what} must be bytes-like or None, got "
                         f"{type(data).__name__}") from err
+
+
+def check_timestamp(timestamp_ms: Any) -> None:
+    """Raise ``TypeError`` unless ``timestamp_ms`` is an int, ``ValueError`` if it is
+    negative other than -1 (no timestamp)."""
+    if type(timestamp_ms) is not int:
+        raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
+                        f"{type(timestamp_ms).__name__}")
+    if timestamp_ms < -1:
+        raise ValueError(f"timestamp_ms {timestamp_ms} is negative: a record's timestamp is "
+                         f"ms since the epoch, None for now, or -1 for none")
 
 
 def check_headers(headers: Iterable) -> tuple[list, int]:

@@ -35,6 +35,10 @@ class LogConfig:
     max_compaction_lag_ms: int = (1 << 63) - 1       # max.compaction.lag.ms
     min_cleanable_dirty_ratio: float = 0.5           # min.cleanable.dirty.ratio
     message_timestamp_type: str = "CreateTime"       # message.timestamp.type
+    # KIP-937. after: Kafka 4.0's default, 1 hour (3.6-3.9: unlimited), so one far-future
+    # record cannot hold time-based retention (mq.log.timestamps); before: unlimited.
+    message_timestamp_before_max_ms: int = (1 << 63) - 1   # message.timestamp.before.max.ms
+    message_timestamp_after_max_ms: int = 60 * 60 * 1000   # message.timestamp.after.max.ms
     flush_messages: int = (1 << 63) - 1              # flush.messages
     flush_ms: int = (1 << 63) - 1                    # flush.ms
 
@@ -74,7 +78,8 @@ _MINIMUMS: Final = {"segment.bytes": 14 + 61, "segment.ms": 1, "segment.index.by
                     "file.delete.delay.ms": 0, "delete.retention.ms": 0,
                     "min.compaction.lag.ms": 0, "max.compaction.lag.ms": 1,
                     "retention.ms": -1, "retention.bytes": -1, "flush.messages": 1,
-                    "flush.ms": 0}
+                    "flush.ms": 0, "message.timestamp.before.max.ms": 0,
+                    "message.timestamp.after.max.ms": 0}
 
 # Kafka's INT topic configs; the other integers are LONG.
 _INT32_KEYS: Final = frozenset({"segment.bytes", "segment.index.bytes", "index.interval.bytes",

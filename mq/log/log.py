@@ -63,6 +63,7 @@ from mq.log.records import (
     stamp_batch,
 )
 from mq.log.segment import FetchSlice, LogSegment
+from mq.log.timestamps import check_timestamps
 
 __all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
            "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
@@ -209,8 +210,9 @@ class PartitionLog:
         when it is a bytearray or a writable memoryview, else in a copy). Without it (recovery
         tools, tests of replicated appends) the batch keeps its offsets, which must be >= the
         log end offset. Raises ``CorruptRecordError`` for an invalid batch, ``ValueError``
-        for one that breaks the topic's limits and ``LogWriteError`` when it could not be
-        stored (then nothing of it was). A client's batch with a producer id is checked against
+        for one that breaks the topic's limits, ``InvalidTimestampError`` for a client's
+        batch whose timestamps the topic refuses at the wall clock (``mq.log.timestamps``)
+        and ``LogWriteError`` when it could not be stored (then nothing of it was). A client's batch with a producer id is checked against
         the producer table (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
         ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
         offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
@@ -249,6 +251,8 @@ class PartitionLog:
                 raise CorruptRecordError(None, 0, f"record count {parsed.records_count} does "
                                          f"not match last offset delta "
                                          f"{parsed.last_offset_delta}")
+            if from_client:     # against the wall clock, as Kafka's LogValidator: now_ms
+                check_timestamps(parsed, _now_ms(), self.config, self._where)   # drives rolls
             base_offset = self.log_end_offset
             stamp_batch(buf if head is None else head, base_offset, leader_epoch)
         else:

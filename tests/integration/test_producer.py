@@ -28,6 +28,7 @@ from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
+    InvalidTimestampError,
     MessageTooLargeError,
     RecordListTooLargeError,
     UnknownTopicOrPartitionError,
@@ -323,6 +324,35 @@ def test_headers_and_timestamps_round_trip(broker):
     records = read_records(broker, "h")[0]
     assert records[0] == (0, 1_600_000_000_123, b"k", b"v", headers)
     assert records[1][2:] == (b"tombstone", None, [("b", b"ytes")])
+
+
+def test_timestamps_far_ahead_or_negative_are_refused(broker):
+    """Kafka's KIP-937 window: with the defaults, a record dated ten years ahead fails its
+    future with INVALID_TIMESTAMP (it would hold time-based retention of its partition for ten
+    years), and the producer carries on; a topic with message.timestamp.after.max.ms raised
+    takes it. A negative timestamp other than -1 is refused at send(), as Kafka's client
+    does; -1 means none."""
+    create_topic(broker, "t", 1)
+    create_topic(broker, "future", 1, {"message.timestamp.after.max.ms": str((1 << 63) - 1)})
+    ahead = int(time.time() * 1000) + 10 * 365 * 24 * 3600 * 1000
+    with Producer(socket=broker.socket, acks="all") as producer:
+        fut = producer.send("t", value=b"later", timestamp_ms=ahead)
+        with pytest.raises(InvalidTimestampError, match="message.timestamp.after.max.ms is "
+                           "3600000"):
+            fut.get(timeout=WAIT)
+        for bad in (-2, -1_600_000_000_000):
+            with pytest.raises(ValueError, match=f"timestamp_ms {bad} is negative"):
+                producer.send("t", value=b"v", timestamp_ms=bad)
+            with pytest.raises(ValueError, match="negative"):
+                producer.send_many("t", [b"v"], timestamp_ms=bad)
+        assert producer.send("t", value=b"none", timestamp_ms=-1).get(timeout=WAIT).offset == 0
+        assert producer.send("future", value=b"later",
+                             timestamp_ms=ahead).get(timeout=WAIT).timestamp_ms == ahead
+    with Admin(socket=broker.socket) as admin:
+        config = admin.describe_topic("t")["config"]
+    assert (config["message.timestamp.after.max.ms"],
+            config["message.timestamp.before.max.ms"]) == ("3600000", str((1 << 63) - 1))
+    assert [r[1] for r in read_records(broker, "t")[0]] == [-1]
 
 
 def test_log_append_time_topic_reports_broker_time(broker):

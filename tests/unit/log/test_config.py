@@ -29,6 +29,8 @@ def test_defaults_match_kafka():
     assert c.max_compaction_lag_ms == LONG_MAX
     assert c.min_cleanable_dirty_ratio == 0.5
     assert c.message_timestamp_type == "CreateTime"
+    assert c.message_timestamp_before_max_ms == LONG_MAX  # KIP-937
+    assert c.message_timestamp_after_max_ms == 3600000    # 1 hour: Kafka 4.0's (KIP-1030)
     assert c.flush_messages == LONG_MAX
     assert c.flush_ms == LONG_MAX
     assert DEFAULTS == c
@@ -47,7 +49,8 @@ def test_to_properties_uses_kafka_names():
         "index.interval.bytes", "retention.ms", "retention.bytes", "cleanup.policy",
         "max.message.bytes", "file.delete.delay.ms", "delete.retention.ms",
         "min.compaction.lag.ms", "max.compaction.lag.ms", "min.cleanable.dirty.ratio",
-        "message.timestamp.type", "flush.messages", "flush.ms"}
+        "message.timestamp.type", "message.timestamp.before.max.ms",
+        "message.timestamp.after.max.ms", "flush.messages", "flush.ms"}
     assert props["segment.bytes"] == "1073741824"
     assert props["cleanup.policy"] == "delete"
 
