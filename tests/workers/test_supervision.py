@@ -4,7 +4,7 @@ supervisor (no child survives), a crash loop (stops and says so), a hung handler
 counted, dead-lettered after its attempts), a child that dies in its handler (the death spends
 an attempt), SIGHUP (every child replaced, nothing lost or run twice).
 
-Timings are printed, not asserted beyond generous bounds: ``bench/workers.py`` measures them.
+Timings are printed, never asserted: ``bench/workers.py`` measures them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ import signal
 import time
 
 import psutil
-from wk_pool import TIMEOUT, Feeder, Pool, calls, caught_up, produce, read_all, read_events
+from wk_pool import (
+    TIMEOUT,
+    Feeder,
+    Pool,
+    calls,
+    caught_up,
+    committed,
+    produce,
+    read_all,
+    read_events,
+)
 
 import mq
 import mq.testing
@@ -46,16 +56,23 @@ def test_kill9_child_under_load(broker, tmp_path, pools):
         return {e["pid"] for e in read_events(pool.events) if e["t"] > recent}
     pool.wait_for(lambda: len(busy_pids()) == 3, "all three children to handle records")
     victim = pool.child_pids()[0]
-    killed_at = time.monotonic_ns()
-    os.kill(victim, signal.SIGKILL)
 
-    def owned_by_victim() -> set[int]:
+    def owned_by_victim(until: int) -> set[int]:
         last: dict[int, int] = {}
         for e in read_events(pool.events):
-            if e["t"] < killed_at:
+            if e["t"] < until:
                 last[e["partition"]] = e["pid"]
         return {p for p, pid in last.items() if pid == victim}
-    moved = owned_by_victim()
+
+    def victim_committed() -> bool:
+        owned, done = owned_by_victim(time.monotonic_ns()), committed(broker.socket, "g")
+        return bool(owned) and all(done.get(mq.TopicPartition("jobs", p), 0) > 0
+                                   for p in owned)
+    pool.wait_for(victim_committed, "the victim to commit on each of its partitions")
+    before = committed(broker.socket, "g")          # nothing below these may run again
+    killed_at = time.monotonic_ns()
+    os.kill(victim, signal.SIGKILL)
+    moved = owned_by_victim(killed_at)
     assert moved, "the victim owned no partition"
 
     def taken_over() -> dict[int, int]:
@@ -68,7 +85,6 @@ def test_kill9_child_under_load(broker, tmp_path, pools):
     failover_ms = (max(taken_over().values()) - killed_at) / 1e6
     print(f"kill -9 of a child: its {len(moved)} partitions handled again after "
           f"{failover_ms:.1f} ms")
-    assert failover_ms < 5000
     pool.wait_for(lambda: sum(s["deaths"] for s in pool.slots()) == 1 and
                   sorted(s["state"] for s in pool.slots()) == ["running"] * 3,
                   "the victim's slot to be restarted")
@@ -94,12 +110,13 @@ def test_kill9_child_under_load(broker, tmp_path, pools):
         again = sorted(o for q, o in twice if q == p)
         assert again == victims[len(victims) - len(again):], \
             f"partition {p}: what ran twice is not the victim's uncommitted tail"
-    recent = sum(1 for e in events if e["kind"] == "call" and e["pid"] == victim and
-                 killed_at - 3_000_000_000 < e["t"] < killed_at)
+    # Behaviour, not timing: a record the group had committed before the kill never runs
+    # again (how long the tail is depends on how far commits lag on a loaded box).
+    for p, o in twice:
+        assert o >= before[mq.TopicPartition("jobs", p)], \
+            f"partition {p}: offset {o} ran twice though {before} was committed before the kill"
     print(f"{len(twice)} records ran twice (the victim's uncommitted tail), "
-          f"{len(records)} in all; the victim started {recent} in its last 3 s")
-    # Commits come every 100 ms, stretched to 4x a slow commit's time on a loaded box.
-    assert len(twice) <= recent
+          f"{len(records)} in all")
 
 
 def test_kill9_supervisor_leaves_no_child(broker, tmp_path, pools):
