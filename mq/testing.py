@@ -14,6 +14,11 @@ Linux's parent-death signal (``PR_SET_PDEATHSIG``) set to SIGTERM, so it stops a
 stops it. The kernel sends that signal when the *thread* that forked the broker ends, not the
 process, so a broker started from any thread but the main one is forked by one long-lived
 thread of this module instead.
+
+A crash leaves the broker's shared-memory region in /dev/shm (``mq.protocol.state``):
+``kill()``, a failed ``start()`` and ``close()`` remove what a broker of this object left, and
+``close()`` the semaphores of clients killed before they unlinked theirs, so a test leaves
+nothing there.
 """
 
 from __future__ import annotations
@@ -147,6 +152,7 @@ class BrokerProcess:
             if code is None:
                 self.proc.kill()
                 self.proc.wait()
+            self._remove_leftovers(semaphores=False)
             raise RuntimeError(f"broker did not start (exit {code}):\n{self.stderr()}")
         return self
 
@@ -170,20 +176,32 @@ class BrokerProcess:
         return self.proc.wait(timeout)
 
     def kill(self) -> None:
-        """SIGKILL: the broker dies mid-whatever, like a crash."""
+        """SIGKILL: the broker dies mid-whatever, like a crash. Its shared-memory region,
+        which a crash leaves in /dev/shm until the next start on the data dir, is removed."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._remove_leftovers(semaphores=False)
+
+    def _remove_leftovers(self, semaphores: bool) -> None:
+        """What a broker of ours that exited left in /dev/shm (``state.remove_leftovers``)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            from mq.protocol.state import remove_leftovers
+            remove_leftovers(self.data_dir, self.proc.pid, semaphores)
 
     def restart(self) -> BrokerProcess:
         self.stop()
         return self.start()
 
     def close(self) -> None:
+        """Stop (SIGKILL after 30 s) and remove what the broker and its clients left in
+        /dev/shm: nothing after a clean stop; after a crash, the region and the semaphores of
+        clients killed mid-registration."""
         try:
             self.stop(timeout=30)
         except subprocess.TimeoutExpired:
             self.kill()
+        self._remove_leftovers(semaphores=True)
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

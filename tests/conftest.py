@@ -1,11 +1,34 @@
-"""Shared pytest setup. Every test owns its data directory (``tmp_path``), so ``-n auto`` is safe."""
+"""Shared pytest setup. Every test owns its data directory (``tmp_path``), so ``-n auto`` is safe.
+
+After each test that used ``tmp_path``, no shared-memory region or semaphore of a data dir under
+it may be left in /dev/shm (``mq.protocol.state.leftovers``): names come from the data dir, so
+the check sees only this test's, whatever runs beside it.
+"""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from mq.log.manager import LOCK_FILE
+from mq.protocol.state import leftovers
 
 settings.register_profile("ci", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=100, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(autouse=True)
+def _no_shm_left(request):
+    """Fail a test that leaves a broker's region or a client's semaphore in /dev/shm (a
+    crashed broker's outlives it; ``mq.testing`` removes those of brokers it started)."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    root = request.getfixturevalue("tmp_path")     # now: torn down after this check
+    yield
+    left = [name for directory, _, names in os.walk(root) if LOCK_FILE in names
+            for name in leftovers(directory)]
+    assert not left, f"left in /dev/shm: {left} (a broker killed and not restarted?)"

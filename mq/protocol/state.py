@@ -27,6 +27,12 @@ copies the slot and retries until it saw the same even sequence before and after
 sees a torn (offset, position) pair. Stores are ordered on x86-64 (TSO) and each field write
 is a separate C call, so no barrier is needed there; other architectures would need one.
 
+What a crash leaves: the broker unlinks the region when it stops (SIGTERM included); one killed
+(SIGKILL, OOM) leaves ``/dev/shm/mq-<tag>`` (64 + 64 x slots bytes: 256 KiB with the default
+4096 slots) until the next broker start on the same data dir replaces it, or
+``remove_leftovers`` removes it. A client's wake-up semaphore (``/dev/shm/sem.mq-<tag>-w...``)
+is unlinked by the client within one round trip of creating it: one killed in between leaves it.
+
 Futex word: the low 32 bits of a slot's sequence (its first 4 bytes) change on every publish.
 A caught-up consumer sleeps on them (``futex_waitv``, ``_futex.wait_any``) having read the
 sequence before its last look; after each publish the writer wakes one sleeper
@@ -49,8 +55,10 @@ import posix_ipc
 
 from mq.errors import BrokerUnavailableError
 
-__all__ = ["PartitionState", "StateReader", "StateWriter", "futex", "semaphore_prefix",
-           "shm_name", "slot_offset"]
+__all__ = ["PartitionState", "StateReader", "StateWriter", "futex", "leftovers",
+           "remove_leftovers", "semaphore_prefix", "shm_name", "slot_offset"]
+
+_SHM_DIR: Final = "/dev/shm"           # where Linux keeps POSIX shared memory and semaphores
 
 try:                                   # optional C extension (setup.py): futex wake-ups
     futex: Any = importlib.import_module("mq.protocol._futex")
@@ -87,6 +95,56 @@ def shm_name(data_dir: str) -> str:
 def semaphore_prefix(data_dir: str) -> str:
     """Prefix of the wake-up semaphores of clients of this data directory."""
     return f"/mq-{_tag(data_dir)}-w"
+
+
+def leftovers(data_dir: str) -> list[str]:
+    """The names of ``data_dir``'s region and wake-up semaphores present in ``/dev/shm``
+    (POSIX names: ``/mq-<tag>``, ``/mq-<tag>-w...``)."""
+    region, prefix = shm_name(data_dir)[1:], "sem." + semaphore_prefix(data_dir)[1:]
+    try:
+        names = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted("/" + (n[4:] if n.startswith("sem.") else n) for n in names
+                  if n == region or n.startswith(prefix))
+
+
+def remove_leftovers(data_dir: str, broker_pid: int, semaphores: bool = True) -> list[str]:
+    """Unlink what broker ``broker_pid``, which must have exited, left for ``data_dir``: its
+    region (only if that pid wrote it: a later broker's stays) and, with ``semaphores``, the
+    semaphores of clients killed before they unlinked theirs (leave them while a client may
+    still be registering: it unlinks its own). Returns the names removed."""
+    removed = []
+    region = shm_name(data_dir)
+    for name in leftovers(data_dir):
+        try:
+            if name == region:
+                if _region_pid(name) != broker_pid:
+                    continue
+                posix_ipc.unlink_shared_memory(name)
+            elif semaphores:
+                posix_ipc.unlink_semaphore(name)
+            else:
+                continue
+        except posix_ipc.ExistentialError:
+            continue                             # gone meanwhile
+        removed.append(name)
+    return removed
+
+
+def _region_pid(name: str) -> int | None:
+    try:
+        shm = posix_ipc.SharedMemory(name, 0, read_only=True)
+    except posix_ipc.ExistentialError:
+        return None
+    try:
+        if shm.size < HEADER_SIZE:
+            return None
+        with mmap.mmap(shm.fd, HEADER_SIZE, access=mmap.ACCESS_READ) as m:
+            magic, _, pid, *_ = _HEADER.unpack_from(m, 0)
+    finally:
+        shm.close_fd()
+    return pid if magic == MAGIC else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import textwrap
 
+import posix_ipc
 import psutil
 import pytest
 from cli_run import WAIT, Lines
 
 import mq
 import mq.testing
+from mq.protocol.state import leftovers, semaphore_prefix, shm_name
 
 CHILD = textwrap.dedent("""\
     import sys, threading
@@ -71,3 +73,30 @@ def test_broker_dies_with_the_process_that_started_it(tmp_path, how):
             stream.close()
     # SIGTERM, not SIGKILL: the broker stopped as stop() stops it (clean-shutdown marker).
     assert (data_dir / ".kafka_cleanshutdown").exists()
+
+
+def test_a_killed_broker_leaves_nothing_in_dev_shm(tmp_path):
+    """A broker killed with SIGKILL leaves its region in /dev/shm until the next start on its
+    data dir (a consumer killed mid-registration, its wake-up semaphore): ``kill()`` removes the
+    region, ``close()`` the semaphores too, and never another broker's region."""
+    data = tmp_path / "data"
+    with mq.testing.broker(data) as b:
+        assert leftovers(str(data)) == [shm_name(str(data))]
+        b.kill()
+        assert leftovers(str(data)) == []
+        b.start()
+        stale = posix_ipc.Semaphore(semaphore_prefix(str(data)) + "1-dead", posix_ipc.O_CREX)
+        stale.close()                        # a client killed before it unlinked its name
+        os.kill(b.pid, signal.SIGKILL)       # dies on its own: close() finds it gone
+        b.proc.wait()
+        assert leftovers(str(data)) == sorted([shm_name(str(data)), stale.name])
+    assert leftovers(str(data)) == []
+
+    # A region some other broker wrote (a pid not ours) is left alone.
+    with mq.testing.broker(data) as b:
+        other = mq.testing.BrokerProcess(str(data), socket_path=str(tmp_path / "b.sock"))
+        with pytest.raises(RuntimeError, match="broker did not start"):
+            other.start()                    # the data dir is locked by b
+        assert leftovers(str(data)) == [shm_name(str(data))]
+        other.close()
+        assert leftovers(str(data)) == [shm_name(str(data))]
