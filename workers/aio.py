@@ -31,7 +31,7 @@ import logging
 import time
 
 import mq
-from workers.delivery import BadOutput, TransactionAborted
+from workers.delivery import BadOutput, MissingOutputTopic, TransactionAborted
 from workers.failures import error_text
 from workers.handling import Base
 from workers.logs import record_fields
@@ -194,6 +194,7 @@ class AsyncEngine(Base):
         if not_before > _monotonic_ns():              # its last owner's backoff
             await asyncio.sleep((not_before - _monotonic_ns()) / 1e9)
         w[e], w[e + 1], w[e + 2] = self.topic_index[r.topic], r.partition, r.offset
+        waits = 0                                     # for a missing output topic
         while True:
             attempt += 1
             w[e + 3] = attempt
@@ -207,6 +208,12 @@ class AsyncEngine(Base):
                 if outputs and not self.delivery.eos:
                     self.delivery.send_normalized(outputs, r)
             except Exception as err:            # noqa: BLE001 -- the handler's failure
+                if isinstance(err, MissingOutputTopic) and not cm.expired():
+                    attempt, waits = attempt - 1, waits + 1      # not the record's fault
+                    w[e + 4] = 0
+                    counters.handler_ns += _monotonic_ns() - t0
+                    await asyncio.sleep(self.wait_for_topic(r, err, waits))
+                    continue
                 if cm.expired():
                     text = (f"HandlerTimeout: the handler ran longer than handler_timeout_s="
                             f"{config.handler_timeout_s:g} s")

@@ -42,7 +42,7 @@ from mq.errors import (
 from workers.config import PoolConfig
 from workers.failures import dead_letter_headers
 
-__all__ = ["BadOutput", "Delivery", "OutputsLost", "TransactionAborted"]
+__all__ = ["BadOutput", "Delivery", "MissingOutputTopic", "OutputsLost", "TransactionAborted"]
 
 log = logging.getLogger("workers.delivery")
 
@@ -56,6 +56,12 @@ _RECORD_ERRORS = (TypeError, ValueError, UnknownTopicOrPartitionError, MessageTo
 class BadOutput(Exception):
     """An output the producer refused (not bytes, unknown topic, too large): the record's
     attempt failed."""
+
+
+class MissingOutputTopic(BadOutput):
+    """An output's topic does not exist. Not the record's fault (a pool started before its
+    output topic was created would dead-letter every record): the engines try the record
+    again after a backoff, its attempts untouched, until the topic exists."""
 
 
 class OutputsLost(MQError):
@@ -138,8 +144,8 @@ class Delivery:
     def normalize(self, outputs) -> list[tuple]:
         """A handler's outputs — ``(topic, key, value)`` or ``(topic, key, value, headers)``
         tuples; keys and values bytes-like, str (sent as UTF-8) or None — as a list of
-        4-tuples. Raises ``BadOutput`` for anything else or an unknown topic: the record's
-        attempt failed."""
+        4-tuples. Raises ``BadOutput`` for anything else (the record's attempt failed),
+        ``MissingOutputTopic`` for a topic that does not exist (yet)."""
         try:
             items = list(outputs)
         except TypeError as err:
@@ -155,7 +161,9 @@ class Delivery:
                 try:
                     self.producer.partitions_for(topic)
                 except UnknownTopicOrPartitionError as err:
-                    raise BadOutput(f"unknown output topic {topic!r}") from err
+                    raise MissingOutputTopic(f"output topic {topic!r} does not exist (create "
+                                             f"it: mq topics create {topic} --partitions N)"
+                                             ) from err
                 self._topics.add(topic)
             out.append((topic, key, value, item[3] if len(item) == 4 else None))
         return out

@@ -14,7 +14,9 @@ kills a child whose entry is older than ``handler_timeout_s``), call the handler
 outputs. A failure parks the partition: paused in the consumer, its rest kept, the head tried
 again after the backoff while other partitions go on (``failures.py``). The last failed attempt
 dead-letters the record (or, without a dead-letter topic, logs and skips it). Either way the
-record is done and the partition's done position moves past it.
+record is done and the partition's done position moves past it. An output topic that does not
+exist parks the partition the same way but spends no attempt (``MissingOutputTopic``): the
+record waits for the topic, with a growing backoff, instead of being dead-lettered.
 
 Partitions are paused while they hold ``max_poll_records`` records not yet handled, so a
 parked partition does not fill memory. Revocation commits the done positions first; a lost
@@ -27,7 +29,7 @@ import logging
 import time
 
 import mq
-from workers.delivery import BadOutput, TransactionAborted
+from workers.delivery import BadOutput, MissingOutputTopic, TransactionAborted
 from workers.failures import error_text
 from workers.handling import Base
 from workers.logs import record_fields
@@ -49,6 +51,7 @@ class SyncEngine(Base):
         self.pending: dict[mq.TopicPartition, list] = {}     # tp -> [records, next index]
         self.parked: dict[mq.TopicPartition, float] = {}     # tp -> when to try its head
         self.tries: dict[mq.TopicPartition, tuple[int, str]] = {}   # head's attempts, error
+        self.topic_waits: dict[mq.TopicPartition, int] = {}  # head's waits for an output topic
         self.entry = table_entry = self.table.inflight_entry(self.slot, 0)
         self.words = self.table.words
         self.words[table_entry + 4] = 0
@@ -192,6 +195,8 @@ class SyncEngine(Base):
                 if attempt > 1:
                     self.tries.pop(tp, None)
                     self.hint_done(r)
+                if self.topic_waits:
+                    self.topic_waits.pop(tp, None)
                 if isolate:
                     delivery.done[tp] = r.offset + 1
                     delivery.commit()                # raises TransactionAborted if it was it
@@ -223,7 +228,12 @@ class SyncEngine(Base):
 
     def failed(self, tp: mq.TopicPartition, r, attempt: int, err: Exception) -> bool:
         """Attempt ``attempt`` of ``r`` raised: True if the partition is parked for a retry,
-        False if the record is done (dead-lettered or skipped)."""
+        False if the record is done (dead-lettered or skipped). A missing output topic parks
+        it without counting the attempt (``tries`` stays as it was)."""
+        if isinstance(err, MissingOutputTopic):
+            waits = self.topic_waits[tp] = self.topic_waits.get(tp, 0) + 1
+            self.parked[tp] = time.monotonic() + self.wait_for_topic(r, err, waits)
+            return True
         self.counters.failed += 1
         text = f"BadOutput: {err}" if isinstance(err, BadOutput) else error_text(err)
         if attempt < self.config.max_attempts:
@@ -259,6 +269,7 @@ class SyncEngine(Base):
             self.pending.pop(tp, None)
             self.parked.pop(tp, None)
             self.tries.pop(tp, None)
+            self.topic_waits.pop(tp, None)
 
     def rewind(self) -> None:
         """A transaction was aborted: read every partition again from its committed

@@ -235,5 +235,15 @@ class Base:
         """A suspect's own transaction committed: it was not the culprit."""
         self.refusals.pop(self.record_key(r), None)
 
+    def wait_for_topic(self, r, err: Exception, waits: int) -> float:
+        """An output topic of ``r`` does not exist (``MissingOutputTopic``): the attempt does
+        not count and ``r`` is tried again after the returned delay, which grows with
+        ``waits`` up to ``retry_backoff_max_ms`` (10 s by default), so records wait for the
+        topic instead of all going to the dead-letter topic."""
+        delay = self.backoff(waits)
+        log.warning("%s; the record is tried again in %.0f ms, its attempts untouched (its "
+                    "partition waits)", err, delay * 1000, extra=record_fields(r))
+        return delay
+
     def backoff(self, attempt: int) -> float:
         return backoff_s(attempt, self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)

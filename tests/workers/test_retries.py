@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 
-from wk_pool import Pool, calls, caught_up, mq_run, read_all, read_events
+import pytest
+from wk_handlers import parse_output
+from wk_pool import Pool, calls, caught_up, mq_run, produce, read_all, read_events
 
 import mq
 
@@ -112,4 +114,34 @@ def test_an_output_the_broker_refuses_dead_letters_its_record(broker, tmp_path, 
     assert len(read_all(broker.socket, "out")) == 20        # record 7's first output too
     assert calls(read_events(pool.events)) == {(0, o): 1 for o in range(20)}
     assert [s["deaths"] for s in pool.slots()] == [0]
+    assert pool.stop() == 0
+
+
+@pytest.mark.parametrize("handler", ["wk_handlers:handle", "wk_handlers:ahandle"])
+def test_records_wait_for_a_missing_output_topic(broker, tmp_path, pools, handler):
+    """A pool started before its output topic exists: not the records' fault, so none is
+    dead-lettered (it used to be every one, after its attempts). They wait, their attempts
+    untouched, and go out once the topic is created."""
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("jobs", 2)
+        admin.create_topic("jobs.dlq", 1)
+    produce(broker.socket, "jobs", [b"v%d" % i for i in range(10)])
+    pool = Pool(tmp_path, broker.socket, handler=handler, processes=1,
+                env={"WK_OUTPUT": "out"},
+                args=["--max-retries", "1", "--retry-backoff-ms", "5",
+                      "--dead-letter-topic", "jobs.dlq"])
+    pools(pool)
+    # More waits than the max_retries + 1 = 2 attempts a failing record gets.
+    pool.wait_for(lambda: pool.stderr().count("output topic 'out' does not exist") >= 6 or
+                  pool.total("dead_lettered"), "the records to wait for the topic")
+    assert "mq topics create out" in pool.stderr()
+    assert read_all(broker.socket, "jobs.dlq") == []
+    assert pool.total("dead_lettered") == pool.total("handled") == 0
+    with mq.Admin(broker.socket) as admin:
+        admin.create_topic("out", 1)
+    pool.wait_for(lambda: caught_up(broker.socket, "g", "jobs"), "the group to catch up")
+    outputs = [parse_output(r.value)[2] for r in read_all(broker.socket, "out")]
+    assert sorted(set(outputs)) == sorted(b"v%d" % i for i in range(10))
+    assert read_all(broker.socket, "jobs.dlq") == []
+    assert pool.total("dead_lettered") == pool.total("failed") == 0
     assert pool.stop() == 0
