@@ -1,11 +1,12 @@
 """The README's examples, run as written against a real broker. "Using it": the shell lines,
 then the Python snippet, in that order (both used to create ``orders``, so the second failed
 with TopicAlreadyExistsError), and the ``--from-datetime`` line ends by itself. "Exactly
-once": the consume-transform-produce loop."""
+once": the consume-transform-produce loop. "Worker pools": the pool script and command."""
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -67,9 +68,10 @@ def test_using_it_runs_in_order(broker):
         proc.stderr.close()
 
 
-def _section_python(title: str) -> str:
+def _section_block(title: str, lang: str) -> str:
+    """The first ``lang`` code block of the README section whose title starts ``title``."""
     section = README.read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    return re.search(rf"```{lang}\n(.*?)```", section, re.DOTALL).group(1)
 
 
 def test_the_exactly_once_example_runs(broker):
@@ -82,7 +84,7 @@ def test_the_exactly_once_example_runs(broker):
         for i in range(6):
             p.send("orders", value=b"order-%d" % i, key=b"k%d" % i)
     env = {**ENV, "MQ_SOCKET": broker.socket}
-    proc = subprocess.Popen([sys.executable, "-c", _section_python("Exactly once")], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _section_block("Exactly once", "python")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     tp = TopicPartition("invoices", 0)
     try:
@@ -104,3 +106,66 @@ def test_the_exactly_once_example_runs(broker):
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_the_worker_pool_example_runs(broker, tmp_path):
+    """"Worker pools", as written, on a broker with "orders" (from "Using it") and nothing
+    else: the shell block's `mq topics create` lines, then the Python block as jobs.py, then
+    its `mq workers run` line, each pool until every order has its invoice and SIGTERM drains
+    it, then the rest of the shell block. No record is dead-lettered (the example used to fail:
+    no dead-letter topic, then every record dead-lettered for want of "invoices")."""
+    (tmp_path / "jobs.py").write_text(_section_block("Worker pools", "python"))
+    lines = [re.sub(r"\s+#.*$", "", line) for line in
+             _section_block("Worker pools", "sh").splitlines()]
+    lines = [line for line in lines if line.strip()]
+    with Admin(broker.socket) as admin:
+        admin.create_topic("orders", 6)
+    env = {**ENV, "MQ_SOCKET": broker.socket, "PYTHON": sys.executable}
+
+    def shell(line: str):
+        """``line`` in bash, ``mq`` and ``python3`` this interpreter's, exec'd (a signal
+        reaches the command itself)."""
+        script = 'mq() { exec "$PYTHON" -m mq "$@"; }\npython3() { exec "$PYTHON" "$@"; }\n'
+        return ["bash", "-c", script + line], {"env": env, "cwd": tmp_path}
+
+    def invoices() -> int:
+        with Admin(broker.socket) as admin:
+            if "invoices" not in admin.list_topics():
+                return 0
+            return sum(end for _, end in admin.describe_topic("invoices")["offsets"])
+
+    orders = 0
+    for line in lines:
+        if line.startswith("mq topics create"):
+            args, kw = shell(line)
+            done = subprocess.run(args, capture_output=True, text=True, timeout=WAIT, **kw)
+            assert done.returncode == 0, (line, done.stderr)
+    pools = ["python3 jobs.py", *(line for line in lines if line.startswith("mq workers run"))]
+    for line in pools:
+        with Producer(socket=broker.socket) as p:
+            for i in range(12):
+                p.send("orders", value=b'{"qty": %d}' % i, key=b"order-%d" % (orders + i))
+        orders += 12
+        args, kw = shell(line)
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+        try:
+            def all_invoiced() -> bool:
+                assert proc.poll() is None, (line, proc.stderr.read().decode())
+                return invoices() >= orders
+            wait_for(all_invoiced, timeout=WAIT, message=f"{line}: the invoices")
+            proc.send_signal(signal.SIGTERM)               # drains, commits, exits 0
+            assert proc.wait(WAIT) == 0, (line, proc.stderr.read().decode())
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
+    assert invoices() == orders
+    with Admin(broker.socket) as admin:
+        assert sum(end for _, end in admin.describe_topic("orders.dlq")["offsets"]) == 0
+    for line in lines:
+        if not line.startswith(("mq topics create", "python3 jobs.py", "mq workers run")):
+            args, kw = shell(line)
+            done = subprocess.run(args, capture_output=True, text=True, timeout=WAIT, **kw)
+            assert done.returncode == 0, (line, done.stdout, done.stderr)
+            assert "Traceback" not in done.stderr
