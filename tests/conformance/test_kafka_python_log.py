@@ -39,7 +39,9 @@ with warnings.catch_warnings():
 ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
 NOW = 1_700_000_000_000
-SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_index_bytes=4096)
+# Random timestamps reach 2^42 ms (year 2109): no message.timestamp.after.max.ms window here.
+SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_index_bytes=4096,
+                  message_timestamp_after_max_ms=(1 << 63) - 1)
 
 
 def _b(x):
