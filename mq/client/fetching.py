@@ -127,6 +127,15 @@ def share_semaphore(name: str, broker_gid: int | None) -> None:
         pass
 
 
+def _unlink(sem: posix_ipc.Semaphore) -> None:
+    """Unlink my semaphore's name; a broker that started meanwhile may have removed it (it
+    removes its data dir's at start), which changes nothing for the open semaphore."""
+    try:
+        sem.unlink()
+    except posix_ipc.ExistentialError:
+        pass
+
+
 class Session:
     """What belongs to one connection in one process: socket, state map, semaphore."""
 
@@ -173,10 +182,10 @@ class Session:
                 if reply.error_code:
                     raise error_for_code(reply.error_code, reply.error_message or "")
         except BaseException:
-            sem.unlink()
+            _unlink(sem)
             sem.close()
             raise
-        sem.unlink()
+        _unlink(sem)
         self.name = name
         return sem
 

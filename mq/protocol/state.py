@@ -31,7 +31,8 @@ What a crash leaves: the broker unlinks the region when it stops (SIGTERM includ
 (SIGKILL, OOM) leaves ``/dev/shm/mq-<tag>`` (64 + 64 x slots bytes: 256 KiB with the default
 4096 slots) until the next broker start on the same data dir replaces it, or
 ``remove_leftovers`` removes it. A client's wake-up semaphore (``/dev/shm/sem.mq-<tag>-w...``)
-is unlinked by the client within one round trip of creating it: one killed in between leaves it.
+is unlinked by the client within one round trip of creating it: one killed in between leaves it
+until the next broker start, which removes the semaphores of its data dir before it listens.
 
 Futex word: the low 32 bits of a slot's sequence (its first 4 bytes) change on every publish.
 A caught-up consumer sleeps on them (``futex_waitv``, ``_futex.wait_any``) having read the
@@ -169,6 +170,12 @@ class StateWriter:
             posix_ipc.unlink_shared_memory(self.name)   # a dead broker's region
         except posix_ipc.ExistentialError:
             pass
+        for name in leftovers(data_dir):                # its clients' (no client of this
+            if name != self.name:                       # broker exists yet)
+                try:
+                    posix_ipc.unlink_semaphore(name)
+                except posix_ipc.ExistentialError:
+                    pass
         shm = posix_ipc.SharedMemory(self.name, posix_ipc.O_CREX, mode=0o640, size=size)
         try:
             # Reserve the pages now: a store into an unbacked page of a full /dev/shm is a

@@ -78,7 +78,8 @@ def test_broker_dies_with_the_process_that_started_it(tmp_path, how):
 def test_a_killed_broker_leaves_nothing_in_dev_shm(tmp_path):
     """A broker killed with SIGKILL leaves its region in /dev/shm until the next start on its
     data dir (a consumer killed mid-registration, its wake-up semaphore): ``kill()`` removes the
-    region, ``close()`` the semaphores too, and never another broker's region."""
+    region, ``close()`` the semaphores too, and never another broker's region; without
+    mq.testing, the next broker start removes both."""
     data = tmp_path / "data"
     with mq.testing.broker(data) as b:
         assert leftovers(str(data)) == [shm_name(str(data))]
@@ -91,6 +92,16 @@ def test_a_killed_broker_leaves_nothing_in_dev_shm(tmp_path):
         b.proc.wait()
         assert leftovers(str(data)) == sorted([shm_name(str(data)), stale.name])
     assert leftovers(str(data)) == []
+
+    # Without mq.testing: the next broker start on the data dir removes both.
+    with mq.testing.broker(data) as b:
+        stale = posix_ipc.Semaphore(semaphore_prefix(str(data)) + "2-dead", posix_ipc.O_CREX)
+        stale.close()
+        b.proc.kill()
+        b.proc.wait()                        # not b.kill(): what a crash leaves stays
+        assert leftovers(str(data)) == sorted([shm_name(str(data)), stale.name])
+        b.start()
+        assert leftovers(str(data)) == [shm_name(str(data))]   # a new region, that's all
 
     # A region some other broker wrote (a pid not ours) is left alone.
     with mq.testing.broker(data) as b:
