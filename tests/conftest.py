@@ -10,7 +10,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from mq.log.manager import LOCK_FILE
+from mq.log.files import LOCK_FILE
 from mq.protocol.state import leftovers
 
 settings.register_profile("ci", max_examples=200, deadline=None,
