@@ -212,8 +212,9 @@ class PartitionLog:
         log end offset. Raises ``CorruptRecordError`` for an invalid batch, ``ValueError``
         for one that breaks the topic's limits, ``InvalidTimestampError`` for a client's
         batch whose timestamps the topic refuses at the wall clock (``mq.log.timestamps``)
-        and ``LogWriteError`` when it could not be stored (then nothing of it was). A client's batch with a producer id is checked against
-        the producer table (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
+        and ``LogWriteError`` when it could not be stored (then nothing of it was). A
+        client's batch with a producer id is checked against the producer table
+        (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
         ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
         offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
 

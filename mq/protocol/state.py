@@ -127,8 +127,8 @@ def remove_leftovers(data_dir: str, broker_pid: int, semaphores: bool = True) ->
                 posix_ipc.unlink_semaphore(name)
             else:
                 continue
-        except posix_ipc.ExistentialError:
-            continue                             # gone meanwhile
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
+            continue                             # gone meanwhile, or another user's
         removed.append(name)
     return removed
 
@@ -136,7 +136,7 @@ def remove_leftovers(data_dir: str, broker_pid: int, semaphores: bool = True) ->
 def _region_pid(name: str) -> int | None:
     try:
         shm = posix_ipc.SharedMemory(name, 0, read_only=True)
-    except posix_ipc.ExistentialError:
+    except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
         return None
     try:
         if shm.size < HEADER_SIZE:
@@ -171,10 +171,10 @@ class StateWriter:
         except posix_ipc.ExistentialError:
             pass
         for name in leftovers(data_dir):                # its clients' (no client of this
-            if name != self.name:                       # broker exists yet)
-                try:
+            if name != self.name:                       # broker exists yet); another user's
+                try:                                    # may not be ours to unlink
                     posix_ipc.unlink_semaphore(name)
-                except posix_ipc.ExistentialError:
+                except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
                     pass
         shm = posix_ipc.SharedMemory(self.name, posix_ipc.O_CREX, mode=0o640, size=size)
         try:
