@@ -112,6 +112,26 @@ def test_top_level_help_lists_the_client_commands():
 
 # --- topics -----------------------------------------------------------------------------------
 
+def test_topics_take_the_timestamp_window_configs(broker):
+    """KIP-937's message.timestamp.after.max.ms and message.timestamp.before.max.ms, by
+    Kafka's names, at create and alter; describe shows them with their defaults."""
+    s = broker.socket
+    ok(mq_run("topics", "create", "clicks", "--config",
+              "message.timestamp.after.max.ms=60000", "--socket", s))
+    ok(mq_run("topics", "alter", "clicks", "--config",
+              "message.timestamp.before.max.ms=86400000", "--socket", s))
+    ok(mq_run("topics", "create", "plain", "--socket", s))
+    with Admin(s) as admin:
+        clicks, plain = admin.describe_topic("clicks"), admin.describe_topic("plain")
+    assert clicks["overrides"] == {"message.timestamp.after.max.ms": "60000",
+                                   "message.timestamp.before.max.ms": "86400000"}
+    assert (plain["config"]["message.timestamp.after.max.ms"],
+            plain["config"]["message.timestamp.before.max.ms"]) == ("3600000",
+                                                                    str((1 << 63) - 1))
+    text = ok(mq_run("topics", "describe", "plain", "--socket", s)).out
+    assert "message.timestamp.after.max.ms=3600000" in text
+
+
 def test_topics_create_list_describe_alter_delete(broker):
     s = broker.socket
     result = ok(mq_run("topics", "create", "orders", "--partitions", "3", "--config",
