@@ -81,6 +81,7 @@ from collections.abc import Callable
 from bench.chaos_checks import AckLedger, CommitLedger, PartitionScan, Violations, describe_code
 from bench.chaos_procs import GROUP, TOPIC, Broker, Disk, exit_text, member_main, producer_main
 from bench.harness import add_run_arguments
+from mq.protocol.state import remove_leftovers
 
 ACTIONS = {"kill-broker": 3, "term-broker": 1, "kill-producer": 2, "kill-member": 2,
            "disk-full": 2}                  # action: weight
@@ -491,9 +492,12 @@ class Chaos:
 
     def teardown(self) -> None:
         """Always: every process gone, the tmpfs unmounted, the work dir removed (kept, with a
-        copy of the data dir, when something broke or ``keep``)."""
+        copy of the data dir, when something broke or ``keep``), and nothing of the broker's
+        left in /dev/shm (a run cut short by an error ends with a kill)."""
         self.stop_workers()
         self.broker.kill()
+        if self.broker.proc is not None:
+            remove_leftovers(self.data_dir, self.broker.proc.pid)
         keep = self.opts.keep or bool(self.violations.count)
         if keep and self.disk.mounted:
             with contextlib.suppress(OSError, shutil.Error):
