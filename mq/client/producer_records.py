@@ -29,15 +29,21 @@ def as_bytes(data: Any, what: str) -> bytes:
                         f"{type(data).__name__}") from err
 
 
+_MAX_TIMESTAMP_MS = 2**63 - 1                # a batch's timestamps are int64
+
+
 def check_timestamp(timestamp_ms: Any) -> None:
     """Raise ``TypeError`` unless ``timestamp_ms`` is an int, ``ValueError`` if it is
-    negative other than -1 (no timestamp)."""
+    negative other than -1 (no timestamp) or past what a batch's int64 can hold."""
     if type(timestamp_ms) is not int:
         raise TypeError(f"timestamp_ms must be an int (milliseconds), got "
                         f"{type(timestamp_ms).__name__}")
     if timestamp_ms < -1:
         raise ValueError(f"timestamp_ms {timestamp_ms} is negative: a record's timestamp is "
                          f"ms since the epoch, None for now, or -1 for none")
+    if timestamp_ms > _MAX_TIMESTAMP_MS:
+        raise ValueError(f"timestamp_ms {timestamp_ms} is past the largest a record can "
+                         f"carry (2**63-1 ms)")
 
 
 def check_headers(headers: Iterable) -> tuple[list, int]:

@@ -345,6 +345,11 @@ def test_timestamps_far_ahead_or_negative_are_refused(broker):
                 producer.send("t", value=b"v", timestamp_ms=bad)
             with pytest.raises(ValueError, match="negative"):
                 producer.send_many("t", [b"v"], timestamp_ms=bad)
+        for bad in (1 << 63, 10**23):           # was an OverflowError from the accumulator
+            with pytest.raises(ValueError, match=r"past the largest a record can carry"):
+                producer.send("t", value=b"v", timestamp_ms=bad)
+            with pytest.raises(ValueError, match=r"past the largest"):
+                producer.send_many("t", [b"v"], timestamp_ms=bad)
         assert producer.send("t", value=b"none", timestamp_ms=-1).get(timeout=WAIT).offset == 0
         assert producer.send("future", value=b"later",
                              timestamp_ms=ahead).get(timeout=WAIT).timestamp_ms == ahead
