@@ -25,7 +25,7 @@ from mq.errors import CorruptIndexError
 from mq.log import datadir, diskio, files, producer_state
 from mq.log.config import LogConfig
 from mq.log.producer_state import ProducerStateManager
-from mq.log.segment import LogSegment, scan_headers
+from mq.log.segment import LogSegment, SegmentRecovery, scan_headers
 
 __all__ = ["Loaded", "RecoveryReport", "load"]
 
@@ -37,6 +37,8 @@ class RecoveryReport:
     """What open (or ``mq log check --repair``) changed."""
 
     segments_recovered: int = 0
+    bytes_validated: int = 0        # .log bytes read and checked batch by batch
+    batches_replayed: int = 0       # batches read for the producer state
     bytes_truncated: int = 0
     segments_dropped: int = 0
     indexes_rebuilt: int = 0
@@ -90,7 +92,7 @@ def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
                 os.unlink(os.path.join(directory, name))
                 report.leftovers_removed.append(name)
     recover_from = 0 if clean_shutdown else recovery_point
-    recovered_from: int | None = None       # base of the first segment recovery rewrote
+    recovered_from: int | None = None       # the first offset recovery validated
     for i, seg in enumerate(segments):
         if on_segment is not None and i:
             on_segment()                # the previous segment is done
@@ -107,9 +109,13 @@ def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
             except CorruptIndexError as err:
                 log.warning("rebuilding index: %s", err)
             report.indexes_rebuilt += 1
+        # Only the first segment recovered after a crash can start past its base: the one
+        # holding the recovery point (one with a broken index below it is rebuilt whole).
+        resume = recovery_point if needs_recovery and recovered_from is None else None
+        done = _recover_segment(seg, report, resume)
         if recovered_from is None:
-            recovered_from = seg.base_offset
-        if _recover_segment(seg, report):
+            recovered_from = done.offset
+        if done.bytes_truncated:
             # Everything after a truncated segment is unreachable: drop it.
             for later in segments[i + 1:]:
                 later.delete()
@@ -127,20 +133,24 @@ def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
     segments[-1].resize_indexes(config.segment_index_bytes)
     leo = segments[-1].next_offset
     recovery_point = leo if clean_shutdown else min(recovery_point, leo)
-    producers = producer_state.rebuild(directory, segments, leo,
-                                       recovered_from=recovered_from,
-                                       clean_shutdown=clean_shutdown)
+    producers, report.batches_replayed = producer_state.rebuild(
+        directory, segments, leo, recovered_from=recovered_from, clean_shutdown=clean_shutdown)
     files.fsync_dir(directory)
     return Loaded(segments, log_start_offset, recovery_point, report, producers)
 
-def _recover_segment(seg: LogSegment, report: RecoveryReport) -> bool:
-    truncated = seg.recover()
+def _recover_segment(seg: LogSegment, report: RecoveryReport,
+                     recovery_point: int | None) -> SegmentRecovery:
+    done = seg.recover(recovery_point)
     report.segments_recovered += 1
-    if truncated:
+    report.bytes_validated += done.bytes_validated
+    if done.index_error is not None:
+        log.warning("validating all of %s: %s", seg.log_path, done.index_error)
+        report.indexes_rebuilt += 1
+    if done.bytes_truncated:
         log.warning("%s: truncated %d bytes of torn or invalid data at byte %d",
-                    seg.log_path, truncated, seg.size)
-        report.bytes_truncated += truncated
-    return bool(truncated)
+                    seg.log_path, done.bytes_truncated, seg.size)
+        report.bytes_truncated += done.bytes_truncated
+    return done
 
 
 def _finish_leftovers(directory: str, report: RecoveryReport) -> None:

@@ -269,10 +269,12 @@ class LogManager:
     def checkpoint(self) -> bool:
         """Write both checkpoint files from the logs' current state; False (logged, the old
         files kept) when they could not be written."""
+        for lg in self.logs.values():
+            lg.take_recovery_snapshot()
+        points = {k: lg.recovery_point for k, lg in self.logs.items()}
         try:
             files.write_checkpoint(
-                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
-                {k: lg.recovery_point for k, lg in self.logs.items()})
+                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT), points)
             files.write_checkpoint(
                 os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
                 {k: lg.log_start_offset for k, lg in self.logs.items()
@@ -282,6 +284,8 @@ class LogManager:
             log.warning("%s: checkpoints not written (%s); the previous ones stay",
                         self.data_dir, err.strerror or err)
             return False
+        for key, point in points.items():
+            self.logs[key].prune_recovery_snapshots(point)
         return True
 
     @property

@@ -369,13 +369,14 @@ def replay_batch(state: ProducerStateManager, batch: RecordBatch) -> CompletedTx
 
 def rebuild(directory: str, segments: list, log_end_offset: int, *,
             recovered_from: int | None = None, clean_shutdown: bool = False
-            ) -> ProducerStateManager:
-    """The producer state of a partition at ``log_end_offset``, as its open needs it: the
-    newest valid snapshot at or below ``recovered_from`` (the first segment recovery
-    rewrote; else the log end), then the batches from there replayed. Recovered segments get
-    their ``.txnindex`` rebuilt by that replay. Snapshots past the log end (cut by recovery)
-    and damaged ones are removed. A data dir from before snapshots existed (a clean shutdown
-    and no snapshot at all) holds no producer state: nothing is replayed."""
+            ) -> tuple[ProducerStateManager, int]:
+    """The producer state of a partition at ``log_end_offset``, as its open needs it, and the
+    number of batches replayed: the newest valid snapshot at or below ``recovered_from`` (the
+    first offset recovery validated; else the log end), then the batches from there replayed.
+    The ``.txnindex`` entries from ``recovered_from`` on are written anew by that replay.
+    Snapshots past the log end (cut by recovery) and damaged ones are removed. A data dir from
+    before snapshots existed (a clean shutdown and no snapshot at all) holds no producer state:
+    nothing is replayed."""
     limit = log_end_offset if recovered_from is None else min(recovered_from, log_end_offset)
     state = ProducerStateManager()
     offsets = snapshot_offsets(directory)
@@ -393,31 +394,34 @@ def rebuild(directory: str, segments: list, log_end_offset: int, *,
     if start is None:
         if clean_shutdown and not offsets and recovered_from is None:
             state.map_end_offset = log_end_offset
-            return state
+            return state, 0
         start = segments[0].base_offset if segments else log_end_offset
         state.map_end_offset = start
-    replay(state, segments, start, recovered_from)
-    return state
+    return state, replay(state, segments, start, recovered_from)
 
 
 def replay(state: ProducerStateManager, segments: list, start: int,
-           rebuild_txn_indexes_from: int | None = None) -> None:
-    """Apply every batch from offset ``start`` on; segments based at or past
-    ``rebuild_txn_indexes_from`` get their ``.txnindex`` written anew on the way."""
+           rebuild_txn_indexes_from: int | None = None) -> int:
+    """Apply every batch from offset ``start`` on; returns how many batches it read. The
+    ``.txnindex`` entries of ABORT markers at or past ``rebuild_txn_indexes_from`` are
+    written on the way (the segments' entries from there on must be gone already, as
+    ``LogSegment.recover`` leaves them)."""
+    read = 0
     for seg in segments:
         if seg.next_offset <= start:
             continue
         rebuild_txn = rebuild_txn_indexes_from is not None and \
-            seg.base_offset >= rebuild_txn_indexes_from
-        if rebuild_txn:
-            seg.txn_index.reset()
+            seg.next_offset > rebuild_txn_indexes_from
         found = seg.translate_offset(start) if start > seg.base_offset else None
         for batch in seg.batches(found.position if found is not None else 0):
+            read += 1
             if batch.last_offset < start or batch.producer_id < 0:
                 continue
             aborted = state.aborted_txn(batch.producer_id, batch.base_offset) \
-                if rebuild_txn and batch.is_control else None
+                if rebuild_txn and batch.is_control and \
+                batch.base_offset >= rebuild_txn_indexes_from else None
             done = replay_batch(state, batch)
             if done is not None and done.aborted and aborted is not None:
                 seg.txn_index.append(aborted)
         state.map_end_offset = max(state.map_end_offset, seg.next_offset)
+    return read

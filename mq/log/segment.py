@@ -55,7 +55,7 @@ from mq.log.txnindex import AbortedTxn, TransactionIndex
 from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
                             RecordBatch, iter_batches)
 
-__all__ = ["LogSegment", "OffsetPosition", "FetchSlice"]
+__all__ = ["LogSegment", "OffsetPosition", "FetchSlice", "SegmentRecovery"]
 
 _FRAME: Final = struct.Struct(">qiib")
 # Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp.
@@ -98,6 +98,19 @@ class OffsetPosition:
     last_offset: int
     position: int
     size: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SegmentRecovery:
+    """What ``LogSegment.recover`` did: it validated ``bytes_validated`` bytes from byte
+    ``position`` (offset ``offset``) on and cut ``bytes_truncated`` of them; ``index_error``
+    says why it validated everything although a recovery point allowed less."""
+
+    offset: int
+    position: int
+    bytes_validated: int
+    bytes_truncated: int
+    index_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -536,35 +549,111 @@ class LogSegment:
 
     # --- recovery and truncation --------------------------------------------------------------
     @_using_files
-    def recover(self) -> int:
-        """Rebuild both indexes from the ``.log``, validating every batch; truncate the file at
-        the first torn or invalid batch; empty the ``.txnindex`` (the log's producer-state
-        replay writes it anew). Returns the number of bytes truncated."""
-        self.offset_index.reset()
-        self.time_index.reset()
-        self.txn_index.reset()
-        self.bytes_since_last_index_entry = 0
-        self.max_timestamp_so_far = -1
-        self.offset_of_max_timestamp_so_far = self.base_offset
-        self.first_batch_timestamp = -1
-        valid, next_offset = self._rebuild()
-        truncated = self.size - valid
+    def recover(self, recovery_point: int | None = None) -> SegmentRecovery:
+        """Validate the batches from the one holding ``recovery_point`` to the end, rebuilding
+        the index entries after it; truncate the file at the first torn or invalid batch; drop
+        the ``.txnindex`` entries from there (the log's producer-state replay writes them
+        anew). What lies before ``recovery_point`` was fsynced and is not read again: only its
+        index entries are checked (``_resume_at``). Every batch is validated, and both indexes
+        rebuilt, when ``recovery_point`` is None or at the base, or when those checks fail."""
+        index_error = None
+        if recovery_point is not None and recovery_point > self.base_offset and self.size:
+            try:
+                start, next_offset = self._resume_at(recovery_point)
+            except CorruptIndexError as err:
+                index_error = str(err)
+                start = 0
+        else:
+            start = 0
+        if start == 0:
+            self.offset_index.reset()
+            self.time_index.reset()
+            self.txn_index.reset()
+            self.bytes_since_last_index_entry = 0
+            self.max_timestamp_so_far = -1
+            self.offset_of_max_timestamp_so_far = self.base_offset
+            self.first_batch_timestamp = -1
+            next_offset = self.base_offset
+        else:
+            self.resize_indexes(self.config.segment_index_bytes)   # room for the rebuilt
+            self.txn_index.truncate(next_offset)
+        size = self.size
+        valid, end_offset = self._rebuild(start, next_offset)
+        truncated = size - valid
         if truncated:
             diskio.ops.ftruncate(self._fd, valid)
             self.size = valid
-        self._next_offset = next_offset
+        self._next_offset = end_offset
         # As a roll (and Kafka's recover) does: the final entry for the largest timestamp, so a
         # recovered segment's time index equals a cleanly closed one, and trimmed indexes (the
         # log grows the active segment's back afterwards) — an inactive segment left
         # preallocated would, after another crash, open with all-zero "entries".
         self.on_become_inactive()
-        return truncated
+        return SegmentRecovery(next_offset, start, size - start, truncated, index_error)
 
-    def _rebuild(self) -> tuple[int, int]:
-        valid = 0
-        next_offset = self.base_offset
+    def _resume_at(self, recovery_point: int) -> tuple[int, int]:
+        """Take the state of the batches below ``recovery_point`` from the indexes of a crashed
+        segment; returns the position and offset of the first batch to validate (the one
+        holding ``recovery_point``, or the end). Kept: the offset-index entries below it
+        (``OffsetIndex.keep_below``: the preallocated file's zero tail cut off, the rest in
+        order), its last one checked against the log (the batch there ends at its offset,
+        CRC included), and the time-index entries below it, its last one checked the same way.
+        The largest timestamp is that entry's or a later one met on the header walk from the
+        last offset-index entry (at most ``index.interval.bytes`` and a batch). Raises
+        ``CorruptIndexError`` when something does not hold: the caller validates all."""
+        if not (self.index_file_exists(files.INDEX_SUFFIX) and
+                self.index_file_exists(files.TIMEINDEX_SUFFIX)):
+            raise CorruptIndexError(self.log_path, "an index is missing")
+        offsets, times = self.offset_index, self.time_index
+        offsets.keep_below(recovery_point, self.size)
+        position = 0
+        if offsets.entries:
+            last_offset, position = offsets.entry(offsets.entries - 1)
+            self._check_batch_at(last_offset, position, None)
+        indexed_position = position
+        max_ts, max_ts_offset = -1, self.base_offset
+        walked = []
+        next_offset = self.base_offset if position == 0 else None
+        for base, size, last_delta, batch_max_ts in self._scan_headers(position):
+            if base + last_delta >= recovery_point:
+                break
+            walked.append((base + last_delta, batch_max_ts))
+            position += size
+            next_offset = base + last_delta + 1
+        if next_offset is None:      # the walk did not get past the checked batch
+            raise CorruptIndexError(self.log_path, f"no batch at byte {position}")
+        times.keep_below(next_offset)
+        if times.entries:
+            max_ts, max_ts_offset = times.last_entry
+            found = self.translate_offset(max_ts_offset)
+            self._check_batch_at(max_ts_offset, found.position if found else -1, max_ts)
+        elif offsets.entries and next(self._scan_headers(0))[3] >= 0:
+            # The first offset-index entry was written with a time-index entry then.
+            raise CorruptIndexError(times.path, "no entries below the recovery point")
+        for last_offset, batch_max_ts in walked:
+            if batch_max_ts > max_ts:
+                max_ts, max_ts_offset = batch_max_ts, last_offset
+        self.max_timestamp_so_far = max_ts
+        self.offset_of_max_timestamp_so_far = max_ts_offset
+        self.first_batch_timestamp = next(self._scan_headers(0))[3]
+        self.bytes_since_last_index_entry = position - indexed_position
+        return position, next_offset
+
+    def _check_batch_at(self, last_offset: int, position: int, max_ts: int | None) -> None:
+        """Raise ``CorruptIndexError`` unless a valid batch ending at ``last_offset`` (with
+        largest timestamp ``max_ts``, unless None) starts at byte ``position``."""
+        head = next(self._scan_headers(position), None) if position >= 0 else None
+        if head is not None and head[0] + head[2] == last_offset and \
+                (max_ts is None or head[3] == max_ts) and \
+                RecordBatch(self._pread(position, head[1]), position, self.log_path).is_valid:
+            return
+        raise CorruptIndexError(self.log_path, f"no valid batch ending at offset {last_offset} "
+                                f"at byte {position}, as an index entry says")
+
+    def _rebuild(self, position: int, next_offset: int) -> tuple[int, int]:
+        valid = position
         try:
-            for batch in self.batches():
+            for batch in self.batches(position):
                 batch.validate()
                 rel = batch.last_offset - self.base_offset
                 if batch.base_offset < next_offset or not 0 <= rel <= _INT32_MAX:
@@ -627,6 +716,10 @@ class LogSegment:
         self.time_index.truncate_to(offset)
         if self.index_file_exists(files.TXNINDEX_SUFFIX):
             self.txn_index.truncate(offset)
+        # Cut the dropped entries' bytes before growing back: zeros, not stale entries, must
+        # follow the entries if a crash comes (recovery takes the written slots as entries).
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
         self.resize_indexes(self.config.segment_index_bytes)
         if found is None:
             return 0

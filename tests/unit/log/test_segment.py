@@ -282,7 +282,7 @@ def test_recovery_fixes_corrupt_offset_index(new_segment):
     assert before == 99
     _write_nonsense(seg.offset_index.path, 5, seg.offset_index.file_length - 5,
                     random.Random(1))
-    assert seg.recover() == 0
+    assert seg.recover().bytes_truncated == 0
     assert seg.offset_index.entries == before
     for i in range(100):
         assert read_offsets(seg, i, 1)[0] == i
@@ -310,7 +310,7 @@ def test_recovery_with_corrupt_message(tmp_path, seed):
         position = positions[first_bad] + rng.randrange(15)
         original = seg.size
         _write_nonsense(seg.log_path, position, original - position, rng)
-        assert seg.recover() == original - positions[first_bad]
+        assert seg.recover().bytes_truncated == original - positions[first_bad]
         assert seg.size == positions[first_bad]
         assert seg.next_offset == first_bad
         got = seg.read(0, 1 << 20)
@@ -329,7 +329,7 @@ def test_recover_truncates_torn_tail_and_rebuilds_state(new_segment):
         f.write(tail[: len(tail) // 2])
     seg = new_segment(0)                                              # reopened after a crash
     assert seg.size == good + len(tail) // 2
-    assert seg.recover() == len(tail) // 2
+    assert seg.recover().bytes_truncated == len(tail) // 2
     assert seg.size == good == os.path.getsize(seg.log_path)
     assert seg.next_offset == 10
     assert seg.max_timestamp_so_far == 90 and seg.offset_of_max_timestamp_so_far == 9
@@ -347,7 +347,7 @@ def test_recover_rejects_offsets_going_backwards(new_segment):
     append_to_segment(seg, make_batch(2, base_offset=0))
     good = seg.size
     append_to_segment(seg, make_batch(2, base_offset=1))             # overlaps: invalid
-    assert seg.recover() > 0
+    assert seg.recover().bytes_truncated > 0
     assert seg.size == good and seg.next_offset == 2
 
 
