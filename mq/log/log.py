@@ -440,7 +440,7 @@ class PartitionLog:
         """After a checkpoint of ``recovery_point`` was written: remove the snapshots below
         the newest one at or below it, which no recovery starts from, except those at segment
         bases (the rolls', kept as Kafka keeps them; retention removes them)."""
-        if len(self._snapshots) < 3:
+        if len(self._snapshots) < 2:
             return
         anchor = bisect.bisect_right(self._snapshots, recovery_point) - 1
         if anchor <= 0:
