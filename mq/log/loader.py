@@ -5,13 +5,17 @@ rebuild its producer state (Kafka's LogLoader, ``../shared/reference/kafka-log-l
   the names mq gives (``datadir.is_partition_file``) go, and nothing else;
   ``.swap`` files at or above the smallest ``.cleaned`` base are an unfinished split and go
   too; the other swaps replace the segments they cover.
-- Segments: after a clean shutdown each is loaded from its indexes; otherwise every segment
-  from the one holding the recovery point to the end is recovered (every batch validated,
-  indexes rebuilt, the log truncated at the first torn or invalid batch and every later
-  segment dropped). A segment with a missing or broken index is recovered either way.
-- Producer state: the newest valid snapshot at or below the first recovered segment (or the
+- Segments: after a clean shutdown each is loaded from its indexes; otherwise every batch
+  from the one holding the recovery point to the end is validated, its index entries
+  rebuilt, the log truncated at the first torn or invalid batch and every later segment
+  dropped. Below the recovery point nothing was lost (it was fsynced), so the segment
+  holding it keeps the index entries below it after checking them
+  (``LogSegment.recover``): recovery reads what the last flush did not cover, not whole
+  segments. A segment with a missing or broken index is validated whole either way.
+- Producer state: the newest valid snapshot at or below the first validated offset (or the
   log end), then the batches after it replayed (``producer_state.rebuild``), which also
-  writes the recovered segments' ``.txnindex`` anew.
+  writes the ``.txnindex`` entries from the first validated offset on anew. Checkpoints
+  write snapshots near the recovery point (``PartitionLog.take_recovery_snapshot``).
 """
 
 from __future__ import annotations
@@ -68,9 +72,9 @@ def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
     """Open (creating if needed) and recover a partition directory.
 
     ``recovery_point`` and ``log_start_offset`` come from the data dir's checkpoints;
-    ``clean_shutdown`` from its marker. Without a clean shutdown every segment from the one
-    holding the recovery point to the end is validated batch by batch. ``on_segment()`` is
-    called after each segment is loaded or recovered.
+    ``clean_shutdown`` from its marker. Without a clean shutdown every batch from the one
+    holding the recovery point to the end is validated. ``on_segment()`` is called after
+    each segment is loaded or recovered.
     """
     diskio.ops.makedirs(directory)
     report = RecoveryReport()
@@ -109,10 +113,9 @@ def load(directory: str, config: LogConfig, *, recovery_point: int = 0,
             except CorruptIndexError as err:
                 log.warning("rebuilding index: %s", err)
             report.indexes_rebuilt += 1
-        # Only the first segment recovered after a crash can start past its base: the one
-        # holding the recovery point (one with a broken index below it is rebuilt whole).
-        resume = recovery_point if needs_recovery and recovered_from is None else None
-        done = _recover_segment(seg, report, resume)
+        # Only the segment holding the recovery point starts past its base (one below it
+        # with a broken index is rebuilt whole; the later ones start at or past it).
+        done = _recover_segment(seg, report, recovery_point if needs_recovery else None)
         if recovered_from is None:
             recovered_from = done.offset
         if done.bytes_truncated:

@@ -18,7 +18,9 @@ five batches is answered with that batch's offsets and not appended again; a seq
 stale epoch is refused. A COMMIT or ABORT marker closes the producer's transaction, and an
 ABORT goes into the segment's ``.txnindex`` in the same append. The *last stable offset* is
 the first offset of the earliest open transaction, or the high watermark. The table is
-snapshotted at every roll and at close (``<offset>.snapshot``).
+snapshotted at every roll and at close (``<offset>.snapshot``), and at a checkpoint once
+enough went in since the last snapshot, so that a recovery replays from near its recovery
+point.
 
 Write failures (``../shared/reference/write-failures.md``): every write goes through
 ``diskio``, and a call that fails leaves the files and this object as before it, then raises
@@ -131,9 +133,9 @@ class PartitionLog:
         """Open (creating if needed) and recover a partition directory (``mq.log.loader``).
 
         ``recovery_point`` and ``log_start_offset`` come from the data dir's checkpoints;
-        ``clean_shutdown`` from its marker. Without a clean shutdown every segment from the one
-        holding the recovery point to the end is validated batch by batch. ``on_segment()``
-        is called after each segment is loaded or recovered (progress of a long recovery).
+        ``clean_shutdown`` from its marker. Without a clean shutdown every batch from the one
+        holding the recovery point to the end is validated. ``on_segment()`` is called after
+        each segment is loaded or recovered (progress of a long recovery).
         """
         config = config or LogConfig()
         loaded = loader.load(directory, config, recovery_point=recovery_point,

@@ -600,7 +600,12 @@ class LogSegment:
         CRC included), and the time-index entries below it, its last one checked the same way.
         The largest timestamp is that entry's or a later one met on the header walk from the
         last offset-index entry (at most ``index.interval.bytes`` and a batch). Raises
-        ``CorruptIndexError`` when something does not hold: the caller validates all."""
+        ``CorruptIndexError`` when something does not hold: the caller validates all.
+
+        After kill -9 the index pages hold exactly what was written. After a power loss a page
+        the flusher did not fsync (it fsyncs the ``.log``) may read as an older version:
+        zeros where entries were, which is a hole (the order check fails: validate all) or a
+        shorter run of entries (a longer header walk), as for the segments below this one."""
         if not (self.index_file_exists(files.INDEX_SUFFIX) and
                 self.index_file_exists(files.TIMEINDEX_SUFFIX)):
             raise CorruptIndexError(self.log_path, "an index is missing")
@@ -622,6 +627,8 @@ class LogSegment:
             next_offset = base + last_delta + 1
         if next_offset is None:      # the walk did not get past the checked batch
             raise CorruptIndexError(self.log_path, f"no batch at byte {position}")
+        if position == 0:
+            return 0, self.base_offset   # nothing below the recovery point: validate all
         times.keep_below(next_offset)
         if times.entries:
             max_ts, max_ts_offset = times.last_entry

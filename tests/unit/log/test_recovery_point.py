@@ -278,3 +278,14 @@ def test_checkpoints_snapshot_the_producer_state_and_prune_old_snapshots(tmp_pat
     mgr.checkpoint()                            # too few offsets since: no snapshot
     assert snapshot_offsets(plog.dir) == [ends[-1]]
     mgr.close()
+
+
+@pytest.mark.parametrize("recovery_point", [1, 2, 60])
+def test_a_torn_first_batch_is_cut_whatever_the_recovery_point(tmp_path, recovery_point):
+    plog = written_log(tmp_path)
+    crashed = crash_copy(plog, tmp_path / "crashed" / "t-0")
+    plog.close()
+    os.truncate(os.path.join(crashed, files.segment_name(0, files.LOG_SUFFIX)), 20)
+    with PartitionLog.open(crashed, CFG, recovery_point=recovery_point) as log:
+        assert log.log_end_offset == 0 and log.recovery_report.bytes_truncated == 20
+        assert log.append(make_batch(timestamp=T0)).first_offset == 0
