@@ -595,8 +595,8 @@ class LogSegment:
         """Take the state of the batches below ``recovery_point`` from the indexes of a crashed
         segment; returns the position and offset of the first batch to validate (the one
         holding ``recovery_point``, or the end). Kept: the offset-index entries below it
-        (``OffsetIndex.keep_below``: the preallocated file's zero tail cut off, the rest in
-        order), its last one checked against the log (the batch there ends at its offset,
+        (``OffsetIndex.keep_below``: the preallocated file's zero tail cut off, no zero-filled
+        hole, the last ones in order), its last one checked against the log (the batch there ends at its offset,
         CRC included), and the time-index entries below it, its last one checked the same way.
         The largest timestamp is that entry's or a later one met on the header walk from the
         last offset-index entry (at most ``index.interval.bytes`` and a batch). Raises
@@ -604,8 +604,8 @@ class LogSegment:
 
         After kill -9 the index pages hold exactly what was written. After a power loss a page
         the flusher did not fsync (it fsyncs the ``.log``) may read as an older version:
-        zeros where entries were, which is a hole (the order check fails: validate all) or a
-        shorter run of entries (a longer header walk), as for the segments below this one."""
+        zeros where entries were: a hole (found: validate all) or a shorter run of entries (a
+        longer header walk), as for the segments below this one."""
         if not (self.index_file_exists(files.INDEX_SUFFIX) and
                 self.index_file_exists(files.TIMEINDEX_SUFFIX)):
             raise CorruptIndexError(self.log_path, "an index is missing")
