@@ -289,3 +289,28 @@ def test_a_torn_first_batch_is_cut_whatever_the_recovery_point(tmp_path, recover
     with PartitionLog.open(crashed, CFG, recovery_point=recovery_point) as log:
         assert log.log_end_offset == 0 and log.recovery_report.bytes_truncated == 20
         assert log.append(make_batch(timestamp=T0)).first_offset == 0
+
+
+def test_a_snapshot_past_a_torn_tail_is_dropped_and_the_state_replayed(tmp_path, monkeypatch):
+    """A checkpoint snapshots the log end before its flush is done; a crash that then loses
+    part of that unflushed data must not take the state from the snapshot past the cut."""
+    monkeypatch.setattr(PartitionLog, "RECOVERY_SNAPSHOT_OFFSETS", 5)
+    mgr = LogManager.open(str(tmp_path / "live"), lambda topic: CFG)
+    plog = mgr.create("t", 0)
+    for seq in range(10):
+        plog.append(producer_batch(7, seq, 1, txn=False), now_ms=T0)
+    mgr.flush_all()                              # snapshot and recovery point at 10
+    cut_at = plog.active_segment.size
+    for seq in range(10, 20):
+        plog.append(producer_batch(7, seq, 1, txn=False), now_ms=T0)
+    mgr.checkpoint()                             # snapshot at 20, recovery point still 10
+    assert snapshot_offsets(plog.dir) == [10, 20] and plog.recovery_point == 10
+    crashed = crash_copy(plog, tmp_path / "crashed" / "t-0")
+    plog.closed = mgr.closed = True
+    os.close(mgr._lock_fd)
+    os.truncate(os.path.join(crashed, files.segment_name(0, files.LOG_SUFFIX)), cut_at + 100)
+    with PartitionLog.open(crashed, CFG, recovery_point=10) as log:
+        assert log.log_end_offset == 11
+        assert snapshot_offsets(crashed) == [10]
+        assert log.producers.producers[7].last_seq == 10
+        assert log.append(producer_batch(7, 10, 1, txn=False)).duplicate
