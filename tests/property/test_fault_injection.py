@@ -323,6 +323,39 @@ def test_torn_active_segment_at_every_byte(layout, from_end):
                 raise AssertionError(f"{name} truncated to {cut} bytes: {err}") from err
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_damage_past_the_recovery_point_is_cut_as_by_a_full_recovery(layout, data):
+    """Recovery from a recovery point inside a segment (issue 19): the batches before it are
+    not read again, and a torn tail or a flipped byte in a batch at or after it is cut exactly
+    where validating every batch cuts it, with the same lookups after."""
+    seg = data.draw(st.integers(0, len(layout.bases) - 1), label="segment")
+    batches = layout.seg_batches(seg)
+    first = data.draw(st.integers(0, len(batches) - 1), label="first unflushed batch")
+    point = data.draw(st.integers(batches[first].base_offset, batches[first].next_offset - 1),
+                      label="recovery point")
+    bad = data.draw(st.sampled_from(batches[first:]), label="damaged batch")
+    where = data.draw(_crc_or_framing_byte(bad.size), label="byte in batch")
+    torn = data.draw(st.booleans(), label="torn there (else flipped)")
+    name = layout.log_name(seg)
+    with Scratch(layout) as s:
+        if torn:
+            os.truncate(s.path(name), bad.position + where)
+        else:
+            damage(s.path(name), bad.position + where,
+                   bytes([layout.files[name][bad.position + where] ^ 0x5A]))
+        kept = survivors(layout, seg, bad.position + where)
+        bases = list(layout.bases[:seg + 1])
+        with PartitionLog.open(s.dir, CFG, clean_shutdown=False, recovery_point=point,
+                               now_ms=NOW) as log:
+            report = log.recovery_report
+            assert report.indexes_rebuilt == 0, report
+            assert report.bytes_validated == os.path.getsize(s.path(name)) + \
+                report.bytes_truncated - batches[first].position, report
+            verify(log, layout, kept, bases)
+        append_continues(s.dir, layout, kept, bases)
+
+
 @pytest.mark.parametrize("from_end,into", [(1, 1), (1, 17), (2, 40), (3, 61)])
 def test_torn_active_segment_repaired_by_cli(layout, from_end, into):
     last = len(layout.bases) - 1
