@@ -37,11 +37,11 @@ def records(plog) -> list[tuple]:
 
 
 def flip(path: str, position: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        byte = f.read(1)
-        f.seek(position)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[position] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def written_log(tmp_path, flushed: int = 60, unflushed: int = 20, cfg=CFG):
