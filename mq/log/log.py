@@ -118,6 +118,7 @@ class PartitionLog:
         # and ``prune_recovery_snapshots`` removes those no recovery will start from).
         self._snapshots = [o for o in producer_state.snapshot_offsets(directory)
                            if o <= self.log_end_offset]
+        self._pruned_below = -1
         self.leader_epochs = LeaderEpochCache(directory)
         self.leader_epochs.truncate_from_end(self.log_end_offset)
         name = os.path.basename(os.path.normpath(directory))
@@ -418,6 +419,7 @@ class PartitionLog:
             return
         while self._snapshots and self._snapshots[-1] >= offset:     # truncated since
             self._snapshots.pop()
+            self._pruned_below = -1
         self._snapshots.append(offset)
 
     # A recovery replays the producer state from the newest snapshot at or below the recovery
@@ -445,18 +447,21 @@ class PartitionLog:
     def prune_recovery_snapshots(self, recovery_point: int) -> None:
         """After a checkpoint of ``recovery_point`` was written: remove the snapshots below
         the newest one at or below it, which no recovery starts from, except those at segment
-        bases (the rolls', kept as Kafka keeps them; retention removes them)."""
-        if len(self._snapshots) < 2:
-            return
+        bases (the rolls', kept as Kafka keeps them; retention removes them). Only those
+        since the last call are looked at: a few per checkpoint, however many segments."""
         anchor = bisect.bisect_right(self._snapshots, recovery_point) - 1
-        if anchor <= 0:
+        if anchor <= 0 or self._snapshots[anchor] <= self._pruned_below:
             return
-        bases = set(self._bases)
-        doomed = {o for o in self._snapshots[:anchor] if o not in bases}
+        start = bisect.bisect_left(self._snapshots, self._pruned_below)
+        doomed = [o for o in self._snapshots[start:anchor] if not self._is_base(o)]
         files.remove_quietly(producer_state.snapshot_path(self.dir, o) for o in doomed)
-        # Retention removed those below the first segment already.
-        first = self._bases[0]
-        self._snapshots = [o for o in self._snapshots if o not in doomed and o >= first]
+        for o in doomed:
+            self._snapshots.remove(o)
+        self._pruned_below = self._snapshots[anchor - len(doomed)]
+
+    def _is_base(self, offset: int) -> bool:
+        i = bisect.bisect_left(self._bases, offset)
+        return i < len(self._bases) and self._bases[i] == offset
 
     def _fsync_dir(self, what: str) -> None:
         """fsync this directory; a failure takes the log offline (never retried)."""
@@ -608,6 +613,7 @@ class PartitionLog:
         files.remove_quietly(producer_state.snapshot_path(self.dir, o)
                              for o in producer_state.snapshot_offsets(self.dir))
         self._snapshots = []
+        self._pruned_below = -1
         self.producers = ProducerStateManager()
         self.producers.map_end_offset = offset
         self.leader_epochs.clear()

@@ -314,3 +314,23 @@ def test_a_snapshot_past_a_torn_tail_is_dropped_and_the_state_replayed(tmp_path,
         assert snapshot_offsets(crashed) == [10]
         assert log.producers.producers[7].last_seq == 10
         assert log.append(producer_batch(7, 10, 1, txn=False)).duplicate
+
+
+def test_pruning_keeps_roll_snapshots_and_the_recovery_points_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(PartitionLog, "RECOVERY_SNAPSHOT_OFFSETS", 10)
+    cfg = LogConfig(segment_bytes=4000, index_interval_bytes=200)
+    mgr = LogManager.open(str(tmp_path / "data"), lambda topic: cfg)
+    plog = mgr.create("t", 0)
+    for _ in range(12):
+        for _ in range(15):
+            plog.append(producer_batch(7, plog.log_end_offset, 1, txn=False), now_ms=T0)
+        mgr.flush_all()
+    for _ in range(15):
+        plog.append(producer_batch(7, plog.log_end_offset, 1, txn=False), now_ms=T0)
+    mgr.checkpoint()                         # a snapshot above the recovery point
+    bases = [s.base_offset for s in plog.segments]
+    assert len(bases) > 3
+    rp, leo = plog.recovery_point, plog.log_end_offset
+    # Every roll's snapshot, the one at the recovery point and the one above it: no other.
+    assert snapshot_offsets(plog.dir) == sorted(set(bases[1:]) | {rp, leo})
+    mgr.close()
