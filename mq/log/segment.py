@@ -605,7 +605,8 @@ class LogSegment:
         After kill -9 the index pages hold exactly what was written. After a power loss a page
         the flusher did not fsync (it fsyncs the ``.log``) may read as an older version:
         zeros where entries were: a hole (found: validate all) or a shorter run of entries (a
-        longer header walk), as for the segments below this one."""
+        longer header walk, from the earlier of the two indexes' last entries), as for the
+        segments below this one."""
         if not (self.index_file_exists(files.INDEX_SUFFIX) and
                 self.index_file_exists(files.TIMEINDEX_SUFFIX)):
             raise CorruptIndexError(self.log_path, "an index is missing")
@@ -634,6 +635,15 @@ class LogSegment:
             max_ts, max_ts_offset = times.last_entry
             found = self.translate_offset(max_ts_offset)
             self._check_batch_at(max_ts_offset, found.position if found else -1, max_ts)
+            # After a power loss the time index may end before the offset index does (a page
+            # of it not written back reads as zeros): the batches between its last entry and
+            # where the walk above began count too, so the largest timestamp is never
+            # understated (retention would take the segment early). Normally both indexes
+            # took their last entry at the same batch, and this reads no header.
+            for base, _, last_delta, batch_max_ts in self._scan_headers(found.position,
+                                                                        indexed_position):
+                if batch_max_ts > max_ts:
+                    max_ts, max_ts_offset = batch_max_ts, base + last_delta
         elif offsets.entries and next(self._scan_headers(0))[3] >= 0:
             # The first offset-index entry was written with a time-index entry then.
             raise CorruptIndexError(times.path, "no entries below the recovery point")

@@ -334,3 +334,34 @@ def test_pruning_keeps_roll_snapshots_and_the_recovery_points_own(tmp_path, monk
     # Every roll's snapshot, the one at the recovery point and the one above it: no other.
     assert snapshot_offsets(plog.dir) == sorted(set(bases[1:]) | {rp, leo})
     mgr.close()
+
+
+def test_a_time_index_shorter_than_the_offset_index_understates_no_timestamp(tmp_path):
+    """After a power loss a time-index page not yet written back reads as zeros: the time
+    index ends earlier than the offset index. The batches between its last entry and the
+    offset index's still count toward the segment's largest timestamp (retention reads it)."""
+    plog = PartitionLog.open(str(tmp_path / "live" / "t-0"), CFG, now_ms=T0)
+    for i in range(80):
+        ts = T0 + 10 * i + (100_000 if i == 45 else 0)      # the largest, at offset 45
+        plog.append(make_batch(timestamp=ts, value=b"v%03d" % i), now_ms=T0)
+        if i == 59:
+            plog.flush()
+    rp = plog.recovery_point
+    crashed = crash_copy(plog, tmp_path / "crashed" / "t-0")
+    full = crash_copy(plog, tmp_path / "full" / "t-0")
+    plog.close()
+    timeindex = os.path.join(crashed, files.segment_name(0, files.TIMEINDEX_SUFFIX))
+    with PartitionLog.open(full, CFG, recovery_point=0) as log:
+        entries = [log.active_segment.time_index.entry(i)
+                   for i in range(log.active_segment.time_index.entries)]
+        expected = (log.active_segment.max_timestamp_so_far,
+                    log.active_segment.offset_of_max_timestamp_so_far)
+    assert expected == (T0 + 450 + 100_000, 45)
+    kept = next(i for i, (_, offset) in enumerate(entries) if offset >= 40)
+    with open(timeindex, "r+b") as f:                   # entries from offset 40 on: zeros
+        f.seek(kept * 12)
+        f.write(bytes(12 * (len(entries) - kept)))
+    with PartitionLog.open(crashed, CFG, recovery_point=rp) as log:
+        assert log.recovery_report.indexes_rebuilt == 0      # kept, not validated whole
+        seg = log.active_segment
+        assert (seg.max_timestamp_so_far, seg.offset_of_max_timestamp_so_far) == expected
