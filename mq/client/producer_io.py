@@ -362,11 +362,19 @@ class Sender:
                 wake_at = self._next_wake(now)
                 self._helper_wake_at = wake_at
                 fd, conn, wake_r = self._fd, self._conn, self._wake_r
-                stash, self._check_stash = self._check_stash, False
             for args in finished:
                 finish_batch(*args)
-            if stash and conn is not None:
+            if self._check_stash and conn is not None:   # set on this thread only
+                # Replies a call on this thread took off the socket (InitProducerId above, a
+                # callback's metadata request just now) wait in the connection's stash, where
+                # poll never sees them, and this read also takes those that arrived since:
+                # the answers to the batches the new id just let out, on a busy machine. What
+                # they settle can move the wake-up earlier (a retry's backoff), so plan again:
+                # polling until wake_at, planned before them, slept a 1 ms retry until the
+                # request timeout (30 s; 1 run in 75 on 2 busy cores).
+                self._check_stash = False
                 self._read(conn)
+                continue
             if fd != polled_fd:
                 poller = select.poll()
                 poller.register(wake_r, select.POLLIN)

@@ -13,6 +13,7 @@ import linecache
 import logging
 import multiprocessing
 import os
+import select
 import sys
 import threading
 import time
@@ -280,6 +281,54 @@ def test_retries_exhausted_fail_the_queued_rest_of_the_partition(fake_broker):
             assert isinstance(_wait_error(f), KafkaStorageError)
         assert producer.send("t", value=b"x", partition=1).get(timeout=WAIT).offset == 0
     assert len(b.init_requests) >= 2                            # new ids after failures
+
+
+def test_a_retry_whose_error_came_during_a_new_producer_id_is_not_slept_past(fake_broker):
+    """After InitProducerId the I/O thread stamps the batches that waited for the id, sends
+    them, and then reads what the call left in the connection's stash; that read also takes
+    a reply that has already come for a batch just sent. When it is a retriable error, the
+    retry must go out after its 1 ms backoff, not when the wait the thread planned before
+    the read ends (the request timeout): on 2 busy cores the broker often answers before the
+    thread gets the CPU back, and test_retries_exhausted_fail_the_queued_rest_of_the_partition
+    hung 1 run in 75. Here the order is forced: the first new-id request fails (so the
+    thread asks again on its timer, with no wake-up pending), the broker holds the second
+    until "c" waits for the id, and the I/O thread's reads wait until a reply is on the
+    socket."""
+    sent = threading.Event()
+
+    def script(partition, values, attempt):
+        if values[0] == b"x":
+            return OUT_OF_ORDER                  # final: a gap, so a new producer id
+        return STORAGE_ERROR if values[0] == b"c" and attempt == 1 else 0
+
+    def init_error(call):
+        if call == 2:                             # asked at once: the wake-up it took is
+            return STORAGE_ERROR                  # spent when the thread asks again
+        if call == 3:                             # the new id: once "c" waits for it
+            sent.wait(WAIT)
+        return 0
+
+    b = fake_broker(1, script, sequences=True, init_error=init_error)
+    with Producer(socket=b.path, linger_ms=0, max_in_flight=1, retry_backoff_ms=1,
+                  request_timeout_ms=120_000) as producer:
+        read = producer._read
+
+        def read_once_answered(conn, caller=False):
+            if not caller and producer._in_flight:
+                poller = select.poll()
+                poller.register(conn.fileno(), select.POLLIN)
+                poller.poll(WAIT * 1000)
+            read(conn, caller)
+        producer._read = read_once_answered
+        with pytest.raises(OutOfOrderSequenceError):
+            producer.send("t", value=b"x", partition=0).get(timeout=WAIT)
+        mq.testing.wait_for(lambda: len(b.init_requests) == 3, timeout=WAIT,
+                            message="InitProducerId for a new id")
+        fut = producer.send("t", value=b"c", partition=0)
+        sent.set()
+        assert fut.get(timeout=WAIT).offset == 0      # not after the 120 s request timeout
+        assert fut.attempts == 2
+    assert [batch[1:4] for batch in batches_of(b, 0)][1:] == [(1001, 0, 0)] * 2
 
 
 # --- the real broker: kill -9 cycles ----------------------------------------------------------
