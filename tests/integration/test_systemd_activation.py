@@ -80,10 +80,25 @@ def test_systemd_socket_activate_starts_the_broker_for_the_first_client(tmp_path
 
 
 def _wait_for_socket(path: str, proc: subprocess.Popen) -> None:
+    """Until systemd-socket-activate listens on ``path``: the path appears at bind(), before
+    listen(), and a connect() in between is refused (seen on a loaded CI box)."""
     import mq.testing
-    mq.testing.wait_for(lambda: os.path.exists(path) or proc.poll() is not None,
+    mq.testing.wait_for(lambda: _listening(path) or proc.poll() is not None,
                         timeout=WAIT, message="systemd-socket-activate to listen")
     assert proc.poll() is None, "systemd-socket-activate exited"
+
+
+def _listening(path: str) -> bool:
+    """Whether a Unix socket bound to ``path`` listens, from /proc/net/unix (its Flags column
+    has __SO_ACCEPTCON, 0x10000), without connecting to it (a connection would start the
+    broker)."""
+    with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == path and int(fields[3], 16) & 0x10000:
+                return True
+    return False
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
