@@ -140,9 +140,9 @@ def set_aside(data_dir: str, name: str) -> str | None:
     ``<name>.<uuid>-stray`` and return the new name; leave anything else untouched (None).
     Both are logged."""
     path = os.path.join(data_dir, name)
-    if classify(path) is DirKind.FOREIGN:
-        log.warning("%s: not a partition of any topic and holds files mq did not write (or "
-                    "nothing): left as it is", path)
+    if os.path.islink(path) or classify(path) is DirKind.FOREIGN:
+        log.warning("%s: not a partition of any topic, and a symlink or holding files mq did "
+                    "not write (or nothing): left as it is", path)
         return None
     stray = f"{name}.{uuid.uuid4().hex}{STRAY_SUFFIX}"
     os.rename(path, os.path.join(data_dir, stray))

@@ -155,9 +155,9 @@ class LogManager:
             os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT))
         for name in sorted(os.listdir(self.data_dir)):
             path = os.path.join(self.data_dir, name)
-            if not os.path.isdir(path) or os.path.islink(path):
+            if not os.path.isdir(path):
                 continue
-            if datadir.is_deletion_leftover(name):
+            if datadir.is_deletion_leftover(name) and not os.path.islink(path):
                 _remove(path)                  # a topic deletion that did not finish
                 continue
             parsed = files.parse_partition_dir(name)

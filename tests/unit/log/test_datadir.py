@@ -202,3 +202,21 @@ def test_partition_file_names():
     assert datadir.is_deletion_leftover(f"t-0.{'0' * 32}-delete")
     assert not datadir.is_deletion_leftover("photos-delete")
     assert not datadir.is_deletion_leftover(f"t.{'0' * 32}-delete")
+
+
+def test_a_listed_partition_may_be_a_symlink_an_unlisted_one_is_left_alone(tmp_path):
+    data, elsewhere = tmp_path / "data", tmp_path / "disk2"
+    with LogManager.open(str(data)) as logs:
+        one_record(logs, "t")
+        one_record(logs, "u")
+    elsewhere.mkdir()
+    for name in ("t-0", "u-0"):
+        os.rename(data / name, elsewhere / name)
+        os.symlink(elsewhere / name, data / name)
+    unlisted = tree(elsewhere / "u-0")
+    with LogManager.open(str(data), load_all=False) as logs:
+        logs.load([("t", 0)])                  # listed: opened through its link
+        logs.finish_loading()
+        assert logs.get("t", 0).log_end_offset == 1
+    assert os.path.islink(data / "u-0")        # unlisted: neither renamed nor followed
+    assert tree(elsewhere / "u-0") == unlisted
