@@ -29,7 +29,9 @@ from mq.errors import CorruptIndexError
 from mq.log import datadir, diskio, files, producer_state
 from mq.log.config import LogConfig
 from mq.log.producer_state import ProducerStateManager
-from mq.log.segment import LogSegment, SegmentRecovery, scan_headers
+from mq.log.batch_headers import scan_headers
+from mq.log.segment import LogSegment
+from mq.log.segment_recovery import SegmentRecovery
 
 __all__ = ["Loaded", "RecoveryReport", "load"]
 

@@ -21,61 +21,47 @@ recovery cuts) and its log must take no more writes. Nothing past ``size`` is ev
 
 Reads use ``pread`` (the broker side); client processes read through ``mq.log.reader``'s maps.
 
-Open files (Kafka opens a segment's files lazily too): a segment keeps its ``.log`` and index
-descriptors open between calls only while ``pinned`` — its log pins the active segment, 3
-descriptors (``.log``, ``.index``, ``.timeindex``; the ``.txnindex`` is opened per write). Any
-other segment opens what a call needs when the call starts and closes it when the call (the
-outermost, on whichever thread: the cleaner reads beside the broker's loop) ends, so a
-partition's older segments cost no descriptor. Files stay open past a call only while an index
-is not trimmed (preallocated, or with failed entries past its count): opened again, its zero
-tail would count as entries; the next call that leaves it trimmed closes it. An append opens
-the ``.log`` if it is closed and leaves it so. A segment closed for good raises ``EBADF``.
+Open files: only the active segment (pinned by its log) keeps its descriptors open between
+calls; any other opens them for a call (``mq.log.segment_files``). Recovery from a recovery
+point is ``mq.log.segment_recovery``. A segment closed for good raises ``EBADF``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import mmap
 import os
 import random
-import struct
-import threading
 import time
 from collections.abc import Iterator
 from typing import Final
 
 from mq.errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
-from mq.log import diskio, files
+from mq.log import diskio, files, segment_recovery
+from mq.log.batch_headers import (SCAN_BYTES, header_max_timestamp, read_frame_length,
+                                  scan_headers)
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.policy import SegmentMeta
+from mq.log.records import HEADER_SIZE_UP_TO_MAGIC, RecordBatch, iter_batches
+from mq.log.segment_files import SegmentFiles
+from mq.log.segment_recovery import SegmentRecovery
 from mq.log.txnindex import AbortedTxn, TransactionIndex
-from mq.log.records import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH,
-                            RecordBatch, iter_batches)
 
-__all__ = ["LogSegment", "OffsetPosition", "FetchSlice", "SegmentRecovery"]
+__all__ = ["LogSegment", "OffsetPosition", "FetchSlice"]
 
-_FRAME: Final = struct.Struct(">qiib")
-# Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp.
-_SCAN_BYTES: Final = 43
-_SCAN: Final = struct.Struct(">qi")
-_LAST_DELTA: Final = struct.Struct(">i")
-_MAX_TS: Final = struct.Struct(">q")
 _INT32_MAX: Final = (1 << 31) - 1
 _READ_CHUNK: Final = 1 << 20
 
 
 def _using_files(method):
-    """A method that reads or writes the segment's files: open for its length (module doc)."""
+    """A method that reads or writes the segment's files: open for its length
+    (``segment_files``)."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        self._enter()
-        try:
+        with self._files.in_use():
             return method(self, *args, **kwargs)
-        finally:
-            self._leave()
     return call
 
 
@@ -83,11 +69,8 @@ def _using_files_while_iterating(method):
     """``_using_files`` for a generator: open until it finishes or is dropped."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        self._enter()
-        try:
+        with self._files.in_use():
             yield from method(self, *args, **kwargs)
-        finally:
-            self._leave()
     return call
 
 
@@ -98,19 +81,6 @@ class OffsetPosition:
     last_offset: int
     position: int
     size: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SegmentRecovery:
-    """What ``LogSegment.recover`` did: it validated ``bytes_validated`` bytes from byte
-    ``position`` (offset ``offset``) on and cut ``bytes_truncated`` of them; ``index_error``
-    says why it validated everything although a recovery point allowed less."""
-
-    offset: int
-    position: int
-    bytes_validated: int
-    bytes_truncated: int
-    index_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,20 +104,9 @@ class LogSegment:
         self.config = config
         self.suffix = suffix
         self.log_path = os.path.join(directory, files.segment_name(base_offset, ".log") + suffix)
-        self._lock = threading.Lock()      # guards the open files and the count of their users
-        self._users = 0
-        # The mq log tools read a segment or two: they keep its files open.
-        self.pinned = read_only
-        if read_only:
-            self._fd = os.open(self.log_path, os.O_RDONLY)
-        else:
-            self._fd = diskio.ops.open(self.log_path, os.O_RDWR | os.O_CREAT)
-        self.size = os.fstat(self._fd).st_size
-        if not read_only:
-            diskio.ops.close(self._fd)
-            self._fd = -1
-        self._offset_index: OffsetIndex | None = None
-        self._time_index: TimeIndex | None = None
+        self._files = SegmentFiles(self._path, base_offset, config.segment_index_bytes,
+                                   read_only=read_only)
+        self.size = self._files.size_at_open
         self._txn_index: TransactionIndex | None = None
         self.bytes_since_last_index_entry = 0
         self.created_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -158,53 +117,21 @@ class LogSegment:
         # Kafka draws the jitter once per segment, uniformly in [0, min(jitter, segment.ms)).
         jitter = min(config.segment_jitter_ms, config.segment_ms)
         self.rolling_jitter_ms = random.randrange(jitter) if jitter > 0 else 0
-        self.closed = False
         self.torn = False           # a failed append could not be truncated back
 
-    # --- open files (module doc) ---------------------------------------------------------------
+    # --- open files (segment_files) -------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Closed for good: a call raises ``EBADF``."""
+        return self._files.closed
+
     def pin(self) -> None:
         """Keep the files open between calls from now on (the active segment)."""
-        with self._lock:
-            self.pinned = True
-            self._open_log()
+        self._files.pin()
 
     def unpin(self) -> None:
         """Close the files once no call uses them and the indexes are trimmed (a roll)."""
-        with self._lock:
-            self.pinned = False
-            if not self._users:
-                self._close_if_trimmed()
-
-    def _enter(self) -> None:
-        with self._lock:
-            self._open_log()
-            self._users += 1
-
-    def _leave(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if not self._users and not self.pinned:
-                self._close_if_trimmed()
-
-    def _open_log(self) -> None:
-        """Open the ``.log`` unless it is open; the caller holds the lock."""
-        if self.closed:
-            raise OSError(errno.EBADF, f"{self.log_path}: the segment is closed")
-        if self._fd < 0:
-            self._fd = diskio.ops.open(self.log_path, os.O_RDWR)   # read-only ones stay open
-
-    def _close_if_trimmed(self) -> None:
-        """Close every file unless an index is not trimmed; the caller holds the lock."""
-        indexes = (self._offset_index, self._time_index)
-        if any(index is not None and not index.trimmed for index in indexes):
-            return
-        self._offset_index = self._time_index = None
-        for index in indexes:
-            if index is not None:
-                index.close_without_trim()
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            diskio.ops.close(fd)
+        self._files.unpin()
 
     # --- paths and lazy indexes ---------------------------------------------------------------
     def _path(self, kind: str) -> str:
@@ -220,37 +147,13 @@ class LogSegment:
         self.offset_index.sanity_check()
         self.time_index.sanity_check()
 
-    def _existing_index(self, kind: str) -> OffsetIndex | TimeIndex | None:
-        """The index if its file exists, else None: a read never creates a file (on a full
-        disk it could not, and a lookup must not fail for it)."""
-        index = self._offset_index if kind == files.INDEX_SUFFIX else self._time_index
-        if index is None and self.index_file_exists(kind):
-            index = self.offset_index if kind == files.INDEX_SUFFIX else self.time_index
-        return index
-
     @property
     def offset_index(self) -> OffsetIndex:
-        return self._offset_index or self._open_index(files.INDEX_SUFFIX)
+        return self._files.index(files.INDEX_SUFFIX)
 
     @property
     def time_index(self) -> TimeIndex:
-        return self._time_index or self._open_index(files.TIMEINDEX_SUFFIX)
-
-    def _open_index(self, kind: str):
-        """Open (creating, when writable) one index; under the lock, as the cleaner's thread
-        may ask at the same time."""
-        with self._lock:
-            offsets = kind == files.INDEX_SUFFIX
-            index = self._offset_index if offsets else self._time_index
-            if index is None:
-                index = (OffsetIndex if offsets else TimeIndex)(
-                    self._path(kind), self.base_offset, self.config.segment_index_bytes,
-                    writable=not self.read_only)
-                if offsets:
-                    self._offset_index = index
-                else:
-                    self._time_index = index
-            return index
+        return self._files.index(files.TIMEINDEX_SUFFIX)
 
     @property
     def txn_index(self) -> TransactionIndex:
@@ -270,7 +173,7 @@ class LogSegment:
         self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = ts, off
         self._next_offset = None
         self._compute_next_offset()
-        if ts < 0 and any(max_ts >= 0 for *_, max_ts in self._scan_headers(0)):
+        if ts < 0 and any(max_ts >= 0 for *_, max_ts in self.scan_batch_headers(0)):
             # Roll, close and recovery all leave the final (largest timestamp) entry, so an
             # empty time index over batches with timestamps was lost (emptied by a crash):
             # trusting it would take the largest timestamp from the tail scan alone, and
@@ -281,11 +184,11 @@ class LogSegment:
     @_using_files
     def _compute_next_offset(self) -> int:
         """Scan batch headers from the last offset-index entry to the end of the file."""
-        idx = self._existing_index(files.INDEX_SUFFIX)
+        idx = self._files.existing_index(files.INDEX_SUFFIX)
         start = idx.entry(idx.entries - 1)[1] if idx is not None and idx.entries else 0
         next_offset = self.base_offset
         first = True
-        for base, size, last_delta, max_ts in self._scan_headers(start):
+        for base, size, last_delta, max_ts in self.scan_batch_headers(start):
             next_offset = base + last_delta + 1
             if first and start == 0:
                 self.first_batch_timestamp = max_ts
@@ -294,9 +197,9 @@ class LogSegment:
                 self.max_timestamp_so_far = max_ts
                 self.offset_of_max_timestamp_so_far = base + last_delta
         if start and self.first_batch_timestamp < 0:
-            head = self._pread(0, _SCAN_BYTES)
-            if len(head) == _SCAN_BYTES:
-                self.first_batch_timestamp = _MAX_TS.unpack_from(head, 35)[0]
+            head = self.pread(0, SCAN_BYTES)
+            if len(head) == SCAN_BYTES:
+                self.first_batch_timestamp = header_max_timestamp(head)
         self._next_offset = next_offset
         return next_offset
 
@@ -317,7 +220,7 @@ class LogSegment:
 
     @_using_files
     def _mtime_ms(self) -> int:
-        return int(os.fstat(self._fd).st_mtime * 1000)
+        return int(os.fstat(self._files.fd).st_mtime * 1000)
 
     # SegmentMeta's fields, read live by the roll rule on every append.
     @property
@@ -326,14 +229,15 @@ class LogSegment:
 
     @property
     def offset_index_full(self) -> bool:
-        return self._index_full(self._offset_index, files.INDEX_SUFFIX)
+        return self._index_full(files.INDEX_SUFFIX)
 
     @property
     def time_index_full(self) -> bool:
-        return self._index_full(self._time_index, files.TIMEINDEX_SUFFIX)
+        return self._index_full(files.TIMEINDEX_SUFFIX)
 
-    def _index_full(self, index: OffsetIndex | TimeIndex | None, kind: str) -> bool:
-        # A closed index is trimmed (module doc), and a trimmed index has no free slot: the
+    def _index_full(self, kind: str) -> bool:
+        index = self._files.loaded(kind)
+        # A closed index is trimmed (segment_files), and a trimmed index has no free slot: the
         # answer needs no descriptor (retention asks it of every segment).
         return index.is_full if index is not None else self.index_file_exists(kind)
 
@@ -364,9 +268,7 @@ class LogSegment:
             raise InvalidOffsetError(f"{self.log_path}: offset {last_offset} does not fit "
                                      f"relative to base {self.base_offset}")
         position = self.size
-        if self._fd < 0:
-            with self._lock:
-                self._open_log()
+        self._files.open_log()
         if max_timestamp > self.max_timestamp_so_far:
             max_ts, max_ts_offset = max_timestamp, offset_of_max_timestamp
         else:
@@ -374,11 +276,11 @@ class LogSegment:
         counts = self._index_counts()
         try:
             if head is None:
-                diskio.write_fully(self._fd, batch, position)
+                diskio.write_fully(self._files.fd, batch, position)
             else:
-                diskio.write_fully(self._fd, head, position)
+                diskio.write_fully(self._files.fd, head, position)
                 with memoryview(batch)[len(head):] as body:
-                    diskio.write_fully(self._fd, body, position + len(head))
+                    diskio.write_fully(self._files.fd, body, position + len(head))
                 self._check_written(position, len(batch), head)
             indexed = self._index_entry(last_offset, position, max_ts, max_ts_offset)
             if aborted_txn is not None:
@@ -404,7 +306,7 @@ class LogSegment:
         """The ``size`` bytes at ``position`` start with ``head`` and are a valid batch (its
         CRC included): read through a map of just them (page-cache pages, no copy)."""
         start = position - position % mmap.ALLOCATIONGRANULARITY
-        with mmap.mmap(self._fd, position + size - start, offset=start,
+        with mmap.mmap(self._files.fd, position + size - start, offset=start,
                        access=mmap.ACCESS_READ) as m, memoryview(m) as whole, \
                 whole[position - start:] as written:
             if written[:len(head)] == head and \
@@ -418,18 +320,18 @@ class LogSegment:
         """After a failed append: cut whatever part of it reached the file (Redis's rule for
         a short AOF write). If that fails too the segment is ``torn``."""
         try:
-            diskio.ops.ftruncate(self._fd, position)
+            diskio.ops.ftruncate(self._files.fd, position)
         except OSError:
             self.torn = True
 
     def _index_counts(self) -> tuple[int, int]:
         return tuple(0 if index is None else index.entries
-                     for index in (self._offset_index, self._time_index))
+                     for index in self._files.loaded_indexes())
 
     def _restore_index_counts(self, counts: tuple[int, int]) -> None:
         """Forget entries written by a failed append (their bytes are past the count:
         overwritten by the next entries, trimmed at close)."""
-        for index, count in zip((self._offset_index, self._time_index), counts):
+        for index, count in zip(self._files.loaded_indexes(), counts):
             if index is not None:
                 index.entries = min(index.entries, count)
 
@@ -447,7 +349,7 @@ class LogSegment:
         self.time_index.maybe_append(max_ts, max_ts_offset)
         return True
 
-    def _index_batch(self, last_offset: int, position: int, size: int) -> None:
+    def index_batch(self, last_offset: int, position: int, size: int) -> None:
         """Recovery's side of ``_index_entry``, over the rebuilt maximum timestamp."""
         if self._index_entry(last_offset, position, self.max_timestamp_so_far,
                              self.offset_of_max_timestamp_so_far):
@@ -455,21 +357,24 @@ class LogSegment:
         self.bytes_since_last_index_entry += size
 
     # --- read ---------------------------------------------------------------------------------
-    def _pread(self, position: int, size: int) -> bytes:
-        return os.pread(self._fd, size, position)
+    def pread(self, position: int, size: int) -> bytes:
+        """Up to ``size`` bytes of the ``.log`` at ``position``; inside a call (files open)."""
+        return os.pread(self._files.fd, size, position)
 
-    def _scan_headers(self, start: int, end: int | None = None
-                      ) -> Iterator[tuple[int, int, int, int]]:
-        return scan_headers(self._fd, start, self.size if end is None else end)
+    def scan_batch_headers(self, start: int, end: int | None = None
+                           ) -> Iterator[tuple[int, int, int, int]]:
+        """``scan_headers`` over this ``.log`` up to ``end`` (default ``size``); inside a
+        call (files open)."""
+        return scan_headers(self._files.fd, start, self.size if end is None else end)
 
     @_using_files
     def translate_offset(self, offset: int, starting_position: int = 0) -> OffsetPosition | None:
         """The first batch whose last offset is >= ``offset`` (index floor, then a scan of
         batch headers), or None when every batch ends before it."""
-        index = self._existing_index(files.INDEX_SUFFIX)
+        index = self._files.existing_index(files.INDEX_SUFFIX)
         index_pos = index.lookup(offset)[1] if index is not None else 0
         pos = max(index_pos, starting_position)
-        for base, size, last_delta, _ in self._scan_headers(pos):
+        for base, size, last_delta, _ in self.scan_batch_headers(pos):
             if base + last_delta >= offset:
                 return OffsetPosition(base + last_delta, pos, size)
             pos += size
@@ -494,11 +399,11 @@ class LogSegment:
         else:
             # Extend over whole batches only, so a reader never sees a partial batch.
             length = 0
-            for _, size, _, _ in self._scan_headers(start, limit):
+            for _, size, _, _ in self.scan_batch_headers(start, limit):
                 if length + size > max_bytes:
                     break
                 length += size
-        return FetchSlice(start_offset, self.base_offset, start, self._pread(start, length))
+        return FetchSlice(start_offset, self.base_offset, start, self.pread(start, length))
 
     @_using_files_while_iterating
     def batches(self, start_position: int = 0, end: int | None = None
@@ -509,7 +414,7 @@ class LogSegment:
         end = self.size if end is None else end
         pos = start_position
         while end - pos >= HEADER_SIZE_UP_TO_MAGIC:
-            chunk = self._pread(pos, min(_READ_CHUNK, end - pos))
+            chunk = self.pread(pos, min(_READ_CHUNK, end - pos))
             consumed = 0
             try:
                 for batch in iter_batches(chunk, 0, len(chunk), self.log_path):
@@ -523,7 +428,7 @@ class LogSegment:
                 size = read_frame_length(chunk)
                 if size is None or pos + size > end:
                     return
-                yield RecordBatch(self._pread(pos, size), pos, self.log_path)
+                yield RecordBatch(self.pread(pos, size), pos, self.log_path)
                 consumed = size
             pos += consumed
 
@@ -534,7 +439,7 @@ class LogSegment:
         >= ``timestamp``, or None. Looking up ``timestamp - 1`` in the time index makes the
         answer exact: every batch before that entry's batch has max timestamp < ``timestamp``.
         """
-        index = self._existing_index(files.TIMEINDEX_SUFFIX)
+        index = self._files.existing_index(files.TIMEINDEX_SUFFIX)
         index_offset = index.lookup(timestamp - 1)[1] if index is not None else self.base_offset
         found = self.translate_offset(max(index_offset, starting_offset))
         if found is None:
@@ -550,179 +455,21 @@ class LogSegment:
     # --- recovery and truncation --------------------------------------------------------------
     @_using_files
     def recover(self, recovery_point: int | None = None) -> SegmentRecovery:
-        """Validate the batches from the one holding ``recovery_point`` to the end, rebuilding
-        the index entries after it; truncate the file at the first torn or invalid batch; drop
-        the ``.txnindex`` entries from there (the log's producer-state replay writes them
-        anew). What lies before ``recovery_point`` was fsynced and is not read again: only its
-        index entries are checked (``_resume_at``). Every batch is validated, and both indexes
-        rebuilt, when ``recovery_point`` is None or at the base, or when those checks fail."""
-        index_error = None
-        if recovery_point is not None and recovery_point > self.base_offset and self.size:
-            try:
-                start, next_offset = self._resume_at(recovery_point)
-            except CorruptIndexError as err:
-                index_error = str(err)
-                start = 0
-        else:
-            start = 0
-        if start == 0:
-            self.offset_index.reset()
-            self.time_index.reset()
-            self.txn_index.reset()
-            self.bytes_since_last_index_entry = 0
-            self.max_timestamp_so_far = -1
-            self.offset_of_max_timestamp_so_far = self.base_offset
-            self.first_batch_timestamp = -1
-            next_offset = self.base_offset
-        else:
-            self.resize_indexes(self.config.segment_index_bytes)   # room for the rebuilt
-            self.txn_index.truncate(next_offset)
-        size = self.size
-        valid, end_offset = self._rebuild(start, next_offset)
-        truncated = size - valid
-        if truncated:
-            diskio.ops.ftruncate(self._fd, valid)
-            self.size = valid
-        self._next_offset = end_offset
-        # As a roll (and Kafka's recover) does: the final entry for the largest timestamp, so a
-        # recovered segment's time index equals a cleanly closed one, and trimmed indexes (the
-        # log grows the active segment's back afterwards) — an inactive segment left
-        # preallocated would, after another crash, open with all-zero "entries".
-        self.on_become_inactive()
-        return SegmentRecovery(next_offset, start, size - start, truncated, index_error)
+        """``segment_recovery.recover`` with the files open for it."""
+        return segment_recovery.recover(self, recovery_point)
 
-    def _resume_at(self, recovery_point: int) -> tuple[int, int]:
-        """Take the state of the batches below ``recovery_point`` from the indexes of a crashed
-        segment; returns the position and offset of the first batch to validate (the one
-        holding ``recovery_point``, or the end). Kept: the offset-index entries below it
-        (``OffsetIndex.keep_below``: the preallocated file's zero tail cut off, no zero-filled
-        hole, the last ones in order), its last one checked against the log (the batch there ends at its offset,
-        CRC included), and the time-index entries below it, its last one checked the same way.
-        The largest timestamp is that entry's or a later one met on the header walk from the
-        last offset-index entry (at most ``index.interval.bytes`` and a batch). Raises
-        ``CorruptIndexError`` when something does not hold: the caller validates all.
-
-        After kill -9 the index pages hold exactly what was written. After a power loss a page
-        the flusher did not fsync (it fsyncs the ``.log``) may read as an older version:
-        zeros where entries were: a hole (found: validate all) or a shorter run of entries (a
-        longer header walk, from the earlier of the two indexes' last entries), as for the
-        segments below this one."""
-        if not (self.index_file_exists(files.INDEX_SUFFIX) and
-                self.index_file_exists(files.TIMEINDEX_SUFFIX)):
-            raise CorruptIndexError(self.log_path, "an index is missing")
-        offsets, times = self.offset_index, self.time_index
-        offsets.keep_below(recovery_point, self.size)
-        position = 0
-        if offsets.entries:
-            last_offset, position = offsets.entry(offsets.entries - 1)
-            self._check_batch_at(last_offset, position, None)
-        indexed_position = position
-        max_ts, max_ts_offset = -1, self.base_offset
-        walked = []
-        next_offset = self.base_offset if position == 0 else None
-        for base, size, last_delta, batch_max_ts in self._scan_headers(position):
-            if base + last_delta >= recovery_point:
-                break
-            walked.append((base + last_delta, batch_max_ts))
-            position += size
-            next_offset = base + last_delta + 1
-        if next_offset is None:      # the walk did not get past the checked batch
-            raise CorruptIndexError(self.log_path, f"no batch at byte {position}")
-        if position == 0:
-            return 0, self.base_offset   # nothing below the recovery point: validate all
-        times.keep_below(next_offset)
-        if times.entries:
-            max_ts, max_ts_offset = times.last_entry
-            found = self.translate_offset(max_ts_offset)
-            self._check_batch_at(max_ts_offset, found.position if found else -1, max_ts)
-            # After a power loss the time index may end before the offset index does (a page
-            # of it not written back reads as zeros): the batches between its last entry and
-            # where the walk above began count too, so the largest timestamp is never
-            # understated (retention would take the segment early). Normally both indexes
-            # took their last entry at the same batch, and this reads no header.
-            for base, _, last_delta, batch_max_ts in self._scan_headers(found.position,
-                                                                        indexed_position):
-                if batch_max_ts > max_ts:
-                    max_ts, max_ts_offset = batch_max_ts, base + last_delta
-        elif offsets.entries and next(self._scan_headers(0))[3] >= 0:
-            # The first offset-index entry was written with a time-index entry then.
-            raise CorruptIndexError(times.path, "no entries below the recovery point")
-        for last_offset, batch_max_ts in walked:
-            if batch_max_ts > max_ts:
-                max_ts, max_ts_offset = batch_max_ts, last_offset
-        self.max_timestamp_so_far = max_ts
-        self.offset_of_max_timestamp_so_far = max_ts_offset
-        self.first_batch_timestamp = next(self._scan_headers(0))[3]
-        self.bytes_since_last_index_entry = position - indexed_position
-        return position, next_offset
-
-    def _check_batch_at(self, last_offset: int, position: int, max_ts: int | None) -> None:
-        """Raise ``CorruptIndexError`` unless a valid batch ending at ``last_offset`` (with
-        largest timestamp ``max_ts``, unless None) starts at byte ``position``."""
-        head = next(self._scan_headers(position), None) if position >= 0 else None
-        if head is not None and head[0] + head[2] == last_offset and \
-                (max_ts is None or head[3] == max_ts) and \
-                RecordBatch(self._pread(position, head[1]), position, self.log_path).is_valid:
-            return
-        raise CorruptIndexError(self.log_path, f"no valid batch ending at offset {last_offset} "
-                                f"at byte {position}, as an index entry says")
-
-    def _rebuild(self, position: int, next_offset: int) -> tuple[int, int]:
-        valid = position
-        try:
-            for batch in self.batches(position):
-                batch.validate()
-                rel = batch.last_offset - self.base_offset
-                if batch.base_offset < next_offset or not 0 <= rel <= _INT32_MAX:
-                    raise CorruptRecordError(self.log_path, valid, f"batch offsets "
-                                             f"{batch.base_offset}..{batch.last_offset} do not "
-                                             f"follow {next_offset - 1} in this segment")
-                if valid == 0:
-                    self.first_batch_timestamp = batch.max_timestamp
-                if batch.max_timestamp > self.max_timestamp_so_far:
-                    self.max_timestamp_so_far = batch.max_timestamp
-                    self.offset_of_max_timestamp_so_far = batch.last_offset
-                self._index_batch(batch.last_offset, valid, batch.size)
-                valid += batch.size
-                next_offset = batch.next_offset
-        except CorruptRecordError:
-            pass   # everything from `valid` on is dropped
-        return valid, next_offset
+    def set_end(self, position: int, next_offset: int) -> None:
+        """Recovery's end: cut the ``.log`` at ``position`` if it is longer and take
+        ``next_offset`` as the offset after the last batch."""
+        if position != self.size:
+            diskio.ops.ftruncate(self._files.fd, position)
+            self.size = position
+        self._next_offset = next_offset
 
     @_using_files
     def verify(self) -> list[str]:
-        """Problems found without changing anything (``mq log check``): invalid batches,
-        index entries inconsistent with the log."""
-        problems: list[str] = []
-        valid = 0
-        try:
-            for batch in self.batches():
-                batch.validate()
-                batch.records()
-                valid += batch.size
-        except CorruptRecordError as err:
-            problems.append(str(err))
-        else:
-            if valid != self.size:
-                problems.append(f"{self.log_path} at byte {valid}: torn batch, "
-                                f"{self.size - valid} bytes past the last whole batch")
-        for kind, arg in ((files.INDEX_SUFFIX, self.size), (files.TIMEINDEX_SUFFIX, None)):
-            if self.read_only and not self.index_file_exists(kind):
-                continue   # indexes are created lazily (a one-batch segment may have none)
-            index = self.offset_index if kind == files.INDEX_SUFFIX else self.time_index
-            try:
-                if arg is None:
-                    # From the batch headers, not self.next_offset: that reads the offset
-                    # index, which may be missing (read-only) or the very thing that is wrong.
-                    next_offset = self.base_offset
-                    for base, _, last_delta, _ in self._scan_headers(0):
-                        next_offset = base + last_delta + 1
-                    index.validate_entries(next_offset)
-                else:
-                    index.validate_entries(arg)
-            except CorruptIndexError as err:
-                problems.append(str(err))
-        return problems
+        """``segment_recovery.verify`` with the files open for it."""
+        return segment_recovery.verify(self)
 
     @_using_files
     def truncate_to(self, offset: int) -> int:
@@ -741,7 +488,7 @@ class LogSegment:
         if found is None:
             return 0
         removed = self.size - found.position
-        diskio.ops.ftruncate(self._fd, found.position)
+        diskio.ops.ftruncate(self._files.fd, found.position)
         self.size = found.position
         self.bytes_since_last_index_entry = 0
         self.max_timestamp_so_far, self.offset_of_max_timestamp_so_far = \
@@ -773,21 +520,14 @@ class LogSegment:
         self.time_index.resize(max(size, self.time_index.size_in_bytes + 12))
 
     def dup_fd(self) -> int:
-        """A descriptor of the ``.log`` of its own (a duplicate, or opened when the files are
-        closed), for an fsync in another thread that must not race with this segment being
-        closed. An fsync covers the file's pages whichever descriptor wrote them, and a
-        writeback error no descriptor has seen yet is reported to one opened after it (Linux
-        4.16 and later)."""
-        with self._lock:
-            if self._fd >= 0:
-                return diskio.ops.dup(self._fd)
-            return diskio.ops.open(self.log_path, os.O_RDONLY)
+        """A descriptor of the ``.log`` of its own (``SegmentFiles.dup_fd``)."""
+        return self._files.dup_fd()
 
     @_using_files
     def flush(self) -> None:
-        diskio.ops.fdatasync(self._fd)
-        for kind, index in ((files.INDEX_SUFFIX, self._offset_index),
-                            (files.TIMEINDEX_SUFFIX, self._time_index)):
+        diskio.ops.fdatasync(self._files.fd)
+        for kind, index in zip((files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX),
+                               self._files.loaded_indexes()):
             if index is not None:
                 index.flush()
             elif self.index_file_exists(kind):     # closed after its last change, maybe
@@ -805,7 +545,7 @@ class LogSegment:
             return
         if self.closed:
             return
-        self.closed = True
+        self._files.closed = True
         try:
             if self.max_timestamp_so_far >= 0 and self.size:
                 self.time_index.maybe_append(self.max_timestamp_so_far,
@@ -813,7 +553,7 @@ class LogSegment:
                                              skip_full_check=True)
         finally:
             try:
-                for index in (self._offset_index, self._time_index):
+                for index in self._files.loaded_indexes():
                     if index is not None:
                         index.close()
                 if self._txn_index is not None:
@@ -821,25 +561,19 @@ class LogSegment:
             finally:
                 if self._txn_index is not None:
                     self._txn_index.close()
-                self._close_log()
+                self._files.close()
 
     def close_without_index_changes(self) -> None:
         """Close leaving files exactly as they are (``mq log check`` without ``--repair``)."""
         if self.closed:
             return
-        self.closed = True
-        for index in (self._offset_index, self._time_index):
+        self._files.closed = True
+        for index in self._files.loaded_indexes():
             if index is not None:
                 index.close_without_trim()
         if self._txn_index is not None:
             self._txn_index.close()
-        self._close_log()
-
-    def _close_log(self) -> None:
-        with self._lock:
-            fd, self._fd = self._fd, -1
-        if fd >= 0:
-            diskio.ops.close(fd)
+        self._files.close()
 
     def rename_suffix(self, new_suffix: str) -> None:
         """Rename every existing file of the segment from the current suffix to ``new_suffix``
@@ -847,10 +581,9 @@ class LogSegment:
         for kind in files.SEGMENT_FILE_SUFFIXES:
             old = self._path(kind)
             new = os.path.join(self.dir, files.segment_name(self.base_offset, kind) + new_suffix)
-            if kind == files.INDEX_SUFFIX and self._offset_index is not None:
-                self._offset_index.rename(new)
-            elif kind == files.TIMEINDEX_SUFFIX and self._time_index is not None:
-                self._time_index.rename(new)
+            index = self._files.loaded(kind)
+            if index is not None:
+                index.rename(new)
             elif kind == files.TXNINDEX_SUFFIX and self._txn_index is not None:
                 self._txn_index.rename(new)
             elif os.path.exists(old):
@@ -866,30 +599,3 @@ class LogSegment:
     def __repr__(self) -> str:
         return (f"LogSegment(base_offset={self.base_offset}, size={self.size}, "
                 f"next_offset={self._next_offset}, suffix={self.suffix!r})")
-
-
-def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(baseOffset, size, lastOffsetDelta, maxTimestamp) of each whole batch of the ``.log``
-    open as ``fd`` in ``[start, end)``, one 43-byte ``pread`` a batch (a 1 GiB file is never
-    read whole); stops at a torn or malformed tail (recovery deals with those)."""
-    pos = start
-    while end - pos >= _SCAN_BYTES:
-        head = os.pread(fd, _SCAN_BYTES, pos)
-        if len(head) < _SCAN_BYTES:
-            return
-        base, length = _SCAN.unpack_from(head)
-        if length < MIN_BATCH_LENGTH or head[16] != MAGIC or pos + LOG_OVERHEAD + length > end:
-            return
-        size = LOG_OVERHEAD + length
-        yield base, size, _LAST_DELTA.unpack_from(head, 23)[0], _MAX_TS.unpack_from(head, 35)[0]
-        pos += size
-
-
-def read_frame_length(head: bytes) -> int | None:
-    """Batch size from its first 17 bytes, or None if they cannot start a v2 batch."""
-    if len(head) < HEADER_SIZE_UP_TO_MAGIC:
-        return None
-    _, length, _, magic = _FRAME.unpack_from(head)
-    if length < MIN_BATCH_LENGTH or magic != MAGIC:
-        return None
-    return LOG_OVERHEAD + length
