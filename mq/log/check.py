@@ -758,8 +758,7 @@ def repair_partition(directory: str) -> RepairResult:
     require_partition_dir(directory)
     foreign = datadir.foreign_entries(directory)
     if foreign or not os.listdir(directory):
-        what = (f"files mq did not write ({', '.join(foreign[:3])}"
-                f"{', ...' if len(foreign) > 3 else ''})" if foreign else "nothing")
+        what = f"files mq did not write ({datadir.some(foreign)})" if foreign else "nothing"
         raise StorageError(f"{directory}: holds {what}: --repair changes only a partition "
                            "directory all of whose files mq wrote; move the others out first")
     with _data_dir_lock(directory):             # so no broker runs: no need to probe for one

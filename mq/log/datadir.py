@@ -35,8 +35,8 @@ from typing import Final
 from mq.errors import DataDirError
 from mq.log import diskio, files
 
-__all__ = ["DirKind", "classify", "foreign_entries", "is_deletion_leftover", "prepare", "read_meta",
-           "is_partition_file", "remove_partition_dir", "set_aside", "STRAY_SUFFIX"]
+__all__ = ["DELETE_SUFFIX", "DirKind", "classify", "foreign_entries", "is_deletion_leftover", "prepare", "read_meta",
+           "is_partition_file", "remove_partition_dir", "renamed", "set_aside", "some", "STRAY_SUFFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +87,10 @@ def prepare(path: str) -> bool:
     foreign = sorted(n for n in names if n not in START_LEFTOVERS
                      and not _is_socket(os.path.join(path, n)))
     if foreign:
-        shown = ", ".join(foreign[:_SHOWN]) + (", ..." if len(foreign) > _SHOWN else "")
         raise DataDirError(
             f"data dir {path} is not empty and not an mq data dir (no {files.META_FILE}): it "
-            f"holds {len(foreign)} other entr{'y' if len(foreign) == 1 else 'ies'} ({shown}); "
+            f"holds {len(foreign)} other entr{'y' if len(foreign) == 1 else 'ies'} "
+            f"({some(foreign)}); "
             "mq changes nothing there: give a new or empty directory")
     return False
 
@@ -144,12 +144,24 @@ def set_aside(data_dir: str, name: str) -> str | None:
         log.warning("%s: not a partition of any topic, and a symlink or holding files mq did "
                     "not write (or nothing): left as it is", path)
         return None
-    stray = f"{name}.{uuid.uuid4().hex}{STRAY_SUFFIX}"
+    stray = os.path.basename(renamed(path, STRAY_SUFFIX))
     os.rename(path, os.path.join(data_dir, stray))
     files.fsync_dir(data_dir)
     log.warning("%s: a partition no topic lists (a deletion cut short?): set aside as %s, "
                 "kept; remove it when it is not needed", path, stray)
     return stray
+
+
+def renamed(path: str, suffix: str) -> str:
+    """``<path>.<uuid><suffix>``: where a partition directory goes when mq removes it
+    (``DELETE_SUFFIX``) or sets it aside (``STRAY_SUFFIX``); ``is_deletion_leftover`` knows
+    the first again."""
+    return f"{path}.{uuid.uuid4().hex}{suffix}"
+
+
+def some(names: list[str]) -> str:
+    """The first ``_SHOWN`` of ``names`` for a one-line message: ``"a, b, c, ..."``."""
+    return ", ".join(names[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
 
 
 def is_deletion_leftover(name: str) -> bool:
@@ -170,7 +182,7 @@ def remove_partition_dir(path: str) -> bool:
             foreign.append(name)
     if foreign:
         log.warning("%s: kept, with %d file(s) mq did not write (%s)", path, len(foreign),
-                    ", ".join(sorted(foreign)[:_SHOWN]))
+                    some(sorted(foreign)))
         return False
     os.rmdir(path)
     return True
