@@ -12,7 +12,8 @@ directory is opened, and so written to, only once something says it is a partiti
 Close sequence: flush and close every log, write both checkpoints (recovery point = log end),
 then write the marker, fsynced. Checkpoints are written atomically (temp, fsync, rename, fsync
 dir), so a crash leaves the previous or the next checkpoint. A partition found on disk but not
-loaded yet keeps its checkpoint entries.
+loaded yet keeps its checkpoint entries, and a close before loading finished (a start that
+failed) writes no clean-shutdown marker: what was not opened was not recovered.
 
 Write failures: a checkpoint that cannot be written (a full disk) keeps the previous file and
 is retried at the next one (a stale checkpoint only lengthens recovery), never stopping the
@@ -248,7 +249,7 @@ class LogManager:
         if plog is None:
             return
         plog.close()
-        doomed = f"{plog.dir}.{uuid.uuid4().hex}-delete"
+        doomed = datadir.renamed(plog.dir, datadir.DELETE_SUFFIX)
         try:
             diskio.ops.rename(plog.dir, doomed)
             files.fsync_dir(self.data_dir)
@@ -272,13 +273,17 @@ class LogManager:
         for lg in self.logs.values():
             lg.take_recovery_snapshot()
         points = {k: lg.recovery_point for k, lg in self.logs.items()}
+        # A partition not loaded (yet) keeps what the last checkpoints said of it.
+        kept = [k for k in self.unloaded if k in self._recovery or k in self._starts]
         try:
             files.write_checkpoint(
-                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT), points)
+                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
+                {**{k: self._recovery[k] for k in kept if k in self._recovery}, **points})
             files.write_checkpoint(
                 os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
-                {k: lg.log_start_offset for k, lg in self.logs.items()
-                 if lg.log_start_offset > lg.segments[0].base_offset})
+                {**{k: self._starts[k] for k in kept if k in self._starts},
+                 **{k: lg.log_start_offset for k, lg in self.logs.items()
+                    if lg.log_start_offset > lg.segments[0].base_offset}})
         except OSError as err:
             self.write_failures += 1
             log.warning("%s: checkpoints not written (%s); the previous ones stay",
@@ -316,7 +321,12 @@ class LogManager:
             # A log that closed cleanly flushed to its end; an offline one stays at its last
             # good fsync.
             written = self.checkpoint()
-            if written and not self.had_write_failure:
+            if self.unloaded:
+                # Closed before loading finished (a start that failed): the partitions not
+                # opened were not recovered, so the next start must not take them as clean.
+                log.warning("%s: closed with %d partition(s) not opened: no clean-shutdown "
+                            "marker", self.data_dir, len(self.unloaded))
+            elif written and not self.had_write_failure:
                 files.atomic_write(os.path.join(self.data_dir, files.CLEAN_SHUTDOWN_FILE),
                                    json.dumps({"version": 0, "brokerEpoch": 0}).encode())
             else:

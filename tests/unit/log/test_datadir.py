@@ -220,3 +220,19 @@ def test_a_listed_partition_may_be_a_symlink_an_unlisted_one_is_left_alone(tmp_p
         assert logs.get("t", 0).log_end_offset == 1
     assert os.path.islink(data / "u-0")        # unlisted: neither renamed nor followed
     assert tree(elsewhere / "u-0") == unlisted
+
+
+def test_a_close_before_loading_finished_leaves_the_unopened_partitions_to_recovery(tmp_path):
+    """A broker start that fails after the data dir opened but before its partitions were
+    loaded: the next start must still recover them (no clean-shutdown marker), from the
+    recovery points the checkpoint kept."""
+    data = tmp_path / "data"
+    with LogManager.open(str(data)) as logs:
+        one_record(logs, "t")
+    os.unlink(data / ".kafka_cleanshutdown")                # as after a kill -9
+    before = (data / "recovery-point-offset-checkpoint").read_text()
+    logs = LogManager.open(str(data), load_all=False)
+    assert list(logs.unloaded) == [("t", 0)]
+    logs.close()
+    assert not (data / ".kafka_cleanshutdown").exists()
+    assert (data / "recovery-point-offset-checkpoint").read_text() == before
