@@ -35,7 +35,6 @@ import time
 import traceback
 
 from bench.harness import (
-    KIB,
     MIB,
     CpuMeter,
     Rows,

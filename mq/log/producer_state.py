@@ -52,7 +52,7 @@ from crc32c import crc32c
 
 from mq import errors
 from mq.log import files
-from mq.log.records import CONTROL_ABORT, CONTROL_COMMIT, RecordBatch
+from mq.log.records import CONTROL_ABORT, RecordBatch
 from mq.log.txnindex import AbortedTxn
 
 __all__ = ["BATCHES_TO_RETAIN", "BatchInfo", "CompletedTxn", "ProducerEntry",
