@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve OpenMetrics at http://HOST:PORT/metrics (port 0: any free "
                         "port, logged at start; default: off, or metrics_address in the "
                         "config file)")
+    parser.add_argument("--kafka-listener", metavar="HOST:PORT", action="append",
+                        dest="kafka_listeners",
+                        help="serve Kafka's wire protocol on HOST:PORT, a loopback address "
+                        "(repeatable; port 0: any free port, logged at start; default: off, "
+                        "or kafka_listeners in the config file)")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
@@ -41,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     config = BrokerConfig.load(args.config, data_dir=args.data_dir, socket=args.socket,
                                log_level=args.log_level,
                                log_format=getattr(args, "log_format", None),
-                               metrics_address=getattr(args, "metrics_address", None))
+                               metrics_address=getattr(args, "metrics_address", None),
+                               kafka_listeners=getattr(args, "kafka_listeners", None))
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logformat.formatter(config.log_format))
     logging.basicConfig(level=config.log_level, handlers=[handler])

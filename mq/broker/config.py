@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mq.broker.assignors import canonical_assignor
+from mq.broker.kafka.addresses import check_listener
 from mq.broker.group_model import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_MAX_SESSION_TIMEOUT_MS,
@@ -68,11 +69,13 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "group_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
     "group_min_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
     "group_max_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
+    "num_partitions": (1, 200_000, "Kafka's partition count limit"),
+    "node_id": (0, _INT32_MAX, "Kafka's int32"),
 }
 # The variables over the file, and the flags over both: a message names where a bad value came
 # from (the file, $MQ_SOCKET, --socket).
 _ENV = {"data_dir": "MQ_DATA_DIR", "socket": "MQ_SOCKET", "log_level": "MQ_LOG_LEVEL"}
-_FLAGS = {"metrics_address": "--metrics"}   # the others are --key-with-dashes
+_FLAGS = {"metrics_address": "--metrics", "kafka_listeners": "--kafka-listener"}   # the others are --key-with-dashes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,11 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS      # 30 min
     group_assignor: str = "sticky"                # default when members name none
     metrics_address: str = ""                     # HOST:PORT of /metrics ("" = off)
+    # Kafka's wire protocol (mq/broker/kafka/): loopback HOST:PORTs to serve it on (none: off).
+    kafka_listeners: tuple[str, ...] = ()
+    auto_create_topics: bool = True               # auto.create.topics.enable
+    num_partitions: int = 1                       # num.partitions: of an auto-created topic
+    node_id: int = 0                              # node.id: the one node Metadata names
     topic_defaults: LogConfig = dataclasses.field(default_factory=LogConfig)
     config_file: str | None = None
 
@@ -201,6 +209,19 @@ def _checked(key: str, value: Any) -> Any:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"data_dir must be a non-empty path, got {value!r}")
         return os.path.abspath(os.path.expanduser(value))
+    if key == "kafka_listeners":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"kafka_listeners must be a list of \"HOST:PORT\", got {value!r}")
+        try:
+            for text in value:
+                check_listener(text)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        return tuple(value)
+    if key == "auto_create_topics":
+        if type(value) is not bool:
+            raise ConfigError(f"auto_create_topics must be true or false, got {value!r}")
+        return value
     if key in ("socket", "log_level", "log_format", "high_watermark", "group_assignor",
                "metrics_address") and not isinstance(value, str):
         raise ConfigError(f"{key} must be a string, got {value!r}")

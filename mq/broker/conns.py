@@ -35,8 +35,8 @@ class Conn:
     """One client connection (hashable by identity)."""
 
     sock: socket.socket
-    pid: int                           # the peer's, from SO_PEERCRED
-    reader: FrameReader
+    pid: int | None                    # the peer's, from SO_PEERCRED (None: a TCP peer)
+    reader: FrameReader | None         # None: a Kafka connection (its own frames)
     conn_id: int = 0
     group_member: bool = False         # sent a group heartbeat: its close is a member leaving
     out: bytearray = dataclasses.field(default_factory=bytearray)
@@ -66,6 +66,10 @@ class Conn:
             log.info("pid %d passed more descriptors than one read takes; the rest were "
                      "closed", self.pid)
 
+    def enqueue(self, message: list) -> None:
+        """Queue a native reply or push for the loop to write."""
+        self.out += encode_frame(message)
+
     def release_shared(self) -> None:
         """Close the passed descriptors and the arena's map (the connection closed)."""
         for fd in self.fds:
@@ -94,7 +98,14 @@ class Connections:
 
     def add(self, sock: socket.socket, pid: int) -> Conn:
         """A new connection of process ``pid``, with a fresh id."""
-        conn = Conn(sock, pid, FrameReader(self._max_request_bytes), next(self._ids))
+        return self.adopt(Conn(sock, pid, FrameReader(self._max_request_bytes),
+                               self.next_id()))
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def adopt(self, conn: Conn) -> Conn:
+        """Add a connection made elsewhere (a Kafka listener's, ``mq/broker/kafka``)."""
         self._by_id[conn.conn_id] = conn
         return conn
 
@@ -111,8 +122,13 @@ class Connections:
         of the round. Nothing is queued on a closing connection."""
         if conn.closing:
             return
-        conn.out += encode_frame(message)
+        conn.enqueue(message)
         self._unsent.add(conn)
+
+    def mark_unsent(self, conn: Conn) -> None:
+        """``conn`` has output queued some other way (a Kafka connection's responses)."""
+        if not conn.closing:
+            self._unsent.add(conn)
 
     def take_unsent(self) -> set[Conn]:
         """The connections with output queued since the last call (empty: nothing to write;
@@ -127,7 +143,8 @@ class Connections:
         that went quiet keeps no buffer of twice its largest batch (the loop calls this once
         per flush interval; an active one takes a new buffer at its next read)."""
         for conn in self._by_id.values():
-            conn.reader.trim()
+            if conn.reader is not None:
+                conn.reader.trim()
 
     def __iter__(self) -> Iterator[Conn]:
         return iter(list(self._by_id.values()))

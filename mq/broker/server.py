@@ -53,6 +53,9 @@ from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.conns import Conn, Connections
 from mq.broker.fd_budget import FDS_PER_PARTITION, FdBudget
+from mq.broker.kafka.conn import KafkaConn
+from mq.broker.kafka.handlers import KafkaApis
+from mq.broker.kafka.listener import KafkaListener
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
@@ -138,6 +141,7 @@ class Broker:
         self._sem_prefix = semaphore_prefix(self.data_dir)   # realpath + sha1: compute once
         self.generation = int(time.time() * 1000)
         self._fds = FdBudget(None)             # the open-file limit, known at start()
+        self.kafka: KafkaListener | None = None   # kafka_listeners (mq/broker/kafka/)
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -165,6 +169,7 @@ class Broker:
             self.state = state_region(self.data_dir, self.config.state_slots, self.generation)
             self._build_components()
             self._listen()
+            self._listen_kafka()
         except BaseException:
             self._close_resources()
             raise
@@ -213,6 +218,7 @@ class Broker:
                                  metadata_log=self.metadata.log)
         self._handlers = dispatch_table([self, produce, self.topics, self.groups,
                                          self.transactions, self.stats])
+        self._produce = produce
         self.transactions.recover()
 
     def handlers(self) -> dict[Api, Handler]:
@@ -245,6 +251,19 @@ class Broker:
         sock.setblocking(False)
         self._listener = sock
         self._sel.register(sock, selectors.EVENT_READ, "accept")
+
+    def _listen_kafka(self) -> None:
+        """The Kafka listeners (``kafka_listeners``), served by the same components."""
+        if not self.config.kafka_listeners:
+            return
+        self.kafka = KafkaListener(self.config.kafka_listeners, selector=self._sel,
+                                   conns=self.conns, dispatch=self.call, close=self._close,
+                                   max_request_bytes=self.config.max_request_bytes)
+        self.kafka.set_handlers(KafkaApis(
+            self.config, self.partitions, self.groups, self.transactions, self.metadata,
+            leader_epoch=self.logs.leader_epoch).handlers())
+        self.kafka.listen()
+        self.stats.kafka_listeners = self.kafka.bound
 
     def _serve_metrics(self) -> None:
         """``/metrics`` at ``metrics_address``, from the snapshot the loop takes per scrape."""
@@ -287,10 +306,14 @@ class Broker:
             timeout = max(0.0, min(self._next_retention, self._next_flush) - now)
             timeout = min(timeout, self.groups.deadline_s(),
                           self.transactions.deadline_s(now), self.service.deadline_s())
+            if self.kafka is not None:
+                timeout = min(timeout, self.kafka.deadline_s(now))
             for key, events in self._sel.select(timeout):
                 what = key.data
                 if what == "accept":
                     self._accept()
+                elif what is self.kafka:
+                    self.kafka.accept(key)
                 elif what == "flush":
                     self._commit.done()
                 elif what == "calls":
@@ -301,12 +324,17 @@ class Broker:
                     except BlockingIOError:
                         pass
                 elif events & selectors.EVENT_READ:
-                    self._read(what)
+                    if isinstance(what, KafkaConn):
+                        self.kafka.read(what)
+                    else:
+                        self._read(what)
                 if isinstance(what, Conn) and events & selectors.EVENT_WRITE:
                     self._write(what)
             self._background(self.groups.timers, "group timers")
             now = time.monotonic()
             self._background(self.transactions.timers, "transaction timers", now)
+            if self.kafka is not None:
+                self.kafka.timers(now)
             if now >= self._next_flush:
                 self._background(self._periodic_flush, "the periodic flush", now)
                 self.conns.trim_buffers()
@@ -338,6 +366,8 @@ class Broker:
         flush), then state publication and wake-ups for partitions whose high watermark or
         segments moved, then the replies queued this round."""
         self._commit.submit()
+        if self.kafka is not None:
+            self.kafka.partitions_moved(self.partitions.touched)   # parked Fetches
         self._publisher.publish_touched()
         while True:    # a write that closes a member's conn may push to others
             unsent = self.conns.take_unsent()
@@ -397,6 +427,9 @@ class Broker:
     def _write(self, conn: Conn) -> None:
         if conn.closing:
             return
+        if isinstance(conn, KafkaConn):
+            self.kafka.write(conn)
+            return
         try:
             n = conn.sock.send(conn.out)
         except (BlockingIOError, InterruptedError):
@@ -444,35 +477,38 @@ class Broker:
             self.conns.send(conn, response(req.api, req.request_id, InvalidRequestError.code,
                                            "the first request must be a Handshake"))
             return
-        try:
-            reply = self._dispatch(conn, req)
-        except BrokerError as err:
-            reply = response(req.api, req.request_id, err.code, err.message)
-        except (ConfigError, ValueError) as err:      # ConfigError first: it is a ValueError
-            code = errors.InvalidConfigurationError.code if isinstance(err, ConfigError) \
-                else InvalidRequestError.code
-            reply = response(req.api, req.request_id, code, str(err))
-        except errors.LogWriteError as err:
-            reply = response(req.api, req.request_id, errors.KafkaStorageError.code, str(err))
-        except errors.CorruptRecordError as err:
-            reply = response(req.api, req.request_id, errors.CorruptMessageError.code,
-                             err.reason)
-        except errors.OffsetOutOfRangeError as err:
-            reply = response(req.api, req.request_id, errors.BrokerOffsetOutOfRangeError.code,
-                             str(err))
-        except Exception as err:   # a bug in mq: answer, log, keep serving everyone else
-            log.exception("error handling %s from pid %d", req.api.name, conn.pid)
-            reply = response(req.api, req.request_id, errors.UnknownServerError.code,
-                             f"{type(err).__name__}: {err}")
+        reply = self.call(conn, req)
         # One-way requests still hear about errors.
         if reply is not None and (req.api not in ONE_WAY or reply[2] != 0):
             self.conns.send(conn, reply)
 
-    def _dispatch(self, conn: Conn, req: Request) -> list | None:
-        handler = self._handlers.get(req.api)
-        if handler is None:
-            raise InvalidRequestError(f"this broker does not serve {req.api.name}")
-        return handler(conn, req)
+    def call(self, conn: Conn, req: Request) -> list | None:
+        """Run a request's handler: its reply now, or None (sent later, or one-way). What
+        the handler raises is answered as an error reply with Kafka's code; anything else
+        than mq's own errors is a bug in mq, logged with its traceback."""
+        try:
+            handler = self._handlers.get(req.api)
+            if handler is None:
+                raise InvalidRequestError(f"this broker does not serve {req.api.name}")
+            return handler(conn, req)
+        except BrokerError as err:
+            return response(req.api, req.request_id, err.code, err.message)
+        except (ConfigError, ValueError) as err:      # ConfigError first: it is a ValueError
+            code = errors.InvalidConfigurationError.code if isinstance(err, ConfigError) \
+                else InvalidRequestError.code
+            return response(req.api, req.request_id, code, str(err))
+        except errors.LogWriteError as err:
+            return response(req.api, req.request_id, errors.KafkaStorageError.code, str(err))
+        except errors.CorruptRecordError as err:
+            return response(req.api, req.request_id, errors.CorruptMessageError.code,
+                            err.reason)
+        except errors.OffsetOutOfRangeError as err:
+            return response(req.api, req.request_id, errors.BrokerOffsetOutOfRangeError.code,
+                            str(err))
+        except Exception as err:   # a bug in mq: answer, log, keep serving everyone else
+            log.exception("error handling %s from %s", req.api.name, _peer(conn))
+            return response(req.api, req.request_id, errors.UnknownServerError.code,
+                            f"{type(err).__name__}: {err}")
 
     def _handshake(self, conn: Conn, req: Request) -> list | None:
         version = req["protocol_version"]
@@ -580,11 +616,14 @@ class Broker:
             self._sel.select(1.0)
             self._commit.done()
         for conn in self.conns:
-            if conn.out:
+            if conn.out or isinstance(conn, KafkaConn) and conn.has_output:
                 conn.sock.setblocking(True)
                 conn.sock.settimeout(1.0)
                 try:
-                    conn.sock.sendall(conn.out)
+                    if isinstance(conn, KafkaConn):
+                        conn.send_some()
+                    else:
+                        conn.sock.sendall(conn.out)
                 except OSError:
                     pass
             self._close(conn)
@@ -593,6 +632,8 @@ class Broker:
 
     def _close_listener(self) -> None:
         """Stop accepting and remove the socket file (idempotent)."""
+        if self.kafka is not None:
+            self.kafka.close()
         if self._listener is None:
             return
         try:
@@ -641,6 +682,10 @@ class Broker:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _peer(conn: Conn) -> str:
+    return f"pid {conn.pid}" if conn.pid is not None else getattr(conn, "peer", "a TCP peer")
 
 
 def state_region(data_dir: str, slots: int, generation: int) -> StateWriter:

@@ -10,7 +10,8 @@ one batch decoded per group partition with lag (the age of the oldest unconsumed
 The snapshot::
 
     broker      pid, data_dir, socket, version, started_ms (wall clock), now_ms (wall clock of
-                this snapshot), connections, metrics_url (None: no /metrics)
+                this snapshot), connections, metrics_url (None: no /metrics),
+                kafka_listeners (the bound HOST:PORTs of the Kafka listeners; [] : off)
     partitions  [{topic, partition, internal, log_start_offset, high_watermark,
                   last_stable_offset, log_end_offset, size_bytes, segments,
                   produced_records, produced_bytes}]      counters since the broker started;
@@ -63,6 +64,7 @@ class BrokerStats:
         self._socket_path = socket_path
         self.started_ms = int(time.time() * 1000)
         self.metrics_url: str | None = None           # set once /metrics is served
+        self.kafka_listeners: list[str] = []          # bound Kafka listeners, HOST:PORT
 
     def handlers(self) -> Mapping[Api, Handler]:
         return {Api.BROKER_STATS: self.describe}
@@ -92,7 +94,8 @@ class BrokerStats:
             "broker": {"pid": os.getpid(), "data_dir": self._data_dir,
                        "socket": self._socket_path(), "version": __version__,
                        "started_ms": self.started_ms, "now_ms": int(time.time() * 1000),
-                       "connections": len(self._conns), "metrics_url": self.metrics_url},
+                       "connections": len(self._conns), "metrics_url": self.metrics_url,
+                       "kafka_listeners": list(self.kafka_listeners)},
             "partitions": partitions,
             "groups": self._groups.summaries(),
             "fsync": self._commit.fsync_latency.snapshot(),

@@ -66,6 +66,7 @@ from mq.log.records import (
 )
 from mq.log.segment import FetchSlice, LogSegment
 from mq.log.timestamps import check_timestamps
+from mq.log.txnindex import AbortedTxn
 
 __all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
            "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
@@ -497,6 +498,43 @@ class PartitionLog:
                 return got
         return FetchSlice(offset, self.active_segment.base_offset, self.active_segment.size,
                           b"")
+
+    def locate(self, offset: int, max_bytes: int, *, max_offset: int | None = None,
+               min_one_batch: bool = True) -> tuple[LogSegment, int, int] | None:
+        """``read`` without the bytes: the segment and the (position, length) of the whole
+        batches ``read`` would return, or None when there are none. The caller reads them
+        (``sendfile`` from ``segment.dup_fd()``) before the loop changes the log."""
+        self._check_open()
+        upper = self.high_watermark if max_offset is None else max_offset
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset,
+                                        f"{self.topic}-{self.partition}")
+        if offset >= upper:
+            return None
+        for i in range(self.segment_for(offset), len(self.segments)):
+            seg = self.segments[i]
+            max_position = None
+            if upper < seg.next_offset:
+                bound = seg.translate_offset(upper)
+                max_position = bound.position if bound is not None else None
+            found = seg.locate(offset, max_bytes, max_position, min_one_batch)
+            if found is not None:
+                return (seg, *found) if found[1] else None
+        return None
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping offsets ``[start, end)``, oldest first: what a
+        ``read_committed`` Fetch of that range returns for the client to skip. Searches the
+        ``.txnindex`` of the segment holding ``start`` and later ones (a marker may land in
+        a later segment than its data) until an entry's last stable offset reaches ``end``."""
+        self._check_open()
+        out: list[AbortedTxn] = []
+        for seg in self.segments[self.segment_for(start):]:
+            found, done = seg.txn_index.collect(start, end)
+            out += found
+            if done:
+                break
+        return sorted(out, key=lambda t: t.first_offset)
 
     def batches(self, start_offset: int | None = None) -> Iterator[RecordBatch]:
         """Every batch from the one holding ``start_offset`` (default: the log start)."""

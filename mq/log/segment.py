@@ -385,6 +385,18 @@ class LogSegment:
              min_one_batch: bool = True) -> FetchSlice | None:
         """Whole batches from the one holding ``start_offset``, up to ``max_bytes`` (at least
         one batch when ``min_one_batch``); None when ``start_offset`` is past the segment."""
+        found = self.locate(start_offset, max_bytes, max_position, min_one_batch)
+        if found is None:
+            return None
+        start, length = found
+        return FetchSlice(start_offset, self.base_offset, start,
+                          self.pread(start, length) if length else b"")
+
+    @_using_files
+    def locate(self, start_offset: int, max_bytes: int, max_position: int | None = None,
+               min_one_batch: bool = True) -> tuple[int, int] | None:
+        """``read`` without the bytes: (position, length) of the whole batches it would
+        return, for a caller that sends them with ``sendfile``."""
         if max_bytes < 0:
             raise ValueError(f"invalid max_bytes {max_bytes}")
         found = self.translate_offset(start_offset)
@@ -393,17 +405,16 @@ class LogSegment:
         limit = self.size if max_position is None else min(max_position, self.size)
         start = found.position
         if start >= limit:
-            return FetchSlice(start_offset, self.base_offset, start, b"")
+            return start, 0
         if min_one_batch and found.size > max_bytes:
-            length = min(found.size, limit - start)
-        else:
-            # Extend over whole batches only, so a reader never sees a partial batch.
-            length = 0
-            for _, size, _, _ in self.scan_batch_headers(start, limit):
-                if length + size > max_bytes:
-                    break
-                length += size
-        return FetchSlice(start_offset, self.base_offset, start, self.pread(start, length))
+            return start, min(found.size, limit - start)
+        # Extend over whole batches only, so a reader never sees a partial batch.
+        length = 0
+        for _, size, _, _ in self.scan_batch_headers(start, limit):
+            if length + size > max_bytes:
+                break
+            length += size
+        return start, length
 
     @_using_files_while_iterating
     def batches(self, start_position: int = 0, end: int | None = None

@@ -1,0 +1,199 @@
+"""Kafka's cluster and topic apis on mq's topic component: Metadata, CreateTopics,
+DeleteTopics, CreatePartitions, DeleteRecords, DescribeCluster.
+
+One host is a cluster of one node: every partition's leader, only replica and only in-sync
+replica is node ``node_id``, reached at the address the client connected to (so a client that
+came through ``127.0.0.1:9092`` is sent back there, and one through ``[::1]:9092`` there). The
+cluster id is the data dir's (``meta.properties``). Topic ids are the ids mq keeps in its
+metadata log, served from Metadata v10 on.
+
+Topic changes go through the native apis (``apis/topics.py``): the same validation,
+crash-safe creation and state-slot accounting as ``mq topics``. Metadata and Produce create
+an unknown topic with ``num_partitions`` partitions when ``auto_create_topics`` is on
+(Kafka's ``auto.create.topics.enable``, on by default) and the client allows it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+
+from mq.broker.config import BrokerConfig
+from mq.broker.internal_topics import is_internal
+from mq.broker.kafka.conn import KafkaConn
+from mq.broker.kafka.exchange import Call, Calls
+from mq.broker.metadata import MetadataStore
+from mq.broker.partitions import PartitionTable
+from mq.protocol.messages import Api
+
+__all__ = ["AdminApis", "topic_id_bytes"]
+
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_REPLICATION_FACTOR = 38
+INVALID_REQUEST = 42
+
+_AUTHORIZED_OPERATIONS_UNKNOWN = -(1 << 31)     # "not requested"
+
+
+def topic_id_bytes(topic_id: str | None) -> bytes:
+    """A topic id as Kafka's 16-byte uuid (mq keeps it as 32 hex digits)."""
+    if not topic_id:
+        return bytes(16)
+    try:
+        return uuid.UUID(hex=topic_id).bytes
+    except ValueError:
+        return bytes(16)
+
+
+class AdminApis:
+    """The cluster and topic handlers of the Kafka listener."""
+
+    def __init__(self, config: BrokerConfig, table: PartitionTable, metadata: MetadataStore,
+                 *, leader_epoch: int, cluster_id: str) -> None:
+        self._config = config
+        self._table = table
+        self._metadata = metadata
+        self._epoch = leader_epoch
+        self.cluster_id = cluster_id
+        self.node_id = config.node_id
+
+    def handlers(self) -> Mapping[int, object]:
+        return {3: self.metadata, 19: self.create_topics, 20: self.delete_topics,
+                21: self.delete_records, 37: self.create_partitions,
+                60: self.describe_cluster}
+
+    def node(self, conn: KafkaConn) -> dict:
+        """This node as the client reaches it."""
+        host, port = conn.local_address
+        return {"node_id": self.node_id, "host": host, "port": port, "rack": None}
+
+    # --- Metadata -----------------------------------------------------------------------------
+    def metadata(self, conn: KafkaConn, version: int, body: dict):
+        requested = body["topics"]
+        if requested is None:
+            names = sorted(self._metadata.topics)
+        else:
+            names = [t["name"] for t in requested if t["name"] is not None]
+        allow = body["allow_auto_topic_creation"] if version >= 4 else True
+        missing = [n for n in names if n not in self._metadata.topics]
+        created: dict[str, int] = {}
+        if missing and allow and self._config.auto_create_topics:
+            replies = yield Calls([self.create_call(n) for n in missing])
+            created = {n: r[2] for n, r in zip(missing, replies, strict=True)}
+        topics = []
+        for name in names:
+            info = self._metadata.topics.get(name)
+            if info is None:
+                code = created.get(name) or UNKNOWN_TOPIC_OR_PARTITION
+                topics.append({"error_code": code, "name": name, "topic_id": None,
+                               "is_internal": is_internal(name), "partitions": []})
+                continue
+            topics.append({
+                "error_code": NONE, "name": name, "topic_id": topic_id_bytes(info.topic_id),
+                "is_internal": False,
+                "partitions": [self._partition(p) for p in range(info.partitions)],
+                "topic_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN})
+        return {"throttle_time_ms": 0, "brokers": [self.node(conn)],
+                "cluster_id": self.cluster_id, "controller_id": self.node_id,
+                "topics": topics,
+                "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
+
+    def _partition(self, index: int) -> dict:
+        return {"error_code": NONE, "partition_index": index, "leader_id": self.node_id,
+                "leader_epoch": self._epoch, "replica_nodes": [self.node_id],
+                "isr_nodes": [self.node_id], "offline_replicas": []}
+
+    def create_call(self, name: str, partitions: int | None = None,
+                    config: dict[str, str] | None = None) -> Call:
+        """The native CreateTopics of an auto-created topic (``num_partitions``)."""
+        return Call(Api.CREATE_TOPICS, {"topic": name,
+                                        "partitions": partitions or
+                                        self._config.num_partitions,
+                                        "config": config or {}})
+
+    # --- CreateTopics / DeleteTopics / CreatePartitions ---------------------------------------
+    def create_topics(self, conn: KafkaConn, version: int, body: dict):
+        rows, calls, called = [], [], []
+        for t in body["topics"]:
+            name, count = t["name"], t["num_partitions"]
+            if t["assignments"]:
+                count = len(t["assignments"])
+            elif count == -1:
+                count = self._config.num_partitions
+            config = {c["name"]: c["value"] for c in t["configs"] if c["value"] is not None}
+            row = {"name": name, "topic_id": None, "error_code": NONE, "error_message": None,
+                   "num_partitions": count, "replication_factor": 1, "configs": None}
+            if t["replication_factor"] not in (-1, 1):
+                row.update(error_code=INVALID_REPLICATION_FACTOR,
+                           error_message=f"replication factor {t['replication_factor']} is "
+                           "larger than the 1 broker this cluster has")
+            elif any(node != self.node_id for a in t["assignments"] for node in a["broker_ids"]):
+                row.update(error_code=INVALID_REQUEST,
+                           error_message=f"this cluster has one broker, node {self.node_id}")
+            elif body["validate_only"]:
+                if name in self._metadata.topics:
+                    row.update(error_code=36, error_message=f"topic {name!r} already exists")
+            else:
+                calls.append(self.create_call(name, count, config))
+                called.append(row)
+            rows.append(row)
+        if calls:
+            replies = yield Calls(calls)
+            for row, reply in zip(called, replies, strict=True):
+                if reply[2] != NONE:
+                    row.update(error_code=reply[2], error_message=reply[3])
+                else:
+                    row["topic_id"] = topic_id_bytes(reply[4]["id"])
+        return {"throttle_time_ms": 0, "topics": rows}
+
+    def delete_topics(self, conn: KafkaConn, version: int, body: dict):
+        names = list(body["topic_names"]) + [t["name"] for t in body["topics"] if t["name"]]
+        replies = yield Calls([Call(Api.DELETE_TOPICS, {"topic": n}) for n in names])
+        return {"throttle_time_ms": 0, "responses": [
+            {"name": n, "topic_id": None, "error_code": r[2],
+             "error_message": r[3] if r[2] else None}
+            for n, r in zip(names, replies, strict=True)]}
+
+    def create_partitions(self, conn: KafkaConn, version: int, body: dict):
+        topics = body["topics"]
+        if body["validate_only"]:
+            return {"throttle_time_ms": 0, "results": [
+                {"name": t["name"], "error_code": NONE if t["name"] in self._metadata.topics
+                 else UNKNOWN_TOPIC_OR_PARTITION, "error_message": None} for t in topics]}
+        replies = yield Calls([Call(Api.CREATE_PARTITIONS, {"topic": t["name"],
+                                                            "total": t["count"]})
+                               for t in topics])
+        return {"throttle_time_ms": 0, "results": [
+            {"name": t["name"], "error_code": r[2], "error_message": r[3] if r[2] else None}
+            for t, r in zip(topics, replies, strict=True)]}
+
+    # --- DeleteRecords ------------------------------------------------------------------------
+    def delete_records(self, conn: KafkaConn, version: int, body: dict):
+        where = [(t["name"], p["partition_index"], p["offset"]) for t in body["topics"]
+                 for p in t["partitions"]]
+        calls = []
+        for topic, index, offset in where:
+            if offset == -1:                       # -1: up to the high watermark
+                part = self._table.get(topic, index)
+                offset = part.log.high_watermark if part is not None else 0
+            calls.append(Call(Api.DELETE_RECORDS, {"topic": topic, "partition": index,
+                                                   "offset": offset}))
+        replies = yield Calls(calls)
+        by_topic: dict[str, list[dict]] = {}
+        for (topic, index, _), r in zip(where, replies, strict=True):
+            by_topic.setdefault(topic, []).append(
+                {"partition_index": index, "error_code": r[2],
+                 "low_watermark": r[4] if r[2] == NONE else -1})
+        return {"throttle_time_ms": 0, "topics": [
+            {"name": topic, "partitions": rows} for topic, rows in by_topic.items()]}
+
+    # --- DescribeCluster ----------------------------------------------------------------------
+    def describe_cluster(self, conn: KafkaConn, version: int, body: dict) -> dict:
+        node = self.node(conn)
+        return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None,
+                "endpoint_type": 1, "cluster_id": self.cluster_id,
+                "controller_id": self.node_id,
+                "brokers": [{"broker_id": node["node_id"], "host": node["host"],
+                             "port": node["port"], "rack": None}],
+                "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}

@@ -1,0 +1,44 @@
+"""The Kafka listener's dispatch table: the api families composed, one handler per api key.
+
+Each family is a small component over the broker's own (``data.py``: Produce, Fetch,
+ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py``:
+FindCoordinator and producer ids; the groups and transactions families likewise), built with
+what it needs, and exposing ``handlers()``. ApiVersions is the listener's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mq.broker.apis.groups import GroupApis
+from mq.broker.apis.transactions import TransactionApis
+from mq.broker.config import BrokerConfig
+from mq.broker.kafka.admin import AdminApis
+from mq.broker.kafka.coordination import CoordinationApis
+from mq.broker.kafka.data import DataApis
+from mq.broker.metadata import MetadataStore
+from mq.broker.partitions import PartitionTable
+from mq.log.datadir import read_meta
+
+__all__ = ["KafkaApis"]
+
+
+class KafkaApis:
+    def __init__(self, config: BrokerConfig, table: PartitionTable, groups: GroupApis,
+                 transactions: TransactionApis, metadata: MetadataStore, *,
+                 leader_epoch: int) -> None:
+        cluster_id = read_meta(config.data_dir).get("cluster.id", "")
+        self.admin = AdminApis(config, table, metadata, leader_epoch=leader_epoch,
+                               cluster_id=cluster_id)
+        self.data = DataApis(table, leader_epoch=leader_epoch, node_id=config.node_id)
+        self.coordination = CoordinationApis(self.admin)
+        self._families = [self.admin, self.data, self.coordination]
+
+    def handlers(self) -> Mapping[int, object]:
+        table: dict[int, object] = {}
+        for family in self._families:
+            for key, handler in family.handlers().items():
+                if key in table:
+                    raise ValueError(f"Kafka api {key} is handled by two families")
+                table[key] = handler
+        return table

@@ -1,0 +1,251 @@
+"""The Kafka listener: TCP sockets on the broker's loop, speaking Kafka's wire protocol.
+
+The broker's loop (``server.py``) owns the selector; this object owns the listening sockets
+and the Kafka connections' protocol work: frames in (``conn.FrameBuffer``), each request
+decoded by the schema-driven codec, checked against the served versions (``versions.py``),
+handed to its handler (``handlers.py``), and the responses written in request order with
+``sendfile`` for Fetch's records (``conn.KafkaConn``).
+
+What a peer can do wrong closes its connection and nothing else: a frame over
+``max_request_bytes`` (Kafka's ``socket.request.max.bytes``), a frame that does not decode,
+a version outside the served range (Kafka closes too: it cannot encode a response in a
+version it does not know) — except ApiVersions, which is answered in version 0 with
+UNSUPPORTED_VERSION and the full list, so the client retries with one it finds there
+(KIP-511). The logs are only touched by the components the handlers call, which validate as
+they do for mq's own clients.
+
+A peer that never reads its responses stops being read once ``_MAX_PENDING_OUT`` bytes wait
+for it (Kafka mutes such a channel too): its requests pile up in the kernel, not here.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import selectors
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from mq.broker.conns import Connections
+from mq.broker.kafka.addresses import check_listener
+from mq.broker.kafka.conn import KafkaConn
+from mq.broker.kafka.exchange import Exchange, Park
+from mq.broker.kafka.versions import API_VERSIONS, SERVED
+from mq.broker.partitions import Partition
+from mq.errors import RemoteProtocolError, UnsupportedVersionError
+from mq.protocol.kafka.codec import decode_request, peek_header
+from mq.protocol.messages import Request
+
+__all__ = ["KafkaHandler", "KafkaListener"]
+
+log = logging.getLogger("mq.broker")
+
+# A Kafka handler: (connection, api version, decoded body) -> the response body, None for no
+# response, or a generator driven by ``Exchange`` (exchange.py).
+KafkaHandler = Callable[[KafkaConn, int, dict], Any]
+
+_READ_SIZE = 256 * 1024
+_MAX_PENDING_OUT = 64 * 1024 * 1024
+
+
+class KafkaListener:
+    """The broker's Kafka listeners and connections."""
+
+    def __init__(self, addresses: Iterable[str], *, selector: selectors.BaseSelector,
+                 conns: Connections, dispatch: Callable[[KafkaConn, Request], list | None],
+                 close: Callable[[KafkaConn], None], max_request_bytes: int) -> None:
+        self._addresses = list(addresses)
+        self._sel = selector
+        self._conns = conns
+        self._dispatch = dispatch
+        self._close = close
+        self._max_request_bytes = max_request_bytes
+        self._handlers: dict[int, KafkaHandler] = {}
+        self._sockets: list[socket.socket] = []
+        self.bound: list[str] = []
+        # Parked handlers (Fetch's long poll): by partition, and by deadline.
+        self._parked: dict[tuple[str, int], set[Exchange]] = {}
+        self._deadlines: list[tuple[float, int, Exchange]] = []
+        self._seq = itertools.count()
+
+    def set_handlers(self, handlers: Mapping[int, KafkaHandler]) -> None:
+        for key in handlers:
+            if key not in SERVED:
+                raise ValueError(f"a handler for api {key}, which versions.py does not serve")
+        self._handlers = dict(handlers)
+
+    def api_versions(self) -> list[dict]:
+        """What ApiVersions advertises: the served range of every api with a handler."""
+        keys = sorted(set(self._handlers) | {API_VERSIONS})
+        return [{"api_key": k, "min_version": SERVED[k][0], "max_version": SERVED[k][1]}
+                for k in keys]
+
+    # --- sockets ------------------------------------------------------------------------------
+    def listen(self) -> None:
+        """Bind every address (port 0: any free one); ``bound`` lists where. Raises
+        ``OSError`` naming the address that cannot be bound."""
+        for text in self._addresses:
+            host, port = check_listener(text)
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(info[0], socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(info[4])
+                sock.listen(512)
+            except OSError as err:
+                sock.close()
+                raise OSError(err.errno, f"cannot listen for Kafka clients on {text}: "
+                              f"{err.strerror}") from err
+            sock.setblocking(False)
+            self._sockets.append(sock)
+            self._sel.register(sock, selectors.EVENT_READ, self)
+            name = sock.getsockname()
+            self.bound.append(f"[{name[0]}]:{name[1]}" if ":" in name[0]
+                              else f"{name[0]}:{name[1]}")
+            log.info("Kafka listener on %s", self.bound[-1])
+
+    def close(self) -> None:
+        """Stop accepting (idempotent); the connections are the loop's to close."""
+        for sock in self._sockets:
+            try:
+                self._sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
+        self._sockets.clear()
+
+    def accept(self, key: selectors.SelectorKey) -> None:
+        listener = key.fileobj
+        while True:
+            try:
+                sock, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE):
+                    log.warning("Kafka listener: accept failed: %s", err.strerror)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = KafkaConn(sock, self._conns.next_id(), self._max_request_bytes,
+                             f"{peer[0]}:{peer[1]}")
+            self._conns.adopt(conn)
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    # --- reading ------------------------------------------------------------------------------
+    def read(self, conn: KafkaConn) -> None:
+        try:
+            data = conn.sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.frames.feed(data)
+        try:
+            for frame in conn.frames.frames():
+                self._request(conn, frame)
+                if conn.closing:
+                    return
+        except RemoteProtocolError as err:
+            log.info("closing Kafka connection from %s: %s", conn.peer, err)
+            self._close(conn)
+
+    def _request(self, conn: KafkaConn, frame: memoryview) -> None:
+        api_key, version, correlation_id = peek_header(frame)
+        served = SERVED.get(api_key) if api_key in self._handlers or \
+            api_key == API_VERSIONS else None
+        if served is None or not served[0] <= version <= served[1]:
+            if api_key == API_VERSIONS:        # KIP-511: answer in v0 with what we speak
+                slot = conn.open_slot(correlation_id, API_VERSIONS, 0)
+                conn.finish(slot, {"error_code": UnsupportedVersionError.code,
+                                   "api_keys": self.api_versions()})
+                self._conns.mark_unsent(conn)
+                return
+            what = f"api {api_key}" if served is None else \
+                f"api {api_key} version {version} (this broker serves {served[0]}-{served[1]})"
+            raise RemoteProtocolError(f"unsupported {what}")
+        header, body = decode_request(frame)
+        conn.client_id = header.client_id
+        slot = conn.open_slot(correlation_id, api_key, version)
+        if api_key == API_VERSIONS:
+            conn.finish(slot, {"error_code": 0, "api_keys": self.api_versions()})
+        else:
+            result = self._handlers[api_key](conn, version, body)
+            if hasattr(result, "send"):             # a generator: an exchange
+                Exchange(self, conn, slot, result).start()
+            else:
+                conn.finish(slot, result)
+        self._conns.mark_unsent(conn)
+
+    # --- Runner (exchange.py) -----------------------------------------------------------------
+    def dispatch(self, conn: KafkaConn, req: Request) -> list | None:
+        return self._dispatch(conn, req)
+
+    def failed(self, conn: KafkaConn, what: str) -> None:
+        self._close(conn)
+
+    def park(self, exchange: Exchange, park: Park) -> None:
+        for key in park.partitions:
+            self._parked.setdefault(key, set()).add(exchange)
+        heapq.heappush(self._deadlines, (park.deadline, next(self._seq), exchange))
+
+    def _unpark(self, exchange: Exchange) -> None:
+        for waiting in self._parked.values():
+            waiting.discard(exchange)
+
+    def partitions_moved(self, touched: Iterable[Partition]) -> None:
+        """The loop's end of round: wake the handlers parked on a partition that moved."""
+        if not self._parked:
+            return
+        woken: list[Exchange] = []
+        for part in touched:
+            waiting = self._parked.pop((part.topic, part.partition), None)
+            if waiting:
+                woken += waiting
+        for exchange in woken:
+            if exchange.parked:
+                self._unpark(exchange)
+                exchange.wake()
+                self._conns.mark_unsent(exchange.conn)
+
+    def timers(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, exchange = heapq.heappop(self._deadlines)
+            if exchange.parked:
+                self._unpark(exchange)
+                exchange.wake()
+                self._conns.mark_unsent(exchange.conn)
+        if not self._deadlines:
+            self._parked = {k: v for k, v in self._parked.items() if v}
+
+    def deadline_s(self, now: float) -> float:
+        while self._deadlines and not self._deadlines[0][2].parked:
+            heapq.heappop(self._deadlines)
+        return max(0.0, self._deadlines[0][0] - now) if self._deadlines else 3600.0
+
+    # --- writing ------------------------------------------------------------------------------
+    def write(self, conn: KafkaConn) -> None:
+        """Send what the socket takes; stop reading a peer that leaves too much unread."""
+        if conn.closing:
+            return
+        try:
+            conn.send_some()
+        except OSError as err:
+            if conn.parts:
+                log.info("closing Kafka connection from %s: %s", conn.peer, err)
+            self._close(conn)
+            return
+        pending = sum(len(p) if not hasattr(p, "fd") else p.length for p in conn.parts)
+        events = (0 if pending > _MAX_PENDING_OUT else selectors.EVENT_READ) | \
+            (selectors.EVENT_WRITE if conn.parts else 0)
+        try:
+            self._sel.modify(conn.sock, events or selectors.EVENT_WRITE, conn)
+        except (KeyError, ValueError):
+            pass
+
