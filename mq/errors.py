@@ -177,6 +177,11 @@ class RemoteProtocolError(ProtocolError):
     msgpack, unknown api, wrong field types)."""
 
 
+class KafkaDecodeError(RemoteProtocolError):
+    """A Kafka-protocol frame that does not decode under its api's schema (the peer's
+    fault: the listener closes its connection)."""
+
+
 class BrokerUnavailableError(MQError):
     """No broker answers on the socket, or the broker went away mid-request."""
 
@@ -261,7 +266,7 @@ _ERROR_TABLE = [
 ]
 ERRORS_BY_CODE: dict[int, type] = {code: _broker_error(name, code, retriable, doc)
                                    for name, code, retriable, doc in _ERROR_TABLE}
-__all__ += ["ProtocolError", "LocalProtocolError", "RemoteProtocolError",
+__all__ += ["ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
             "BrokerUnavailableError", "BrokerError", "ERRORS_BY_CODE", "error_for_code"]
 
 

@@ -91,8 +91,9 @@ class MetadataStore:
         overrides = info.config if info else INTERNAL_CONFIG.get(name)
         return defaults if overrides is None else LogConfig.from_properties(overrides, defaults)
 
-    def create_topic(self, name: str, partitions: int, config: dict[str, str]) -> TopicInfo:
-        info = TopicInfo(name, uuid.uuid4().hex, partitions, dict(config))
+    def create_topic(self, name: str, partitions: int, config: dict[str, str], *,
+                     topic_id: str | None = None) -> TopicInfo:
+        info = TopicInfo(name, topic_id or uuid.uuid4().hex, partitions, dict(config))
         self._write(name, info)
         return info
 

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from mq.errors import ClosedError, DataDirError, LogDirLockedError
-from mq.log import datadir, diskio, files
+from mq.log import datadir, diskio, files, partition_metadata
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 
@@ -215,9 +215,10 @@ class LogManager:
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         return self.logs.get((topic, partition))
 
-    def create(self, topic: str, partition: int, config: LogConfig | None = None
-               ) -> PartitionLog:
-        """Create (or return) the log of a partition. Raises ``DataDirError`` when its
+    def create(self, topic: str, partition: int, config: LogConfig | None = None, *,
+               topic_id: str | None = None) -> PartitionLog:
+        """Create (or return) the log of a partition; a new one gets ``partition.metadata``
+        when ``topic_id`` (32 hex digits) is given. Raises ``DataDirError`` when its
         directory's name is taken by something mq did not open as a partition (a directory
         left alone at open, a file): mq writes into no directory it did not make."""
         self._check_open()
@@ -233,6 +234,8 @@ class LogManager:
                                    "move it out of the data dir to create this partition")
             plog = PartitionLog.open(path, config or self.config_for(topic))
             try:
+                if topic_id is not None:
+                    partition_metadata.write_topic_id(path, topic_id)
                 files.fsync_dir(self.data_dir)
             except BaseException:
                 plog.close()

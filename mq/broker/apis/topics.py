@@ -14,6 +14,7 @@ metadata: the broker opens them (``open_internal``), users cannot create them.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
@@ -28,7 +29,8 @@ from mq.broker.metadata import MetadataStore, TopicInfo
 from mq.broker.partitions import Partition, PartitionTable
 from mq.broker.wakeups import StatePublisher
 from mq.errors import UnknownTopicOrPartitionError
-from mq.log import files
+from mq.log import files, partition_metadata
+from mq.log.log import PartitionLog
 from mq.log.config import LogConfig
 from mq.log.manager import LogManager
 from mq.protocol.limits import check_offset, check_partition_count
@@ -88,7 +90,20 @@ class TopicApis:
         for info in self.metadata.topics.values():
             cfg = self.config_for(info.name)
             for p in range(info.partitions):
-                self.open_partition(info.name, p, cfg)
+                part = self.open_partition(info.name, p, cfg)
+                self._keep_topic_id(part.log, info.topic_id)
+
+    @staticmethod
+    def _keep_topic_id(plog: PartitionLog, topic_id: str) -> None:
+        """Write ``partition.metadata`` where a partition made before mq wrote it lacks it
+        (a failure is logged: only Kafka's tools read it)."""
+        if partition_metadata.read_topic_id(plog.dir) == topic_id:
+            return
+        try:
+            partition_metadata.write_topic_id(plog.dir, topic_id)
+        except OSError as err:
+            log.warning("%s-%d: partition.metadata not written: %s", plog.topic,
+                        plog.partition, err.strerror or err)
 
     def open_internal(self, topic: str) -> list[Partition]:
         """Open (or create) an internal topic's partitions: as many as are on disk, at least
@@ -166,9 +181,10 @@ class TopicApis:
         check_partition_count(count)
         cfg = LogConfig.from_properties(config, self.topic_defaults)   # validates
         self._check_room(count)
-        self._create_logs(name, range(count), cfg)
-        info = self._record_or_undo(name, range(count),
-                                    lambda: self.metadata.create_topic(name, count, config))
+        topic_id = uuid.uuid4().hex
+        self._create_logs(name, range(count), cfg, topic_id)
+        info = self._record_or_undo(name, range(count), lambda: self.metadata.create_topic(
+            name, count, config, topic_id=topic_id))
         for p in range(count):
             self.open_partition(name, p, cfg)
         self._changed(name, count)
@@ -198,7 +214,7 @@ class TopicApis:
         cfg = self.config_for(name)
         self._check_room(total - info.partitions)
         new = range(info.partitions, total)
-        self._create_logs(name, new, cfg)
+        self._create_logs(name, new, cfg, info.topic_id)
         grown = self._record_or_undo(name, new,
                                      lambda: self.metadata.set_partitions(name, total))
         for p in new:
@@ -212,12 +228,13 @@ class TopicApis:
         self._table.check_room(count)
         self._fds.check_create(len(self.logs.logs), count)
 
-    def _create_logs(self, name: str, partitions: range, cfg: LogConfig) -> None:
+    def _create_logs(self, name: str, partitions: range, cfg: LogConfig, topic_id: str
+                     ) -> None:
         """Create the partitions' directories and first segments before the metadata names
         them, so a full disk fails the request with nothing recorded (and nothing left)."""
         try:
             for p in partitions:
-                self.logs.create(name, p, cfg)
+                self.logs.create(name, p, cfg, topic_id=topic_id)
         except OSError as err:
             self._remove_logs(name, partitions)
             raise errors.KafkaStorageError(f"cannot create the partitions of {name!r}: "

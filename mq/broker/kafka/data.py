@@ -94,7 +94,7 @@ class DataApis:
         if acks == 0:
             failed = [r for r in replies if r is not None and r[2] != NONE]
             if failed:       # no response can carry it: Kafka closes the connection
-                raise CloseConnection(f"a Produce with acks=0 failed: {failed[0][3]}")
+                return CloseConnection(f"a Produce with acks=0 failed: {failed[0][3]}")
             return None
         by_topic: dict[str, list[dict]] = {}
         for (topic, partition), reply in zip(where, replies, strict=True):

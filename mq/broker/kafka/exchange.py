@@ -57,9 +57,12 @@ class Park:
     partitions: Sequence[tuple[str, int]]
 
 
-class CloseConnection(Exception):
-    """Raised by a handler: close the connection without a response (Kafka's answer to a
-    failed acks=0 Produce). Its message is logged at INFO."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Returned by a handler: close the connection without a response (Kafka's answer to a
+    failed acks=0 Produce). ``reason`` is logged at INFO."""
+
+    reason: str
 
 
 class Runner(Protocol):
@@ -99,12 +102,12 @@ class Exchange:
                 wanted = self.gen.send(value)
             except StopIteration as stop:
                 self.done = True
+                if isinstance(stop.value, CloseConnection):
+                    log.info("closing Kafka connection from %s: %s", self.conn.peer,
+                             stop.value.reason)
+                    self.runner.failed(self.conn, stop.value.reason)
+                    return
                 self.conn.finish(self.slot, stop.value)
-                return
-            except CloseConnection as err:
-                self.done = True
-                log.info("closing Kafka connection from %s: %s", self.conn.peer, err)
-                self.runner.failed(self.conn, str(err))
                 return
             except Exception:
                 self.done = True

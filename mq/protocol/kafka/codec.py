@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from mq.errors import RemoteProtocolError
+from mq.errors import KafkaDecodeError
 from mq.protocol.kafka.schemas import APIS, DATA
 
 __all__ = ["FileRegion", "KafkaDecodeError", "RequestHeader", "decode_data", "decode_request",
@@ -43,10 +43,6 @@ __all__ = ["FileRegion", "KafkaDecodeError", "RequestHeader", "decode_data", "de
            "header_versions", "schema_range"]
 
 _OPEN_END = 0x7FFF
-
-
-class KafkaDecodeError(RemoteProtocolError):
-    """A Kafka frame that does not decode under its api's schema."""
 
 
 class FileRegion(NamedTuple):
