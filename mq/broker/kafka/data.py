@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mq import errors
 from mq.broker.kafka.conn import KafkaConn
@@ -71,10 +71,14 @@ def epoch_end_offset(entries: list[tuple[int, int]], epoch: int, log_end_offset:
 class DataApis:
     """The data-path handlers of the Kafka listener."""
 
-    def __init__(self, table: PartitionTable, *, leader_epoch: int, node_id: int) -> None:
+    def __init__(self, table: PartitionTable, *, leader_epoch: int, node_id: int,
+                 auto_create: Callable[[str], Call] | None = None) -> None:
+        """``auto_create``: the native CreateTopics that creates an unknown topic a Produce
+        names (``AdminApis.create_call``; None: auto-creation is off)."""
         self._table = table
         self._epoch = leader_epoch
         self._node_id = node_id
+        self._auto_create = auto_create
 
     def handlers(self) -> Mapping[int, object]:
         return {0: self.produce, 1: self.fetch, 2: self.list_offsets,
@@ -83,6 +87,10 @@ class DataApis:
     # --- Produce ------------------------------------------------------------------------------
     def produce(self, conn: KafkaConn, version: int, body: dict):
         acks = body["acks"]
+        unknown = sorted({t["name"] for t in body["topic_data"]
+                          if self._table.get(t["name"], 0) is None})
+        if unknown and self._auto_create is not None:
+            yield Calls([self._auto_create(name) for name in unknown])
         where = [(t["name"], p["index"]) for t in body["topic_data"]
                  for p in t["partition_data"]]
         calls = [Call(Api.PRODUCE, {"topic": t["name"], "partition": p["index"],

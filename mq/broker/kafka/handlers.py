@@ -30,7 +30,9 @@ class KafkaApis:
         cluster_id = read_meta(config.data_dir).get("cluster.id", "")
         self.admin = AdminApis(config, table, metadata, leader_epoch=leader_epoch,
                                cluster_id=cluster_id)
-        self.data = DataApis(table, leader_epoch=leader_epoch, node_id=config.node_id)
+        self.data = DataApis(table, leader_epoch=leader_epoch, node_id=config.node_id,
+                             auto_create=self.admin.create_call if config.auto_create_topics
+                             else None)
         self.coordination = CoordinationApis(self.admin)
         self._families = [self.admin, self.data, self.coordination]
 
