@@ -71,7 +71,7 @@ class AdminApis:
     # --- Metadata -----------------------------------------------------------------------------
     def metadata(self, conn: KafkaConn, version: int, body: dict):
         requested = body["topics"]
-        if requested is None:
+        if requested is None or (version == 0 and not requested):     # v0: [] is all
             names = sorted(self._metadata.topics)
         else:
             names = [t["name"] for t in requested if t["name"] is not None]
