@@ -138,3 +138,18 @@ def test_a_bad_value_names_the_file_the_variable_or_the_flag(tmp_path, monkeypat
         BrokerConfig.load(None, socket="/" + "x" * 150)
     with pytest.raises(ConfigError, match="^--metrics: "):
         BrokerConfig.load(None, socket="/tmp/s", metrics_address="nohost")
+
+
+def test_kafka_listeners_are_loopback_only():
+    from mq.broker.config import BrokerConfig, ConfigError
+    assert BrokerConfig.from_mapping(
+        {"kafka_listeners": ["127.0.0.1:0", "[::1]:9092"]}).kafka_listeners == \
+        ("127.0.0.1:0", "[::1]:9092")
+    for bad, why in (("0.0.0.0:9092", "not a loopback"), ("127.0.0.1", "HOST:PORT"),
+                     ("127.0.0.1:70000", "0..65535"), (":9092", "HOST:PORT")):
+        with pytest.raises(ConfigError, match=why):
+            BrokerConfig.from_mapping({"kafka_listeners": [bad]})
+    with pytest.raises(ConfigError, match="list"):
+        BrokerConfig.from_mapping({"kafka_listeners": "127.0.0.1:9092"})
+    with pytest.raises(ConfigError, match="true or false"):
+        BrokerConfig.from_mapping({"auto_create_topics": "yes"})
