@@ -80,7 +80,8 @@ class Runner(Protocol):
 class Exchange:
     """One request's handler generator and what it waits for."""
 
-    __slots__ = ("runner", "conn", "slot", "gen", "_replies", "_missing", "_parked", "done")
+    __slots__ = ("runner", "conn", "slot", "gen", "_replies", "_missing", "_parked",
+                 "_dispatching", "done")
 
     def __init__(self, runner: Runner, conn: KafkaConn, slot: Slot,
                  gen: Generator[Any, Any, dict | None]) -> None:
@@ -91,6 +92,7 @@ class Exchange:
         self._replies: list = []
         self._missing: dict[int, int] = {}       # native request id -> index in _replies
         self._parked = False
+        self._dispatching = False
         self.done = False
 
     def start(self) -> None:
@@ -127,22 +129,27 @@ class Exchange:
 
     def _call(self, calls: Sequence[Call]) -> list | None:
         """Dispatch the calls; their replies if all came at once, else None (``reply``
-        resumes the handler when the last one arrives)."""
+        resumes the handler when the last one arrives). A call is awaited before it is
+        dispatched: a component may send its reply from inside the call."""
         conn = self.conn
         self._replies = [None] * len(calls)
         self._missing = {}
-        for i, call in enumerate(calls):
-            rid = conn.request_id()
-            reply = self.runner.dispatch(conn, Request(call.api, rid, call.fields))
-            if conn.closing:
-                return None
-            if reply is None and not call.one_way:
+        self._dispatching = True
+        try:
+            for i, call in enumerate(calls):
+                rid = conn.request_id()
                 self._missing[rid] = i
                 conn.awaiting[rid] = self
-            self._replies[i] = reply
-        if self._missing:
-            return None
-        return self._replies
+                reply = self.runner.dispatch(conn, Request(call.api, rid, call.fields))
+                if conn.closing:
+                    return None
+                if (reply is not None or call.one_way) and rid in self._missing:
+                    del self._missing[rid]
+                    conn.awaiting.pop(rid, None)
+                    self._replies[i] = reply
+        finally:
+            self._dispatching = False
+        return None if self._missing else self._replies
 
     def reply(self, message: list) -> None:
         """A deferred native reply arrived (``KafkaConn.enqueue``)."""
@@ -150,7 +157,7 @@ class Exchange:
         if i is None:
             return
         self._replies[i] = message
-        if not self._missing and not self.done:
+        if not self._missing and not self.done and not self._dispatching:
             self._advance(self._replies)
 
     def wake(self) -> None:

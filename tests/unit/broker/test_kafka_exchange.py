@@ -165,3 +165,21 @@ def test_metadata_response_encodes_and_decodes(conn):
 def test_offset_for_leader_epoch_end_offsets(epoch, expected):
     entries = [(1, 0), (3, 10), (5, 25)]
     assert epoch_end_offset(entries, epoch, 40) == expected
+
+
+def test_a_reply_sent_from_inside_the_call_is_not_lost(conn):
+    """A component may answer through Connections.send before its handler returns None
+    (an offset commit with nothing left to flush)."""
+    class Eager(FakeRunner):
+        def dispatch(self, conn, req):
+            conn.enqueue(response(req.api, req.request_id, 0, None, "early"))
+            return None
+    seen = []
+
+    def handler():
+        seen.append((yield Calls([Call(Api.OFFSET_COMMIT, {}), Call(Api.OFFSET_COMMIT, {})])))
+        return _metadata_body()
+    slot = conn.open_slot(3, 3, 0)
+    Exchange(Eager({}), conn, slot, handler()).start()
+    assert slot.done and [r[4] for r in seen[0]] == ["early", "early"]
+    assert not conn.awaiting
