@@ -99,6 +99,18 @@ class Exchange:
         self._advance(None)
 
     def _advance(self, value: Any) -> None:
+        """Run the handler to its next wait or its end. Whatever goes wrong in it (a bug in
+        mq: a handler raising, a body the schema cannot encode) closes this connection,
+        logged with its traceback; the loop that called in, and every other client, go on."""
+        try:
+            self._step(value)
+        except Exception:
+            self.done = True
+            log.exception("Kafka %s from %s failed", _api_name(self.slot.api_key),
+                          self.conn.peer)
+            self.runner.failed(self.conn, "a request failed")
+
+    def _step(self, value: Any) -> None:
         while True:
             try:
                 wanted = self.gen.send(value)
@@ -110,12 +122,6 @@ class Exchange:
                     self.runner.failed(self.conn, stop.value.reason)
                     return
                 self.conn.finish(self.slot, stop.value)
-                return
-            except Exception:
-                self.done = True
-                log.exception("Kafka %s from %s failed", _api_name(self.slot.api_key),
-                              self.conn.peer)
-                self.runner.failed(self.conn, "a request failed")
                 return
             if isinstance(wanted, Park):
                 self._parked = True

@@ -155,6 +155,9 @@ class KafkaListener:
         except RemoteProtocolError as err:
             log.info("closing Kafka connection from %s: %s", conn.peer, err)
             self._close(conn)
+        except Exception:        # a bug in mq: this connection goes, the broker serves on
+            log.exception("closing Kafka connection from %s: a request failed", conn.peer)
+            self._close(conn)
 
     def _request(self, conn: KafkaConn, frame: memoryview) -> None:
         api_key, version, correlation_id = peek_header(frame)

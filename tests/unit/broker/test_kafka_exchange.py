@@ -183,3 +183,14 @@ def test_a_reply_sent_from_inside_the_call_is_not_lost(conn):
     Exchange(Eager({}), conn, slot, handler()).start()
     assert slot.done and [r[4] for r in seen[0]] == ["early", "early"]
     assert not conn.awaiting
+
+
+def test_a_failing_handler_closes_only_its_connection(conn):
+    runner = FakeRunner({Api.METADATA: [{}]})
+
+    def handler():
+        yield Calls([Call(Api.METADATA, {})])
+        return {"brokers": [{"node_id": "zero"}]}     # a bug: the schema cannot encode it
+    slot = conn.open_slot(1, 3, 0)
+    Exchange(runner, conn, slot, handler()).start()
+    assert runner.closed == "a request failed"
