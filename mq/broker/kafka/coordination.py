@@ -4,7 +4,10 @@ One node coordinates every group and every transactional id: FindCoordinator ans
 node, at the address the client connected to, for both key types (0 group, 1 transaction)
 and for each key of a batched request (v4). InitProducerId goes to the native transaction
 coordinator (``apis/transactions.py``), which hands out producer ids from the metadata log
-and fences older epochs of a transactional id.
+and fences older epochs of a transactional id: an id with a transaction open has it aborted
+with a bumped epoch first and answers CONCURRENT_TRANSACTIONS (retriable) meanwhile, as
+Kafka's does. Without a transactional id every request gets a new producer id at epoch 0,
+whatever id and epoch it names (Kafka's answer to an idempotent producer's KIP-360 bump).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Mapping
 from mq.broker.kafka.admin import AdminApis
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
+from mq.broker.kafka.transactions import PRODUCER_FENCED, fenced_error
 from mq.protocol.messages import Api
 
 __all__ = ["CoordinationApis"]
@@ -40,12 +44,29 @@ class CoordinationApis:
         return {"throttle_time_ms": 0, "error_code": code, "error_message": None, **where}
 
     def init_producer_id(self, conn: KafkaConn, version: int, body: dict):
-        timeout = body["transaction_timeout_ms"]
+        """A new producer id (idempotence), or the next epoch of a transactional id's.
+
+        From v3 a client may name the id and epoch it holds (KIP-360: it asks for a bump
+        after an abortable error or a transaction the coordinator timed out). Kafka accepts
+        the current epoch or the one before it (the coordinator's bump on a timeout); any
+        other pair is a zombie's: PRODUCER_FENCED (INVALID_PRODUCER_EPOCH before v4)."""
+        tid = body["transactional_id"]
+        pid, epoch = (body["producer_id"], body["producer_epoch"]) if version >= 3 \
+            else (-1, -1)
+        if tid is not None and pid >= 0:
+            (held,) = yield Calls([Call(Api.DESCRIBE_TRANSACTIONS,
+                                        {"transactional_ids": [tid]})])
+            current = held[4][0] if held[2] == NONE else None
+            if current is None or current["producer_id"] != pid or \
+                    epoch not in (current["producer_epoch"], current["producer_epoch"] - 1):
+                return _init_answer(fenced_error(22, version, PRODUCER_FENCED))
         (reply,) = yield Calls([Call(Api.INIT_PRODUCER_ID, {
-            "transactional_id": body["transactional_id"] or None,
-            "transaction_timeout_ms": timeout if timeout > 0 else 60_000})])
+            "transactional_id": tid, "transaction_timeout_ms": body["transaction_timeout_ms"]})])
         if reply[2] != NONE:
-            return {"throttle_time_ms": 0, "error_code": reply[2], "producer_id": -1,
-                    "producer_epoch": -1}
-        return {"throttle_time_ms": 0, "error_code": NONE, "producer_id": reply[4],
-                "producer_epoch": reply[5]}
+            return _init_answer(fenced_error(22, version, reply[2]))
+        return _init_answer(NONE, reply[4], reply[5])
+
+
+def _init_answer(code: int, producer_id: int = -1, producer_epoch: int = -1) -> dict:
+    return {"throttle_time_ms": 0, "error_code": code, "producer_id": producer_id,
+            "producer_epoch": producer_epoch}

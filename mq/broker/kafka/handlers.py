@@ -2,7 +2,8 @@
 
 Each family is a small component over the broker's own (``data.py``: Produce, Fetch,
 ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py``:
-FindCoordinator and producer ids; the groups and transactions families likewise), built with
+FindCoordinator and producer ids; ``transactions.py``: the transaction apis; the groups
+family likewise), built with
 what it needs, and exposing ``handlers()``. ApiVersions is the listener's own.
 """
 
@@ -16,6 +17,7 @@ from mq.broker.config import BrokerConfig
 from mq.broker.kafka.admin import AdminApis
 from mq.broker.kafka.coordination import CoordinationApis
 from mq.broker.kafka.data import DataApis
+from mq.broker.kafka.transactions import TransactionWireApis
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
 from mq.log.datadir import read_meta
@@ -34,7 +36,8 @@ class KafkaApis:
                              auto_create=self.admin.create_call if config.auto_create_topics
                              else None)
         self.coordination = CoordinationApis(self.admin)
-        self._families = [self.admin, self.data, self.coordination]
+        self.transactions = TransactionWireApis(table)
+        self._families = [self.admin, self.data, self.coordination, self.transactions]
 
     def handlers(self) -> Mapping[int, object]:
         table: dict[int, object] = {}
