@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Iterable
 
 import msgpack
 
@@ -105,8 +106,12 @@ class MetadataStore:
         self._write(name, info)
         return info
 
-    def alter_config(self, name: str, config: dict[str, str]) -> TopicInfo:
+    def alter_config(self, name: str, config: dict[str, str], delete: Iterable[str] = ()
+                     ) -> TopicInfo:
+        """Merge ``config`` into the topic's overrides and remove the ``delete`` ones."""
         merged = {**self.topics[name].config, **config}
+        for key in delete:
+            merged.pop(key, None)
         info = dataclasses.replace(self.topics[name], config=merged)
         self._write(name, info)
         return info

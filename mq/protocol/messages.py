@@ -16,8 +16,12 @@ Schemas (fields after ``request_id``)::
     CreateTopics    19  topic str, partitions int, config {str: str}
     DeleteTopics    20  topic str
     DeleteRecords   21  topic str, partition int, offset int
-    DescribeConfigs 32  topic str
-    AlterConfigs    33  topic str, config {str: str}
+    DescribeConfigs 32  topic str ("": the broker's topic defaults, with no overrides)
+                        -> effective config {str: str}, the topic's overrides {str: str}
+    AlterConfigs    33  topic str, config {str: str} (merged into the topic's overrides)
+    IncrementalAlterConfigs 44  topic str, set {str: str}, delete [str] | nil (overrides
+                        removed: the broker default applies again), validate_only int (1:
+                        check, change nothing) -> effective config {str: str}
     CreatePartitions 37 topic str, total int
     Wait          1000  semaphore str, [[topic str, partition int, offset int], ...]   (no reply)
     BrokerStats   1001  (no fields) -> {broker, partitions, groups, fsync, cleaner}: one
@@ -97,6 +101,7 @@ class Api(enum.IntEnum):
     DELETE_RECORDS = 21
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    INCREMENTAL_ALTER_CONFIGS = 44
     CREATE_PARTITIONS = 37
     OFFSET_COMMIT = 8
     OFFSET_FETCH = 9
@@ -135,6 +140,8 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.DELETE_RECORDS: (("topic", str), ("partition", int), ("offset", int)),
     Api.DESCRIBE_CONFIGS: (("topic", str),),
     Api.ALTER_CONFIGS: (("topic", str), ("config", _STR_MAP)),
+    Api.INCREMENTAL_ALTER_CONFIGS: (("topic", str), ("set", _STR_MAP),
+                                    ("delete", _OPT_STR_LIST), ("validate_only", int)),
     Api.CREATE_PARTITIONS: (("topic", str), ("total", int)),
     Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
     Api.BROKER_STATS: (),

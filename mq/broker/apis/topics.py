@@ -31,7 +31,7 @@ from mq.broker.wakeups import StatePublisher
 from mq.errors import UnknownTopicOrPartitionError
 from mq.log import files, partition_metadata
 from mq.log.log import PartitionLog
-from mq.log.config import LogConfig
+from mq.log.config import ConfigError, LogConfig
 from mq.log.manager import LogManager
 from mq.protocol.limits import check_offset, check_partition_count
 from mq.protocol.messages import Api, Request, response
@@ -72,7 +72,9 @@ class TopicApis:
                 Api.DELETE_TOPICS: self.delete_topics,
                 Api.CREATE_PARTITIONS: self.create_partitions,
                 Api.DESCRIBE_CONFIGS: self.describe_configs,
-                Api.ALTER_CONFIGS: self.alter_configs, Api.DELETE_RECORDS: self.delete_records}
+                Api.ALTER_CONFIGS: self.alter_configs,
+                Api.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+                Api.DELETE_RECORDS: self.delete_records}
 
     def add_listener(self, listener: TopicListener) -> None:
         """Tell ``listener`` of every partition count change from now on."""
@@ -254,21 +256,46 @@ class TopicApis:
 
     def describe_configs(self, conn: Conn, req: Request) -> list:
         name = req["topic"]
+        if not name:                # the broker's topic defaults (Kafka's broker resource)
+            return response(req.api, req.request_id, 0, None,
+                            self.topic_defaults.to_properties(), {})
         info = self.topic_info(name)
         cfg = self.config_for(name)
         return response(req.api, req.request_id, 0, None, cfg.to_properties(), info.config)
 
     def alter_configs(self, conn: Conn, req: Request) -> list:
-        name, changes = req["topic"], req["config"]
+        cfg = self._alter(req["topic"], req["config"], ())
+        return response(req.api, req.request_id, 0, None, cfg.to_properties())
+
+    def incremental_alter_configs(self, conn: Conn, req: Request) -> list:
+        name, changes, delete = req["topic"], req["set"], req["delete"] or []
+        if set(changes) & set(delete):
+            raise errors.InvalidRequestError(
+                f"{', '.join(sorted(set(changes) & set(delete)))}: both set and deleted")
+        cfg = self._alter(name, changes, delete, validate_only=bool(req["validate_only"]))
+        return response(req.api, req.request_id, 0, None, cfg.to_properties())
+
+    def _alter(self, name: str, changes: dict[str, str], delete, *,
+               validate_only: bool = False) -> LogConfig:
+        """Set ``changes`` and remove the ``delete`` overrides of ``name``; the config that
+        results. Raises ``ConfigError`` (nothing changed) for an unknown key or a bad value."""
         info = self.topic_info(name)
-        cfg = LogConfig.from_properties({**info.config, **changes}, self.topic_defaults)
-        self.metadata.alter_config(name, changes)
+        overrides = {**info.config, **changes}
+        known = self.topic_defaults.to_properties()
+        for key in delete:
+            if key not in known:
+                raise ConfigError(f"unknown config {key!r}; known: {', '.join(sorted(known))}")
+            overrides.pop(key, None)
+        cfg = LogConfig.from_properties(overrides, self.topic_defaults)     # validates
+        if validate_only:
+            return cfg
+        self.metadata.alter_config(name, changes, delete)
         for p in range(info.partitions):
             self._table.partition(name, p).log.update_config(cfg)
         self._publisher.metadata_changed()
         if cfg.compact_enabled:
             self._cleaner.wake()
-        return response(req.api, req.request_id, 0, None, cfg.to_properties())
+        return cfg
 
     def delete_records(self, conn: Conn, req: Request) -> list:
         part = self._table.partition(req["topic"], req["partition"])

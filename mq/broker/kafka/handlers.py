@@ -2,9 +2,9 @@
 
 Each family is a small component over the broker's own (``data.py``: Produce, Fetch,
 ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py``:
-FindCoordinator and producer ids; ``transactions.py``: the transaction apis; the groups
-family likewise), built with
-what it needs, and exposing ``handlers()``. ApiVersions is the listener's own.
+FindCoordinator and producer ids; ``transactions.py``: the transaction apis; ``configs.py``:
+DescribeConfigs and IncrementalAlterConfigs; the groups family likewise), built with what it
+needs, and exposing ``handlers()``. ApiVersions is the listener's own.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.transactions import TransactionApis
 from mq.broker.config import BrokerConfig
 from mq.broker.kafka.admin import AdminApis
+from mq.broker.kafka.configs import ConfigApis
 from mq.broker.kafka.coordination import CoordinationApis
 from mq.broker.kafka.data import DataApis
 from mq.broker.kafka.transactions import TransactionWireApis
@@ -37,7 +38,9 @@ class KafkaApis:
                              else None)
         self.coordination = CoordinationApis(self.admin)
         self.transactions = TransactionWireApis(table)
-        self._families = [self.admin, self.data, self.coordination, self.transactions]
+        self.configs = ConfigApis(config)
+        self._families = [self.admin, self.data, self.coordination, self.transactions,
+                          self.configs]
 
     def handlers(self) -> Mapping[int, object]:
         table: dict[int, object] = {}

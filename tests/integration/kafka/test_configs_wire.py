@@ -1,0 +1,186 @@
+"""Topic and broker configs over Kafka's wire protocol: DescribeConfigs lists every Kafka
+topic config with its value, default and source; IncrementalAlterConfigs sets, deletes,
+appends and subtracts overrides, which mq's own Admin sees and the broker enforces."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import ConfigSource
+
+import mq
+import mq.testing
+
+TIMEOUT_S = 30.0
+
+# Kafka 4's topic configs (``TopicConfig``) and their defaults: what clients and tools read.
+KAFKA_TOPIC_DEFAULTS = {
+    "cleanup.policy": "delete", "compression.type": "producer",
+    "compression.gzip.level": "-1", "compression.lz4.level": "9",
+    "compression.zstd.level": "3", "delete.retention.ms": "86400000",
+    "file.delete.delay.ms": "60000", "flush.messages": "9223372036854775807",
+    "flush.ms": "9223372036854775807", "follower.replication.throttled.replicas": "",
+    "index.interval.bytes": "4096", "leader.replication.throttled.replicas": "",
+    "local.retention.bytes": "-2", "local.retention.ms": "-2",
+    "max.compaction.lag.ms": "9223372036854775807", "max.message.bytes": "1048588",
+    "message.timestamp.after.max.ms": "3600000",
+    "message.timestamp.before.max.ms": "9223372036854775807",
+    "message.timestamp.type": "CreateTime", "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0", "min.insync.replicas": "1", "preallocate": "false",
+    "remote.storage.enable": "false", "retention.bytes": "-1", "retention.ms": "604800000",
+    "segment.bytes": "1073741824", "segment.index.bytes": "10485760",
+    "segment.jitter.ms": "0", "segment.ms": "604800000",
+    "unclean.leader.election.enable": "false",
+}
+
+
+@pytest.fixture
+def kafka(tmp_path):
+    """A broker with a Kafka listener on a free port and one topic default set in its config
+    file (Kafka's static broker config): ``(broker, "127.0.0.1:PORT", AdminClient)``."""
+    conf = tmp_path / "mq.toml"
+    conf.write_text('kafka_listeners = ["127.0.0.1:0"]\n'
+                    '[topic_defaults]\n"retention.ms" = "3600000"\n')
+    with mq.testing.broker(tmp_path / "data", config_file=str(conf)) as b:
+        with mq.Admin(b.socket) as admin:
+            address = admin.broker_stats()["broker"]["kafka_listeners"][0]
+            admin.create_topic("t", 1, {"segment.bytes": "1000000"})
+        yield b, address, AdminClient({"bootstrap.servers": address})
+
+
+def describe(client: AdminClient, kind: str = "topic", name: str = "t") -> dict:
+    (future,) = client.describe_configs([ConfigResource(kind, name)]).values()
+    return future.result(TIMEOUT_S)
+
+
+def alter(client: AdminClient, *entries: tuple[str, str | None, AlterConfigOpType],
+          validate_only: bool = False) -> None:
+    resource = ConfigResource("topic", "t", incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=op) for name, value, op in entries])
+    (future,) = client.incremental_alter_configs([resource],
+                                                 validate_only=validate_only).values()
+    future.result(TIMEOUT_S)
+
+
+def overrides(b) -> dict:
+    with mq.Admin(b.socket) as admin:
+        return admin.describe_topic("t")["overrides"]
+
+
+def test_describe_lists_every_config_with_its_default(kafka):
+    b, _, client = kafka
+    configs = describe(client)
+    assert set(KAFKA_TOPIC_DEFAULTS) <= set(configs)
+    for name, default in KAFKA_TOPIC_DEFAULTS.items():
+        entry = configs[name]
+        assert not entry.is_sensitive, name
+        if name == "segment.bytes":            # the topic's override
+            assert (entry.value, entry.source) == \
+                ("1000000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+            assert entry.synonyms["log.segment.bytes"].value == default
+        elif name == "retention.ms":           # the broker's [topic_defaults]
+            assert (entry.value, entry.source) == \
+                ("3600000", ConfigSource.STATIC_BROKER_CONFIG.value)
+        else:
+            assert (entry.value, entry.source) == \
+                (default, ConfigSource.DEFAULT_CONFIG.value), name
+    assert configs["min.insync.replicas"].is_read_only
+    assert not configs["retention.ms"].is_read_only
+    only = client.describe_configs([ConfigResource("topic", "t", set_config=None)])
+    assert len(next(iter(only.values())).result(TIMEOUT_S)) == len(configs)
+
+
+def test_describe_broker(kafka):
+    _, _, client = kafka
+    configs = describe(client, "broker", "0")
+    assert configs["node.id"].value == "0"
+    assert (configs["log.retention.ms"].value, configs["log.retention.ms"].source) == \
+        ("3600000", ConfigSource.STATIC_BROKER_CONFIG.value)
+    assert (configs["message.max.bytes"].value, configs["message.max.bytes"].source) == \
+        ("1048588", ConfigSource.DEFAULT_CONFIG.value)
+    assert all(entry.is_read_only for entry in configs.values())
+
+
+def test_incremental_alter_round_trip(kafka):
+    """SET, DELETE and APPEND in one request, then SUBTRACT: the overrides mq keeps, and what
+    DescribeConfigs reports back. validate_only changes nothing."""
+    b, _, client = kafka
+    alter(client, ("retention.ms", "1000", AlterConfigOpType.SET),
+          ("segment.bytes", None, AlterConfigOpType.DELETE),
+          ("cleanup.policy", "compact", AlterConfigOpType.APPEND))
+    assert overrides(b) == {"retention.ms": "1000", "cleanup.policy": "delete,compact"}
+    configs = describe(client)
+    assert (configs["segment.bytes"].value, configs["segment.bytes"].source) == \
+        ("1073741824", ConfigSource.DEFAULT_CONFIG.value)
+    assert (configs["retention.ms"].value, configs["retention.ms"].source) == \
+        ("1000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    alter(client, ("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT))
+    assert describe(client)["cleanup.policy"].value == "compact"
+    alter(client, ("retention.ms", "5", AlterConfigOpType.SET),
+          ("cleanup.policy", None, AlterConfigOpType.DELETE), validate_only=True)
+    assert overrides(b) == {"retention.ms": "1000", "cleanup.policy": "compact"}
+    alter(client, ("retention.ms", None, AlterConfigOpType.DELETE),
+          ("cleanup.policy", None, AlterConfigOpType.DELETE))
+    assert overrides(b) == {}
+    assert describe(client)["retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+
+
+def test_incremental_alter_refusals(kafka):
+    """Configs mq holds at one value take only that value; unknown names and bad values are
+    INVALID_CONFIG; nothing is changed by a refused request."""
+    b, _, client = kafka
+    alter(client, ("min.insync.replicas", "1", AlterConfigOpType.SET))
+    for entries in ([("min.insync.replicas", "2", AlterConfigOpType.SET)],
+                    [("compression.type", "zstd", AlterConfigOpType.SET)],
+                    [("no.such.config", "1", AlterConfigOpType.SET)],
+                    [("retention.ms", "soon", AlterConfigOpType.SET)],
+                    [("retention.ms", "1", AlterConfigOpType.APPEND)]):
+        with pytest.raises(KafkaException) as info:
+            alter(client, *entries)
+        assert info.value.args[0].code() == KafkaError.INVALID_CONFIG, entries
+    with pytest.raises(KafkaException, match="one broker holds the only replica"):
+        alter(client, ("min.insync.replicas", "2", AlterConfigOpType.SET))
+    assert overrides(b) == {"segment.bytes": "1000000"}
+
+
+def test_max_message_bytes_enforced_after_alter(kafka):
+    """max.message.bytes set over the Kafka protocol applies to the next produce at once."""
+    b, address, client = kafka
+    producer = KafkaProducer({"bootstrap.servers": address, "linger.ms": 0})
+    results: list = []
+
+    def send(size: int):
+        results.clear()
+        producer.produce("t", value=b"x" * size, on_delivery=lambda e, m: results.append(e))
+        assert producer.flush(TIMEOUT_S) == 0
+        (error,) = results
+        return error
+
+    assert send(2000) is None
+    alter(client, ("max.message.bytes", "1000", AlterConfigOpType.SET))
+    assert send(2000).code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert send(100) is None
+
+
+@pytest.mark.filterwarnings(r"ignore:(open|read)_text is deprecated:DeprecationWarning")
+def test_kafka_python_describe_with_synonyms(kafka):
+    """kafka-python 3 (DescribeConfigs v4, flexible): all configs with synonyms, and its
+    "modified" filter, which keeps the topic's overrides."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource as KPConfigResource
+    from kafka.admin import ConfigResourceType
+    _, address, _ = kafka
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        result = admin.describe_configs(
+            [KPConfigResource(ConfigResourceType.TOPIC, "t")], include_synonyms=True,
+            config_filter="all")
+        modified = admin.describe_configs([KPConfigResource(ConfigResourceType.TOPIC, "t")])
+    finally:
+        admin.close()
+    configs = result["topic"]["t"]
+    assert set(KAFKA_TOPIC_DEFAULTS) <= set(configs)
+    assert "log.segment.bytes" in repr(configs["segment.bytes"])
+    assert set(modified["topic"]["t"]) == {"segment.bytes"}       # the topic's overrides
