@@ -4,6 +4,7 @@ sent to a transaction, fencing, and the transaction admin apis."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 import mq
 import mq.testing
+from mq.protocol.kafka.codec import decode_response, encode_request
 
 TIMEOUT_S = 30.0
 
@@ -276,3 +278,74 @@ def test_transaction_admin_apis(kafka):
             admin.describe_transactions(["nobody"])
     finally:
         admin.close()
+
+
+def call(address: str, api_key: int, version: int, body: dict) -> dict:
+    """One request on a fresh connection, with mq's codec: the response body."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        sock.sendall(encode_request(api_key, version, 7, body))
+        data = b""
+        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+            chunk = sock.recv(65536)
+            assert chunk, "the broker closed the connection"
+            data += chunk
+    correlation_id, response = decode_response(api_key, version, data[4:])
+    assert correlation_id == 7
+    return response
+
+
+def init_producer_id(address: str, version: int, tid: str | None, pid: int = -1,
+                     epoch: int = -1) -> dict:
+    return call(address, 22, version, {"transactional_id": tid,
+                                       "transaction_timeout_ms": 60_000,
+                                       "producer_id": pid, "producer_epoch": epoch})
+
+
+def test_init_producer_id_bumps_and_fences(kafka):
+    """InitProducerId as Kafka answers it: an idempotent producer always gets a new id at
+    epoch 0; a transactional id's holder may bump its epoch by naming its id and epoch (or the
+    one before: KIP-360); any other pair is fenced, as INVALID_PRODUCER_EPOCH before v4; an
+    empty transactional id is an invalid request."""
+    _, address = kafka
+    first = init_producer_id(address, 4, None)
+    again = init_producer_id(address, 4, None, first["producer_id"], 0)
+    assert first["error_code"] == again["error_code"] == 0
+    assert again["producer_id"] != first["producer_id"] and again["producer_epoch"] == 0
+    held = init_producer_id(address, 4, "tx-init")
+    pid = held["producer_id"]
+    assert (held["error_code"], held["producer_epoch"]) == (0, 0)
+    bumped = init_producer_id(address, 4, "tx-init", pid, 0)
+    assert (bumped["error_code"], bumped["producer_id"], bumped["producer_epoch"]) == \
+        (0, pid, 1)
+    retried = init_producer_id(address, 4, "tx-init", pid, 0)       # the epoch before
+    assert (retried["error_code"], retried["producer_epoch"]) == (0, 2)
+    assert init_producer_id(address, 4, "tx-init", pid, 0)["error_code"] == 90
+    assert init_producer_id(address, 3, "tx-init", pid, 0)["error_code"] == 47
+    assert init_producer_id(address, 4, "tx-init", pid + 1, 2)["error_code"] == 90
+    assert init_producer_id(address, 4, "tx-init")["producer_epoch"] == 3
+    assert init_producer_id(address, 4, "")["error_code"] == 42
+    assert init_producer_id(address, 1, "tx-init")["producer_epoch"] == 4
+
+
+def test_add_partitions_answers_per_partition(kafka):
+    """AddPartitionsToTxn with a partition that does not exist: that one is
+    UNKNOWN_TOPIC_OR_PARTITION, the others OPERATION_NOT_ATTEMPTED (nothing added); an
+    unknown transactional id is INVALID_PRODUCER_ID_MAPPING, as Kafka's coordinator says."""
+    b, address = kafka
+    create(b, "t")
+    held = init_producer_id(address, 4, "tx-add")
+
+    def add(tid: str, partitions: list[int]) -> dict:
+        body = call(address, 24, 3, {"v3_and_below_transactional_id": tid,
+                                     "v3_and_below_producer_id": held["producer_id"],
+                                     "v3_and_below_producer_epoch": held["producer_epoch"],
+                                     "v3_and_below_topics": [{"name": "t",
+                                                              "partitions": partitions}]})
+        (topic,) = body["results_by_topic_v3_and_below"]
+        return {r["partition_index"]: r["partition_error_code"]
+                for r in topic["results_by_partition"]}
+
+    assert add("tx-add", [0, 5]) == {0: 55, 5: 3}
+    assert add("nobody", [0]) == {0: 49}
+    assert add("tx-add", [0]) == {0: 0}

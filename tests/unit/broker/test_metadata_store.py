@@ -45,3 +45,23 @@ def test_producer_ids_come_in_recorded_blocks_and_are_never_handed_out_twice(tmp
         assert store.allocate_producer_id() == 6 * PRODUCER_ID_BLOCK
     finally:
         plog.close()
+
+
+def test_alter_config_deletes_overrides_and_a_replay_agrees(tmp_path):
+    """A deleted override is gone from the topic's config, after a restart too (the broker
+    default applies again)."""
+    path = str(tmp_path / "__cluster_metadata-0")
+    plog = PartitionLog.open(path)
+    try:
+        store = MetadataStore(plog)
+        store.create_topic("t", 1, {"retention.ms": "5", "segment.bytes": "100000"})
+        info = store.alter_config("t", {"cleanup.policy": "compact"}, delete=["retention.ms",
+                                                                          "flush.ms"])
+        assert info.config == {"segment.bytes": "100000", "cleanup.policy": "compact"}
+    finally:
+        plog.close()
+    plog = PartitionLog.open(path)
+    try:
+        assert MetadataStore(plog).topics["t"].config == info.config
+    finally:
+        plog.close()

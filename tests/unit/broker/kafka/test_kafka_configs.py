@@ -1,0 +1,90 @@
+"""The pure parts of the Kafka config apis: what DescribeConfigs lists, and how
+IncrementalAlterConfigs' operations become overrides to set and delete."""
+
+from __future__ import annotations
+
+import pytest
+
+from mq.broker.config import BrokerConfig
+from mq.broker.kafka.configs import (APPEND, DEFAULT_CONFIG, DELETE, DYNAMIC_TOPIC_CONFIG,
+                                     FIXED, INVALID_CONFIG, INVALID_REQUEST, SET,
+                                     STATIC_BROKER_CONFIG, SUBTRACT, TOPIC_CONFIGS,
+                                     AlterRefused, describe_broker, describe_topic,
+                                     plan_alteration)
+from mq.log.config import DEFAULTS, LogConfig
+
+
+def op(name, kind, value=None):
+    return {"name": name, "config_operation": kind, "value": value}
+
+
+def test_describe_topic_sources_and_synonyms():
+    broker = LogConfig.from_properties({"retention.ms": "1000"}).to_properties()
+    effective = LogConfig.from_properties({"segment.bytes": "100000"},
+                                          LogConfig.from_properties(broker)).to_properties()
+    entries = {e["name"]: e for e in describe_topic(effective, {"segment.bytes": "100000"},
+                                                    broker, synonyms=True,
+                                                    documentation=True)}
+    assert set(entries) == set(TOPIC_CONFIGS) | set(FIXED)
+    seg = entries["segment.bytes"]
+    assert (seg["value"], seg["config_source"]) == ("100000", DYNAMIC_TOPIC_CONFIG)
+    assert [(s["name"], s["source"]) for s in seg["synonyms"]] == [
+        ("segment.bytes", DYNAMIC_TOPIC_CONFIG), ("log.segment.bytes", DEFAULT_CONFIG)]
+    ret = entries["retention.ms"]
+    assert (ret["value"], ret["config_source"]) == ("1000", STATIC_BROKER_CONFIG)
+    assert [(s["value"], s["source"]) for s in ret["synonyms"]] == [
+        ("1000", STATIC_BROKER_CONFIG), (DEFAULTS.to_properties()["retention.ms"],
+                                         DEFAULT_CONFIG)]
+    mir = entries["min.insync.replicas"]
+    assert (mir["value"], mir["read_only"], mir["config_source"]) == ("1", True,
+                                                                      DEFAULT_CONFIG)
+    assert "replica" in mir["documentation"]
+    plain = describe_topic(effective, {}, broker, synonyms=False, documentation=False)
+    assert all(e["synonyms"] == [] and e["documentation"] is None for e in plain)
+
+
+def test_describe_broker_names_and_sources():
+    config = BrokerConfig(node_id=3, num_partitions=4)
+    defaults = LogConfig.from_properties({"max.message.bytes": "2000"}).to_properties()
+    entries = {e["name"]: e for e in describe_broker(config, defaults)}
+    assert entries["node.id"]["value"] == "3"
+    assert (entries["num.partitions"]["value"], entries["num.partitions"]["config_source"]) \
+        == ("4", STATIC_BROKER_CONFIG)
+    assert entries["auto.create.topics.enable"]["value"] == "true"
+    assert (entries["message.max.bytes"]["value"],
+            entries["message.max.bytes"]["config_source"]) == ("2000", STATIC_BROKER_CONFIG)
+    assert entries["log.roll.ms"]["config_source"] == DEFAULT_CONFIG
+    assert entries["min.insync.replicas"]["value"] == "1"
+    assert all(e["read_only"] for e in entries.values())
+
+
+def test_plan_set_delete_append_subtract():
+    effective = {**DEFAULTS.to_properties(), "cleanup.policy": "delete"}
+    assert plan_alteration([op("retention.ms", SET, "5"), op("segment.bytes", DELETE),
+                            op("cleanup.policy", APPEND, "compact,delete")], effective) == \
+        ({"retention.ms": "5", "cleanup.policy": "delete,compact"}, ["segment.bytes"])
+    effective["cleanup.policy"] = "compact,delete"
+    assert plan_alteration([op("cleanup.policy", SUBTRACT, "delete")], effective) == \
+        ({"cleanup.policy": "compact"}, [])
+
+
+def test_plan_fixed_configs_take_only_their_value():
+    effective = DEFAULTS.to_properties()
+    assert plan_alteration([op("min.insync.replicas", SET, "1"),
+                            op("preallocate", DELETE)], effective) == ({}, [])
+    with pytest.raises(AlterRefused, match="one broker holds the only replica") as info:
+        plan_alteration([op("min.insync.replicas", SET, "2")], effective)
+    assert info.value.code == INVALID_CONFIG
+
+
+@pytest.mark.parametrize("ops, code", [
+    ([op("no.such", SET, "1")], INVALID_CONFIG),
+    ([op("retention.ms", APPEND, "1")], INVALID_CONFIG),
+    ([op("retention.ms", SET, None)], INVALID_CONFIG),
+    ([op("retention.ms", 9, "1")], INVALID_REQUEST),
+    ([op("retention.ms", SET, "1"), op("retention.ms", DELETE)], INVALID_REQUEST),
+])
+def test_plan_refusals(ops, code):
+    with pytest.raises(AlterRefused) as info:
+        plan_alteration(ops, DEFAULTS.to_properties())
+    assert info.value.code == code
