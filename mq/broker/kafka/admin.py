@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from mq.broker.config import BrokerConfig
 from mq.broker.internal_topics import is_internal
+from mq.broker.kafka.configs import AlterRefused, creatable
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
 from mq.broker.metadata import MetadataStore
@@ -121,9 +122,15 @@ class AdminApis:
                 count = len(t["assignments"])
             elif count == -1:
                 count = self._config.num_partitions
-            config = {c["name"]: c["value"] for c in t["configs"] if c["value"] is not None}
             row = {"name": name, "topic_id": None, "error_code": NONE, "error_message": None,
                    "num_partitions": count, "replication_factor": 1, "configs": None}
+            try:
+                config = creatable({c["name"]: c["value"] for c in t["configs"]
+                                    if c["value"] is not None})
+            except AlterRefused as err:           # a config mq holds at another value
+                row.update(error_code=err.code, error_message=str(err))
+                rows.append(row)
+                continue
             if t["replication_factor"] not in (-1, 1):
                 row.update(error_code=INVALID_REPLICATION_FACTOR,
                            error_message=f"replication factor {t['replication_factor']} is "

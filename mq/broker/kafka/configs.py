@@ -38,7 +38,8 @@ from mq.broker.kafka.exchange import Call, Calls
 from mq.log.config import DEFAULTS
 from mq.protocol.messages import Api
 
-__all__ = ["ConfigApis", "FIXED", "TOPIC_CONFIGS"]
+__all__ = ["AlterRefused", "ConfigApis", "FIXED", "TOPIC_CONFIGS", "creatable", "describe_broker",
+           "describe_topic", "plan_alteration"]
 
 NONE: Final = 0
 INVALID_CONFIG: Final = 40
@@ -236,9 +237,8 @@ def plan_alteration(ops: list[dict], effective: Mapping[str, str]
             raise AlterRefused(INVALID_REQUEST, f"{name}: unknown operation {kind}")
         fixed = FIXED.get(name)
         if fixed is not None:
-            if kind in (SET, APPEND) and (value or "") != fixed.value:
-                raise AlterRefused(INVALID_CONFIG, f"{name} is fixed at {fixed.value!r} in mq: "
-                                  f"{fixed.why}")
+            if kind in (SET, APPEND):
+                creatable({name: value or ""})          # refuses another value
             continue
         key = TOPIC_CONFIGS.get(name)
         if key is None:
@@ -263,6 +263,20 @@ def plan_alteration(ops: list[dict], effective: Mapping[str, str]
             items = [v for v in items if v not in given]
         changes[name] = ",".join(items)
     return changes, delete
+
+
+def creatable(config: Mapping[str, str]) -> dict[str, str]:
+    """A CreateTopics request's configs as mq's overrides: the ``FIXED`` ones at their only
+    value dropped (pure). Raises ``AlterRefused`` (INVALID_CONFIG) for another value."""
+    out = {}
+    for name, value in config.items():
+        fixed = FIXED.get(name)
+        if fixed is None:
+            out[name] = value
+        elif value != fixed.value:
+            raise AlterRefused(INVALID_CONFIG, f"{name} is fixed at {fixed.value!r} in mq: "
+                               f"{fixed.why}")
+    return out
 
 
 class ConfigApis:

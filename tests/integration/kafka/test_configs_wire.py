@@ -184,3 +184,20 @@ def test_kafka_python_describe_with_synonyms(kafka):
     assert set(KAFKA_TOPIC_DEFAULTS) <= set(configs)
     assert "log.segment.bytes" in repr(configs["segment.bytes"])
     assert set(modified["topic"]["t"]) == {"segment.bytes"}       # the topic's overrides
+
+
+def test_create_topics_takes_fixed_configs_at_their_value(kafka):
+    """CreateTopics with min.insync.replicas=1 (what tools send) creates the topic; =2 is
+    INVALID_CONFIG naming why; the configs mq implements become the topic's overrides."""
+    from confluent_kafka.admin import NewTopic
+    b, _, client = kafka
+    ok = NewTopic("made", 1, 1, config={"min.insync.replicas": "1", "retention.ms": "9000"})
+    refused = NewTopic("refused", 1, 1, config={"min.insync.replicas": "2"})
+    futures = client.create_topics([ok, refused])
+    futures["made"].result(TIMEOUT_S)
+    with pytest.raises(KafkaException, match="one broker holds the only replica") as info:
+        futures["refused"].result(TIMEOUT_S)
+    assert info.value.args[0].code() == KafkaError.INVALID_CONFIG
+    with mq.Admin(b.socket) as admin:
+        assert admin.describe_topic("made")["overrides"] == {"retention.ms": "9000"}
+        assert "refused" not in admin.list_topics()

@@ -9,7 +9,7 @@ from mq.broker.config import BrokerConfig
 from mq.broker.kafka.configs import (APPEND, DEFAULT_CONFIG, DELETE, DYNAMIC_TOPIC_CONFIG,
                                      FIXED, INVALID_CONFIG, INVALID_REQUEST, SET,
                                      STATIC_BROKER_CONFIG, SUBTRACT, TOPIC_CONFIGS,
-                                     AlterRefused, describe_broker, describe_topic,
+                                     AlterRefused, creatable, describe_broker, describe_topic,
                                      plan_alteration)
 from mq.log.config import DEFAULTS, LogConfig
 
@@ -88,3 +88,11 @@ def test_plan_refusals(ops, code):
     with pytest.raises(AlterRefused) as info:
         plan_alteration(ops, DEFAULTS.to_properties())
     assert info.value.code == code
+
+
+def test_creatable_drops_fixed_configs_at_their_value():
+    assert creatable({"min.insync.replicas": "1", "compression.type": "producer",
+                      "retention.ms": "5"}) == {"retention.ms": "5"}
+    with pytest.raises(AlterRefused, match="recompress") as info:
+        creatable({"compression.type": "lz4"})
+    assert info.value.code == INVALID_CONFIG
