@@ -47,6 +47,17 @@ def txn_producer(address: str, tid: str, **extra) -> KafkaProducer:
     return p
 
 
+def open_transaction(address: str, tid: str, topic: str, value: bytes, partition: int = 0
+                     ) -> KafkaProducer:
+    """A transactional producer with a transaction open: ``value`` sent to ``topic`` and
+    acknowledged, not committed."""
+    p = txn_producer(address, tid)
+    p.begin_transaction()
+    p.produce(topic, value=value, partition=partition)
+    p.flush(TIMEOUT_S)
+    return p
+
+
 def consume(address: str, topic: str, partitions: int, want: int, *,
             isolation: str = "read_committed") -> list[bytes]:
     """The values of ``topic`` (assign mode, from the start) once ``want`` are there, and
@@ -107,10 +118,7 @@ def test_open_transaction_holds_back_read_committed(kafka):
     stable offset), and arrives once the transaction commits."""
     b, address = kafka
     create(b, "t")
-    p = txn_producer(address, "tx-open")
-    p.begin_transaction()
-    p.produce("t", value=b"in-txn")
-    p.flush(TIMEOUT_S)
+    p = open_transaction(address, "tx-open", "t", b"in-txn")
     plain = KafkaProducer({"bootstrap.servers": address})
     plain.produce("t", value=b"after")
     plain.flush(TIMEOUT_S)
@@ -183,10 +191,7 @@ def test_new_producer_fences_the_old_one(kafka):
     first one's open transaction and fences it: its commit fails fatally."""
     b, address = kafka
     create(b, "t")
-    old = txn_producer(address, "tx-fence")
-    old.begin_transaction()
-    old.produce("t", value=b"zombie")
-    old.flush(TIMEOUT_S)
+    old = open_transaction(address, "tx-fence", "t", b"zombie")
     new = txn_producer(address, "tx-fence")
     with pytest.raises(KafkaException) as info:
         old.commit_transaction(TIMEOUT_S)
@@ -227,10 +232,7 @@ def test_mq_consumer_reads_a_kafka_transaction(kafka):
     the same records, none of the aborted ones."""
     b, address = kafka
     create(b, "t")
-    p = txn_producer(address, "tx-mixed")
-    p.begin_transaction()
-    p.produce("t", value=b"aborted")
-    p.flush(TIMEOUT_S)
+    p = open_transaction(address, "tx-mixed", "t", b"aborted")
     p.abort_transaction(TIMEOUT_S)
     p.begin_transaction()
     for i in range(3):
@@ -253,10 +255,7 @@ def test_transaction_admin_apis(kafka):
     from kafka import TopicPartition as KPTopicPartition
     b, address = kafka
     create(b, "t", 2)
-    p = txn_producer(address, "tx-admin")
-    p.begin_transaction()
-    p.produce("t", value=b"open", partition=1)
-    p.flush(TIMEOUT_S)
+    p = open_transaction(address, "tx-admin", "t", b"open", partition=1)
     admin = KafkaAdminClient(bootstrap_servers=address)
     try:
         desc = admin.describe_transactions(["tx-admin"])["tx-admin"]
