@@ -348,3 +348,51 @@ def test_add_partitions_answers_per_partition(kafka):
     assert add("tx-add", [0, 5]) == {0: 55, 5: 3}
     assert add("nobody", [0]) == {0: 49}
     assert add("tx-add", [0]) == {0: 0}
+
+
+def test_aiokafka_transactions(kafka):
+    """aiokafka (version 0 of every transaction api): a commit with offsets, an abort, and a
+    read_committed consumer."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import TopicPartition as AIOTopicPartition
+    b, address = kafka
+    create(b, "t")
+    create(b, "in")
+
+    async def run() -> list[bytes]:
+        p = AIOKafkaProducer(bootstrap_servers=address, transactional_id="tx-aio")
+        await p.start()
+        try:
+            async with p.transaction():
+                await p.send_and_wait("t", b"aio-1")
+                await p.send_offsets_to_transaction({AIOTopicPartition("in", 0): 3}, "aio")
+            with pytest.raises(RuntimeError):
+                async with p.transaction():
+                    await p.send_and_wait("t", b"aio-aborted")
+                    raise RuntimeError("abort")
+            async with p.transaction():
+                await p.send_and_wait("t", b"aio-2")
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(bootstrap_servers=address, isolation_level="read_committed",
+                             enable_auto_commit=False, auto_offset_reset="earliest")
+        await c.start()
+        got: list[bytes] = []
+
+        async def collect() -> None:
+            while len(got) < 2:
+                batches = await c.getmany(timeout_ms=200)
+                got.extend(m.value for records in batches.values() for m in records)
+
+        try:
+            c.assign([AIOTopicPartition("t", 0)])
+            await asyncio.wait_for(collect(), TIMEOUT_S)
+        finally:
+            await c.stop()
+        return got
+
+    assert asyncio.run(run()) == [b"aio-1", b"aio-2"]
+    with mq.Admin(b.socket) as admin:
+        assert admin.list_group_offsets("aio") == {mq.TopicPartition("in", 0): 3}
