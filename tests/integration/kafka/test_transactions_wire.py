@@ -4,6 +4,7 @@ sent to a transaction, fencing, and the transaction admin apis."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -59,12 +60,12 @@ def open_transaction(address: str, tid: str, topic: str, value: bytes, partition
 
 
 def consume(address: str, topic: str, partitions: int, want: int, *,
-            isolation: str = "read_committed") -> list[bytes]:
+            isolation: str = "read_committed", **settings) -> list[bytes]:
     """The values of ``topic`` (assign mode, from the start) once ``want`` are there, and
     then until the log end: a record beyond ``want`` shows up too."""
     c = KafkaConsumer({"bootstrap.servers": address, "group.id": "reader",
                        "isolation.level": isolation, "enable.auto.commit": False,
-                       "enable.partition.eof": True})
+                       "enable.partition.eof": True, **settings})
     c.assign([KafkaTP(topic, p, 0) for p in range(partitions)])
     got: list[bytes] = []
     at_end: set[int] = set()
@@ -111,6 +112,50 @@ def test_commit_and_abort_read_committed(kafka):
     assert sorted(committed) == sorted([b"c1-0", b"c1-1", b"c1-2", b"c1-3", b"c2"])
     everything = consume(address, "t", 2, 9, isolation="read_uncommitted")
     assert sorted(everything) == sorted(committed + [b"aborted-%d" % i for i in range(4)])
+
+
+def test_interleaved_transactions_across_segments_and_small_fetches(kafka):
+    """Aborted and committed transactions interleaved with plain records on one partition,
+    over many 2,000-byte segments: every client's read_committed consumer, fetching 100 bytes
+    at a time, gets exactly the committed and plain records (the aborted list of each fetch
+    covers transactions that began before it and end in a later segment)."""
+    from kafka import KafkaConsumer as KPConsumer
+    from kafka import TopicPartition as KPTopicPartition
+    b, address = kafka
+    create(b, "t", config={"segment.bytes": "2000"})
+    aborting = txn_producer(address, "tx-aborts", **{"linger.ms": 0})
+    committing = txn_producer(address, "tx-commits", **{"linger.ms": 0})
+    plain = KafkaProducer({"bootstrap.servers": address, "linger.ms": 0})
+    expected = []
+    for round_ in range(6):
+        aborting.begin_transaction()
+        committing.begin_transaction()
+        for i in range(3):
+            for producer, value in ((aborting, b"aborted-%d-%d" % (round_, i)),
+                                    (plain, b"plain-%d-%d" % (round_, i)),
+                                    (committing, b"committed-%d-%d" % (round_, i))):
+                producer.produce("t", value=value)
+                producer.flush(TIMEOUT_S)
+            expected += [b"plain-%d-%d" % (round_, i), b"committed-%d-%d" % (round_, i)]
+        aborting.abort_transaction(TIMEOUT_S)
+        committing.commit_transaction(TIMEOUT_S)
+    segments = [f for f in os.listdir(os.path.join(b.data_dir, "t-0")) if f.endswith(".log")]
+    assert len(segments) >= 3
+    assert sorted(consume(address, "t", 1, len(expected),
+                          **{"max.partition.fetch.bytes": 100})) == sorted(expected)
+    kp = KPConsumer(bootstrap_servers=address, isolation_level="read_committed",
+                    enable_auto_commit=False, max_partition_fetch_bytes=100,
+                    consumer_timeout_ms=2000)
+    try:
+        kp.assign([KPTopicPartition("t", 0)])
+        kp.seek(KPTopicPartition("t", 0), 0)
+        got = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            got += [m.value for m in kp]        # stops after 2 s without a record
+    finally:
+        kp.close()
+    assert sorted(got) == sorted(expected)
 
 
 def test_open_transaction_holds_back_read_committed(kafka):
