@@ -20,9 +20,10 @@ from collections.abc import Mapping
 
 from mq.broker.config import BrokerConfig
 from mq.broker.internal_topics import is_internal
-from mq.broker.kafka.configs import AlterRefused, creatable
+from mq.broker.kafka.configs import creatable
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
+from mq.errors import BrokerError
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
 from mq.protocol.messages import Api
@@ -127,8 +128,8 @@ class AdminApis:
             try:
                 config = creatable({c["name"]: c["value"] for c in t["configs"]
                                     if c["value"] is not None})
-            except AlterRefused as err:           # a config mq holds at another value
-                row.update(error_code=err.code, error_message=str(err))
+            except BrokerError as err:            # a config mq holds at another value
+                row.update(error_code=err.code, error_message=err.message)
                 rows.append(row)
                 continue
             if t["replication_factor"] not in (-1, 1):

@@ -36,9 +36,10 @@ from mq.broker.config import BrokerConfig
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
 from mq.log.config import DEFAULTS
+from mq.errors import BrokerError, InvalidConfigurationError, InvalidRequestError
 from mq.protocol.messages import Api
 
-__all__ = ["AlterRefused", "ConfigApis", "FIXED", "TOPIC_CONFIGS", "creatable", "describe_broker",
+__all__ = ["ConfigApis", "FIXED", "TOPIC_CONFIGS", "creatable", "describe_broker",
            "describe_topic", "plan_alteration"]
 
 NONE: Final = 0
@@ -213,28 +214,20 @@ def describe_broker(config: BrokerConfig, topic_defaults: Mapping[str, str]) -> 
     return out
 
 
-class AlterRefused(ValueError):
-    """An alteration Kafka refuses: its error code and message."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def plan_alteration(ops: list[dict], effective: Mapping[str, str]
                     ) -> tuple[dict[str, str], list[str]]:
     """A topic's IncrementalAlterConfigs operations as (overrides to set, overrides to
-    delete) over its ``effective`` config (pure). Raises ``AlterRefused``."""
+    delete) over its ``effective`` config (pure). Raises ``InvalidRequestError`` or ``InvalidConfigurationError``."""
     names = [op["name"] for op in ops]
     if len(set(names)) != len(names):
-        raise AlterRefused(INVALID_REQUEST, "a config is named twice in one resource: "
+        raise InvalidRequestError("a config is named twice in one resource: "
                           f"{sorted({n for n in names if names.count(n) > 1})}")
     changes: dict[str, str] = {}
     delete: list[str] = []
     for op in ops:
         name, kind, value = op["name"], op["config_operation"], op["value"]
         if kind not in (SET, DELETE, APPEND, SUBTRACT):
-            raise AlterRefused(INVALID_REQUEST, f"{name}: unknown operation {kind}")
+            raise InvalidRequestError(f"{name}: unknown operation {kind}")
         fixed = FIXED.get(name)
         if fixed is not None:
             if kind in (SET, APPEND):
@@ -242,18 +235,18 @@ def plan_alteration(ops: list[dict], effective: Mapping[str, str]
             continue
         key = TOPIC_CONFIGS.get(name)
         if key is None:
-            raise AlterRefused(INVALID_CONFIG, f"unknown topic config {name!r}")
+            raise InvalidConfigurationError(f"unknown topic config {name!r}")
         if kind == DELETE:
             delete.append(name)
             continue
         if value is None:
-            raise AlterRefused(INVALID_CONFIG, f"{name}: a null value (use DELETE to remove "
+            raise InvalidConfigurationError(f"{name}: a null value (use DELETE to remove "
                               "an override)")
         if kind == SET:
             changes[name] = value
             continue
         if key.type != LIST:
-            raise AlterRefused(INVALID_CONFIG, f"{name} is not a list: "
+            raise InvalidConfigurationError(f"{name} is not a list: "
                               f"{'APPEND' if kind == APPEND else 'SUBTRACT'} does not apply")
         items = [v for v in effective[name].split(",") if v]
         given = [v.strip() for v in value.split(",") if v.strip()]
@@ -267,14 +260,14 @@ def plan_alteration(ops: list[dict], effective: Mapping[str, str]
 
 def creatable(config: Mapping[str, str]) -> dict[str, str]:
     """A CreateTopics request's configs as mq's overrides: the ``FIXED`` ones at their only
-    value dropped (pure). Raises ``AlterRefused`` (INVALID_CONFIG) for another value."""
+    value dropped (pure). Raises ``InvalidConfigurationError`` for another value."""
     out = {}
     for name, value in config.items():
         fixed = FIXED.get(name)
         if fixed is None:
             out[name] = value
         elif value != fixed.value:
-            raise AlterRefused(INVALID_CONFIG, f"{name} is fixed at {fixed.value!r} in mq: "
+            raise InvalidConfigurationError(f"{name} is fixed at {fixed.value!r} in mq: "
                                f"{fixed.why}")
     return out
 
@@ -348,8 +341,8 @@ class ConfigApis:
                 continue
             try:
                 changes, delete = plan_alteration(r["configs"], reply[4])
-            except AlterRefused as err:
-                row.update(error_code=err.code, error_message=str(err))
+            except BrokerError as err:
+                row.update(error_code=err.code, error_message=err.message)
                 continue
             calls.append(Call(Api.INCREMENTAL_ALTER_CONFIGS, {
                 "topic": r["resource_name"], "set": changes, "delete": delete,
