@@ -13,6 +13,9 @@
     retention_check_interval_ms = 300000
     high_watermark = "written"        # or "durable": consumers only see fsync'd data
     metrics_address = "127.0.0.1:9400"  # OpenMetrics at http://127.0.0.1:9400/metrics
+    kafka_listeners = ["127.0.0.1:9092"]  # Kafka's wire protocol, loopback only (mq/broker/kafka)
+    auto_create_topics = true         # Metadata and Produce create unknown topics (Kafka's default)
+    num_partitions = 1                # ... with this many partitions
     [topic_defaults]                  # Kafka-named topic configs
     "retention.ms" = "604800000"
     "segment.bytes" = "1073741824"
