@@ -249,12 +249,16 @@ _ERROR_TABLE = [
     ("UnstableOffsetCommitError", 88, True, "An open transaction holds newer offsets for the "
                                             "partition; retry once it ends."),
     # consumer groups
+    ("IllegalGenerationError", 22, False, "A classic member's generation is not its current "
+                                          "one (rejoin)."),
     ("InvalidGroupIdError", 24, False, "The group id is not valid."),
     ("UnknownMemberIdError", 25, False, "The group does not know this member (rejoin)."),
     ("InvalidSessionTimeoutError", 26, False, "The session timeout is outside the broker's "
                                               "limits."),
     ("NonEmptyGroupError", 68, False, "The group has live members."),
     ("GroupIdNotFoundError", 69, False, "No such group."),
+    ("GroupSubscribedToTopicError", 86, False, "A member of the group subscribes to the "
+                                               "topic, so its offsets stay."),
     ("GroupMaxSizeReachedError", 81, False, "The group has as many members as allowed."),
     ("FencedInstanceIdError", 82, False, "Another process took over this static member."),
     ("FencedMemberEpochError", 110, False, "The member's epoch is fenced (rejoin)."),

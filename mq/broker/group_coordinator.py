@@ -223,6 +223,29 @@ class GroupCoordinator:
             return HeartbeatResult(member_id, -1, EMPTY, 0, type(err), err.message,
                                    Effects(tuple(wakeups)))
 
+    def classic_heartbeat(self, group_id: str, member_id: str, *, generation: int,
+                          instance_id: str | None = None,
+                          now_ms: int) -> tuple[type[BrokerError] | None, bool]:
+        """A classic member's Heartbeat (a JoinGroup/SyncGroup client, which joins through
+        ``heartbeat`` with epoch 0 and its generation as member epoch): keep it alive and say
+        whether it must rejoin (Kafka's REBALANCE_IN_PROGRESS) — it has partitions to give up,
+        or more to be granted, or a newer epoch. Nothing moves here: a classic client learns
+        its assignment only from a join, so it consumes exactly what its last join gave it,
+        which is therefore what it owns. Returns (error, rejoin)."""
+        group = self.groups.get(group_id)
+        if group is not None and instance_id is not None and \
+                group.instances.get(instance_id, member_id) != member_id:
+            return errors.FencedInstanceIdError, False
+        member = group.members.get(member_id) if group is not None else None
+        if member is None or member.departed:
+            return errors.UnknownMemberIdError, False
+        if generation != member.epoch:
+            return errors.IllegalGenerationError, False
+        member.last_heartbeat_ms = now_ms
+        member.owned = member.owned | member.assigned
+        _, epoch, assigned, pending = self._next(group, member)
+        return None, bool(pending) or (epoch, assigned) != (member.epoch, member.assigned)
+
     def _join(self, group_id: str, member_id: str | None, instance_id: str | None,
               sub: tuple | None, owned: frozenset[TopicPartition] | None, session: int | None,
               rebalance: int | None, now_ms: int) -> tuple[Group, Member]:

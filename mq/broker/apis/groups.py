@@ -31,7 +31,7 @@ from mq.broker.config import BrokerConfig
 from mq.broker.conns import Conn, Connections
 from mq.broker.flushing import GroupCommit
 from mq.broker.group_coordinator import GroupCoordinator
-from mq.broker.group_model import Effects, GroupState
+from mq.broker.group_model import Effects, GroupState, HeartbeatResult, matches_pattern
 from mq.broker.internal_topics import OFFSETS_TOPIC, is_internal
 from mq.broker.offsets import CommittedOffset, OffsetStore
 from mq.broker.partitions import Partition, PartitionTable
@@ -195,27 +195,59 @@ class GroupApis:
     # --- apis ---------------------------------------------------------------------------------
     def heartbeat(self, conn: Conn, req: Request) -> list:
         f = req.fields
-        if not f["group"]:
-            raise errors.InvalidGroupIdError("the group id must be a non-empty string")
         conn.group_member = True
-        now = monotonic_ms()
-        self._group_activity(now)
-        result = self.coordinator.heartbeat(
+        result = self.member_heartbeat(
             f["group"], f["member_id"], member_epoch=f["member_epoch"],
-            instance_id=f["instance_id"], subscription=f["topics"],
-            subscribed_pattern=f["pattern"], assignor=f["assignor"],
-            owned_partitions=f["owned"], now_ms=now, pid=conn.pid,
-            conn_id=conn.conn_id,
-            rebalance_timeout_ms=None if f["rebalance_timeout_ms"] < 0
-            else f["rebalance_timeout_ms"],
-            session_timeout_ms=None if f["session_timeout_ms"] < 0
-            else f["session_timeout_ms"])
-        self._group_effects(result.effects)
-        self._mark_group(f["group"])
+            instance_id=f["instance_id"], topics=f["topics"], pattern=f["pattern"],
+            assignor=f["assignor"], owned=f["owned"], pid=conn.pid, conn_id=conn.conn_id,
+            rebalance_timeout_ms=f["rebalance_timeout_ms"],
+            session_timeout_ms=f["session_timeout_ms"])
         if result.error is not None:
             return response(req.api, req.request_id, result.error.code, result.error_message)
         return response(req.api, req.request_id, 0, None, result.member_id, result.member_epoch,
                         result.heartbeat_interval_ms, sorted(map(list, result.assignment)))
+
+    def member_heartbeat(self, group: str, member_id: str | None, *, member_epoch: int,
+                         instance_id: str | None, topics: list[str] | None,
+                         pattern: str | None, assignor: str | None, owned: list | None,
+                         pid: int | None, conn_id: Hashable | None,
+                         rebalance_timeout_ms: int, session_timeout_ms: int
+                         ) -> HeartbeatResult:
+        """A member's heartbeat (join, heartbeat or leave: ``GroupCoordinator.heartbeat``).
+        ``pid`` and ``conn_id`` None: the member lives by its session timeout alone (Kafka
+        clients, which reconnect and keep their member id); timeouts < 0: the defaults."""
+        if not group:
+            raise errors.InvalidGroupIdError("the group id must be a non-empty string")
+        now = monotonic_ms()
+        self._group_activity(now)
+        result = self.coordinator.heartbeat(
+            group, member_id, member_epoch=member_epoch, instance_id=instance_id,
+            subscription=topics, subscribed_pattern=pattern, assignor=assignor,
+            owned_partitions=owned, now_ms=now, pid=pid, conn_id=conn_id,
+            rebalance_timeout_ms=None if rebalance_timeout_ms < 0 else rebalance_timeout_ms,
+            session_timeout_ms=None if session_timeout_ms < 0 else session_timeout_ms)
+        self._group_effects(result.effects)
+        self._mark_group(group)
+        return result
+
+    def classic_heartbeat(self, group: str, member_id: str, *, generation: int,
+                          instance_id: str | None) -> tuple[type[errors.BrokerError] | None,
+                                                            bool]:
+        """A classic (JoinGroup/SyncGroup) member's Heartbeat: (error, must rejoin)."""
+        now = monotonic_ms()
+        self._group_activity(now)
+        return self.coordinator.classic_heartbeat(group, member_id, generation=generation,
+                                                  instance_id=instance_id, now_ms=now)
+
+    def leave_member(self, group: str, member_id: str, *, instance_id: str | None = None,
+                     temporary: bool = False) -> type[errors.BrokerError] | None:
+        """A member leaves (``GroupCoordinator.leave``): a Kafka client's LeaveGroup, or a
+        static classic member's old incarnation stepping aside (``temporary``)."""
+        left = self.coordinator.leave(group, member_id, instance_id=instance_id,
+                                      temporary=temporary)
+        self._group_effects(left.effects)
+        self._mark_group(group)
+        return left.error
 
     def commit(self, conn: Conn, req: Request) -> list | None:
         group = req["group"]
@@ -383,6 +415,28 @@ class GroupApis:
             return reply
         self._flush_offsets(plog, conn, reply)
         return None
+
+    def delete_offsets(self, group: str, partitions: list[tuple[str, int]]
+                       ) -> dict[tuple[str, int], type[errors.BrokerError] | None]:
+        """Kafka's OffsetDelete: forget the group's committed offsets of ``partitions``,
+        except those of topics a member subscribes to (GROUP_SUBSCRIBED_TO_TOPIC). The
+        deletion is acknowledged once written; its fsync follows in this round's flush job.
+        Raises ``GroupIdNotFoundError`` for a group nobody knows."""
+        g = self.coordinator.groups.get(group)
+        if g is None and group not in self.offsets.offsets:
+            raise errors.GroupIdNotFoundError(f"group {group!r} does not exist")
+        members = list(g.members.values()) if g is not None else []
+        out: dict[tuple[str, int], type[errors.BrokerError] | None] = {}
+        for topic, partition in partitions:
+            subscribed = any(topic in (m.topics or ()) or matches_pattern(m, topic)
+                             for m in members)
+            out[(topic, partition)] = errors.GroupSubscribedToTopicError if subscribed \
+                else None
+        plog = self.offsets.delete(group, [tp for tp, code in out.items() if code is None],
+                                   now_ms=wall_ms())
+        if plog is not None:
+            self._flush_offsets(plog)
+        return out
 
     # --- helpers ------------------------------------------------------------------------------
     def _flush_offsets(self, plog: PartitionLog, conn: Conn | None = None,

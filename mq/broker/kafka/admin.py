@@ -75,8 +75,13 @@ class AdminApis:
         requested = body["topics"]
         if requested is None or (version == 0 and not requested):     # v0: [] is all
             names = sorted(self._metadata.topics)
-        else:
-            names = [t["name"] for t in requested if t["name"] is not None]
+        else:      # by name, or by id (v10+; a KIP-848 client resolves its assignment so)
+            by_id = {topic_id_bytes(info.topic_id): name
+                     for name, info in self._metadata.topics.items()}
+            names = [t["name"] if t["name"] is not None else
+                     by_id.get(bytes(t.get("topic_id") or bytes(16)), "")
+                     for t in requested]
+            names = [n for n in names if n]
         allow = body["allow_auto_topic_creation"] if version >= 4 else True
         missing = [n for n in names if n not in self._metadata.topics]
         created: dict[str, int] = {}

@@ -3,7 +3,8 @@
 Each family is a small component over the broker's own (``data.py``: Produce, Fetch,
 ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py``:
 FindCoordinator and producer ids; ``transactions.py``: the transaction apis; ``configs.py``:
-DescribeConfigs and IncrementalAlterConfigs; the groups family likewise), built with what it
+DescribeConfigs and IncrementalAlterConfigs; ``groups.py``: group membership, classic and
+KIP-848; ``group_admin.py``: committed offsets and group administration), built with what it
 needs, and exposing ``handlers()``. ApiVersions is the listener's own.
 """
 
@@ -18,6 +19,8 @@ from mq.broker.kafka.admin import AdminApis
 from mq.broker.kafka.configs import ConfigApis
 from mq.broker.kafka.coordination import CoordinationApis
 from mq.broker.kafka.data import DataApis
+from mq.broker.kafka.group_admin import GroupAdminApis
+from mq.broker.kafka.groups import GroupApisKafka
 from mq.broker.kafka.transactions import TransactionWireApis
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
@@ -39,8 +42,10 @@ class KafkaApis:
         self.coordination = CoordinationApis(self.admin)
         self.transactions = TransactionWireApis(table)
         self.configs = ConfigApis(config)
+        self.groups = GroupApisKafka(groups, metadata)
+        self.group_admin = GroupAdminApis(groups, self.groups, metadata)
         self._families = [self.admin, self.data, self.coordination, self.transactions,
-                          self.configs]
+                          self.configs, self.groups, self.group_admin]
 
     def handlers(self) -> Mapping[int, object]:
         table: dict[int, object] = {}
