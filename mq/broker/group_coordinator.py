@@ -224,14 +224,18 @@ class GroupCoordinator:
                                    Effects(tuple(wakeups)))
 
     def classic_heartbeat(self, group_id: str, member_id: str, *, generation: int,
-                          instance_id: str | None = None,
+                          instance_id: str | None = None, sync: bool = False,
                           now_ms: int) -> tuple[type[BrokerError] | None, bool]:
-        """A classic member's Heartbeat (a JoinGroup/SyncGroup client, which joins through
-        ``heartbeat`` with epoch 0 and its generation as member epoch): keep it alive and say
-        whether it must rejoin (Kafka's REBALANCE_IN_PROGRESS) — it has partitions to give up,
-        or more to be granted, or a newer epoch. Nothing moves here: a classic client learns
-        its assignment only from a join, so it consumes exactly what its last join gave it,
-        which is therefore what it owns. Returns (error, rejoin)."""
+        """A classic member's Heartbeat or SyncGroup (a JoinGroup/SyncGroup client, which joins
+        through ``heartbeat`` with epoch 0 and its generation as member epoch): keep it alive
+        and say whether it must rejoin (Kafka's REBALANCE_IN_PROGRESS) — it has partitions to
+        give up, or more to be granted, or a newer epoch. Returns (error, rejoin).
+
+        Nothing moves here: a classic client learns its assignment only from a join, so it
+        consumes exactly what its last join gave it, which is therefore what it owns. Told to
+        rejoin, it must within its rebalance timeout or ``tick`` removes it (Kafka's join
+        timeout). At ``sync`` a member with partitions to give up is not sent back: it takes
+        what it keeps, revokes the rest and rejoins by itself (KIP-429)."""
         group = self.groups.get(group_id)
         if group is not None and instance_id is not None and \
                 group.instances.get(instance_id, member_id) != member_id:
@@ -244,7 +248,12 @@ class GroupCoordinator:
         member.last_heartbeat_ms = now_ms
         member.owned = member.owned | member.assigned
         _, epoch, assigned, pending = self._next(group, member)
-        return None, bool(pending) or (epoch, assigned) != (member.epoch, member.assigned)
+        rejoin = bool(pending) or (epoch, assigned) != (member.epoch, member.assigned)
+        if rejoin and member.revoke_deadline_ms is None:
+            member.revoke_deadline_ms = now_ms + member.rebalance_timeout_ms
+        elif not rejoin and not member.pending_revocation:
+            member.revoke_deadline_ms = None          # what it was told to rejoin for is gone
+        return None, rejoin and not (sync and pending)
 
     def _join(self, group_id: str, member_id: str | None, instance_id: str | None,
               sub: tuple | None, owned: frozenset[TopicPartition] | None, session: int | None,

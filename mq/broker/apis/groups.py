@@ -231,13 +231,15 @@ class GroupApis:
         return result
 
     def classic_heartbeat(self, group: str, member_id: str, *, generation: int,
-                          instance_id: str | None) -> tuple[type[errors.BrokerError] | None,
-                                                            bool]:
-        """A classic (JoinGroup/SyncGroup) member's Heartbeat: (error, must rejoin)."""
+                          instance_id: str | None, sync: bool = False
+                          ) -> tuple[type[errors.BrokerError] | None, bool]:
+        """A classic (JoinGroup/SyncGroup) member's Heartbeat or SyncGroup: (error, must
+        rejoin) — ``GroupCoordinator.classic_heartbeat``."""
         now = monotonic_ms()
         self._group_activity(now)
         return self.coordinator.classic_heartbeat(group, member_id, generation=generation,
-                                                  instance_id=instance_id, now_ms=now)
+                                                  instance_id=instance_id, sync=sync,
+                                                  now_ms=now)
 
     def leave_member(self, group: str, member_id: str, *, instance_id: str | None = None,
                      temporary: bool = False) -> type[errors.BrokerError] | None:

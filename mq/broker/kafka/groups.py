@@ -14,11 +14,13 @@ KIP-848 group (``GroupMetadataManager.classicGroupJoinToConsumerGroup``):
   once as a follower (leader ``""``): the generation is the member epoch and the protocol
   name is the member's own first one, which is how the client picks eager or cooperative.
 - SyncGroup returns the assignment of that join as a ``ConsumerProtocolAssignment``: the
-  partitions the engine granted, never one another member still holds.
+  partitions the engine granted, never one another member still holds — or
+  REBALANCE_IN_PROGRESS when more could be granted already (as Kafka does).
 - Heartbeat keeps the member alive and answers REBALANCE_IN_PROGRESS when the member has
   partitions to give up or could be granted more (``GroupCoordinator.classic_heartbeat``); the
   client rejoins, reporting what it still owns, and the engine moves on. A partition changes
-  hands only after its owner rejoined without it, left, or timed out.
+  hands only after its owner rejoined without it, left, or timed out; a member told to rejoin
+  that does not within its rebalance timeout is removed.
 - JoinGroup v4+ without a member id is answered MEMBER_ID_REQUIRED with a fresh id (Kafka's
   KIP-394); v5+ with a group.instance.id is a static member: a new incarnation takes the old
   one's place, partitions and epoch with no rebalance.
@@ -191,13 +193,14 @@ class GroupApisKafka:
         group, member_id = body["group_id"], body["member_id"]
         instance_id = body["group_instance_id"] if version >= 3 else None
         member = self.classic.get((group, member_id))
-        error, _ = self._groups.classic_heartbeat(group, member_id,
-                                                  generation=body["generation_id"],
-                                                  instance_id=instance_id)
+        error, rejoin = self._groups.classic_heartbeat(group, member_id,
+                                                       generation=body["generation_id"],
+                                                       instance_id=instance_id, sync=True)
         if error is None and member is None:
             error_code = UNKNOWN_MEMBER_ID           # a KIP-848 member's id: not classic
         else:
-            error_code = NONE if error is None else error.code
+            error_code = error.code if error is not None else \
+                REBALANCE_IN_PROGRESS if rejoin else NONE
         if error_code != NONE:
             return {"throttle_time_ms": 0, "error_code": error_code, "protocol_type": None,
                     "protocol_name": None, "assignment": b""}

@@ -167,6 +167,48 @@ def test_the_classic_heartbeat_keeps_a_member_alive_past_its_session_timeout():
     assert c.describe("g").members == ()
 
 
+def test_a_member_told_to_rejoin_that_never_does_is_removed_after_its_rebalance_timeout():
+    c = coordinator()
+    a = c.heartbeat("g", None, member_epoch=0, subscription=["t"], now_ms=0,
+                    rebalance_timeout_ms=1_000, session_timeout_ms=60_000)
+    b = classic_join(c)
+    for now in (100, 600):          # heartbeats on, but no rejoin
+        assert c.classic_heartbeat("g", a.member_id, generation=a.member_epoch,
+                                   now_ms=now) == (None, True)
+        c.tick(now)
+    c.tick(1_200)
+    assert [m.member_id for m in c.describe("g").members] == [b.member_id]
+    assert c.classic_heartbeat("g", b.member_id, generation=b.member_epoch,
+                               now_ms=1_300) == (None, True)    # A's partitions are free
+
+
+def test_the_rejoin_deadline_goes_when_its_reason_does():
+    c = coordinator()
+    a = c.heartbeat("g", None, member_epoch=0, subscription=["t"], now_ms=0,
+                    rebalance_timeout_ms=1_000, session_timeout_ms=60_000)
+    b = classic_join(c)
+    assert c.classic_heartbeat("g", a.member_id, generation=a.member_epoch, now_ms=100)[1]
+    c.leave("g", b.member_id)              # B leaves before A rejoined: A keeps everything
+    a2 = classic_join(c, a.member_id, owned=ALL, now=150)
+    assert a2.assignment == ALL
+    assert c.classic_heartbeat("g", a.member_id, generation=a2.member_epoch,
+                               now_ms=200) == (None, False)
+    c.tick(5_000)
+    assert [m.member_id for m in c.describe("g").members] == [a.member_id]
+
+
+def test_sync_sends_a_member_back_only_when_it_has_nothing_to_revoke():
+    c = coordinator()
+    a = classic_join(c)
+    b = classic_join(c)
+    a2 = classic_join(c, "m1", owned=ALL, now=1)          # cooperative: two to give up
+    assert c.classic_heartbeat("g", "m1", generation=a2.member_epoch, sync=True,
+                               now_ms=2) == (None, False)
+    classic_join(c, "m1", owned=a2.assignment, now=3)     # revoked: B's are free now
+    assert c.classic_heartbeat("g", "m2", generation=b.member_epoch, sync=True,
+                               now_ms=4) == (None, True)
+
+
 # --- the handlers --------------------------------------------------------------------------------
 
 class FakeGroupApis:
@@ -186,9 +228,10 @@ class FakeGroupApis:
             rebalance_timeout_ms=None if rebalance_timeout_ms < 0 else rebalance_timeout_ms,
             session_timeout_ms=None if session_timeout_ms < 0 else session_timeout_ms)
 
-    def classic_heartbeat(self, group, member_id, *, generation, instance_id):
+    def classic_heartbeat(self, group, member_id, *, generation, instance_id, sync=False):
         return self.coordinator.classic_heartbeat(group, member_id, generation=generation,
-                                                  instance_id=instance_id, now_ms=self.now)
+                                                  instance_id=instance_id, sync=sync,
+                                                  now_ms=self.now)
 
     def leave_member(self, group, member_id, *, instance_id=None, temporary=False):
         return self.coordinator.leave(group, member_id, instance_id=instance_id,
