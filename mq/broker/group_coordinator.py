@@ -31,6 +31,11 @@ revoke within ``rebalance_timeout_ms``. ``max_poll_interval_ms`` is enforced by 
 consumer whose handler has not polled for that long leaves the group (Kafka's behaviour); the
 client also sends it as ``rebalance_timeout_ms``.
 
+Classic members (JoinGroup clients of the Kafka listener) join and rejoin through ``heartbeat``
+with epoch 0 and no connection or pid, so their session timeout is their liveness;
+``classic_heartbeat`` keeps them alive and tells them when to rejoin, since a classic client
+learns an assignment only from a join.
+
 Static membership (``instance_id``). A static member that goes away without leaving for good
 (connection closed, pid gone, or a temporary leave with epoch -2) stays in the group with its
 partitions reserved until its session times out, and nothing is rebalanced. A process joining
