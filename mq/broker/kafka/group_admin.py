@@ -202,7 +202,7 @@ class GroupAdminApis:
             desc = reply[4]
             groups.append({
                 "error_code": NONE, "error_message": None, "group_id": name,
-                "group_state": desc["state"].lower(), "group_epoch": desc["group_epoch"],
+                "group_state": desc["state"], "group_epoch": desc["group_epoch"],
                 "assignment_epoch": desc["assignment_epoch"], "assignor_name": desc["assignor"],
                 "authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN,
                 "members": [{

@@ -132,12 +132,13 @@ class GroupApisKafka:
         return {11: self.join_group, 14: self.sync_group, 12: self.heartbeat,
                 13: self.leave_group, 68: self.consumer_group_heartbeat}
 
-    def _prune(self, group: str) -> None:
-        """Forget what is kept of members the coordinator no longer has (timed out)."""
-        g = self._groups.coordinator.groups.get(group)
-        live = g.members if g is not None else {}
+    def _prune(self, group: str | None = None) -> None:
+        """Forget what is kept of members the coordinator no longer has (timed out, or their
+        group deleted): of ``group``, or of every group (on a join, so nothing piles up)."""
+        groups = self._groups.coordinator.groups
         for table in (self.classic, self._sent):
-            for key in [k for k in table if k[0] == group and k[1] not in live]:
+            for key in [k for k in table if (group is None or k[0] == group) and
+                        (k[0] not in groups or k[1] not in groups[k[0]].members)]:
                 del table[key]
 
     # --- classic members ----------------------------------------------------------------------
@@ -157,7 +158,7 @@ class GroupApisKafka:
             if instance_id is None and version >= 4:     # KIP-394: come back with this id
                 return _join_error(version, MEMBER_ID_REQUIRED, fresh)
             member_id = fresh
-        self._prune(group)
+        self._prune()
         if instance_id is not None:
             self._step_aside(group, instance_id, member_id)
         session = body["session_timeout_ms"]
