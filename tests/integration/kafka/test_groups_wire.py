@@ -228,6 +228,28 @@ def test_kip848_consumers_over_the_kafka_protocol(kbroker):
     c2.close()
 
 
+def test_eager_cooperative_and_kip848_members_in_one_group(kbroker):
+    bootstrap, _ = kbroker
+    eager = _classic(bootstrap, "g3", **{"partition.assignment.strategy": "range"})
+    cooperative = _classic(bootstrap, "g3",
+                           **{"partition.assignment.strategy": "cooperative-sticky"})
+    kip848 = Consumer({"bootstrap.servers": bootstrap, "group.id": "g3",
+                       "group.protocol": "consumer", "auto.offset.reset": "earliest"})
+    members = [eager, cooperative, kip848]
+    for c in members:
+        c.subscribe(["t4"])
+
+    def covered(cs) -> bool:
+        owned = [_parts(c) for c in cs]
+        return all(owned) and sorted(p for ps in owned for p in ps) == [0, 1, 2, 3]
+    _poll_until(members, lambda: covered(members), "three members to share 4 partitions")
+    eager.close()
+    _poll_until(members[1:], lambda: covered(members[1:]), "two to share them")
+    kip848.close()
+    _poll_until([cooperative], lambda: covered([cooperative]), "the last to take all")
+    cooperative.close()
+
+
 def test_group_admin_lists_describes_and_deletes(kbroker):
     bootstrap, _ = kbroker
     c = _classic(bootstrap, "ga", **{"client.id": "admin-test"})
