@@ -199,6 +199,10 @@ class GroupApisKafka:
                                                        instance_id=instance_id, sync=True)
         if error is None and member is None:
             error_code = UNKNOWN_MEMBER_ID           # a KIP-848 member's id: not classic
+        elif error is None and version >= 5 and (
+                body["protocol_type"] not in (None, PROTOCOL_TYPE) or
+                body["protocol_name"] not in (None, member.protocol_name)):
+            error_code = INCONSISTENT_GROUP_PROTOCOL     # not what its JoinGroup was told
         else:
             error_code = error.code if error is not None else \
                 REBALANCE_IN_PROGRESS if rejoin else NONE

@@ -327,6 +327,13 @@ def test_leave_group_frees_the_partitions(apis):
     assert apis.classic.keys() == {("g", b["member_id"])}
 
 
+def test_a_sync_naming_another_protocol_than_its_join_is_refused(apis):
+    a = apis.join_group(CONN, 3, join_body(protocols=("range", "roundrobin")))
+    assert sync(apis, {**a, "protocol_name": "roundrobin"})["error_code"] == 23
+    assert sync(apis, {**a, "protocol_name": "roundrobin"}, version=4)["error_code"] == 0
+    assert sync(apis, a)["error_code"] == 0
+
+
 def test_a_join_that_is_not_the_consumer_protocol_is_refused(apis):
     body = {**join_body(), "protocol_type": "connect"}
     assert apis.join_group(CONN, 3, body)["error_code"] == 23
