@@ -29,8 +29,9 @@ Liveness is the session timeout, never the TCP connection (librdkafka reconnects
 its member id): these members have no connection or pid in the coordinator.
 
 **KIP-848 members** (librdkafka ``group.protocol=consumer``) heartbeat with the native
-request's fields, topics named by id (librdkafka sends an empty regex for none); the assignment is sent when it changed since the
-member's last response, or on a full request (a join), as Kafka does.
+request's fields, topics named by id (librdkafka sends an empty regex for none); the
+assignment is sent when it changed since the member's last response, or on a full request (a
+join), as Kafka does.
 """
 
 from __future__ import annotations
