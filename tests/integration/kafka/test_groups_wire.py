@@ -145,6 +145,8 @@ def test_a_static_member_restarts_into_its_partitions_without_a_rebalance(kbroke
 def test_kafka_python_and_aiokafka_consumers_share_a_group(kbroker):
     from aiokafka import AIOKafkaConsumer
     from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.structs import OffsetAndMetadata
 
     bootstrap, _ = kbroker
     _produce(bootstrap, 40)
@@ -182,7 +184,10 @@ def test_kafka_python_and_aiokafka_consumers_share_a_group(kbroker):
             if _split(kp_parts, set(aio_parts)) and len(seen_kp | seen_aio) == 40:
                 break
             assert time.monotonic() < deadline, (kp_parts, aio_parts, len(seen_kp | seen_aio))
-        assert {p for p, _ in seen_kp} <= kp_parts | {p for p, _ in seen_aio}
+        mine = KafkaTopicPartition("t4", min(kp_parts))
+        kp.commit({mine: OffsetAndMetadata(3, "kafka-python", -1)})
+        assert (kp.committed(mine, metadata=True).offset,
+                kp.committed(mine, metadata=True).metadata) == (3, "kafka-python")
     finally:
         stop.set()
         thread.join(WAIT_S)
