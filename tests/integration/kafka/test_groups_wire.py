@@ -26,8 +26,9 @@ import mq.testing
 from mq.client.admin import Admin
 from mq.protocol.kafka.codec import decode_response, encode_data, encode_request
 
-# kafka-python reads its schemas with importlib.resources' deprecated open_text
-pytestmark = pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")
+# kafka-python 3 loads its schemas with importlib.resources' legacy functions (Python 3.11).
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:(open|read)_text is deprecated:DeprecationWarning")
 
 GROUP_HEARTBEAT_MS = 200      # the broker's KIP-848 heartbeat interval here (5 s by default)
 SESSION_MS = 6_000
