@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,12 +18,13 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from wire_calls import call
 
 import mq
 import mq.errors
 import mq.testing
 from mq.client.admin import Admin
-from mq.protocol.kafka.codec import decode_response, encode_data, encode_request
+from mq.protocol.kafka.codec import encode_data
 
 # kafka-python 3 loads its schemas with importlib.resources' legacy functions (Python 3.11).
 pytestmark = pytest.mark.filterwarnings(
@@ -343,22 +343,6 @@ def test_describe_group_over_the_kafka_protocol_shows_native_members(kbroker):
     native.close()
 
 
-def _call(bootstrap: str, api_key: int, version: int, body: dict) -> dict:
-    """One request on a connection of its own, closed after the response (as a client that
-    reconnects between requests)."""
-    host, port = bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(encode_request(api_key, version, 7, body, client_id="raw"))
-        data = b""
-        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
-            chunk = sock.recv(65536)
-            assert chunk, "the broker closed the connection"
-            data += chunk
-    correlation_id, response = decode_response(api_key, version, data[4:])
-    assert correlation_id == 7
-    return response
-
-
 def _members(b, group: str) -> list[str]:
     with Admin(b.socket) as admin:
         return [m["member_id"] for m in admin.describe_group(group)["members"]]
@@ -368,14 +352,14 @@ def test_a_classic_member_outlives_its_connection_until_its_session_times_out(kb
     bootstrap, b = kbroker
     metadata = encode_data("ConsumerProtocolSubscription", 0, {"topics": ["t4"],
                                                                "user_data": None})
-    joined = _call(bootstrap, 11, 3, {
+    joined = call(bootstrap, 11, 3, {
         "group_id": "gl", "session_timeout_ms": 1_000, "rebalance_timeout_ms": 5_000,
         "member_id": "", "protocol_type": "consumer",
         "protocols": [{"name": "range", "metadata": metadata}]})
     assert joined["error_code"] == 0
     member, generation = joined["member_id"], joined["generation_id"]
     # its connection closed, yet it heartbeats from a new one: still a member
-    beat = _call(bootstrap, 12, 3, {"group_id": "gl", "generation_id": generation,
+    beat = call(bootstrap, 12, 3, {"group_id": "gl", "generation_id": generation,
                                     "member_id": member, "group_instance_id": None})
     assert beat["error_code"] == 0 and _members(b, "gl") == [member]
     mq.testing.wait_for(lambda: _members(b, "gl") == [], WAIT_S, 0.05,
@@ -384,13 +368,13 @@ def test_a_classic_member_outlives_its_connection_until_its_session_times_out(kb
 
 def test_a_kip848_member_outlives_its_connection(kbroker):
     bootstrap, b = kbroker
-    joined = _call(bootstrap, 68, 0, {
+    joined = call(bootstrap, 68, 0, {
         "group_id": "gl8", "member_id": "", "member_epoch": 0, "instance_id": None,
         "rack_id": None, "rebalance_timeout_ms": 5_000, "subscribed_topic_names": ["t4"],
         "server_assignor": None, "topic_partitions": []})
     assert joined["error_code"] == 0 and len(joined["assignment"]["topic_partitions"]) == 1
     member, epoch = joined["member_id"], joined["member_epoch"]
-    again = _call(bootstrap, 68, 0, {
+    again = call(bootstrap, 68, 0, {
         "group_id": "gl8", "member_id": member, "member_epoch": epoch, "instance_id": None,
         "rack_id": None, "rebalance_timeout_ms": -1, "subscribed_topic_names": None,
         "server_assignor": None, "topic_partitions": None})

@@ -5,7 +5,6 @@ sent to a transaction, fencing, and the transaction admin apis."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
@@ -13,10 +12,10 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as KafkaTP
+from wire_calls import call
 
 import mq
 import mq.testing
-from mq.protocol.kafka.codec import decode_response, encode_request
 
 TIMEOUT_S = 30.0
 
@@ -322,21 +321,6 @@ def test_transaction_admin_apis(kafka):
             admin.describe_transactions(["nobody"])
     finally:
         admin.close()
-
-
-def call(address: str, api_key: int, version: int, body: dict) -> dict:
-    """One request on a fresh connection, with mq's codec: the response body."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
-        sock.sendall(encode_request(api_key, version, 7, body))
-        data = b""
-        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
-            chunk = sock.recv(65536)
-            assert chunk, "the broker closed the connection"
-            data += chunk
-    correlation_id, response = decode_response(api_key, version, data[4:])
-    assert correlation_id == 7
-    return response
 
 
 def init_producer_id(address: str, version: int, tid: str | None, pid: int = -1,
