@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from wire_calls import call
 
@@ -24,7 +24,7 @@ import mq
 import mq.errors
 import mq.testing
 from mq.client.admin import Admin
-from mq.protocol.kafka.codec import encode_data
+from mq.protocol.kafka.codec import decode_data, encode_data
 
 # kafka-python 3 loads its schemas with importlib.resources' legacy functions (Python 3.11).
 pytestmark = pytest.mark.filterwarnings(
@@ -269,7 +269,27 @@ def test_group_admin_lists_describes_and_deletes(kbroker):
     (member,) = desc.members
     assert member.client_id == "admin-test"
     assert sorted(tp.partition for tp in member.assignment.topic_partitions) == [0, 1, 2, 3]
+    # DescribeGroups, the classic api (kafka-python's admin and older tools use it)
+    (group,) = call(bootstrap, 15, 5, {"groups": ["ga"],
+                                       "include_authorized_operations": False})["groups"]
+    (member,) = group["members"]
+    _, assignment = decode_data("ConsumerProtocolAssignment", member["member_assignment"])
+    assert (group["error_code"], group["group_state"], group["protocol_type"],
+            group["protocol_data"], member["client_id"]) == \
+        (0, "Stable", "consumer", "range", "admin-test")
+    assert assignment["assigned_partitions"] == [{"topic": "t4", "partitions": [0, 1, 2, 3]}]
+    # OffsetDelete: refused for a topic a member subscribes to, done once it left
+    delete = {"group_id": "ga", "topics": [{"name": "t4", "partitions": [
+        {"partition_index": 1}]}]}
+    (row,) = call(bootstrap, 47, 0, delete)["topics"][0]["partitions"]
+    assert row["error_code"] == 86                          # GROUP_SUBSCRIBED_TO_TOPIC
     c.close()
+    (row,) = call(bootstrap, 47, 0, delete)["topics"][0]["partitions"]
+    assert row["error_code"] == 0
+    (got,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(
+        "ga", [TopicPartition("t4", 1)])])["ga"].result(timeout=10).topic_partitions
+    assert got.offset == -1001                               # none committed
+    assert call(bootstrap, 47, 0, {**delete, "group_id": "nope"})["error_code"] == 69
     deleted = admin.delete_consumer_groups(["ga", "nope"])
     deleted["ga"].result(timeout=10)
     with pytest.raises(Exception, match="GROUP_ID_NOT_FOUND"):
