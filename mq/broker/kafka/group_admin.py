@@ -25,7 +25,7 @@ from mq.broker.apis.groups import GroupApis
 from mq.broker.kafka.admin import topic_id_bytes
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
-from mq.broker.kafka.groups import PROTOCOL_TYPE, GroupApisKafka, assignment_bytes, by_topic
+from mq.broker.kafka.groups import PROTOCOL_TYPE, GroupWireApis, assignment_bytes, by_topic
 from mq.broker.metadata import MetadataStore
 from mq.protocol.kafka.codec import encode_data
 from mq.protocol.messages import Api
@@ -59,7 +59,7 @@ def fetch_rows(rows: list[list], version: int) -> list[dict]:
 
 
 class GroupAdminApis:
-    def __init__(self, groups: GroupApis, members: GroupApisKafka,
+    def __init__(self, groups: GroupApis, members: GroupWireApis,
                  metadata: MetadataStore) -> None:
         self._groups = groups
         self._members = members

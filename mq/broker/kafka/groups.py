@@ -47,7 +47,7 @@ from mq.broker.metadata import MetadataStore
 from mq.errors import RemoteProtocolError
 from mq.protocol.kafka.codec import decode_data, encode_data
 
-__all__ = ["ClassicMember", "GroupApisKafka", "assignment_bytes", "by_topic",
+__all__ = ["ClassicMember", "GroupWireApis", "assignment_bytes", "by_topic",
            "parse_subscription_metadata"]
 
 NONE = 0
@@ -119,7 +119,7 @@ def _join_error(version: int, code: int, member_id: str = "") -> dict:
 
 # --- the handlers -------------------------------------------------------------------------------
 
-class GroupApisKafka:
+class GroupWireApis:
     """The group handlers of the Kafka listener, over the native ``GroupApis``."""
 
     def __init__(self, groups: GroupApis, metadata: MetadataStore) -> None:

@@ -20,7 +20,7 @@ from mq.broker.kafka.configs import ConfigApis
 from mq.broker.kafka.coordination import CoordinationApis
 from mq.broker.kafka.data import DataApis
 from mq.broker.kafka.group_admin import GroupAdminApis
-from mq.broker.kafka.groups import GroupApisKafka
+from mq.broker.kafka.groups import GroupWireApis
 from mq.broker.kafka.transactions import TransactionWireApis
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
@@ -42,7 +42,7 @@ class KafkaApis:
         self.coordination = CoordinationApis(self.admin)
         self.transactions = TransactionWireApis(table)
         self.configs = ConfigApis(config)
-        self.groups = GroupApisKafka(groups, metadata)
+        self.groups = GroupWireApis(groups, metadata)
         self.group_admin = GroupAdminApis(groups, self.groups, metadata)
         self._families = [self.admin, self.data, self.coordination, self.transactions,
                           self.configs, self.groups, self.group_admin]

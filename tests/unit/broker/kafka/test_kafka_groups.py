@@ -14,9 +14,9 @@ import pytest
 
 from mq import errors
 from mq.broker.group_coordinator import GroupCoordinator
-from mq.broker.kafka.group_admin import commit_offsets, fetch_rows
+from mq.broker.kafka.group_admin import GroupAdminApis, commit_offsets, fetch_rows
 from mq.broker.kafka.groups import (
-    GroupApisKafka,
+    GroupWireApis,
     assignment_bytes,
     by_topic,
     parse_subscription_metadata,
@@ -263,14 +263,19 @@ def beat(apis, r, instance_id=None) -> int:
 
 
 @pytest.fixture
-def apis():
-    return GroupApisKafka(FakeGroupApis(), SimpleNamespace(topics={}))
+def groups():
+    return FakeGroupApis()
 
 
-def test_join_v4_without_a_member_id_is_member_id_required_with_a_fresh_id(apis):
+@pytest.fixture
+def apis(groups):
+    return GroupWireApis(groups, SimpleNamespace(topics={}))
+
+
+def test_join_v4_without_a_member_id_is_member_id_required_with_a_fresh_id(apis, groups):
     r = apis.join_group(CONN, 4, join_body())
     assert r["error_code"] == 79 and r["member_id"].startswith("app-")
-    assert apis._groups.coordinator.groups == {}           # nothing joined yet
+    assert groups.coordinator.groups == {}           # nothing joined yet
     r2 = apis.join_group(CONN, 4, join_body(r["member_id"]))
     assert r2["error_code"] == 0 and r2["member_id"] == r["member_id"]
     assert r2["leader"] == "" and r2["members"] == []     # every member is a follower
@@ -354,9 +359,8 @@ def run(gen, *replies):
     raise AssertionError("the handler wanted more calls")
 
 
-def test_a_stale_commit_is_illegal_generation_for_a_classic_member_only(apis):
-    from mq.broker.kafka.group_admin import GroupAdminApis
-    admin = GroupAdminApis(apis._groups, apis, SimpleNamespace(topics={}))
+def test_a_stale_commit_is_illegal_generation_for_a_classic_member_only(apis, groups):
+    admin = GroupAdminApis(groups, apis, SimpleNamespace(topics={}))
     a = apis.join_group(CONN, 3, join_body())
 
     def commit(member_id):
