@@ -22,8 +22,9 @@ KIP-848 group (``GroupMetadataManager.classicGroupJoinToConsumerGroup``):
   hands only after its owner rejoined without it, left, or timed out; a member told to rejoin
   that does not within its rebalance timeout is removed.
 - JoinGroup v4+ without a member id is answered MEMBER_ID_REQUIRED with a fresh id (Kafka's
-  KIP-394); v5+ with a group.instance.id is a static member: a new incarnation takes the old
-  one's place, partitions and epoch with no rebalance.
+  KIP-394); v5+ with a group.instance.id is a static member: a new incarnation (no member
+  id) takes the old one's place, partitions and epoch with no rebalance, and the old one's
+  joins are FENCED_INSTANCE_ID.
 
 Liveness is the session timeout, never the TCP connection (librdkafka reconnects and keeps
 its member id): these members have no connection or pid in the coordinator.
@@ -57,6 +58,7 @@ INCONSISTENT_GROUP_PROTOCOL = 23
 UNKNOWN_MEMBER_ID = 25
 REBALANCE_IN_PROGRESS = 27
 MEMBER_ID_REQUIRED = 79
+FENCED_INSTANCE_ID = 82
 
 PROTOCOL_TYPE = "consumer"
 _ASSIGNMENT_VERSION = 0       # the same layout in versions 0-3: every client reads it
@@ -154,14 +156,19 @@ class GroupWireApis:
             protocol, topics, owned = parse_subscription_metadata(body["protocols"])
         except ValueError:
             return _join_error(version, INCONSISTENT_GROUP_PROTOCOL, member_id)
-        if not member_id:
-            fresh = f"{conn.client_id or 'consumer'}-{uuid.uuid4()}"
+        unknown = not member_id
+        if unknown:
+            member_id = f"{conn.client_id or 'consumer'}-{uuid.uuid4()}"
             if instance_id is None and version >= 4:     # KIP-394: come back with this id
-                return _join_error(version, MEMBER_ID_REQUIRED, fresh)
-            member_id = fresh
+                return _join_error(version, MEMBER_ID_REQUIRED, member_id)
         self._prune()
         if instance_id is not None:
-            self._step_aside(group, instance_id, member_id)
+            g = self._groups.coordinator.groups.get(group)
+            current = g.instances.get(instance_id) if g is not None else None
+            if current is not None and current != member_id:
+                if not unknown:           # an incarnation that was replaced: Kafka fences it
+                    return _join_error(version, FENCED_INSTANCE_ID, member_id)
+                self._step_aside(group, instance_id, current)
         session = body["session_timeout_ms"]
         rebalance = body["rebalance_timeout_ms"] if version >= 1 else session
         result = self._groups.member_heartbeat(
@@ -180,16 +187,12 @@ class GroupWireApis:
                 "protocol_name": protocol, "leader": "", "skip_assignment": False,
                 "member_id": member_id, "members": []}
 
-    def _step_aside(self, group: str, instance_id: str, member_id: str) -> None:
-        """A static member's new incarnation: the old one, which never leaves on its own
-        (classic static members close without LeaveGroup), departs so the new one can take
-        over its place."""
-        g = self._groups.coordinator.groups.get(group)
-        current = g.instances.get(instance_id) if g is not None else None
-        if current is not None and current != member_id:
-            self._groups.leave_member(group, current, instance_id=instance_id,
-                                      temporary=True)
-            self.classic.pop((group, current), None)
+    def _step_aside(self, group: str, instance_id: str, current: str) -> None:
+        """A static member's new incarnation joins: the ``current`` one, which never leaves
+        on its own (classic static members close without LeaveGroup), departs so the new one
+        takes over its place."""
+        self._groups.leave_member(group, current, instance_id=instance_id, temporary=True)
+        self.classic.pop((group, current), None)
 
     def sync_group(self, conn: KafkaConn, version: int, body: dict) -> dict:
         group, member_id = body["group_id"], body["member_id"]

@@ -315,6 +315,8 @@ def test_a_static_member_restarts_into_its_place_without_a_rebalance(apis):
     assert assigned(sync(apis, b2)["assignment"]) == held_b
     assert beat(apis, a, "a") == 0                         # no rebalance for A
     assert beat(apis, b, "b") == 82                        # the old incarnation is fenced
+    assert apis.join_group(CONN, 5, join_body(b["member_id"], "b"))["error_code"] == 82
+    assert beat(apis, b2, "b") == 0
 
 
 def test_leave_group_frees_the_partitions(apis):
