@@ -42,6 +42,9 @@ Schemas (fields after ``request_id``)::
                              commit_timestamp_ms, error_code int], ...]
     ListGroups      16  (no fields)
     DeleteGroups    42  group str
+    OffsetDelete    47  group str, [[topic str, partition int], ...]
+                        -> [[topic, partition, error_code int], ...] (GROUP_SUBSCRIBED_TO_TOPIC
+                        for a topic a member subscribes to: those offsets stay)
     ConsumerGroupHeartbeat 68  group str, member_id str|nil, member_epoch int,
                         instance_id str|nil, rebalance_timeout_ms int, session_timeout_ms int
                         (-1: broker default), topics [str]|nil, pattern str|nil,
@@ -107,6 +110,7 @@ class Api(enum.IntEnum):
     OFFSET_FETCH = 9
     LIST_GROUPS = 16
     DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
     INIT_PRODUCER_ID = 22
@@ -153,6 +157,7 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST), ("require_stable", int)),
     Api.LIST_GROUPS: (),
     Api.DELETE_GROUPS: (("group", str),),
+    Api.OFFSET_DELETE: (("group", str), ("partitions", _OPT_TP_LIST)),
     Api.CONSUMER_GROUP_HEARTBEAT: (
         ("group", str), ("member_id", _OPT_STR), ("member_epoch", int),
         ("instance_id", _OPT_STR), ("rebalance_timeout_ms", int), ("session_timeout_ms", int),

@@ -98,7 +98,7 @@ class GroupApis:
         return {Api.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, Api.OFFSET_COMMIT: self.commit,
                 Api.OFFSET_FETCH: self.fetch_offsets, Api.LIST_GROUPS: self.list_groups,
                 Api.CONSUMER_GROUP_DESCRIBE: self.describe, Api.DELETE_GROUPS: self.delete,
-                Api.TXN_OFFSET_COMMIT: self.txn_commit}
+                Api.OFFSET_DELETE: self.delete_offsets, Api.TXN_OFFSET_COMMIT: self.txn_commit}
 
     # --- timers -------------------------------------------------------------------------------
     def deadline_s(self) -> float:
@@ -418,27 +418,28 @@ class GroupApis:
         self._flush_offsets(plog, conn, reply)
         return None
 
-    def delete_offsets(self, group: str, partitions: list[tuple[str, int]]
-                       ) -> dict[tuple[str, int], type[errors.BrokerError] | None]:
-        """Kafka's OffsetDelete: forget the group's committed offsets of ``partitions``,
-        except those of topics a member subscribes to (GROUP_SUBSCRIBED_TO_TOPIC). The
-        deletion is acknowledged once written; its fsync follows in this round's flush job.
-        Raises ``GroupIdNotFoundError`` for a group nobody knows."""
+    def delete_offsets(self, conn: Conn, req: Request) -> list | None:
+        """OffsetDelete (Kafka's): forget the group's committed offsets of the partitions,
+        except those of topics a member subscribes to (GROUP_SUBSCRIBED_TO_TOPIC in their
+        rows). Answered after the fsync, like a commit."""
+        group = req["group"]
         g = self.coordinator.groups.get(group)
         if g is None and group not in self.offsets.offsets:
             raise errors.GroupIdNotFoundError(f"group {group!r} does not exist")
         members = list(g.members.values()) if g is not None else []
-        out: dict[tuple[str, int], type[errors.BrokerError] | None] = {}
-        for topic, partition in partitions:
+        rows = []
+        for topic, partition in req["partitions"] or ():
             subscribed = any(topic in (m.topics or ()) or matches_pattern(m, topic)
                              for m in members)
-            out[(topic, partition)] = errors.GroupSubscribedToTopicError if subscribed \
-                else None
-        plog = self.offsets.delete(group, [tp for tp, code in out.items() if code is None],
+            rows.append([topic, partition,
+                         errors.GroupSubscribedToTopicError.code if subscribed else 0])
+        plog = self.offsets.delete(group, [(t, p) for t, p, code in rows if code == 0],
                                    now_ms=wall_ms())
-        if plog is not None:
-            self._flush_offsets(plog)
-        return out
+        reply = response(req.api, req.request_id, 0, None, rows)
+        if plog is None:
+            return reply
+        self._flush_offsets(plog, conn, reply)
+        return None
 
     # --- helpers ------------------------------------------------------------------------------
     def _flush_offsets(self, plog: PartitionLog, conn: Conn | None = None,

@@ -2,9 +2,8 @@
 OffsetDelete, ListGroups, DescribeGroups, DeleteGroups and ConsumerGroupDescribe.
 
 Each goes through the native request of the same name (``apis/groups.py``): the same
-``__consumer_offsets`` log, with a commit acknowledged after its fsync, and the same
-coordinator state as mq's own clients see. Only OffsetDelete, which has no native request, calls
-``GroupApis.delete_offsets``; it is answered once written, its fsync follows in the round.
+``__consumer_offsets`` log, with a commit or deletion acknowledged after its fsync, and the same
+coordinator state as mq's own clients see.
 
 A commit is validated as a whole (one record batch, one fsync), so its error, if any, is every
 partition's. A classic member's stale generation is Kafka's ILLEGAL_GENERATION (the member
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mq import errors
 from mq.broker.apis.groups import GroupApis
 from mq.broker.kafka.admin import topic_id_bytes
 from mq.broker.kafka.conn import KafkaConn
@@ -105,20 +103,18 @@ class GroupAdminApis:
         code, topics = results[0]
         return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
 
-    def offset_delete(self, conn: KafkaConn, version: int, body: dict) -> dict:
-        tps = [(t["name"], p["partition_index"]) for t in body["topics"]
-               for p in t["partitions"]]
-        try:
-            codes = self._groups.delete_offsets(body["group_id"], tps)
-        except errors.GroupIdNotFoundError:
-            return {"error_code": GROUP_ID_NOT_FOUND, "throttle_time_ms": 0, "topics": []}
-        except errors.LogWriteError:
-            codes = dict.fromkeys(tps, errors.KafkaStorageError)
+    def offset_delete(self, conn: KafkaConn, version: int, body: dict):
+        (reply,) = yield Calls([Call(Api.OFFSET_DELETE, {
+            "group": body["group_id"],
+            "partitions": [[t["name"], p["partition_index"]] for t in body["topics"]
+                           for p in t["partitions"]]})])
+        if reply[2] != NONE:
+            return {"error_code": reply[2], "throttle_time_ms": 0, "topics": []}
+        codes = {(topic, partition): code for topic, partition, code in reply[4]}
         return {"error_code": NONE, "throttle_time_ms": 0, "topics": [
             {"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"],
-                 "error_code": NONE if codes[(t["name"], p["partition_index"])] is None
-                 else codes[(t["name"], p["partition_index"])].code}
+                 "error_code": codes[(t["name"], p["partition_index"])]}
                 for p in t["partitions"]]} for t in body["topics"]]}
 
     # --- groups -------------------------------------------------------------------------------
