@@ -1,0 +1,48 @@
+"""``python3 -m bench.kafka_wire --quick`` end to end: a broker with a Kafka listener,
+librdkafka (confluent-kafka) and mq's own clients producing and consuming through it, the
+fan-out and the latency points. Only that it ran and what its report holds are checked, never
+a timing: ``bench/RESULTS.md`` has the figures.
+
+The temp dir (the broker's data dir and socket) is under the test's own ``tmp_path``, so
+``-n auto`` is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:                 # bench/ is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench import kafka_wire
+
+
+def test_quick_run_reports_every_section(tmp_path, capsys):
+    out = tmp_path / "kafka_wire.json"
+    args = kafka_wire.parse_args(["--quick", "--out", str(out), "--dir", str(tmp_path)])
+    res = kafka_wire.run(args)
+
+    assert json.loads(out.read_text())["params"]["sections"] == kafka_wire.SECTIONS
+    assert list(tmp_path.glob("mq-kafka-*")) == []             # the temp dir is gone
+    produce = res["produce"]["cases"]
+    assert set(produce) == {f"{label} acks={a}" for label, _ in kafka_wire.SIZES
+                            for a in kafka_wire.ACKS}
+    for section in (produce, res["consume"]["cases"]):
+        for case in section.values():
+            assert set(case["runs"]) == set(kafka_wire.SIDES)
+            assert all(len(runs) == 1 and runs[0]["rate"] > 0 for runs in case["runs"].values())
+            assert case["ratio"]["median"] > 0
+    for case in res["fanout"]["cases"].values():
+        assert [x["consumers"] for k in kafka_wire.FANOUT for x in case["runs"][k]] == \
+            kafka_wire.FANOUT
+        assert all(x["bytes_fetched"] == x["consumers"] * case["log_bytes"]
+                   for runs in case["runs"].values() for x in runs)
+    for side in kafka_wire.LAT_SIDES:
+        assert res["latency"][side]["merged"]["count"] > 0
+    assert {r["benchmark"].split(",")[0].split(" ")[0] for r in res["table"]} == \
+        {"produce", "consume", "broker", "e2e"}
+    printed = capsys.readouterr().out
+    assert "Fetch + sendfile" in printed and f"JSON: {out}" in printed
