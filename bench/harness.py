@@ -73,6 +73,22 @@ def rotated(items: Sequence, r: int) -> list:
     return [*items[k:], *items[:k]]
 
 
+def pip_install_missing(packages: dict[str, str],
+                        progress: Callable[[str], None] = progress) -> None:
+    """``pip install`` the package of every module that does not import (``{module:
+    package}``), in one call, as the ``bench`` extra would have."""
+    missing = []
+    for module, package in packages.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        progress(f"installing {' '.join(missing)} with pip")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
+        importlib.invalidate_caches()
+
+
 def quiet_gc() -> None:
     """For a worker's hot loop: collect, freeze the survivors, switch the collector off. Every
     system's workers get the same treatment (the method, perf-anchors.md §7.4)."""

@@ -47,30 +47,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib
 import importlib.metadata
 import itertools
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 from bench import harness
-from bench.e2e import mq_consumer, mq_lat_consumer, mq_lat_producer
-from bench.kafka_workers import (
-    MQ_PRODUCER,
-    RDK_BATCH,
-    RDK_CONSUMER,
-    RDK_LATENCY,
-    RDK_PRODUCER,
-    mq_producer,
-    rdk_consumer,
-    rdk_lat_consumer,
-    rdk_lat_producer,
-    rdk_producer,
+from bench.e2e import (
+    _json_default,
+    _rate,
+    _ratio,
+    mq_consumer,
+    mq_lat_consumer,
+    mq_lat_producer,
 )
 from bench.harness import (
     KIB,
@@ -83,6 +76,7 @@ from bench.harness import (
     machine_facts,
     merge_hists,
     mm,
+    pip_install_missing,
     process_cpu,
     process_cpu_ticks,
     progress_printer,
@@ -92,6 +86,18 @@ from bench.harness import (
     run_workers,
     summary,
     wait_idle,
+)
+from bench.kafka_workers import (
+    MQ_PRODUCER,
+    RDK_BATCH,
+    RDK_CONSUMER,
+    RDK_LATENCY,
+    RDK_PRODUCER,
+    mq_producer,
+    rdk_consumer,
+    rdk_lat_consumer,
+    rdk_lat_producer,
+    rdk_producer,
 )
 
 SECTIONS = ["produce", "consume", "fanout", "latency"]
@@ -150,6 +156,18 @@ class Ctx:
         return lambda: (time.perf_counter_ns(), process_cpu(pid), process_cpu_ticks(pid))
 
 
+def rotation(ctx: Ctx, sides, what: str, one) -> dict:
+    """``ctx.runs`` repetitions of ``one(side)`` for every side of a comparison, in an order
+    rotated run by run: ``{side: [result of each run]}``."""
+    per: dict = {s: [] for s in sides}
+    for r in range(ctx.runs):
+        order = rotated(list(sides), r)
+        progress(f"{what}: run {r + 1}/{ctx.runs}, order {order}")
+        for side in order:
+            per[side].append(one(side))
+    return per
+
+
 def _broker_cpu(s0, s1) -> dict:
     return {"broker_cpu_s": s1[1] - s0[1], "broker_cpu_s_ticks": s1[2] - s0[2]}
 
@@ -193,14 +211,11 @@ def run_produce(ctx: Ctx) -> dict:
                 warm[side] = one_produce(ctx, side, acks, values, n0)
             # The same n for both sides (paired on equal work), sized by the faster one.
             n = int(min(cap, max(1000, max(w["rate"] for w in warm.values()) * ctx.target_s)))
-            per: dict = {s: [] for s in SIDES}
-            for r in range(ctx.runs):
-                order = rotated(list(SIDES), r)
-                progress(f"produce {case}: run {r + 1}/{ctx.runs} ({n:,} records, "
-                         f"order {order})")
-                for side in order:
-                    harness.prefault(ctx.base, n * size)
-                    per[side].append(one_produce(ctx, side, acks, values, n))
+
+            def one(side: str, acks=acks, values=values, n=n, size=size) -> dict:
+                harness.prefault(ctx.base, n * size)
+                return one_produce(ctx, side, acks, values, n)
+            per = rotation(ctx, SIDES, f"produce {case} ({n:,} records)", one)
             res["cases"][case] = entry = _paired_entry(per, n, size, warm)
             progress(f"produce {case}: " + ", ".join(
                 f"{s} {entry['rate'][s]['median']:,.0f}/s" for s in SIDES))
@@ -251,16 +266,11 @@ def run_consume(ctx: Ctx) -> dict:
     for label, size in SIZES:
         n = max(1000, int(min(ctx.cap_bytes // size, GUESS[label] * ctx.target_s)))
         topic, log_bytes = fill(ctx, size, n)
-        per: dict = {s: [] for s in SIDES}
         try:
             progress(f"consume {label}: warm-up of each side")
             warm = {s: one_consume(ctx, s, topic, n, size) for s in SIDES}
-            for r in range(ctx.runs):
-                order = rotated(list(SIDES), r)
-                progress(f"consume {label}: run {r + 1}/{ctx.runs} ({n:,} records, "
-                         f"order {order})")
-                for side in order:
-                    per[side].append(one_consume(ctx, side, topic, n, size))
+            per = rotation(ctx, SIDES, f"consume {label} ({n:,} records)",
+                           lambda side, t=topic, n=n, size=size: one_consume(ctx, side, t, n, size))
         finally:
             ctx.drop(topic)
         res["cases"][label] = entry = _paired_entry(per, n, size, warm)
@@ -299,14 +309,10 @@ def run_fanout(ctx: Ctx) -> dict:
         # (5 vs 1 ms/MB here): an eighth of the bytes keeps 8 of them on 2 CPUs to seconds.
         n = max(1000, ctx.fanout_bytes // (size if size > 4096 else size * 8))
         topic, log_bytes = fill(ctx, size, n)
-        per: dict = {k: [] for k in FANOUT}
         try:
-            for r in range(ctx.runs):
-                order = rotated(FANOUT, r)
-                progress(f"fan-out {label}: run {r + 1}/{ctx.runs} ({log_bytes / MIB:.0f} MiB "
-                         f"each, {order} consumers)")
-                for k in order:
-                    per[k].append(one_fanout(ctx, k, topic, n, size, log_bytes))
+            per = rotation(ctx, FANOUT, f"fan-out {label} ({log_bytes / MIB:.0f} MiB each, "
+                           "consumers)", lambda k, t=topic, n=n, size=size, b=log_bytes:
+                           one_fanout(ctx, k, t, n, size, b))
         finally:
             ctx.drop(topic)
         hi, lo = FANOUT[-1], FANOUT[0]
@@ -357,13 +363,8 @@ def one_latency(ctx: Ctx, side: str, seconds: float, warm_s: float) -> dict:
 
 def run_latency(ctx: Ctx) -> dict:
     seconds, warm_s = (1.0, 0.25) if ctx.quick else (4.0, 0.5)
-    per: dict = {s: [] for s in LAT_SIDES}
-    for r in range(ctx.runs):
-        order = rotated(list(LAT_SIDES), r)
-        progress(f"latency {LAT_RATE:,}/s: run {r + 1}/{ctx.runs} ({seconds:g} s + {warm_s} s "
-                 f"warm-up each, order {order})")
-        for side in order:
-            per[side].append(one_latency(ctx, side, seconds, warm_s))
+    per = rotation(ctx, LAT_SIDES, f"latency {LAT_RATE:,}/s ({seconds:g} s + {warm_s} s "
+                   "warm-up each)", lambda side: one_latency(ctx, side, seconds, warm_s))
     res: dict = {"rate": LAT_RATE, "seconds": seconds, "warmup_seconds": warm_s,
                  "librdkafka": RDK_LATENCY, "sides": LAT_SIDES, "mq": {"acks": 1, "linger_ms": 0},
                  "runs": per}
@@ -382,37 +383,29 @@ def run_latency(ctx: Ctx) -> dict:
 
 # --- table --------------------------------------------------------------------------------------
 
-def _rate(v: float) -> str:
-    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.1f} k"
-
-
-def _x(s: dict, what: str) -> str:
-    return f"{s['median']:.2f}x {what} ({s['min']:.2f}-{s['max']:.2f})"
-
-
 def build_table(res: dict) -> Rows:
     rows = Rows()
     durability = {"1": "page cache, fsync within 1 s", "all": "after the group-commit fsync"}
     for case, e in res.get("produce", {}).get("cases", {}).items():
         acks = case.split("acks=")[1]
-        for s in SIDES:
-            rows.add(f"produce {case} ({durability[acks]}), {SIDES[s]}",
+        for s, name in SIDES.items():
+            rows.add(f"produce {case} ({durability[acks]}), {name}",
                      mm(e["rate"][s], _rate) + f"; {e['mb_s'][s]['median']:.0f} MB/s",
-                     "rec/s", _x(e["ratio"], "native") if s == "rdk" else "-")
+                     "rec/s", _ratio(e["ratio"], "native") if s == "rdk" else "-")
     for label, e in res.get("consume", {}).get("cases", {}).items():
         for s in SIDES:
             how = "Fetch + sendfile" if s == "rdk" else "mq.Consumer, read-only map"
             rows.add(f"consume {label} from offset 0, {how}",
                      mm(e["rate"][s], _rate) + f"; {e['mb_s'][s]['median']:.0f} MB/s; broker "
                      f"{e['broker_cpu_s'][s]['median'] * 1e3:.0f} ms CPU", "rec/s",
-                     _x(e["ratio"], "native") if s == "rdk" else "-")
+                     _ratio(e["ratio"], "native") if s == "rdk" else "-")
     for label, e in res.get("fanout", {}).get("cases", {}).items():
         for k in FANOUT:
             rows.add(f"broker CPU per GB fetched, {label} records, {k} librdkafka consumer(s) "
                      f"x {e['log_bytes'] / MIB:.0f} MiB",
                      mm(e["cpu_s_per_gb"][k], lambda v: f"{v:.2f}")
                      + f"; {e['aggregate_mb_s'][k]['median']:.0f} MB/s in all",
-                     "CPU-s/GB", _x(e["ratio"], f"{FANOUT[0]} consumer") if k != FANOUT[0]
+                     "CPU-s/GB", _ratio(e["ratio"], f"{FANOUT[0]} consumer") if k != FANOUT[0]
                      else "-", "flat (<= ~1x)" if k != FANOUT[0] else "-")
     lat = res.get("latency")
     if lat:
@@ -424,7 +417,7 @@ def build_table(res: dict) -> Rows:
                      f"{m['p50_us']:,} / {m['p99_us']:,} / {m['p99_9_us']:,} / {m['max_us']:,}"
                      f"; broker {lat[s]['broker_cpu_us_per_record']['median']:.0f} us/rec"
                      + sat, "us p50/p99/p99.9/max",
-                     _x(lat[s]["p50_ratio"], "native p50") if kafka else "-",
+                     _ratio(lat[s]["p50_ratio"], "native p50") if kafka else "-",
                      f"p99 <= {LAT_GOAL_P99_US // 1000} ms" if kafka else "-",
                      ("yes" if m["p99_us"] <= LAT_GOAL_P99_US else "NO") if kafka else "-")
     return rows
@@ -435,13 +428,7 @@ def build_table(res: dict) -> Rows:
 def ensure_installed() -> dict:
     """hdrhistogram (the latency histograms) with pip if missing, as bench.e2e does; the
     versions of the clients."""
-    try:
-        importlib.import_module("hdrh")
-    except ImportError:
-        progress("installing hdrhistogram with pip")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "hdrhistogram"],
-                       check=True)
-        importlib.invalidate_caches()
+    pip_install_missing({"hdrh": "hdrhistogram"}, progress)
     import confluent_kafka
     return {"confluent-kafka": importlib.metadata.version("confluent-kafka"),
             "librdkafka": confluent_kafka.libversion()[0]}
@@ -519,12 +506,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run(args)
     return 0
-
-
-def _json_default(o):
-    if isinstance(o, bytes):
-        return o.decode("ascii")
-    raise TypeError(type(o).__name__)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import importlib.metadata
 import os
 import shutil
@@ -24,12 +23,11 @@ import socket
 import sqlite3
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 
-from bench.harness import cpu_seconds, new_hist, progress, quiet_gc
+from bench.harness import cpu_seconds, new_hist, pip_install_missing, progress, quiet_gc
 
 REDIS_PIPELINE = 100          # XADD commands per round trip (throughput)
 REDIS_READ_COUNT = 500        # XREADGROUP COUNT
@@ -65,16 +63,7 @@ def ensure_installed() -> dict:
                            check=True)
         # Debian's postinst may start redis-server as a service; we run our own instance and
         # leave any system service as the package left it.
-    missing_py = []
-    for mod, pkg in _PIP.items():
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            missing_py.append(pkg)
-    if missing_py:
-        progress(f"installing {' '.join(missing_py)} with pip")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing_py], check=True)
-        importlib.invalidate_caches()
+    pip_install_missing(_PIP, progress)
     versions = {}
     for pkg in ("redis", "hiredis", "nats-py", "hdrhistogram", "pyzmq", "matplotlib",
                 "posix_ipc", "psutil"):

@@ -549,18 +549,12 @@ SECTIONS = ("throughput", "eos", "failover")
 def ensure_celery() -> dict:
     """pip install celery[redis] if missing (the `bench` extra has it); redis-server through
     bench.peers. Returns versions."""
-    import importlib
     import importlib.metadata
 
+    from bench.harness import pip_install_missing
     from bench.peers import ensure_installed
     versions = ensure_installed()
-    try:
-        importlib.import_module("celery")
-    except ImportError:
-        _progress("installing celery[redis] with pip")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "celery[redis]"],
-                       check=True)
-        importlib.invalidate_caches()
+    pip_install_missing({"celery": "celery[redis]"}, _progress)
     versions["celery"] = importlib.metadata.version("celery")
     versions["kombu"] = importlib.metadata.version("kombu")
     return versions
