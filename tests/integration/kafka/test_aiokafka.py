@@ -9,6 +9,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kclients import WAIT, create_topic
 
 
+def run(main) -> None:
+    """``asyncio.run`` bounded in time: a client retrying forever (a group the broker refuses
+    to join, say) fails the test instead of hanging it, even inside ``stop()``."""
+    asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
+
+
 async def take(consumer: AIOKafkaConsumer, count: int) -> list:
     """``count`` records from ``getmany``; fails if fewer come within WAIT seconds."""
     out: list = []
@@ -69,7 +75,7 @@ def test_produce_consume_group_commit(kafka_mq):
                 await consumer.stop()
         finally:
             await producer.stop()
-    asyncio.run(main())
+    run(main)
 
 
 def test_idempotent_producer(kafka_mq):
@@ -100,4 +106,4 @@ def test_idempotent_producer(kafka_mq):
         for p in (0, 1):
             assert [(r.offset, r.value) for r in got if r.partition == p] == [
                 (i // 2, b"v%d" % i) for i in range(p, 100, 2)]
-    asyncio.run(main())
+    run(main)
