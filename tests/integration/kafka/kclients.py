@@ -87,20 +87,32 @@ def consumer(bootstrap: str, group: str | None = None, conf: dict | None = None)
     return Consumer(settings)
 
 
-def read(c: Consumer, count: int, timeout: float = WAIT) -> list:
-    """Poll ``c`` until it returned ``count`` records; raises on a consumer error and fails
-    if fewer came within ``timeout`` seconds."""
+def collect(poll_once, count: int, timeout: float = WAIT) -> list:
+    """Call ``poll_once()`` (one poll of any client, returning a list of records) until
+    ``count`` records came; fails if fewer came within ``timeout`` seconds."""
     out: list = []
     deadline = time.monotonic() + timeout
     while len(out) < count:
-        assert time.monotonic() < deadline, f"got {len(out)} of {count} records: {values(out)}"
-        msg = c.poll(0.2)
-        if msg is None:
-            continue
-        if msg.error() is not None:
-            raise KafkaException(msg.error())
-        out.append(msg)
+        assert time.monotonic() < deadline, f"got {len(out)} of {count} records: {out}"
+        out += poll_once()
     return out
+
+
+def read(c: Consumer, count: int, timeout: float = WAIT) -> list:
+    """``count`` records from ``c``; raises on a consumer error (``collect``)."""
+    def poll_once() -> list:
+        msg = c.poll(0.2)
+        if msg is not None and msg.error() is not None:
+            raise KafkaException(msg.error())
+        return [] if msg is None else [msg]
+    return collect(poll_once, count, timeout)
+
+
+def offset_for_time(c: Consumer, topic: str, timestamp_ms: int, partition: int = 0) -> int:
+    """ListOffsets by timestamp through ``offsets_for_times``: -1 when no record qualifies."""
+    [tp] = c.offsets_for_times([TopicPartition(topic, partition, timestamp_ms)], WAIT)
+    assert tp.error is None, tp.error
+    return tp.offset
 
 
 def read_partitions(bootstrap: str, topic: str, count: int, partitions: Iterable[int] = (0,),

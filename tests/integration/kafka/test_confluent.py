@@ -12,7 +12,7 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, TIMESTAMP_CREATE_TIME
                              KafkaException, TopicPartition)
 from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
                                    ConfigSource, NewPartitions, NewTopic)
-from kclients import (LOGGER, WAIT, admin, consumer, create_topic, deliver, produce, producer, read,
+from kclients import (LOGGER, WAIT, admin, consumer, create_topic, deliver, offset_for_time, produce, producer, read,
                       read_partitions, segment_batches, values)
 
 from mq.testing import wait_for
@@ -183,9 +183,7 @@ def test_offsets_for_times(kafka_mq):
     c = consumer(b)
     try:
         def lookup(ts: int) -> int:
-            [tp] = c.offsets_for_times([TopicPartition("times", 0, ts)], WAIT)
-            assert tp.error is None
-            return tp.offset
+            return offset_for_time(c, "times", ts)
         assert lookup(ts0 - 5000) == 0
         assert lookup(ts0 + 4000) == 4
         assert lookup(ts0 + 4001) == 5

@@ -5,21 +5,13 @@ features off on an old-looking broker, so each test checks the feature stayed on
 
 from __future__ import annotations
 
-import time
-
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kclients import WAIT, create_topic
+from kclients import WAIT, collect, create_topic
 
 
 def poll(consumer: KafkaConsumer, count: int) -> list:
-    """``count`` records from ``consumer.poll``; fails if fewer come within WAIT seconds."""
-    out: list = []
-    deadline = time.monotonic() + WAIT
-    while len(out) < count:
-        assert time.monotonic() < deadline, f"got {len(out)} of {count}: {out}"
-        for records in consumer.poll(timeout_ms=200).values():
-            out += records
-    return out
+    return collect(lambda: [r for rs in consumer.poll(timeout_ms=200).values() for r in rs],
+                   count)
 
 
 def test_default_producer_is_idempotent(kafka_mq):

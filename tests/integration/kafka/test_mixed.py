@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaException
-from kclients import WAIT, consumer, create_topic, produce, read_partitions
+from kclients import WAIT, collect, consumer, create_topic, produce, read_partitions
 
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer as MqConsumer
@@ -17,13 +17,7 @@ from mq.client.types import TopicPartition as MqTopicPartition
 
 
 def native_poll(c: MqConsumer, count: int) -> list:
-    out: list = []
-    deadline = time.monotonic() + WAIT
-    while len(out) < count:
-        assert time.monotonic() < deadline, f"got {len(out)} of {count}: {out}"
-        for records in c.poll(timeout_ms=100).values():
-            out += records
-    return out
+    return collect(lambda: [r for rs in c.poll(timeout_ms=100).values() for r in rs], count)
 
 
 def test_kafka_record_is_read_by_mq_consumer(mixed):

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ConfigSource
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
-from kclients import (WAIT, admin, consumer, create_topic, deliver, produce, producer, read,
+from kclients import (WAIT, admin, collect, consumer, create_topic, deliver, offset_for_time, produce, producer, read,
                       read_partitions, segment_batches, values)
 
 from mq.log.config import DEFAULTS
@@ -54,9 +54,7 @@ def test_list_offsets_by_timestamp_inside_a_compressed_batch(kafka_mq):
     c = consumer(b)
     try:
         def lookup(ts: int) -> int:
-            [tp] = c.offsets_for_times([TopicPartition("tsbatch", 0, ts)], WAIT)
-            assert tp.error is None
-            return tp.offset
+            return offset_for_time(c, "tsbatch", ts)
         # The batch's maxTimestamp is ts0 + 40: the offset is that of the first record in it
         # with a timestamp >= T, not the batch's base offset.
         assert lookup(ts0 + 20) == 2
@@ -130,13 +128,8 @@ def test_aborted_records_never_reach_read_committed(kafka_mq):
         tp = KpTopicPartition("interleaved", 0)
         kp.assign([tp])
         kp.seek_to_beginning(tp)
-        seen: list[bytes] = []
-        deadline = time.monotonic() + WAIT
-        while b"end" not in seen:
-            assert time.monotonic() < deadline, seen
-            for records in kp.poll(timeout_ms=200).values():
-                seen += [r.value for r in records]
-        assert seen == [b"c1", b"c2", b"end"]
+        got = collect(lambda: [r for rs in kp.poll(timeout_ms=200).values() for r in rs], 3)
+        assert [r.value for r in got] == [b"c1", b"c2", b"end"]
     finally:
         kp.close()
 
