@@ -59,7 +59,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict], conf: dict | No
             ) -> list:
     """Produce ``records`` (keyword arguments of ``Producer.produce``: value, key, partition,
     headers, timestamp) with one producer, flush, and return the delivered messages in the
-    order of their delivery reports (each partition's in the order given); raises ``KafkaException`` with the first delivery error."""
+    order of their delivery reports (each partition's in the order given); raises
+    ``KafkaException`` with the first delivery error."""
     with producer(bootstrap, conf) as p:
         return deliver(p, topic, records)
 

@@ -12,8 +12,8 @@ from confluent_kafka import (OFFSET_BEGINNING, OFFSET_END, TIMESTAMP_CREATE_TIME
                              KafkaException, TopicPartition)
 from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
                                    ConfigSource, NewPartitions, NewTopic)
-from kclients import (LOGGER, WAIT, admin, consumer, create_topic, deliver, offset_for_time, produce, producer, read,
-                      read_partitions, segment_batches, values)
+from kclients import (LOGGER, WAIT, admin, consumer, create_topic, deliver, offset_for_time,
+                      produce, producer, read, read_partitions, segment_batches, values)
 
 from mq.testing import wait_for
 

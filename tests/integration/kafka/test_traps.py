@@ -13,8 +13,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ConfigSource
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
-from kclients import (WAIT, admin, collect, consumer, create_topic, deliver, offset_for_time, produce, producer, read,
-                      read_partitions, segment_batches, values)
+from kclients import (WAIT, admin, collect, consumer, create_topic, deliver, offset_for_time,
+                      produce, producer, read, read_partitions, segment_batches, values)
 
 from mq.log.config import DEFAULTS
 
