@@ -36,7 +36,11 @@ def test_metadata_list(kafka_mq, kcat):
 @pytest.mark.parametrize("acks", ["0", "1", "all"])
 @pytest.mark.parametrize("codec", CODECS)
 def test_produce_with_each_codec_and_acks(kafka_mq, kcat, codec, acks):
-    """The topic does not exist: the producer's Metadata request creates it (one partition)."""
+    """The topic does not exist: the producer's Metadata request creates it (one partition).
+    librdkafka before 2.11 compresses with gzip, snappy and lz4 only for a broker that lists
+    Produce version 0, which Kafka 4 and mq do not serve (README, "What differs from a Kafka
+    cluster"): kcat sends those batches uncompressed, and zstd (gated on Produce 7)
+    compressed. A newer kcat compressing them fails here: then the README changes too."""
     lines = b"".join(b"key-%d:value %d %s\n" % (i, i, b"abc" * 30) for i in range(10))
     kcat.run("-P", "-t", "fresh", "-K", ":", "-z", codec, "-X", f"acks={acks}",
              "-H", "via=kcat", input=lines)
@@ -45,7 +49,8 @@ def test_produce_with_each_codec_and_acks(kafka_mq, kcat, codec, acks):
         (i, b"key-%d" % i, b"value %d %s" % (i, b"abc" * 30), [("via", b"kcat")])
         for i in range(10)]
     if kafka_mq.data_dir is not None:
-        assert {c for _, _, c in segment_batches(kafka_mq.data_dir, "fresh")} == {CODECS[codec]}
+        stored = CODECS[codec] if codec == "zstd" else 0
+        assert {c for _, _, c in segment_batches(kafka_mq.data_dir, "fresh")} == {stored}
 
 
 def test_consume_from_beginning_end_offset_and_timestamp(kafka_mq, kcat):

@@ -43,12 +43,14 @@ def test_kcat_example(kafka_mq, kcat):
     assert " 1 brokers:" in lines and '  topic "orders" with 1 partitions:' in lines
 
 
-@pytest.mark.parametrize("client, printed", [
-    ("confluent-kafka", "payments 0 0 b'order-1' b'{\"amount\": 12}' [('source', b'web')]\n"),
-    ("kafka-python", "invoices 0 0 b'order-1' b'paid'\n"),
-    ("aiokafka", "shipments 0 0 b'order-1' b'packed'\n"),
-])
-def test_python_example(kafka_mq, client, printed):
+PRINTED = {"confluent-kafka": "payments 0 0 b'order-1' b'{\"amount\": 12}' [('source', b'web')]\n",
+           "kafka-python": "invoices 0 0 b'order-1' b'paid'\n",
+           "aiokafka": "shipments 0 0 b'order-1' b'packed'\n"}
+
+
+@pytest.mark.parametrize("client", PRINTED)
+def test_python_example(kafka_mq, client):
+    printed = PRINTED[client]
     source = _examples()[client]
     assert ADDRESS in source
     assert _run([sys.executable, "-c", source], kafka_mq.bootstrap) == printed
