@@ -1,20 +1,21 @@
 """The known traps of Kafka-compatible brokers, one test each (Tansu's compat findings, which
 hung or misled librdkafka's own test suite): a fetch offset in the middle of a batch,
 ListOffsets by timestamp inside a compressed batch, DescribeConfigs listing every config with
-its default, ``max.message.bytes`` enforced, aborted records never reaching read_committed
-(also through kafka-python, whose reader is its own), and EndTxn aborting after a failed send."""
+its default, ``max.message.bytes`` enforced, and aborted records never reaching read_committed
+(also through kafka-python, whose reader is its own). The last trap, EndTxn aborting after a
+failed send, is test_transactions_wire.py's test_abort_after_failed_send."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ConfigSource
 from kafka import KafkaConsumer
-from kafka import TopicPartition as KpTopicPartition
+from kafka import TopicPartition
 from kclients import (WAIT, admin, collect, consumer, create_topic, deliver, offset_for_time,
-                      produce, producer, read, read_partitions, segment_batches, values)
+                      produce, producer, read_partitions, segment_batches, values)
 
 from mq.log.config import DEFAULTS
 
@@ -125,7 +126,7 @@ def test_aborted_records_never_reach_read_committed(kafka_mq):
     kp = KafkaConsumer(bootstrap_servers=b, isolation_level="read_committed",
                        enable_auto_commit=False, fetch_max_wait_ms=100)
     try:
-        tp = KpTopicPartition("interleaved", 0)
+        tp = TopicPartition("interleaved", 0)
         kp.assign([tp])
         kp.seek_to_beginning(tp)
         got = collect(lambda: [r for rs in kp.poll(timeout_ms=200).values() for r in rs], 3)
@@ -133,37 +134,3 @@ def test_aborted_records_never_reach_read_committed(kafka_mq):
     finally:
         kp.close()
 
-
-def test_end_txn_aborts_after_a_failed_send(kafka_mq):
-    """A send the broker refuses makes the transaction abortable, and EndTxn(abort) must then
-    succeed (Tansu's EndTxn range was too narrow for librdkafka's abort). librdkafka sees the
-    sequence number the refused batch used up only at the next transaction's first send,
-    aborts that one too and bumps its epoch (KIP-360), so the application retries, as
-    librdkafka's transactional example does."""
-    b = kafka_mq.bootstrap
-    create_topic(b, "failing", 1, {"max.message.bytes": "1024"})
-    with producer(b, {"transactional.id": "fails"}) as p:
-        p.init_transactions(WAIT)
-        p.begin_transaction()
-        deliver(p, "failing", [{"value": b"before"}])
-        with pytest.raises(KafkaException) as err:
-            deliver(p, "failing", [{"value": bytes(range(256)) * 8}])       # 2 KiB
-        assert err.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
-        p.abort_transaction(WAIT)                  # EndTxn(abort) after the failed send
-        for _ in range(3):
-            p.begin_transaction()
-            p.produce("failing", value=b"after")
-            try:
-                p.commit_transaction(WAIT)                 # flushes; raises what the send met
-                break
-            except KafkaException as retry:
-                assert retry.args[0].txn_requires_abort(), retry
-                p.abort_transaction(WAIT)
-        else:
-            raise AssertionError("three transactions after the failed send did not commit")
-    c = consumer(b, conf={"isolation.level": "read_committed"})
-    try:
-        c.assign([TopicPartition("failing", 0, 0)])
-        assert values(read(c, 1)) == [b"after"]
-    finally:
-        c.close()
