@@ -23,7 +23,9 @@ that set ``min.insync.replicas=1`` work); any other value is INVALID_CONFIG nami
 
 Broker resources (type 4, the node id or ""): the broker settings that have a Kafka name,
 read-only — mq's broker is configured by its config file, and SIGHUP reloads
-``[topic_defaults]``.
+``[topic_defaults]``. ``listeners`` is ``kafka_listeners`` as configured (port 0 stays 0, as in
+Kafka); ``advertised.listeners`` is the address the asking client reached, which is the one
+address Metadata names to it (Kafka lists both, and kafka-python's admin tests read them).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from mq.broker.config import BrokerConfig
+from mq.broker.kafka.addresses import parse_listener
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
 from mq.log.config import DEFAULTS
@@ -193,10 +196,19 @@ def describe_topic(effective: Mapping[str, str], overrides: Mapping[str, str],
     return out
 
 
-def describe_broker(config: BrokerConfig, topic_defaults: Mapping[str, str]) -> list[dict]:
-    """The broker's settings with Kafka names, and its topic defaults under their broker
-    names (pure)."""
-    out = []
+def _listener(host: str, port: int) -> str:
+    return f"PLAINTEXT://[{host}]:{port}" if ":" in host else f"PLAINTEXT://{host}:{port}"
+
+
+def describe_broker(config: BrokerConfig, topic_defaults: Mapping[str, str],
+                    advertised: tuple[str, int]) -> list[dict]:
+    """The broker's settings with Kafka names, its listeners (``advertised``: the address
+    the client reached), and its topic defaults under their broker names (pure)."""
+    listeners = ",".join(_listener(*parse_listener(a)) for a in config.kafka_listeners)
+    out = [_entry("listeners", listeners, STATIC_BROKER_CONFIG, STRING, read_only=True,
+                  synonyms=[], doc=None),
+           _entry("advertised.listeners", _listener(*advertised), STATIC_BROKER_CONFIG,
+                  STRING, read_only=True, synonyms=[], doc=None)]
     for name, type_, get, default in _BROKER_SETTINGS:
         value = _text(get(config))
         source = DEFAULT_CONFIG if value == default else STATIC_BROKER_CONFIG
@@ -307,7 +319,7 @@ class ConfigApis:
                                                     synonyms=synonyms,
                                                     documentation=documentation)
             elif kind == BROKER and self._is_this_broker(name):
-                row["configs"] = describe_broker(self._config, defaults)
+                row["configs"] = describe_broker(self._config, defaults, conn.local_address)
             else:
                 row.update(error_code=INVALID_REQUEST,
                            error_message=_unsupported(kind, name, self._config.node_id))

@@ -45,10 +45,13 @@ def test_describe_topic_sources_and_synonyms():
 
 
 def test_describe_broker_names_and_sources():
-    config = BrokerConfig(node_id=3, num_partitions=4)
+    config = BrokerConfig(node_id=3, num_partitions=4,
+                          kafka_listeners=("127.0.0.1:0", "[::1]:9092"))
     defaults = LogConfig.from_properties({"max.message.bytes": "2000"}).to_properties()
-    entries = {e["name"]: e for e in describe_broker(config, defaults)}
+    entries = {e["name"]: e for e in describe_broker(config, defaults, ("::1", 9092))}
     assert entries["node.id"]["value"] == "3"
+    assert entries["listeners"]["value"] == "PLAINTEXT://127.0.0.1:0,PLAINTEXT://[::1]:9092"
+    assert entries["advertised.listeners"]["value"] == "PLAINTEXT://[::1]:9092"
     assert (entries["num.partitions"]["value"], entries["num.partitions"]["config_source"]) \
         == ("4", STATIC_BROKER_CONFIG)
     assert entries["auto.create.topics.enable"]["value"] == "true"
