@@ -27,7 +27,7 @@ class LogConfig:
     index_interval_bytes: int = 4096                 # index.interval.bytes
     retention_ms: int = 7 * DAY_MS                   # retention.ms (-1: unlimited)
     retention_bytes: int = -1                        # retention.bytes (-1: unlimited)
-    cleanup_policy: str = "delete"                   # cleanup.policy: delete, compact, both
+    cleanup_policy: str = "delete"                   # cleanup.policy: delete, compact, both, ""
     max_message_bytes: int = 1048588                 # max.message.bytes
     file_delete_delay_ms: int = 60000                # file.delete.delay.ms
     delete_retention_ms: int = DAY_MS                # delete.retention.ms
@@ -112,10 +112,12 @@ def _convert(key: str, field: dataclasses.Field, raw: object) -> object:
         return value
     value = str(raw).strip()
     if key == "cleanup.policy":
+        # An empty list is valid, as in Kafka (its ValidList checks each element only): the
+        # log is neither deleted by retention nor compacted; only DeleteRecords trims it.
         parts = sorted(p.strip() for p in value.split(",") if p.strip())
-        if not parts or any(p not in ("delete", "compact") for p in parts):
-            raise ConfigError(f"cleanup.policy must be delete, compact or compact,delete; "
-                              f"got {raw!r}")
+        if any(p not in ("delete", "compact") for p in parts):
+            raise ConfigError(f"cleanup.policy must be delete, compact, compact,delete or "
+                              f"empty; got {raw!r}")
         return ",".join(sorted(set(parts)))
     if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
         raise ConfigError(f"message.timestamp.type must be CreateTime or LogAppendTime, "

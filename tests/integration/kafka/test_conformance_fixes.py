@@ -5,9 +5,15 @@ here with a real client so it stays fixed."""
 from __future__ import annotations
 
 import pytest
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 import mq
-import mq.testing
 
 # kafka-python 3 loads its schemas with importlib.resources' legacy functions (Python 3.11), so
 # it is imported inside the tests, under this filter.
@@ -15,27 +21,34 @@ pytestmark = pytest.mark.filterwarnings(
     r"ignore:(open|read)_text is deprecated:DeprecationWarning")
 
 
-@pytest.fixture
-def kbroker(tmp_path):
-    config = tmp_path / "mq.toml"
-    config.write_text('kafka_listeners = ["127.0.0.1:0"]\n')
-    with mq.testing.broker(tmp_path / "data", config_file=str(config)) as b:
-        with mq.Admin(socket=b.socket) as admin:
-            b.bootstrap = admin.broker_stats()["broker"]["kafka_listeners"][0]
-        yield b
-
-
-def test_broker_configs_name_the_listeners(kbroker):
+def test_broker_configs_name_the_listeners(kafka_mq):
     """kafka-python's test_describe_configs_broker_resource_returns_configs reads
     ``advertised.listeners`` of the broker resource; Kafka 4 lists it, read-only, from the
     broker's static config."""
     from kafka import KafkaAdminClient
-    from kafka.admin import ConfigResource, ConfigResourceType
-    with KafkaAdminClient(bootstrap_servers=kbroker.bootstrap) as admin:
-        configs = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, 0)],
+    from kafka.admin import ConfigResource as KPConfigResource
+    from kafka.admin import ConfigResourceType
+    with KafkaAdminClient(bootstrap_servers=kafka_mq.bootstrap) as admin:
+        configs = admin.describe_configs([KPConfigResource(ConfigResourceType.BROKER, 0)],
                                          config_filter="all")["broker"]["0"]
     advertised = configs["advertised.listeners"]
-    assert advertised["value"] == f"PLAINTEXT://{kbroker.bootstrap}"
+    assert advertised["value"] == f"PLAINTEXT://{kafka_mq.bootstrap}"
     assert (advertised["config_source"], advertised["read_only"], advertised["is_sensitive"]) \
         == ("STATIC_BROKER_CONFIG", True, False)
     assert configs["listeners"]["value"] == "PLAINTEXT://127.0.0.1:0"
+
+
+def test_cleanup_policy_may_be_emptied(mixed):
+    """confluent-kafka's test_incremental_alter_configs SUBTRACTs ``delete`` from a topic's
+    ``cleanup.policy``: Kafka accepts the empty list that leaves (neither retention nor
+    compaction) and describes it as ""."""
+    with mq.Admin(socket=mixed.socket) as admin:
+        admin.create_topic("kept", partitions=1)
+    client = AdminClient({"bootstrap.servers": mixed.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, "kept", incremental_configs=[
+        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SUBTRACT)])
+    for future in client.incremental_alter_configs([resource]).values():
+        future.result(30)
+    described = client.describe_configs([ConfigResource(ResourceType.TOPIC, "kept")])
+    configs = next(iter(described.values())).result(30)
+    assert configs["cleanup.policy"].value == ""

@@ -129,13 +129,14 @@ def test_retention_by_log_start_offset():
     assert deletable(s, lso=20) == (2, "log start offset")
 
 
-def test_retention_by_log_start_offset_also_for_compact_only():
+@pytest.mark.parametrize("policy", ["compact", ""])      # "": Kafka's empty list, neither
+def test_retention_by_log_start_offset_also_without_delete(policy):
     s = segs((100, 0), (100, 0), (100, 0))
-    assert deletable(s, lso=20, cleanup_policy="compact", retention_bytes=0) == \
+    assert deletable(s, lso=20, cleanup_policy=policy, retention_bytes=0) == \
         (2, "log start offset")
     # retention.bytes / retention.ms do not apply without "delete"
-    assert deletable(s, cleanup_policy="compact", retention_bytes=0) == (0, "")
-    assert deletable(s, cleanup_policy="compact", retention_ms=1, now=10**6) == (0, "")
+    assert deletable(s, cleanup_policy=policy, retention_bytes=0) == (0, "")
+    assert deletable(s, cleanup_policy=policy, retention_ms=1, now=10**6) == (0, "")
 
 
 def test_retention_bytes_is_cumulative():
