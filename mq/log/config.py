@@ -113,12 +113,13 @@ def _convert(key: str, field: dataclasses.Field, raw: object) -> object:
     value = str(raw).strip()
     if key == "cleanup.policy":
         # An empty list is valid, as in Kafka (its ValidList checks each element only): the
-        # log is neither deleted by retention nor compacted; only DeleteRecords trims it.
-        parts = sorted(p.strip() for p in value.split(",") if p.strip())
+        # log is neither deleted by retention nor compacted; only DeleteRecords trims it. The
+        # order is kept, as Kafka keeps it ("delete" APPEND "compact" is "delete,compact").
+        parts = [p.strip() for p in value.split(",") if p.strip()]
         if any(p not in ("delete", "compact") for p in parts):
             raise ConfigError(f"cleanup.policy must be delete, compact, compact,delete or "
                               f"empty; got {raw!r}")
-        return ",".join(sorted(set(parts)))
+        return ",".join(dict.fromkeys(parts))
     if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
         raise ConfigError(f"message.timestamp.type must be CreateTime or LogAppendTime, "
                           f"got {raw!r}")

@@ -52,3 +52,17 @@ def test_cleanup_policy_may_be_emptied(mixed):
     described = client.describe_configs([ConfigResource(ResourceType.TOPIC, "kept")])
     configs = next(iter(described.values())).result(30)
     assert configs["cleanup.policy"].value == ""
+
+
+def test_cleanup_policy_keeps_its_order(mixed):
+    """confluent-kafka's test_incremental_alter_configs APPENDs ``compact`` to ``delete`` and
+    reads back "delete,compact", the order Kafka keeps."""
+    with mq.Admin(socket=mixed.socket) as admin:
+        admin.create_topic("both", partitions=1)
+    client = AdminClient({"bootstrap.servers": mixed.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, "both", incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)])
+    for future in client.incremental_alter_configs([resource]).values():
+        future.result(30)
+    described = client.describe_configs([ConfigResource(ResourceType.TOPIC, "both")])
+    assert next(iter(described.values())).result(30)["cleanup.policy"].value == "delete,compact"

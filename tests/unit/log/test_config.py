@@ -89,8 +89,8 @@ def test_from_properties_overlays_a_base():
 
 @pytest.mark.parametrize("value, expected", [
     ("delete", "delete"), ("compact", "compact"), ("compact,delete", "compact,delete"),
-    ("delete,compact", "compact,delete"), (" delete , compact ", "compact,delete"),
-    ("delete,delete", "delete"),
+    ("delete,compact", "delete,compact"), (" delete , compact ", "delete,compact"),
+    ("delete,delete", "delete"), ("compact,delete,compact", "compact,delete"),
     ("", ""), (" , ", ""),                                  # Kafka's empty list: neither
 ])
 def test_cleanup_policy_normalised(value, expected):
