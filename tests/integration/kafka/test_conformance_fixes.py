@@ -38,31 +38,29 @@ def test_broker_configs_name_the_listeners(kafka_mq):
     assert configs["listeners"]["value"] == "PLAINTEXT://127.0.0.1:0"
 
 
+def _alter_cleanup_policy(broker, topic: str, op: AlterConfigOpType, value: str) -> str:
+    """Create ``topic``, alter its cleanup.policy by ``op`` with confluent-kafka, and return
+    the value DescribeConfigs reports."""
+    with mq.Admin(socket=broker.socket) as admin:
+        admin.create_topic(topic, partitions=1)
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", value, incremental_operation=op)])
+    for future in client.incremental_alter_configs([resource]).values():
+        future.result(30)
+    described = client.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+    return next(iter(described.values())).result(30)["cleanup.policy"].value
+
+
 def test_cleanup_policy_may_be_emptied(mixed):
     """confluent-kafka's test_incremental_alter_configs SUBTRACTs ``delete`` from a topic's
     ``cleanup.policy``: Kafka accepts the empty list that leaves (neither retention nor
     compaction) and describes it as ""."""
-    with mq.Admin(socket=mixed.socket) as admin:
-        admin.create_topic("kept", partitions=1)
-    client = AdminClient({"bootstrap.servers": mixed.bootstrap})
-    resource = ConfigResource(ResourceType.TOPIC, "kept", incremental_configs=[
-        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SUBTRACT)])
-    for future in client.incremental_alter_configs([resource]).values():
-        future.result(30)
-    described = client.describe_configs([ConfigResource(ResourceType.TOPIC, "kept")])
-    configs = next(iter(described.values())).result(30)
-    assert configs["cleanup.policy"].value == ""
+    assert _alter_cleanup_policy(mixed, "kept", AlterConfigOpType.SUBTRACT, "delete") == ""
 
 
 def test_cleanup_policy_keeps_its_order(mixed):
-    """confluent-kafka's test_incremental_alter_configs APPENDs ``compact`` to ``delete`` and
-    reads back "delete,compact", the order Kafka keeps."""
-    with mq.Admin(socket=mixed.socket) as admin:
-        admin.create_topic("both", partitions=1)
-    client = AdminClient({"bootstrap.servers": mixed.bootstrap})
-    resource = ConfigResource(ResourceType.TOPIC, "both", incremental_configs=[
-        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)])
-    for future in client.incremental_alter_configs([resource]).values():
-        future.result(30)
-    described = client.describe_configs([ConfigResource(ResourceType.TOPIC, "both")])
-    assert next(iter(described.values())).result(30)["cleanup.policy"].value == "delete,compact"
+    """The same test APPENDs ``compact`` to ``delete`` and reads back "delete,compact", the
+    order Kafka keeps."""
+    assert _alter_cleanup_policy(mixed, "both", AlterConfigOpType.APPEND, "compact") == \
+        "delete,compact"
