@@ -85,7 +85,7 @@ def present(value: Any, fields: tuple, version: int, flex: bool) -> Any:
     bytes as ``bytes``; a tagged field at its default counts as absent (it is not sent)."""
     out = {}
     for f in fields:
-        name, kind, versions, _, tag, default, children = f
+        name, kind, versions, _, tag, _, children = f
         if tag is not None:
             if not (flex and _in(tag[1], version)) or value[name] == default_of(f, version):
                 continue

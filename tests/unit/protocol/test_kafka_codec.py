@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import selectors
-import socket
 import struct
 import urllib.request
 import warnings
@@ -17,19 +15,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mq.broker.conns import Connections
-from mq.broker.kafka.listener import KafkaListener
 from mq.broker.kafka.versions import SERVED
 from mq.errors import UnsupportedVersionError
 from mq.protocol.kafka import codec, generate
 from mq.protocol.kafka.codec import FileRegion, KafkaDecodeError
 from mq.protocol.kafka.schemas import APIS
 from tests.property.kafka_bodies import body, default_of, expected, flexible, present
+from tests.unit.broker.kafka_harness import ListenerPair
 
 with warnings.catch_warnings():      # kafka-python 3.0 reads its schemas with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)
-    import kafka.protocol.admin  # noqa: F401 -- each package registers its message classes
-    import kafka.protocol.consumer  # noqa: F401
+    # each package defines (and so registers) its message classes
+    import kafka.protocol.admin
+    import kafka.protocol.consumer
     import kafka.protocol.producer  # noqa: F401
     from kafka.protocol import api_message
     from kafka.protocol.metadata import ApiVersionsResponse
@@ -184,49 +182,14 @@ def test_bytes_after_the_body_are_refused():
 
 
 # --- KIP-511: the listener answers an ApiVersions version it does not serve ------------------
-def _listener_pair():
-    sel = selectors.DefaultSelector()
-    conns = Connections(1 << 20)
-    closed = []
-    listener = KafkaListener(["127.0.0.1:0"], selector=sel, conns=conns,
-                             dispatch=lambda conn, req: None, close=closed.append,
-                             max_request_bytes=1 << 20)
-    listener.set_handlers({})
-    listener.listen()
-    host, port = listener.bound[0].rsplit(":", 1)
-    client = socket.create_connection((host, int(port)), timeout=5)
-    for key, _ in sel.select(5):
-        if key.data is listener:
-            listener.accept(key)
-    (conn,) = list(conns)
-    return sel, listener, conn, client, closed
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-    return _recv_exactly(sock, size)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        assert chunk, "the listener closed the connection"
-        buf += chunk
-    return buf
-
-
 def test_unsupported_api_versions_version_is_answered_in_v0():
-    sel, listener, conn, client, closed = _listener_pair()
+    pair = ListenerPair()
     try:
         # v4 is in Kafka's schemas but not served; 77 is in nobody's: neither body is read
         for version, tail in ((4, b"\x00\x02cl\x00\x02x\x021\x00"), (77, b"\xde\xad")):
             frame = struct.pack(">hhi", API_VERSIONS, version, 41) + tail
-            client.sendall(struct.pack(">i", len(frame)) + frame)
-            wait_readable(sel, conn)
-            listener.read(conn)
-            listener.write(conn)
-            response = _read_frame(client)
+            pair.send(struct.pack(">i", len(frame)) + frame)
+            response = pair.response()
             assert response[:4] == struct.pack(">i", 41)
             _, decoded = codec.decode_response(API_VERSIONS, 0, response)
             assert decoded["error_code"] == UnsupportedVersionError.code == 35
@@ -235,19 +198,9 @@ def test_unsupported_api_versions_version_is_answered_in_v0():
             # kafka-python reads it as a client does: an error means a v0 body
             kp = ApiVersionsResponse.decode(response, version=3, header=True)
             assert kp.error_code == 35 and kp.api_keys[0].api_key == API_VERSIONS
-        assert not closed
+        assert not pair.closed
     finally:
-        client.close()
-        conn.sock.close()
-        listener.close()
-        sel.close()
-
-
-def wait_readable(sel: selectors.BaseSelector, conn) -> None:
-    for key, _ in sel.select(5):
-        if key.data is conn:
-            return
-    raise AssertionError("no request arrived")
+        pair.close()
 
 
 # --- kafka-python: an independent codec from the same schemas --------------------------------
