@@ -263,6 +263,37 @@ def test_2000_idle_connections_while_clients_work(kafka):
             sock.close()
 
 
+def test_out_of_descriptors_the_broker_serves_its_connections_and_accepts_again(tmp_path):
+    """More connections than the broker's open-file limit: the ones it has keep working,
+    the rest wait in the backlog (accepts pause, not spin), and are taken once some close."""
+    broker = Kafka(tmp_path, nofile=(400, 400))
+    socks: list[socket.socket] = []
+    try:
+        with broker.connect() as first:
+            for _ in range(500):
+                sock = socket.socket()
+                sock.setblocking(False)
+                try:
+                    sock.connect(broker.address)
+                except BlockingIOError:
+                    pass
+                socks.append(sock)
+            mq.testing.wait_for(lambda: "accept failed" in broker.proc.stderr(), WAIT,
+                                message="the broker to run out of descriptors")
+            assert api_versions(first)["error_code"] == 0
+            for sock in socks[:300]:
+                sock.close()
+            with broker.connect() as late:
+                assert api_versions(late)["error_code"] == 0
+        for sock in socks[300:]:
+            sock.close()
+        broker.check_healthy()
+    finally:
+        for sock in socks:
+            sock.close()
+        broker.proc.close()
+
+
 # --- a client that never reads ---------------------------------------------------------------
 def _stuff(sock: socket.socket, frame_of, limit: int) -> tuple[int, int]:
     """Send frames until the broker stops reading (the socket stays unwritable for 2 s) or
