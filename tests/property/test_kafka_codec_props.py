@@ -170,6 +170,27 @@ def test_a_huge_count_allocates_nothing_for_it(count):
         assert _peak_decode(frame) < 64 * 1024
 
 
+def test_one_message_holds_at_most_max_items_array_items():
+    """Metadata v1 topics with empty names, 2 bytes each: 2**20 decode; one more (spread
+    over two arrays of a nested message would count the same) is refused."""
+    head = _header(3, 1)
+    ok = head + struct.pack(">i", codec.MAX_ITEMS) + b"\x00\x00" * codec.MAX_ITEMS
+    assert len(codec.decode_request(ok)[1]["topics"]) == codec.MAX_ITEMS
+    over = head + struct.pack(">i", codec.MAX_ITEMS + 1) + b"\x00\x00" * (codec.MAX_ITEMS + 1)
+    with pytest.raises(KafkaDecodeError, match="array items in one message"):
+        codec.decode_request(over)
+
+
+def test_items_are_counted_across_arrays():
+    """ListOffsets v1: topics, each with a partitions array; the items of both count."""
+    per_topic = 1000
+    topic = b"\x00\x01t" + struct.pack(">i", per_topic) + b"\x00" * 12 * per_topic
+    topics = codec.MAX_ITEMS // (per_topic + 1) + 1
+    frame = _header(2, 1) + struct.pack(">i", -1) + struct.pack(">i", topics) + topic * topics
+    with pytest.raises(KafkaDecodeError, match="array items in one message"):
+        codec.decode_request(frame)
+
+
 @pytest.mark.parametrize(("key", "version"), CASES, ids=IDS)
 @settings(max_examples=10)
 @given(data=st.data())
