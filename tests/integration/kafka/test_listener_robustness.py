@@ -16,12 +16,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import mq
 import mq.testing
 from mq.broker.kafka.conn import MAX_IN_FLIGHT, MAX_REGIONS
+from mq.broker.kafka.versions import SERVED
 from mq.protocol.kafka import codec
+from mq.protocol.kafka.schemas import APIS
 from tests.integration.cli_run import ENV, mq_run
+from tests.property.kafka_bodies import body
 
 API_VERSIONS, METADATA, FETCH, PRODUCE = 18, 3, 1, 0
 MAX_REQUEST_BYTES = 100 * 1024 * 1024
@@ -199,6 +204,24 @@ def test_an_unsupported_api_versions_version_is_answered_in_v0(kafka):
         assert got_id == 7 and body["error_code"] == 35
         assert {"api_key": FETCH, "min_version": 4, "max_version": 12} in body["api_keys"]
         assert api_versions(sock, correlation_id=8)["error_code"] == 0     # and it stays open
+
+
+@settings(max_examples=3, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_requests_with_any_field_values_leave_the_broker_serving(kafka, data):
+    """Every served api and version, bodies drawn from the schema (any ints, strings, nulls,
+    tagged fields): each answered or its connection closed, the broker never stops, and no
+    handler raises (``check_healthy``: no traceback in its log)."""
+    for key, (lo, hi) in sorted(SERVED.items()):
+        for version in range(lo, hi + 1):
+            drawn = data.draw(body(APIS[key][0], version), label=f"api {key} v{version}")
+            if key == FETCH:
+                drawn["max_wait_ms"] = 0          # a parked Fetch is not what is tested
+            with kafka.connect() as sock:
+                sock.sendall(codec.encode_request(key, version, version, drawn))
+            assert kafka.proc.proc.poll() is None, kafka.proc.stderr()
+    with kafka.connect() as sock:
+        assert api_versions(sock)["error_code"] == 0
 
 
 # --- many connections ------------------------------------------------------------------------
