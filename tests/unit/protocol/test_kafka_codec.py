@@ -21,7 +21,7 @@ from mq.protocol.kafka import codec, generate
 from mq.protocol.kafka.codec import FileRegion, KafkaDecodeError
 from mq.protocol.kafka.schemas import APIS
 from tests.property.kafka_bodies import body, default_of, expected, flexible, present
-from tests.unit.broker.kafka_harness import ListenerPair
+from tests.unit.broker.kafka.kafka_harness import ListenerPair
 
 with warnings.catch_warnings():      # kafka-python 3.0 reads its schemas with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -19,7 +19,7 @@ from mq.broker.kafka.conn import INLINE_BYTES, FrameBuffer
 from mq.errors import RemoteProtocolError
 from mq.protocol.kafka import codec
 from mq.protocol.kafka.codec import FileRegion
-from tests.unit.broker.kafka_harness import ListenerPair
+from tests.unit.broker.kafka.kafka_harness import ListenerPair
 
 METADATA, FETCH = 3, 1
 
