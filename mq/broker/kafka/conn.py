@@ -19,12 +19,24 @@ regions' descriptors are this connection's to close, when sent or when it closes
 Frames (``FrameBuffer``): a 4-byte big-endian size, then the request. A size above
 ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB) or below 8 closes the
 connection before the body is read, so a hostile size allocates nothing.
+
+What one peer holds is bounded (``backlogged``): at most ``MAX_IN_FLIGHT`` requests read and
+not answered in full, ``MAX_REGIONS`` open segment descriptors and ``MAX_PENDING_OUT``
+response bytes it has not taken. Past any of them the listener reads no further request of
+that peer until it drains (Kafka reads one request at a time per connection). A response is
+encoded as soon as its body is known, even behind an unfinished one, and a records region of
+at most ``INLINE_BYTES`` is read into it then (``pread``) and its descriptor closed: a client
+that pipelines small Fetches and never reads holds bytes, not the broker's descriptors
+(unbounded, a few thousand such Fetches took the broker to its open-file limit: EMFILE for
+every client and every segment roll).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -36,8 +48,17 @@ from mq.protocol.kafka.codec import FileRegion, encode_response
 
 __all__ = ["FrameBuffer", "KafkaConn", "Slot"]
 
+log = logging.getLogger("mq.broker")
+
 _MIN_FRAME = 8                 # api key, version and correlation id: every header has them
-_READ_SIZE = 256 * 1024
+# Per connection. Clients pipeline 5 requests (max.in.flight.requests.per.connection in the
+# Java client and kafka-python, librdkafka with idempotence); more wait in the socket.
+MAX_IN_FLIGHT = 64
+MAX_REGIONS = 64               # open segment descriptors for unsent records
+MAX_PENDING_OUT = 64 * 1024 * 1024
+# A region this small is copied into the response at once: a 16 KiB pread costs about what
+# the sendfile call it replaces does, and keeps no descriptor open.
+INLINE_BYTES = 16 * 1024
 
 
 class FrameBuffer:
@@ -51,23 +72,23 @@ class FrameBuffer:
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         self._buf += data
 
-    def frames(self) -> Iterator[bytearray]:
-        """The whole frames received so far, each a copy of its own: a request's records
-        stay views of it while the request is in progress (a Produce waiting for its fsync),
-        and this buffer moves on. Raises ``RemoteProtocolError`` for a size out of bounds."""
-        buf = self._buf
-        while len(buf) - self._pos >= 4:
-            size = int.from_bytes(buf[self._pos:self._pos + 4], "big", signed=True)
+    def next_frame(self) -> bytearray | None:
+        """The next whole frame received, a copy of its own (a request's records stay views
+        of it while the request is in progress, a Produce waiting for its fsync, and this
+        buffer moves on); None until one is whole. Raises ``RemoteProtocolError`` for a
+        size out of bounds, before its body is read."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos >= 4:
+            size = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
             if size < _MIN_FRAME or size > self.max_frame:
                 raise RemoteProtocolError(
                     f"request size {size} is outside {_MIN_FRAME}..{self.max_frame} "
                     "(socket.request.max.bytes)")
-            if len(buf) - self._pos - 4 < size:
-                break
-            start = self._pos + 4
-            self._pos = start + size
-            yield buf[start:start + size]
+            if len(buf) - pos - 4 >= size:
+                self._pos = pos + 4 + size
+                return buf[pos + 4:self._pos]
         self.compact()
+        return None
 
     def compact(self) -> None:
         if self._pos:
@@ -86,9 +107,8 @@ class Slot:
     correlation_id: int
     api_key: int
     api_version: int
-    body: dict | None = None
+    parts: list | None = None       # the encoded response (None: none, Produce acks=0)
     done: bool = False
-    silent: bool = False            # no response at all (Produce with acks=0)
 
 
 class KafkaConn(Conn):
@@ -108,6 +128,9 @@ class KafkaConn(Conn):
         self.greeted = True            # no native Handshake: ApiVersions is optional
         self.client_id: str | None = None
         self.bytes_out = 0
+        self.pending_out = 0           # bytes in ``parts``
+        self._unsent: collections.deque[int] = collections.deque()   # their responses' sizes
+        self.regions = 0               # FileRegions in ``parts`` and in finished slots
 
     # --- native replies -----------------------------------------------------------------------
     def request_id(self) -> int:
@@ -129,16 +152,81 @@ class KafkaConn(Conn):
         return slot
 
     def finish(self, slot: Slot, body: dict | None) -> None:
-        """The response of ``slot`` is ``body`` (None: no response); encodes every finished
-        slot at the head of the queue into ``parts``."""
-        slot.body = body
-        slot.silent = body is None
+        """The response of ``slot`` is ``body`` (None: no response): encoded now, and every
+        finished slot at the head of the queue moves into ``parts``. Raises ``ValueError``
+        for a body the codec cannot encode (a bug in mq) and ``OSError`` for a records region
+        past the end of its file, its descriptors closed: the caller closes the connection."""
         slot.done = True
+        if body is not None and self.closing:
+            for region in _regions(body):          # nobody will send it
+                _close_fd(region.fd)
+        elif body is not None:
+            try:
+                parts = encode_response(slot.api_key, slot.api_version, slot.correlation_id,
+                                        body)
+            except ValueError:
+                for region in _regions(body):
+                    _close_fd(region.fd)
+                raise
+            slot.parts = self._inline(parts)
+            self.regions += sum(isinstance(p, FileRegion) for p in slot.parts)
         while self.slots and self.slots[0].done:
             head = self.slots.popleft()
-            if not head.silent and not self.closing:
-                self.parts.extend(encode_response(head.api_key, head.api_version,
-                                                  head.correlation_id, head.body))
+            if head.parts:
+                size = sum(p.length if isinstance(p, FileRegion) else len(p)
+                           for p in head.parts)
+                self.parts.extend(head.parts)
+                self.pending_out += size
+                self._unsent.append(size)
+
+    @staticmethod
+    def _inline(parts: list) -> list:
+        """``parts`` with every region of at most ``INLINE_BYTES`` read into the bytes around
+        it, its descriptor closed. Raises ``OSError`` for a file shorter than a region, with
+        every region's descriptor closed."""
+        out: list = []
+        rest = iter(parts)
+        try:
+            for part in rest:
+                if isinstance(part, FileRegion):
+                    if part.length > INLINE_BYTES:
+                        out.append(part)
+                        continue
+                    try:
+                        data = os.pread(part.fd, part.length, part.offset)
+                    finally:
+                        os.close(part.fd)
+                    if len(data) != part.length:
+                        raise OSError(f"segment file ended {part.length - len(data)} bytes "
+                                      "early")
+                    part = data
+                if out and isinstance(out[-1], bytearray):
+                    out[-1] += part
+                else:
+                    out.append(bytearray(part))
+        except OSError:
+            for part in itertools.chain(out, rest):
+                if isinstance(part, FileRegion):
+                    _close_fd(part.fd)
+            raise
+        return out
+
+    @property
+    def backlogged(self) -> bool:
+        """Read no more requests of this peer for now (the module's docstring)."""
+        return len(self.slots) + len(self._unsent) >= MAX_IN_FLIGHT or \
+            self.regions >= MAX_REGIONS or self.pending_out >= MAX_PENDING_OUT
+
+    def _sent(self, n: int) -> None:
+        self.bytes_out += n
+        self.pending_out -= n
+        unsent = self._unsent
+        while n and unsent:
+            if unsent[0] <= n:
+                n -= unsent.popleft()
+            else:
+                unsent[0] -= n
+                n = 0
 
     @property
     def has_output(self) -> bool:
@@ -157,18 +245,19 @@ class KafkaConn(Conn):
                     return
                 if n == 0:          # the file is shorter than the region: the frame is lost
                     raise OSError(f"segment file ended {part.length} bytes early")
-                self.bytes_out += n
+                self._sent(n)
                 if n < part.length:
                     self.parts[0] = FileRegion(part.fd, part.offset + n, part.length - n)
                     continue
                 os.close(part.fd)
+                self.regions -= 1
                 self.parts.popleft()
                 continue
             try:
                 n = sock.send(part)
             except (BlockingIOError, InterruptedError):
                 return
-            self.bytes_out += n
+            self._sent(n)
             if n < len(part):
                 self.parts[0] = memoryview(part)[n:]
                 continue
@@ -177,11 +266,33 @@ class KafkaConn(Conn):
     def release_shared(self) -> None:
         """Close the descriptors of regions never sent (the connection closed)."""
         super().release_shared()
-        while self.parts:
-            part = self.parts.popleft()
+        held = list(self.parts) + [p for slot in self.slots for p in slot.parts or ()]
+        self.parts.clear()
+        for part in held:
             if isinstance(part, FileRegion):
-                os.close(part.fd)
+                _close_fd(part.fd)
+        self.regions = self.pending_out = 0
+        self._unsent.clear()
         for exchange in list(self.awaiting.values()):
             exchange.abandon()
         self.awaiting.clear()
         self.slots.clear()
+
+
+def _regions(value: Any) -> Iterator[FileRegion]:
+    """The FileRegions anywhere in a response body."""
+    if isinstance(value, FileRegion):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _regions(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _regions(item)
+
+
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

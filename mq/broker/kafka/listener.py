@@ -14,8 +14,13 @@ UNSUPPORTED_VERSION and the full list, so the client retries with one it finds t
 (KIP-511). The logs are only touched by the components the handlers call, which validate as
 they do for mq's own clients.
 
-A peer that never reads its responses stops being read once ``_MAX_PENDING_OUT`` bytes wait
-for it (Kafka mutes such a channel too): its requests pile up in the kernel, not here.
+A peer that never reads its responses, or pipelines without bound, stops being read once it
+is ``backlogged`` (conn.py: requests in flight, descriptors held, bytes unsent), and is read
+again as it drains (Kafka mutes such a channel too): its requests pile up in the kernel and
+in its own socket buffer, not here.
+
+Accepting stops for ``_ACCEPT_PAUSE_S`` when the broker is out of descriptors (EMFILE), so a
+flood of connections costs one warning a pause, not a busy loop.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import itertools
 import logging
 import selectors
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -48,7 +54,7 @@ log = logging.getLogger("mq.broker")
 KafkaHandler = Callable[[KafkaConn, int, dict], Any]
 
 _READ_SIZE = 256 * 1024
-_MAX_PENDING_OUT = 64 * 1024 * 1024
+_ACCEPT_PAUSE_S = 0.1
 
 
 class KafkaListener:
@@ -70,6 +76,7 @@ class KafkaListener:
         self._parked: dict[tuple[str, int], set[Exchange]] = {}
         self._deadlines: list[tuple[float, int, Exchange]] = []
         self._seq = itertools.count()
+        self._accept_paused_until: float | None = None
 
     def set_handlers(self, handlers: Mapping[int, KafkaHandler]) -> None:
         for key in handlers:
@@ -126,7 +133,11 @@ class KafkaListener:
                 return
             except OSError as err:
                 if err.errno in (errno.EMFILE, errno.ENFILE):
-                    log.warning("Kafka listener: accept failed: %s", err.strerror)
+                    # The pending connection stays in the backlog and the socket readable:
+                    # stop watching it for a while rather than spin on it.
+                    log.warning("Kafka listener: accept failed: %s; pausing accepts for "
+                                "%d ms", err.strerror, _ACCEPT_PAUSE_S * 1000)
+                    self._pause_accepts()
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -134,6 +145,21 @@ class KafkaListener:
                              f"{peer[0]}:{peer[1]}")
             self._conns.adopt(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _pause_accepts(self) -> None:
+        for sock in self._sockets:
+            try:
+                self._sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+        self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE_S
+
+    def _resume_accepts(self, now: float) -> None:
+        if self._accept_paused_until is None or now < self._accept_paused_until:
+            return
+        self._accept_paused_until = None
+        for sock in self._sockets:
+            self._sel.register(sock, selectors.EVENT_READ, self)
 
     # --- reading ------------------------------------------------------------------------------
     def read(self, conn: KafkaConn) -> None:
@@ -147,17 +173,45 @@ class KafkaListener:
             self._close(conn)
             return
         conn.frames.feed(data)
+        self._serve(conn)
+
+    def _serve(self, conn: KafkaConn) -> None:
+        """Handle the whole requests received until the peer is backlogged, then watch its
+        socket for what it may do next."""
         try:
-            for frame in conn.frames.frames():
+            while not conn.closing and not conn.backlogged:
+                frame = conn.frames.next_frame()
+                if frame is None:
+                    break
                 self._request(conn, frame)
-                if conn.closing:
-                    return
         except RemoteProtocolError as err:
             log.info("closing Kafka connection from %s: %s", conn.peer, err)
             self._close(conn)
+            return
         except Exception:        # a bug in mq: this connection goes, the broker serves on
             log.exception("closing Kafka connection from %s: a request failed", conn.peer)
             self._close(conn)
+            return
+        self._watch(conn)
+
+    def _watch(self, conn: KafkaConn) -> None:
+        """Select for reading unless the peer is backlogged, for writing while output waits;
+        for neither, the socket leaves the selector (a parked Fetch finishing, or a reply
+        for a request in flight, brings it back through ``write``)."""
+        if conn.closing:
+            return
+        events = (0 if conn.backlogged else selectors.EVENT_READ) | \
+            (selectors.EVENT_WRITE if conn.parts else 0)
+        try:
+            if events:
+                try:
+                    self._sel.modify(conn.sock, events, conn)
+                except KeyError:
+                    self._sel.register(conn.sock, events, conn)
+            else:
+                self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
 
     def _request(self, conn: KafkaConn, frame: memoryview) -> None:
         api_key, version, correlation_id = peek_header(frame)
@@ -218,6 +272,7 @@ class KafkaListener:
                 self._conns.mark_unsent(exchange.conn)
 
     def timers(self, now: float) -> None:
+        self._resume_accepts(now)
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, exchange = heapq.heappop(self._deadlines)
             if exchange.parked:
@@ -230,11 +285,14 @@ class KafkaListener:
     def deadline_s(self, now: float) -> float:
         while self._deadlines and not self._deadlines[0][2].parked:
             heapq.heappop(self._deadlines)
-        return max(0.0, self._deadlines[0][0] - now) if self._deadlines else 3600.0
+        wait = max(0.0, self._deadlines[0][0] - now) if self._deadlines else 3600.0
+        if self._accept_paused_until is not None:
+            wait = min(wait, max(0.0, self._accept_paused_until - now))
+        return wait
 
     # --- writing ------------------------------------------------------------------------------
     def write(self, conn: KafkaConn) -> None:
-        """Send what the socket takes; stop reading a peer that leaves too much unread."""
+        """Send what the socket takes; then handle the requests a backlog held back."""
         if conn.closing:
             return
         try:
@@ -244,11 +302,4 @@ class KafkaListener:
                 log.info("closing Kafka connection from %s: %s", conn.peer, err)
             self._close(conn)
             return
-        pending = sum(len(p) if not hasattr(p, "fd") else p.length for p in conn.parts)
-        events = (0 if pending > _MAX_PENDING_OUT else selectors.EVENT_READ) | \
-            (selectors.EVENT_WRITE if conn.parts else 0)
-        try:
-            self._sel.modify(conn.sock, events or selectors.EVENT_WRITE, conn)
-        except (KeyError, ValueError):
-            pass
-
+        self._serve(conn)

@@ -24,8 +24,12 @@ straight from a segment file.
 
 Decoding is total: any byte string either decodes or raises ``KafkaDecodeError`` (a
 ``RemoteProtocolError``: the peer broke the protocol); lengths and counts are checked against
-the bytes left before anything is allocated, so a hostile frame cannot make the broker
-allocate more than the frame's own size.
+the bytes left before anything is allocated, so what a frame claims allocates nothing. What
+it holds does: a decoded dict per struct item, and an item takes 2 bytes at the least, so a
+frame could decode into about 100 times its size in Python objects (1 MB of Metadata v1
+topics with empty names: 96 MB). So one message holds at most ``MAX_ITEMS`` array items in
+all (2**20, as many as a broker has partitions at most; about 200 MB decoded at worst) —
+not 50 million in a 100 MiB frame.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = ["FileRegion", "KafkaDecodeError", "RequestHeader", "decode_data", "de
            "header_versions", "schema_range"]
 
 _OPEN_END = 0x7FFF
+MAX_ITEMS = 1 << 20            # array items in one message, nested ones included
 
 
 class FileRegion(NamedTuple):
@@ -69,12 +74,13 @@ _U16, _F64 = struct.Struct(">H"), struct.Struct(">d")
 
 
 class _Reader:
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "end", "items", "pos")
 
-    def __init__(self, buf: memoryview, pos: int = 0) -> None:
+    def __init__(self, buf: memoryview, pos: int = 0, items: int = MAX_ITEMS) -> None:
         self.buf = buf
         self.pos = pos
         self.end = len(buf)
+        self.items = items              # array items this message may still hold
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.end:
@@ -190,6 +196,10 @@ def _field_reader(field: tuple, version: int, flexible: bool) -> Callable[[_Read
                 raise KafkaDecodeError(f"{name}: array count {n}")
             if n > r.end - r.pos:        # every item takes a byte at least
                 raise KafkaDecodeError(f"{name}: {n} items in {r.end - r.pos} bytes")
+            r.items -= n
+            if r.items < 0:
+                raise KafkaDecodeError(f"{name}: more than {MAX_ITEMS} array items in one "
+                                       "message")
             return [item(r) for _ in range(n)]
         return read_array
     return _scalar_reader(kind, flexible, nullable, name)
@@ -248,8 +258,9 @@ def _read_tags(r: _Reader, tagged: dict, out: dict, what: str) -> None:
         known = tagged.get(tag)
         if known is None:
             continue                    # a tag this version does not know: skipped
-        sub = _Reader(body)
+        sub = _Reader(body, items=r.items)
         out[known[0]] = known[1](sub)
+        r.items = sub.items
         if sub.pos != sub.end:
             raise KafkaDecodeError(f"{what}: tag {tag} has {sub.end - sub.pos} bytes left over")
 

@@ -18,13 +18,20 @@ def frame(body: bytes) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
+def whole_frames(buf: FrameBuffer) -> list[bytearray]:
+    frames = []
+    while (f := buf.next_frame()) is not None:
+        frames.append(f)
+    return frames
+
+
 def test_frames_split_across_reads_come_out_whole():
     buf = FrameBuffer(1024)
     data = frame(b"A" * 10) + frame(b"B" * 20)
     got = []
     for i in range(len(data)):
         buf.feed(data[i:i + 1])
-        got += [bytes(f) for f in buf.frames()]
+        got += [bytes(f) for f in whole_frames(buf)]
     assert got == [b"A" * 10, b"B" * 20]
     assert buf.pending_bytes == 0
 
@@ -34,7 +41,7 @@ def test_a_size_out_of_bounds_is_refused_before_the_body(size):
     buf = FrameBuffer(1024)
     buf.feed(size.to_bytes(4, "big", signed=True))
     with pytest.raises(RemoteProtocolError, match="socket.request.max.bytes"):
-        list(buf.frames())
+        whole_frames(buf)
 
 
 @pytest.fixture
@@ -119,7 +126,7 @@ def test_a_one_way_call_is_not_waited_for(conn):
         return None
     slot = conn.open_slot(1, 0, 3)
     Exchange(runner, conn, slot, handler()).start()
-    assert slot.done and slot.silent and not conn.awaiting
+    assert slot.done and slot.parts is None and not conn.awaiting
 
 
 def test_a_parked_exchange_resumes_on_wake(conn):
