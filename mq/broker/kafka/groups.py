@@ -45,7 +45,7 @@ from mq.broker.apis.groups import GroupApis
 from mq.broker.kafka.admin import topic_id_bytes
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.metadata import MetadataStore
-from mq.errors import RemoteProtocolError
+from mq.errors import InvalidRequestError, RemoteProtocolError
 from mq.protocol.kafka.codec import decode_data, encode_data
 
 __all__ = ["ClassicMember", "GroupWireApis", "assignment_bytes", "by_topic",
@@ -243,6 +243,10 @@ class GroupWireApis:
     # --- KIP-848 members ----------------------------------------------------------------------
     def consumer_group_heartbeat(self, conn: KafkaConn, version: int, body: dict) -> dict:
         group = body["group_id"]
+        if not group:              # Kafka's validation: INVALID_REQUEST, not INVALID_GROUP_ID
+            return {"throttle_time_ms": 0, "error_code": InvalidRequestError.code,
+                    "error_message": "GroupId can't be empty.", "member_id": None,
+                    "member_epoch": -1, "heartbeat_interval_ms": 0, "assignment": None}
         names = {topic_id_bytes(info.topic_id): name
                  for name, info in self._metadata.topics.items()}
         owned = None if body["topic_partitions"] is None else [
