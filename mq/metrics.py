@@ -17,16 +17,16 @@ from typing import Any
 __all__ = ["MetricsServer", "parse_address", "serve"]
 
 
-def parse_address(text: str) -> tuple[str, int]:
+def parse_address(text: str, what: str = "metrics address",
+                  example: str = "127.0.0.1:9400") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9400`` for IPv6, ``:9400`` for every interface) -> (host, port).
-    Raises ``ValueError`` with one line naming what is wrong."""
+    Raises ``ValueError`` with one line naming ``what`` is wrong."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit():
-        raise ValueError(f"metrics address must be HOST:PORT, like 127.0.0.1:9400, "
-                         f"got {text!r}")
+        raise ValueError(f"{what} must be HOST:PORT, like {example}, got {text!r}")
     port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ValueError(f"metrics port must be 0..65535, got {port}")
+        raise ValueError(f"{what}: the port must be 0..65535, got {port}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host or "0.0.0.0", port

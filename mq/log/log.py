@@ -479,25 +479,13 @@ class PartitionLog:
         in that batch included; the reader skips them), not past ``max_offset`` (default: the
         high watermark). Raises ``OffsetOutOfRangeError`` outside
         ``[log_start_offset, log_end_offset]``; at the upper bound the slice is empty."""
-        self._check_open()
-        upper = self.high_watermark if max_offset is None else max_offset
-        if offset < self.log_start_offset or offset > self.log_end_offset:
-            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset,
-                                        f"{self.topic}-{self.partition}")
-        if offset >= upper:
+        found = self.locate(offset, max_bytes, max_offset=max_offset,
+                            min_one_batch=min_one_batch)
+        if found is None:
             return FetchSlice(offset, self.active_segment.base_offset,
                               self.active_segment.size, b"")
-        for i in range(self.segment_for(offset), len(self.segments)):
-            seg = self.segments[i]
-            max_position = None
-            if upper < seg.next_offset:
-                bound = seg.translate_offset(upper)
-                max_position = bound.position if bound is not None else None
-            got = seg.read(offset, max_bytes, max_position, min_one_batch)
-            if got is not None:
-                return got
-        return FetchSlice(offset, self.active_segment.base_offset, self.active_segment.size,
-                          b"")
+        seg, position, length = found
+        return FetchSlice(offset, seg.base_offset, position, seg.read_range(position, length))
 
     def locate(self, offset: int, max_bytes: int, *, max_offset: int | None = None,
                min_one_batch: bool = True) -> tuple[LogSegment, int, int] | None:

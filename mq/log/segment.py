@@ -389,8 +389,12 @@ class LogSegment:
         if found is None:
             return None
         start, length = found
-        return FetchSlice(start_offset, self.base_offset, start,
-                          self.pread(start, length) if length else b"")
+        return FetchSlice(start_offset, self.base_offset, start, self.read_range(start, length))
+
+    @_using_files
+    def read_range(self, position: int, length: int) -> bytes:
+        """``length`` bytes of the ``.log`` from ``position`` (what ``locate`` found)."""
+        return self.pread(position, length) if length else b""
 
     @_using_files
     def locate(self, start_offset: int, max_bytes: int, max_position: int | None = None,

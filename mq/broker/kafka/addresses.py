@@ -11,24 +11,20 @@ from __future__ import annotations
 import ipaddress
 import socket
 
+from mq.metrics import parse_address
+
 __all__ = ["check_listener", "parse_listener"]
 
 
 def parse_listener(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9092`` for IPv6) -> (host, port). Raises ``ValueError`` with one
-    line naming what is wrong."""
+    line naming what is wrong (an empty host too: it would mean every interface)."""
     if not isinstance(text, str):
         raise ValueError(f"a Kafka listener must be a string HOST:PORT, got {text!r}")
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not host:
-        raise ValueError(f"a Kafka listener must be HOST:PORT, like 127.0.0.1:9092, got "
-                         f"{text!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"Kafka listener {text!r}: the port must be 0..65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, port
+    if text.startswith(":"):
+        raise ValueError(f"Kafka listener {text!r} must be HOST:PORT, like 127.0.0.1:9092: "
+                         "a host is needed")
+    return parse_address(text, f"Kafka listener {text!r}", "127.0.0.1:9092")
 
 
 def check_listener(text: str) -> tuple[str, int]:

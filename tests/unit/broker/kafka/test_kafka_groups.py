@@ -199,7 +199,7 @@ def test_the_rejoin_deadline_goes_when_its_reason_does():
 
 def test_sync_sends_a_member_back_only_when_it_has_nothing_to_revoke():
     c = coordinator()
-    a = classic_join(c)
+    classic_join(c)                                       # m1, then m2
     b = classic_join(c)
     a2 = classic_join(c, "m1", owned=ALL, now=1)          # cooperative: two to give up
     assert c.classic_heartbeat("g", "m1", generation=a2.member_epoch, sync=True,
