@@ -5,111 +5,65 @@ from mq's own read-only map; records cross between mq's clients and Kafka client
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 
 import confluent_kafka
-import pytest
 
 import mq
-import mq.testing
 from mq.log.reader import PartitionReader
 from mq.log.records import LZ4, build_batch
-from mq.protocol.kafka.codec import decode_response, encode_request
+from wire_calls import call
 
 
-@pytest.fixture
-def kbroker(tmp_path):
-    config = tmp_path / "mq.toml"
-    config.write_text('kafka_listeners = ["127.0.0.1:0"]\n')
-    with mq.testing.broker(tmp_path / "data", config_file=str(config)) as b:
-        with mq.Admin(socket=b.socket) as admin:
-            b.bootstrap = admin.broker_stats()["broker"]["kafka_listeners"][0]
-        yield b
-
-
-class Wire:
-    """A blocking Kafka-protocol connection for requests the clients cannot make by hand."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.cid = 0
-
-    def call(self, api_key: int, version: int, body: dict) -> dict:
-        self.cid += 1
-        self.sock.sendall(encode_request(api_key, version, self.cid, body))
-        size = struct.unpack(">i", self._exactly(4))[0]
-        cid, reply = decode_response(api_key, version, self._exactly(size))
-        assert cid == self.cid
-        return reply
-
-    def _exactly(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            assert chunk, "the broker closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def test_a_batch_is_stored_and_fetched_byte_for_byte(kbroker):
-    with mq.Admin(socket=kbroker.socket) as admin:
+def test_a_batch_is_stored_and_fetched_byte_for_byte(mixed):
+    with mq.Admin(socket=mixed.socket) as admin:
         admin.create_topic("bytes", partitions=1)
     batch = bytes(build_batch([(1_700_000_000_000 + i, b"k%d" % i, b"v" * i, [("h", b"x")])
                                for i in range(10)], compression=LZ4))
-    wire = Wire(kbroker.bootstrap)
-    try:
-        for _ in range(2):                       # two batches: the second at offset 10
-            reply = wire.call(0, 9, {"acks": -1, "timeout_ms": 5000, "topic_data": [
-                {"name": "bytes", "partition_data": [{"index": 0, "records": batch}]}]})
-        row = reply["responses"][0]["partition_responses"][0]
-        assert (row["error_code"], row["base_offset"]) == (0, 10)
-        log_path = os.path.join(kbroker.data_dir, "bytes-0", "00000000000000000000.log")
-        with open(log_path, "rb") as f:
-            stored = f.read()
-        assert len(stored) == 2 * len(batch)
-        for i, base in enumerate((0, 10)):
-            got = stored[i * len(batch):(i + 1) * len(batch)]
-            assert struct.unpack(">q", got[:8])[0] == base        # stamped: base offset
-            assert got[8:12] == batch[8:12]
-            assert got[16:] == batch[16:]                         # the CRC'd part untouched
-        # Fetch from the middle of the second batch returns that batch whole, as stored.
-        fetched = wire.call(1, 12, {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0,
-                                    "max_bytes": 1 << 20, "isolation_level": 0, "topics": [
-                                        {"topic": "bytes", "partitions": [
-                                            {"partition": 0, "fetch_offset": 15,
-                                             "partition_max_bytes": 1 << 20}]}]})
-        part = fetched["responses"][0]["partitions"][0]
-        assert part["error_code"] == 0 and part["high_watermark"] == 20
-        assert bytes(part["records"]) == stored[len(batch):]
-    finally:
-        wire.close()
-    with PartitionReader(os.path.join(kbroker.data_dir, "bytes-0")) as reader:
+    for _ in range(2):                           # two batches: the second at offset 10
+        reply = call(mixed.bootstrap, 0, 9, {"acks": -1, "timeout_ms": 5000, "topic_data": [
+            {"name": "bytes", "partition_data": [{"index": 0, "records": batch}]}]})
+    row = reply["responses"][0]["partition_responses"][0]
+    assert (row["error_code"], row["base_offset"]) == (0, 10)
+    log_path = os.path.join(mixed.data_dir, "bytes-0", "00000000000000000000.log")
+    with open(log_path, "rb") as f:
+        stored = f.read()
+    assert len(stored) == 2 * len(batch)
+    for i, base in enumerate((0, 10)):
+        got = stored[i * len(batch):(i + 1) * len(batch)]
+        assert struct.unpack(">q", got[:8])[0] == base            # stamped: base offset
+        assert got[8:12] == batch[8:12]
+        assert got[16:] == batch[16:]                             # the CRC'd part untouched
+    # Fetch from the middle of the second batch returns that batch whole, as stored.
+    fetched = call(mixed.bootstrap, 1, 12, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+        "isolation_level": 0, "topics": [{"topic": "bytes", "partitions": [
+            {"partition": 0, "fetch_offset": 15, "partition_max_bytes": 1 << 20}]}]})
+    part = fetched["responses"][0]["partitions"][0]
+    assert part["error_code"] == 0 and part["high_watermark"] == 20
+    assert bytes(part["records"]) == stored[len(batch):]
+    with PartitionReader(os.path.join(mixed.data_dir, "bytes-0")) as reader:
         mapped = b"".join(bytes(b.buffer) for b in reader.read(0))
     assert mapped == stored
 
 
-def test_records_cross_between_mq_clients_and_kafka_clients(kbroker):
-    with mq.Admin(socket=kbroker.socket) as admin:
+def test_records_cross_between_mq_clients_and_kafka_clients(mixed):
+    with mq.Admin(socket=mixed.socket) as admin:
         admin.create_topic("cross", partitions=2)
-    producer = confluent_kafka.Producer({"bootstrap.servers": kbroker.bootstrap,
+    producer = confluent_kafka.Producer({"bootstrap.servers": mixed.bootstrap,
                                          "enable.idempotence": True, "linger.ms": 2})
     for i in range(50):
         producer.produce("cross", key=b"kafka-%d" % i, value=b"%d" % i, partition=i % 2,
                          headers=[("src", b"kafka")], timestamp=1_700_000_000_000 + i)
     assert producer.flush(10) == 0
-    with mq.Producer(socket=kbroker.socket) as native:
+    with mq.Producer(socket=mixed.socket) as native:
         for i in range(50):
             native.send("cross", value=b"%d" % i, key=b"mq-%d" % i, partition=i % 2,
                         headers=[("src", b"mq")])
         native.flush()
     # mq's own consumer reads the Kafka client's records through its map...
-    with mq.Consumer(socket=kbroker.socket) as consumer:
+    with mq.Consumer(socket=mixed.socket) as consumer:
         consumer.assign([mq.TopicPartition("cross", p) for p in (0, 1)])
         consumer.seek_to_beginning()
         got = []
@@ -122,7 +76,7 @@ def test_records_cross_between_mq_clients_and_kafka_clients(kbroker):
     assert kafka_made == sorted((b"kafka-%d" % i, b"%d" % i, 1_700_000_000_000 + i)
                                 for i in range(50))
     # ...and a Kafka consumer fetches mq's producer's records.
-    kc = confluent_kafka.Consumer({"bootstrap.servers": kbroker.bootstrap, "group.id": "x",
+    kc = confluent_kafka.Consumer({"bootstrap.servers": mixed.bootstrap, "group.id": "x",
                                    "enable.auto.commit": False})
     kc.assign([confluent_kafka.TopicPartition("cross", p, 0) for p in (0, 1)])
     fetched = []
