@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 
-from bench import harness
+from bench import harness, kafka_vs
 from bench.e2e import (
     _json_default,
     _rate,
@@ -100,7 +100,7 @@ from bench.kafka_workers import (
     rdk_producer,
 )
 
-SECTIONS = ["produce", "consume", "fanout", "latency"]
+SECTIONS = ["produce", "consume", "fanout", "latency", "kafka"]   # kafka: bench/kafka_vs.py
 SIZES = [("100B", 100), ("64KiB", 64 * KIB)]
 ACKS = {"1": 1, "all": "all"}
 SIDES = {"rdk": "librdkafka via Kafka listener", "mq": "mq native"}
@@ -420,6 +420,7 @@ def build_table(res: dict) -> Rows:
                      _ratio(lat[s]["p50_ratio"], "native p50") if kafka else "-",
                      f"p99 <= {LAT_GOAL_P99_US // 1000} ms" if kafka else "-",
                      ("yes" if m["p99_us"] <= LAT_GOAL_P99_US else "NO") if kafka else "-")
+    kafka_vs.table_rows(rows, res.get("kafka", {}))
     return rows
 
 
@@ -472,8 +473,10 @@ def run(args: argparse.Namespace) -> dict:
         cfg = os.path.join(base, "broker.toml")
         with open(cfg, "w") as f:
             f.write('kafka_listeners = ["127.0.0.1:0"]\n')
+        t0 = time.monotonic()
         broker = mq.testing.BrokerProcess(os.path.join(base, "data"), config_file=cfg).start()
         ctx = Ctx(args, base, broker)
+        ctx.broker_start_s = time.monotonic() - t0
         progress(f"temp dir {base}; broker pid {broker.pid}, Kafka listener {ctx.bootstrap}")
         res: dict = {"meta": meta, "params": {
             "quick": args.quick, "runs": args.runs, "sections": args.only,
@@ -482,7 +485,8 @@ def run(args: argparse.Namespace) -> dict:
                                                          "flush_interval_ms": 1000}}}
         try:
             fns = {"produce": run_produce, "consume": run_consume, "fanout": run_fanout,
-                   "latency": run_latency}
+                   "latency": run_latency,
+                   "kafka": lambda c: kafka_vs.run_vs_kafka(c, progress)}
             run_sections({k: functools.partial(f, ctx) for k, f in fns.items()}, args.only,
                          res, meta.setdefault("contention", {}), progress=progress)
         finally:

@@ -1,6 +1,7 @@
 """``python3 -m bench.kafka_wire --quick`` end to end: a broker with a Kafka listener,
 librdkafka (confluent-kafka) and mq's own clients producing and consuming through it, the
-fan-out and the latency points. Only that it ran and what its report holds are checked, never
+fan-out and the latency points, and the same against a real Apache Kafka node (Java and Maven
+from .ci/run; the jars from Maven Central). Only that it ran and what its report holds are checked, never
 a timing: ``bench/RESULTS.md`` has the figures.
 
 The temp dir (the broker's data dir and socket) is under the test's own ``tmp_path``, so
@@ -42,7 +43,11 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
                    for runs in case["runs"].values() for x in runs)
     for side in kafka_wire.LAT_SIDES:
         assert res["latency"][side]["merged"]["count"] > 0
+    vs = res["kafka"]                                          # against Apache Kafka
+    assert {e["ratio"]["median"] > 0 for e in vs["produce"].values()} == {True}
+    assert len(vs["produce"]) == 8 and len(vs["consume"]) == 4 and len(vs["latency"]) == 2
+    assert vs["at_rest"]["kafka"]["rss_mib"] > 0 and vs["at_rest"]["mq"]["start_s"] > 0
     assert {r["benchmark"].split(",")[0].split(" ")[0] for r in res["table"]} == \
-        {"produce", "consume", "broker", "e2e"}
+        {"produce", "consume", "broker", "e2e", "vs"}
     printed = capsys.readouterr().out
     assert "Fetch + sendfile" in printed and f"JSON: {out}" in printed

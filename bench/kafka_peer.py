@@ -1,0 +1,204 @@
+"""A real Apache Kafka broker for the benchmarks: one KRaft node (broker and controller in one
+JVM) from Maven Central's jars, started beside mq and driven by the same clients.
+
+::
+
+    with KafkaNode(workdir) as kafka:            # resolves the jars once, formats, starts
+        kafka.bootstrap                          # "127.0.0.1:PORT"
+        kafka.pid                                # the JVM, for CPU and RSS
+
+The jars are the closure of ``kafka_2.13`` at ``KAFKA_VERSION`` (the version whose message
+schemas ``mq/protocol/kafka/schemas.py`` is generated from) plus a log4j2 binding for SLF4J
+1.x, resolved by Maven into ``~/.cache/mq-bench/kafka-<version>/`` on first use (nothing is
+committed; ``.ci/run``-style machines reach Maven Central). Facts from
+``../shared/reference/kafka-real-broker.md``: ``kafka.tools.StorageTool format --standalone``
+then ``kafka.Kafka server.properties``; ready when its listener answers.
+
+**Durability, stated beside every figure:** Kafka's defaults — ``acks=all`` is answered once
+the in-sync replicas (here: this one node) have the batch in their page cache; nothing is
+fsynced per request (``log.flush.interval.messages`` is Long.MAX_VALUE), the OS writes it back
+on its own schedule. mq's ``acks=all`` waits for an fsync. So the comparison favours Kafka on
+acks=all, and the two are equal on acks=1.
+
+Raises ``PeerUnavailable`` with one line when Java or Maven is missing or Central cannot be
+reached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+__all__ = ["KAFKA_VERSION", "KafkaNode", "PeerUnavailable", "classpath"]
+
+KAFKA_VERSION = "4.3.1"
+LOG4J_VERSION = "2.25.4"
+_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+
+_POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
+  <groupId>mq.bench</groupId><artifactId>kafka-peer</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{KAFKA_VERSION}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId>
+      <version>{LOG4J_VERSION}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
+      <version>{LOG4J_VERSION}</version></dependency>
+  </dependencies></project>
+"""
+
+# Warnings only, but the line that says the server started (readiness is checked on the socket).
+_LOG4J2 = """status = error
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+"""
+
+
+class PeerUnavailable(RuntimeError):
+    """Java, Maven or Maven Central is not there: the Kafka peer cannot run."""
+
+
+def classpath(cache: str | None = None) -> str:
+    """The broker's classpath, resolved by Maven once per pom into the cache."""
+    for tool in ("java", "mvn"):
+        if shutil.which(tool) is None:
+            raise PeerUnavailable(f"the Kafka peer needs {tool} (apt-get install "
+                                  f"{'openjdk-17-jre-headless' if tool == 'java' else 'maven'})")
+    digest = hashlib.sha256(_POM.encode()).hexdigest()[:12]
+    cache = cache or os.path.join(os.path.expanduser("~"), ".cache", "mq-bench",
+                                  f"kafka-{KAFKA_VERSION}-{digest}")
+    out = os.path.join(cache, "classpath.txt")
+    if os.path.exists(out):
+        with open(out) as f:
+            return f.read().strip()
+    os.makedirs(cache, exist_ok=True)
+    with open(os.path.join(cache, "pom.xml"), "w") as f:
+        f.write(_POM)
+    tmp = out + ".tmp"
+    done = subprocess.run(["mvn", "-B", "-q", "-f", os.path.join(cache, "pom.xml"),
+                           f"{_DEPENDENCY_PLUGIN}:build-classpath",
+                           f"-Dmdep.outputFile={tmp}"], capture_output=True, text=True)
+    if done.returncode != 0 or not os.path.exists(tmp):
+        last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+        raise PeerUnavailable(f"Maven could not resolve Kafka {KAFKA_VERSION}: {last[0]}")
+    os.replace(tmp, out)
+    with open(out) as f:
+        return f.read().strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class KafkaNode:
+    """One Kafka KRaft node in ``workdir`` (made fresh), on free loopback ports."""
+
+    def __init__(self, workdir: str, heap_mb: int = 1024) -> None:
+        self.workdir = os.path.abspath(workdir)
+        self.heap_mb = heap_mb
+        self.port = _free_port()
+        self.controller_port = _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.started_s: float | None = None      # seconds from exec to a listening broker
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _java(self, cp: str) -> list[str]:
+        return ["java", f"-Xms{min(256, self.heap_mb)}m", f"-Xmx{self.heap_mb}m",
+                f"-Dlog4j2.configurationFile=file:{self.workdir}/log4j2.properties",
+                f"-Dkafka.logs.dir={self.workdir}/logs", "-cp", cp]
+
+    def start(self, timeout: float = 120.0) -> KafkaNode:
+        cp = classpath()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        os.makedirs(self.workdir)
+        props = os.path.join(self.workdir, "server.properties")
+        c = f"127.0.0.1:{self.controller_port}"
+        with open(props, "w") as f:
+            f.write("\n".join([
+                "process.roles=broker,controller", "node.id=1",
+                f"controller.quorum.bootstrap.servers={c}",
+                f"listeners=PLAINTEXT://{self.bootstrap},CONTROLLER://{c}",
+                f"advertised.listeners=PLAINTEXT://{self.bootstrap},CONTROLLER://{c}",
+                "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={self.workdir}/data", f"metadata.log.dir={self.workdir}/meta",
+                "offsets.topic.replication.factor=1",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "share.coordinator.state.topic.replication.factor=1",
+                "share.coordinator.state.topic.min.isr=1",
+                "offsets.topic.num.partitions=1", "transaction.state.log.num.partitions=1",
+                "group.initial.rebalance.delay.ms=0", ""]))
+        with open(os.path.join(self.workdir, "log4j2.properties"), "w") as f:
+            f.write(_LOG4J2)
+        java = self._java(cp)
+        cluster_id = subprocess.run(java + ["kafka.tools.StorageTool", "random-uuid"],
+                                    capture_output=True, text=True, check=True).stdout.strip()
+        subprocess.run(java + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+                               props, "--standalone"], capture_output=True, text=True,
+                       check=True)
+        t0 = time.monotonic()
+        log = open(os.path.join(self.workdir, "stdout.log"), "wb")
+        self.proc = subprocess.Popen(java + ["kafka.Kafka", props], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise PeerUnavailable(f"Kafka exited with {self.proc.returncode}: see "
+                                      f"{self.workdir}/stdout.log")
+            if self._ready():
+                self.started_s = time.monotonic() - t0
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise PeerUnavailable(f"Kafka did not start within {timeout:.0f} s")
+
+    def _ready(self) -> bool:
+        """Its listener answers and it reports itself as a broker (Metadata names a node)."""
+        from confluent_kafka.admin import AdminClient
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                pass
+        except OSError:
+            return False
+        try:
+            meta = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+        except Exception:       # confluent_kafka.KafkaException: not up yet
+            return False
+        return bool(meta.brokers)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (Kafka's clean shutdown), then SIGKILL after ``timeout``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> KafkaNode:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
