@@ -14,6 +14,10 @@
     high_watermark = "written"        # or "durable": consumers only see fsync'd data
     metrics_address = "127.0.0.1:9400"  # OpenMetrics at http://127.0.0.1:9400/metrics
     kafka_listeners = ["127.0.0.1:9092"]  # Kafka's wire protocol, loopback only (mq/broker/kafka)
+                                      # "SSL://127.0.0.1:9093": TLS, with the kafka_ssl_* files
+    kafka_ssl_certfile = "/etc/mq/broker.pem"   # PEM certificate (chain) of SSL:// listeners
+    kafka_ssl_keyfile = "/etc/mq/broker.key"    # its unencrypted PEM key
+    kafka_ssl_cafile = "/etc/mq/clients-ca.pem" # optional: client certificates required
     auto_create_topics = true         # Metadata and Produce create unknown topics (Kafka's default)
     num_partitions = 1                # ... with this many partitions
     [topic_defaults]                  # Kafka-named topic configs
@@ -35,6 +39,7 @@ from typing import Any
 
 from mq.broker.assignors import canonical_assignor
 from mq.broker.kafka.addresses import check_listener
+from mq.broker.kafka.tls import split_listener
 from mq.broker.group_model import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_MAX_SESSION_TIMEOUT_MS,
@@ -113,6 +118,10 @@ class BrokerConfig:
     metrics_address: str = ""                     # HOST:PORT of /metrics ("" = off)
     # Kafka's wire protocol (mq/broker/kafka/): loopback HOST:PORTs to serve it on (none: off).
     kafka_listeners: tuple[str, ...] = ()
+    # TLS of SSL:// listeners (tls.py): PEM files; a CA file requires client certificates.
+    kafka_ssl_certfile: str = ""
+    kafka_ssl_keyfile: str = ""
+    kafka_ssl_cafile: str = ""
     auto_create_topics: bool = True               # auto.create.topics.enable
     num_partitions: int = 1                       # num.partitions: of an auto-created topic
     node_id: int = 0                              # node.id: the one node Metadata names
@@ -217,10 +226,14 @@ def _checked(key: str, value: Any) -> Any:
             raise ConfigError(f"kafka_listeners must be a list of \"HOST:PORT\", got {value!r}")
         try:
             for text in value:
-                check_listener(text)
+                check_listener(split_listener(text)[1])     # TLS hook: [SSL://]HOST:PORT
         except ValueError as err:
             raise ConfigError(str(err)) from err
         return tuple(value)
+    if key in ("kafka_ssl_certfile", "kafka_ssl_keyfile", "kafka_ssl_cafile"):
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a path, got {value!r}")
+        return os.path.abspath(os.path.expanduser(value)) if value else ""
     if key == "auto_create_topics":
         if type(value) is not bool:
             raise ConfigError(f"auto_create_topics must be true or false, got {value!r}")

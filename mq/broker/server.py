@@ -56,6 +56,7 @@ from mq.broker.fd_budget import FDS_PER_PARTITION, FdBudget
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.handlers import KafkaApis
 from mq.broker.kafka.listener import KafkaListener
+from mq.broker.kafka.tls import server_context, split_listener
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
@@ -142,6 +143,7 @@ class Broker:
         self.generation = int(time.time() * 1000)
         self._fds = FdBudget(None)             # the open-file limit, known at start()
         self.kafka: KafkaListener | None = None   # kafka_listeners (mq/broker/kafka/)
+        self._kafka_tls = None                 # their TLS context (kafka/tls.py), at start()
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -153,6 +155,7 @@ class Broker:
             except ValueError as err:
                 raise ConfigError(f"{err}; set socket (--socket, $MQ_SOCKET) to a shorter "
                                   "path") from err
+        self._kafka_tls = _kafka_tls_context(self.config)    # TLS hook: before the data dir
         diskio.ops.file_mode = self.config.file_mode
         diskio.ops.dir_mode = diskio.dir_mode_for(self.config.file_mode)
         defaults = self.config.topic_defaults
@@ -258,7 +261,8 @@ class Broker:
             return
         self.kafka = KafkaListener(self.config.kafka_listeners, selector=self._sel,
                                    conns=self.conns, dispatch=self.call, close=self._close,
-                                   max_request_bytes=self.config.max_request_bytes)
+                                   max_request_bytes=self.config.max_request_bytes,
+                                   ssl_context=self._kafka_tls)
         self.kafka.set_handlers(KafkaApis(
             self.config, self.partitions, self.groups, self.transactions, self.metadata,
             leader_epoch=self.logs.leader_epoch).handlers())
@@ -737,6 +741,15 @@ def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:
                 raise ValueError(f"{api.name} is handled by two components")
             table[api] = handler
     return table
+
+
+def _kafka_tls_context(config: BrokerConfig):
+    """The SSL:// Kafka listeners' TLS context (mq/broker/kafka/tls.py), None without one.
+    Raises ``ConfigError`` for a file that is missing, unreadable or does not match."""
+    if not any(split_listener(a)[0] for a in config.kafka_listeners):
+        return None
+    return server_context(config.kafka_ssl_certfile, config.kafka_ssl_keyfile,
+                          config.kafka_ssl_cafile)
 
 
 def run_broker(config: BrokerConfig, ready=None, listener: socket.socket | None = None

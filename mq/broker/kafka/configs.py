@@ -38,6 +38,7 @@ from mq.broker.config import BrokerConfig
 from mq.broker.kafka.addresses import parse_listener
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
+from mq.broker.kafka.tls import split_listener
 from mq.log.config import DEFAULTS
 from mq.errors import BrokerError, InvalidConfigurationError, InvalidRequestError
 from mq.protocol.messages import Api
@@ -196,15 +197,21 @@ def describe_topic(effective: Mapping[str, str], overrides: Mapping[str, str],
     return out
 
 
-def _listener(host: str, port: int) -> str:
-    return f"PLAINTEXT://[{host}]:{port}" if ":" in host else f"PLAINTEXT://{host}:{port}"
+def _listener(host: str, port: int, protocol: str = "PLAINTEXT") -> str:
+    return f"{protocol}://[{host}]:{port}" if ":" in host else f"{protocol}://{host}:{port}"
+
+
+def _configured(text: str) -> str:
+    """A configured listener in Kafka's form (TLS hook: ``SSL://`` kept, tls.py)."""
+    secure, hostport = split_listener(text)
+    return _listener(*parse_listener(hostport), "SSL" if secure else "PLAINTEXT")
 
 
 def describe_broker(config: BrokerConfig, topic_defaults: Mapping[str, str],
                     advertised: tuple[str, int]) -> list[dict]:
     """The broker's settings with Kafka names, its listeners (``advertised``: the address
     the client reached), and its topic defaults under their broker names (pure)."""
-    listeners = ",".join(_listener(*parse_listener(a)) for a in config.kafka_listeners)
+    listeners = ",".join(_configured(a) for a in config.kafka_listeners)
     out = [_entry("listeners", listeners, STATIC_BROKER_CONFIG, STRING, read_only=True,
                   synonyms=[], doc=None),
            _entry("advertised.listeners", _listener(*advertised), STATIC_BROKER_CONFIG,

@@ -31,11 +31,13 @@ import itertools
 import logging
 import selectors
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mq.broker.conns import Connections
+from mq.broker.kafka import tls
 from mq.broker.kafka.addresses import check_listener
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Exchange, Park
@@ -62,7 +64,8 @@ class KafkaListener:
 
     def __init__(self, addresses: Iterable[str], *, selector: selectors.BaseSelector,
                  conns: Connections, dispatch: Callable[[KafkaConn, Request], list | None],
-                 close: Callable[[KafkaConn], None], max_request_bytes: int) -> None:
+                 close: Callable[[KafkaConn], None], max_request_bytes: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._addresses = list(addresses)
         self._sel = selector
         self._conns = conns
@@ -77,6 +80,11 @@ class KafkaListener:
         self._deadlines: list[tuple[float, int, Exchange]] = []
         self._seq = itertools.count()
         self._accept_paused_until: float | None = None
+        # TLS hook (tls.py): the context of SSL:// listeners, the listening sockets that use
+        # it, and the handshakes in progress by deadline.
+        self._ssl_context = ssl_context
+        self._tls_sockets: set[socket.socket] = set()
+        self._handshakes: list[tuple[float, int, KafkaConn]] = []
 
     def set_handlers(self, handlers: Mapping[int, KafkaHandler]) -> None:
         for key in handlers:
@@ -95,7 +103,8 @@ class KafkaListener:
         """Bind every address (port 0: any free one); ``bound`` lists where. Raises
         ``OSError`` naming the address that cannot be bound."""
         for text in self._addresses:
-            host, port = check_listener(text)
+            secure, hostport = tls.split_listener(text)        # TLS hook
+            host, port = check_listener(hostport)
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
             sock = socket.socket(info[0], socket.SOCK_STREAM)
             try:
@@ -108,11 +117,15 @@ class KafkaListener:
                               f"{err.strerror}") from err
             sock.setblocking(False)
             self._sockets.append(sock)
+            if secure:
+                if self._ssl_context is None:
+                    raise ValueError(f"Kafka listener {text!r} needs a TLS context")
+                self._tls_sockets.add(sock)
             self._sel.register(sock, selectors.EVENT_READ, self)
             name = sock.getsockname()
             self.bound.append(f"[{name[0]}]:{name[1]}" if ":" in name[0]
                               else f"{name[0]}:{name[1]}")
-            log.info("Kafka listener on %s", self.bound[-1])
+            log.info("Kafka listener on %s%s", self.bound[-1], " (TLS)" if secure else "")
 
     def close(self) -> None:
         """Stop accepting (idempotent); the connections are the loop's to close."""
@@ -141,8 +154,16 @@ class KafkaListener:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            session = None
+            if listener in self._tls_sockets:                  # TLS hook
+                deadline = time.monotonic() + tls.HANDSHAKE_TIMEOUT_S
+                session = tls.TlsSession.accept(self._ssl_context, sock, deadline)
+                sock = session.sock
             conn = KafkaConn(sock, self._conns.next_id(), self._max_request_bytes,
                              f"{peer[0]}:{peer[1]}")
+            conn.tls = session
+            if session is not None:
+                heapq.heappush(self._handshakes, (session.deadline, conn.conn_id, conn))
             self._conns.adopt(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
@@ -163,9 +184,17 @@ class KafkaListener:
 
     # --- reading ------------------------------------------------------------------------------
     def read(self, conn: KafkaConn) -> None:
+        if conn.tls is not None and not conn.tls.established:   # TLS hook
+            self._handshake(conn)
+            return
         try:
-            data = conn.sock.recv(_READ_SIZE)
+            data = conn.tls.recv(_READ_SIZE) if conn.tls is not None else \
+                conn.sock.recv(_READ_SIZE)
         except (BlockingIOError, InterruptedError):
+            return
+        except RemoteProtocolError as err:                      # TLS: a renegotiation, ...
+            log.info("closing Kafka connection from %s: %s", conn.peer, err)
+            self._close(conn)
             return
         except OSError:
             data = b""
@@ -193,6 +222,36 @@ class KafkaListener:
             self._close(conn)
             return
         self._watch(conn)
+
+    # --- TLS (tls.py) -------------------------------------------------------------------------
+    def _handshake(self, conn: KafkaConn) -> None:
+        """Advance ``conn``'s TLS handshake; once done, its principal is set and what the
+        client sent with its last handshake message is read."""
+        try:
+            events = conn.tls.handshake()
+        except RemoteProtocolError as err:
+            log.info("closing Kafka connection from %s: %s", conn.peer, err)
+            self._close(conn)
+            return
+        if events:
+            try:
+                self._sel.modify(conn.sock, events, conn)
+            except (KeyError, ValueError):
+                pass
+            return
+        conn.principal = conn.tls.principal
+        log.info("Kafka connection from %s: %s, principal %s", conn.peer,
+                 conn.sock.version(), conn.principal)
+        self._watch(conn)           # the handshake may have left it selected for writing
+        self.read(conn)
+
+    def _handshake_timers(self, now: float) -> None:
+        while self._handshakes and self._handshakes[0][0] <= now:
+            _, _, conn = heapq.heappop(self._handshakes)
+            if not conn.closing and not conn.tls.established:
+                log.info("closing Kafka connection from %s: no TLS handshake within %d s",
+                         conn.peer, tls.HANDSHAKE_TIMEOUT_S)
+                self._close(conn)
 
     def _watch(self, conn: KafkaConn) -> None:
         """Select for reading unless the peer is backlogged, for writing while output waits;
@@ -273,6 +332,7 @@ class KafkaListener:
 
     def timers(self, now: float) -> None:
         self._resume_accepts(now)
+        self._handshake_timers(now)
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, exchange = heapq.heappop(self._deadlines)
             if exchange.parked:
@@ -288,12 +348,17 @@ class KafkaListener:
         wait = max(0.0, self._deadlines[0][0] - now) if self._deadlines else 3600.0
         if self._accept_paused_until is not None:
             wait = min(wait, max(0.0, self._accept_paused_until - now))
+        if self._handshakes:
+            wait = min(wait, max(0.0, self._handshakes[0][0] - now))
         return wait
 
     # --- writing ------------------------------------------------------------------------------
     def write(self, conn: KafkaConn) -> None:
         """Send what the socket takes; then handle the requests a backlog held back."""
         if conn.closing:
+            return
+        if conn.tls is not None and not conn.tls.established:   # TLS hook
+            self._handshake(conn)
             return
         try:
             conn.send_some()
