@@ -33,11 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve OpenMetrics at http://HOST:PORT/metrics (port 0: any free "
                         "port, logged at start; default: off, or metrics_address in the "
                         "config file)")
-    parser.add_argument("--kafka-listener", metavar="HOST:PORT", action="append",
+    parser.add_argument("--kafka-listener", metavar="[SSL://]HOST:PORT", action="append",
                         dest="kafka_listeners",
                         help="serve Kafka's wire protocol on HOST:PORT, a loopback address "
-                        "(repeatable; port 0: any free port, logged at start; default: off, "
-                        "or kafka_listeners in the config file)")
+                        "(repeatable; SSL://: over TLS, with kafka_ssl_certfile and "
+                        "kafka_ssl_keyfile in the config file; port 0: any free port, logged "
+                        "at start; default: off, or kafka_listeners in the config file)")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
