@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--dir", default=None)
     args = p.parse_args(argv)
-    import mq.testing
     from confluent_kafka import Producer
+
+    import mq.testing
     from mq.client.admin import Admin
     with tempfile.TemporaryDirectory(dir=args.dir) as base:
         cert, key = os.path.join(base, "broker.pem"), os.path.join(base, "broker.key")

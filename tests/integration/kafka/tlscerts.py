@@ -46,7 +46,7 @@ def _write(directory: Path, stem: str, cert: x509.Certificate, key) -> tuple[str
 def make_ca(directory: Path, cn: str) -> Pair:
     key = ec.generate_private_key(ec.SECP256R1())
     name = _name({"CN": cn})
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(days=1))
@@ -65,7 +65,7 @@ def issue(ca: Pair, directory: Path, stem: str, subject: dict[str, str], *,
           server: bool = False, expired: bool = False) -> Pair:
     """A certificate signed by ``ca``; ``server``: for 127.0.0.1 and localhost."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = (now - datetime.timedelta(days=10), now - datetime.timedelta(days=1)) \
         if expired else (now - datetime.timedelta(days=1), now + datetime.timedelta(days=30))
     builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(ca._name)
