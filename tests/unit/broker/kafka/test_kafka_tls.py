@@ -9,8 +9,12 @@ import socket
 
 import pytest
 
+from mq.broker.config import BrokerConfig
 from mq.broker.kafka import tls
+from mq.broker.kafka.configs import describe_broker
 from mq.broker.kafka.conn import KafkaConn
+from mq.errors import ConfigError
+from mq.log.config import LogConfig
 from mq.protocol.kafka.codec import FileRegion
 
 
@@ -99,3 +103,25 @@ def test_a_tls_connection_copies_regions_through_its_session(tmp_path, monkeypat
 
 def _no_sendfile(*args):
     raise AssertionError("sendfile on a TLS connection")
+
+
+def test_describe_configs_names_an_ssl_listener_as_kafka_does():
+    config = BrokerConfig(kafka_listeners=("127.0.0.1:9092", "SSL://[::1]:9093"))
+    defaults = LogConfig().to_properties()
+    entries = {e["name"]: e for e in describe_broker(config, defaults, ("127.0.0.1", 9092))}
+    assert entries["listeners"]["value"] == "PLAINTEXT://127.0.0.1:9092,SSL://[::1]:9093"
+
+
+def test_the_config_takes_ssl_listeners_and_the_tls_files(tmp_path):
+    conf = tmp_path / "mq.toml"
+    conf.write_text('kafka_listeners = ["SSL://127.0.0.1:0"]\nkafka_ssl_certfile = "b.pem"\n'
+                    'kafka_ssl_keyfile = "b.key"\nkafka_ssl_cafile = ""\n')
+    config = BrokerConfig.load(str(conf), data_dir=str(tmp_path))
+    assert config.kafka_listeners == ("SSL://127.0.0.1:0",)
+    assert config.kafka_ssl_certfile == os.path.abspath("b.pem") and config.kafka_ssl_cafile == ""
+    conf.write_text('kafka_listeners = ["SASL_SSL://127.0.0.1:0"]\n')
+    with pytest.raises(ConfigError, match="protocol 'SASL_SSL' is not one of"):
+        BrokerConfig.load(str(conf), data_dir=str(tmp_path))
+    conf.write_text('kafka_ssl_keyfile = 1\n')
+    with pytest.raises(ConfigError, match="kafka_ssl_keyfile must be a path"):
+        BrokerConfig.load(str(conf), data_dir=str(tmp_path))
