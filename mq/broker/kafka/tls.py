@@ -51,8 +51,9 @@ ANONYMOUS = "User:ANONYMOUS"
 
 _PROTOCOLS = {"PLAINTEXT": False, "SSL": True}
 
-# RFC 2253's keywords for the attribute names Python's ``getpeercert`` gives; others are
-# written with Python's name (Java writes their OID and the hex of their DER value).
+# RFC 2253's keywords for the attribute names Python's ``getpeercert`` gives; an e-mail address
+# is written as Java writes it (``_ava``), any other with Python's name (Java writes its OID
+# and the hex of its DER value, which ``getpeercert`` does not give).
 _RDN_KEYWORDS = {
     "commonName": "CN", "countryName": "C", "localityName": "L",
     "stateOrProvinceName": "ST", "organizationName": "O", "organizationalUnitName": "OU",
@@ -117,13 +118,24 @@ def server_context(certfile: str, keyfile: str, cafile: str = "") -> ssl.SSLCont
 
 
 def _escape(value: str) -> str:
-    """An attribute value escaped as RFC 2253 section 2.4 says."""
-    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
-    if out.startswith((" ", "#")):
+    """An attribute value escaped as Java's RFC 2253 form does: its ``,=+<>#;"\\``
+    anywhere, a space at either end."""
+    out = "".join("\\" + c if c in ',=+<>#;"\\' else c for c in value)
+    if out.startswith(" "):
         out = "\\" + out
     if out.endswith(" ") and not out.endswith("\\ "):
         out = out[:-1] + "\\ "
     return out
+
+
+def _ava(name: str, value: str) -> str:
+    """One attribute: RFC 2253's keyword, or for an e-mail address its OID and the hex of
+    its DER IA5String, as Java writes it."""
+    if name in _RDN_KEYWORDS:
+        return f"{_RDN_KEYWORDS[name]}={_escape(value)}"
+    if name == "emailAddress" and value.isascii() and len(value) < 128:
+        return f"1.2.840.113549.1.9.1=#16{len(value):02x}{value.encode().hex()}"
+    return f"{name}={_escape(value)}"
 
 
 def principal(cert: dict | None) -> str:
@@ -132,8 +144,7 @@ def principal(cert: dict | None) -> str:
     subject = (cert or {}).get("subject") or ()
     if not subject:
         return ANONYMOUS
-    rdns = ["+".join(f"{_RDN_KEYWORDS.get(name, name)}={_escape(value)}" for name, value in rdn)
-            for rdn in reversed(subject)]
+    rdns = ["+".join(_ava(name, value) for name, value in rdn) for rdn in reversed(subject)]
     return "User:" + ",".join(rdns)
 
 

@@ -32,13 +32,16 @@ def test_principal_is_the_subject_most_specific_first_as_kafka_writes_it():
                (("organizationalUnitName", "eng"),), (("commonName", "alice"),))
     assert tls.principal({"subject": subject}) == "User:CN=alice,OU=eng,O=acme,C=DE"
     assert tls.principal(None) == tls.principal({}) == "User:ANONYMOUS"
+    email = ((("commonName", "bob"),), (("emailAddress", "b@x.io"),))
+    assert tls.principal({"subject": email}) == \
+        "User:1.2.840.113549.1.9.1=#16066240782e696f,CN=bob"
 
 
 def test_principal_escapes_as_rfc_2253_says():
     subject = ((("organizationName", "Acme, Inc."),),
-               (("commonName", " #bob+1 "), ("userId", 'a"b;c<d>')),)
+               (("commonName", " #bob+1 "), ("userId", 'a"b;c<d>=')),)
     assert tls.principal({"subject": subject}) == \
-        'User:CN=\\ #bob\\+1\\ +UID=a\\"b\\;c\\<d\\>,O=Acme\\, Inc.'
+        'User:CN=\\ \\#bob\\+1\\ +UID=a\\"b\\;c\\<d\\>\\=,O=Acme\\, Inc.'
 
 
 def _region(tmp_path, data: bytes, offset: int = 0) -> FileRegion:
