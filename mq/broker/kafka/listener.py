@@ -233,6 +233,9 @@ class KafkaListener:
             log.info("closing Kafka connection from %s: %s", conn.peer, err)
             self._close(conn)
             return
+        except OSError:                 # the client went away: as a plain one, no log
+            self._close(conn)
+            return
         if events:
             try:
                 self._sel.modify(conn.sock, events, conn)

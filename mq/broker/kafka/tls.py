@@ -190,17 +190,19 @@ class TlsSession:
     def handshake(self) -> int:
         """Advance the handshake: the selector events it waits for, 0 once it is done.
         Raises ``RemoteProtocolError`` when it fails (garbage, an unverified or expired
-        certificate, a protocol below TLS 1.2, the peer gone)."""
+        certificate, a protocol below TLS 1.2), ``OSError`` when the client went away (a
+        client may drop a connection it no longer needs mid-handshake: nothing to log)."""
         try:
             self.sock.do_handshake()
         except ssl.SSLWantReadError:
             return selectors.EVENT_READ
         except ssl.SSLWantWriteError:
             return selectors.EVENT_WRITE
+        except ssl.SSLEOFError as err:
+            raise ConnectionAbortedError("the client closed its connection during the TLS "
+                                         "handshake") from err
         except ssl.SSLError as err:
             raise RemoteProtocolError(f"TLS handshake failed: {_reason(err)}") from err
-        except OSError as err:
-            raise RemoteProtocolError(f"TLS handshake failed: {err.strerror or err}") from err
         self.established = True
         return 0
 
@@ -220,6 +222,8 @@ class TlsSession:
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 if not chunks:
                     raise BlockingIOError from None
+                break
+            except ssl.SSLEOFError:         # closed without close_notify: an EOF as any
                 break
             except ssl.SSLError as err:
                 raise RemoteProtocolError(f"TLS: {_reason(err)}") from err

@@ -96,6 +96,8 @@ def test_confluent_produces_and_consumes_over_tls(tls):
         [(r["key"], r["value"], r["headers"]) for r in records]
     assert tls.log_lines(r"Kafka connection from 127\.0\.0\.1:\d+: TLSv1\.3, "
                          r"principal User:ANONYMOUS")
+    _assert_still_serves(tls)   # its client drops a connection mid-handshake: no log line
+    assert not tls.log_lines("closing Kafka connection")
 
 
 def test_kafka_python_over_tls(tls):
@@ -181,6 +183,14 @@ def test_garbage_instead_of_a_client_hello_is_closed(tls):
         assert _closed(sock)
     _assert_logged_once(tls, r"TLS handshake failed")
     _assert_still_serves(tls)
+
+
+def test_a_client_leaving_mid_handshake_is_no_attack(tls):
+    for first in (b"", bytes.fromhex("160301020001")):     # nothing, a ClientHello's start
+        with _raw(tls.bootstrap) as sock:
+            sock.sendall(first)
+    _assert_still_serves(tls)       # after the two closes, in the broker's loop order
+    assert not tls.log_lines("closing Kafka connection")
 
 
 def test_a_handshake_that_never_finishes_is_closed_while_others_are_served(tls):
