@@ -19,6 +19,10 @@ is ``backlogged`` (conn.py: requests in flight, descriptors held, bytes unsent),
 again as it drains (Kafka mutes such a channel too): its requests pile up in the kernel and
 in its own socket buffer, not here.
 
+An ``SSL://`` listener wraps each accepted socket in TLS (tls.py): the handshake runs on this
+loop with a deadline (``timers``), reads and writes go through the session, and Fetch's records
+are copied instead of sent with ``sendfile`` (conn.py). The hooks are marked "TLS hook".
+
 Accepting stops for ``_ACCEPT_PAUSE_S`` when the broker is out of descriptors (EMFILE), so a
 flood of connections costs one warning a pause, not a busy loop.
 """
