@@ -4,8 +4,10 @@ Each family is a small component over the broker's own (``data.py``: Produce, Fe
 ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py``:
 FindCoordinator and producer ids; ``transactions.py``: the transaction apis; ``configs.py``:
 DescribeConfigs and IncrementalAlterConfigs; ``groups.py``: group membership, classic and
-KIP-848; ``group_admin.py``: committed offsets and group administration), built with what it
-needs, and exposing ``handlers()``. ApiVersions is the listener's own.
+KIP-848; ``group_admin.py``: committed offsets and group administration; ``acl_apis.py``:
+CreateAcls, DescribeAcls, DeleteAcls), built with what it needs, and exposing ``handlers()``.
+ApiVersions is the listener's own. Every family is handed the one ``Authorizer``
+(``mq/broker/acls.py``) over the metadata log's ACLs, and checks each resource it touches.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from collections.abc import Mapping
 
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.transactions import TransactionApis
+from mq.broker.acls import Authorizer
 from mq.broker.config import BrokerConfig
+from mq.broker.kafka.acl_apis import AclWireApis
 from mq.broker.kafka.admin import AdminApis
 from mq.broker.kafka.configs import ConfigApis
 from mq.broker.kafka.coordination import CoordinationApis
@@ -34,6 +38,9 @@ class KafkaApis:
                  transactions: TransactionApis, metadata: MetadataStore, *,
                  leader_epoch: int) -> None:
         cluster_id = read_meta(config.data_dir).get("cluster.id", "")
+        self.authz = authz = Authorizer(lambda: metadata.acls,
+                                        super_users=config.kafka_super_users,
+                                        enforce_anonymous=config.kafka_acl_enforce_anonymous)
         self.admin = AdminApis(config, table, metadata, leader_epoch=leader_epoch,
                                cluster_id=cluster_id)
         self.data = DataApis(table, leader_epoch=leader_epoch, node_id=config.node_id,
@@ -44,8 +51,9 @@ class KafkaApis:
         self.configs = ConfigApis(config)
         self.groups = GroupWireApis(groups, metadata)
         self.group_admin = GroupAdminApis(groups, self.groups, metadata)
+        self.acls = AclWireApis(authz)
         self._families = [self.admin, self.data, self.coordination, self.transactions,
-                          self.configs, self.groups, self.group_admin]
+                          self.configs, self.groups, self.group_admin, self.acls]
 
     def handlers(self) -> Mapping[int, object]:
         table: dict[int, object] = {}
