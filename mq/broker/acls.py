@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable
 from mq import errors
 from mq.protocol.acl_codes import AclOperation, PatternType, Permission, ResourceType
 
-__all__ = ["ANONYMOUS", "CLUSTER_NAME", "OPEN", "AclBinding", "AclFilter", "AclOperation", "Authorizer",
-           "PatternType", "Permission", "ResourceType", "check_binding", "implied"]
+__all__ = ["ANONYMOUS", "CLUSTER_NAME", "OPEN", "AclBinding", "AclFilter", "AclOperation",
+           "Authorizer", "PatternType", "Permission", "ResourceType", "check_binding",
+           "implied", "peer_host"]
 
 ANONYMOUS = "User:ANONYMOUS"
 CLUSTER_NAME = "kafka-cluster"       # the Cluster resource's only name
@@ -193,8 +194,15 @@ class Authorizer:
         """``authorized`` for a Kafka connection: its principal (``User:ANONYMOUS`` until a
         listener authenticates it) from its peer's address."""
         principal = getattr(conn, "principal", ANONYMOUS)
+        if self._open or (principal == ANONYMOUS and not self._enforce_anonymous):
+            return True           # the common loopback case: no address to parse
         return self.authorized(principal, peer_host(getattr(conn, "peer", "")), operation,
                                resource_type, name)
+
+    def may_create_topic(self, conn: object, topic: str) -> bool:
+        """Kafka's rule for creating a topic: Create on the Cluster, or on the topic."""
+        return (self.allows(conn, AclOperation.CREATE, ResourceType.CLUSTER)
+                or self.allows(conn, AclOperation.CREATE, ResourceType.TOPIC, topic))
 
     def allows_any(self, conn: object, operation: AclOperation,
                    resource_type: ResourceType) -> bool:

@@ -32,7 +32,8 @@ from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
 
-__all__ = ["ACL_KEY_PREFIX", "METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK", "MetadataStore", "TopicInfo"]
+__all__ = ["ACL_KEY_PREFIX", "METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK",
+           "MetadataStore", "TopicInfo"]
 
 PRODUCER_IDS_KEY = "@producer-ids"
 PRODUCER_ID_BLOCK = 1000

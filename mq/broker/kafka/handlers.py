@@ -42,15 +42,15 @@ class KafkaApis:
                                         super_users=config.kafka_super_users,
                                         enforce_anonymous=config.kafka_acl_enforce_anonymous)
         self.admin = AdminApis(config, table, metadata, leader_epoch=leader_epoch,
-                               cluster_id=cluster_id)
+                               cluster_id=cluster_id, authz=authz)
         self.data = DataApis(table, leader_epoch=leader_epoch, node_id=config.node_id,
                              auto_create=self.admin.create_call if config.auto_create_topics
-                             else None)
-        self.coordination = CoordinationApis(self.admin)
-        self.transactions = TransactionWireApis(table)
-        self.configs = ConfigApis(config)
-        self.groups = GroupWireApis(groups, metadata)
-        self.group_admin = GroupAdminApis(groups, self.groups, metadata)
+                             else None, authz=authz)
+        self.coordination = CoordinationApis(self.admin, authz)
+        self.transactions = TransactionWireApis(table, authz)
+        self.configs = ConfigApis(config, authz)
+        self.groups = GroupWireApis(groups, metadata, authz)
+        self.group_admin = GroupAdminApis(groups, self.groups, metadata, authz)
         self.acls = AclWireApis(authz)
         self._families = [self.admin, self.data, self.coordination, self.transactions,
                           self.configs, self.groups, self.group_admin, self.acls]
