@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import msgpack
 
-from mq.broker.acls import AclBinding
+from mq.broker.acls import AclBinding, AclIndex
 from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
@@ -73,6 +73,7 @@ class MetadataStore:
                                               dict(value["config"]))
 
         self._next_producer_id = self._block_end      # a restart starts a new block
+        self.acl_index = AclIndex(self.acls)
 
     def allocate_producer_id(self) -> int:
         """A producer id never handed out before (raises ``LogWriteError`` when a new block
@@ -109,6 +110,7 @@ class MetadataStore:
         self.log.flush()            # durable before the broker answers
         self.acls.difference_update(remove)
         self.acls.update(add)
+        self.acl_index = AclIndex(self.acls)
 
     def _write(self, name: str, info: TopicInfo | None) -> None:
         value = None if info is None else msgpack.packb(

@@ -38,7 +38,7 @@ class KafkaApis:
                  transactions: TransactionApis, metadata: MetadataStore, *,
                  leader_epoch: int) -> None:
         cluster_id = read_meta(config.data_dir).get("cluster.id", "")
-        self.authz = authz = Authorizer(lambda: metadata.acls,
+        self.authz = authz = Authorizer(lambda: metadata.acl_index,
                                         super_users=config.kafka_super_users,
                                         enforce_anonymous=config.kafka_acl_enforce_anonymous)
         self.admin = AdminApis(config, table, metadata, leader_epoch=leader_epoch,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mq import errors
-from mq.broker.acls import (OPEN, AclBinding, AclFilter, AclOperation as Op, Authorizer,
+from mq.broker.acls import (OPEN, AclBinding, AclFilter, AclIndex, AclOperation as Op, Authorizer,
                             PatternType, Permission, ResourceType as R, check_binding, implied,
                             peer_host)
 
@@ -20,7 +20,8 @@ def acl(name: str, op: Op, *, rtype: R = R.TOPIC, pattern: PatternType = Pattern
 
 
 def authz(*bindings: AclBinding, **kwargs) -> Authorizer:
-    return Authorizer(lambda: bindings, **kwargs)
+    index = AclIndex(bindings)
+    return Authorizer(lambda: index, **kwargs)
 
 
 def test_no_binding_no_access_for_an_authenticated_user():
@@ -147,3 +148,22 @@ def test_check_binding_refuses_what_kafka_refuses(binding):
 def test_check_binding_accepts_a_cluster_binding():
     check_binding(AclBinding(R.CLUSTER, "kafka-cluster", PatternType.LITERAL, ALICE, "*",
                              Op.ALTER, Permission.ALLOW))
+
+
+def test_the_index_finds_what_a_scan_of_every_binding_finds():
+    import random
+    rng = random.Random(7)
+    names = ["orders", "ord", "o", "*", "payroll", "pay"]
+    bindings = {AclBinding(rng.choice([R.TOPIC, R.GROUP]), rng.choice(names),
+                           rng.choice([PatternType.LITERAL, PatternType.PREFIXED]),
+                           rng.choice([ALICE, "User:bob", "User:*"]), "*", Op.READ,
+                           Permission.ALLOW) for _ in range(300)}
+    index = AclIndex(bindings)
+    assert len(index) == len(bindings)
+    for principal in (ALICE, "User:bob", "User:carol"):
+        for rtype in (R.TOPIC, R.GROUP):
+            for name in names + ["orders-eu", "x"]:
+                scanned = {b for b in bindings if b.principal in (principal, "User:*")
+                           and b.applies_to(rtype, name)}
+                found = list(index.matching(principal, rtype, name))
+                assert len(found) == len(set(found)) and set(found) == scanned

@@ -11,7 +11,7 @@ from collections.abc import Generator
 
 import pytest
 
-from mq.broker.acls import (AclBinding, AclOperation as Op, Authorizer, PatternType,
+from mq.broker.acls import (AclBinding, AclIndex, AclOperation as Op, Authorizer, PatternType,
                             Permission, ResourceType as R)
 from mq.broker.config import BrokerConfig
 from mq.broker.kafka.acl_apis import AclWireApis
@@ -66,7 +66,7 @@ def acls():
 
 @pytest.fixture
 def authz(acls):
-    return Authorizer(lambda: acls, super_users=["admin"])
+    return Authorizer(lambda: AclIndex(acls), super_users=["admin"])
 
 
 @pytest.fixture
@@ -363,13 +363,13 @@ def test_acl_apis_need_alter_or_describe_on_the_cluster(acls, authz):
 
 def test_anonymous_clients_pass_unless_enforced(acls):
     data = DataApis(_NoPartitions(), leader_epoch=0, node_id=0,
-                    authz=Authorizer(lambda: acls))
+                    authz=Authorizer(AclIndex))
     for c in (conn(None), conn("User:ANONYMOUS")):
         _, made = drive(data.produce(c, 9, _produce_body("orders")),
                         lambda c: [c.api, 1, 0, None, 5, -1, 0])
         assert [c.api for c in made] == [Api.PRODUCE]
     strict = DataApis(_NoPartitions(), leader_epoch=0, node_id=0,
-                      authz=Authorizer(lambda: acls, enforce_anonymous=True))
+                      authz=Authorizer(AclIndex, enforce_anonymous=True))
     out, made = drive(strict.produce(conn(None), 9, _produce_body("orders")))
     assert made == [] and \
         out["responses"][0]["partition_responses"][0]["error_code"] == TOPIC_DENIED
