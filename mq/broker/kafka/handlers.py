@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mq.broker.acls import Authorizer
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.transactions import TransactionApis
-from mq.broker.acls import Authorizer
 from mq.broker.config import BrokerConfig
 from mq.broker.kafka.acl_apis import AclWireApis
 from mq.broker.kafka.admin import AdminApis
