@@ -225,6 +225,12 @@ _ERROR_TABLE = [
     ("InvalidPartitionsError", 37, False, "The partition count is not valid."),
     ("InvalidConfigurationError", 40, False, "A config key or value is not valid."),
     ("InvalidRequestError", 42, False, "The request is malformed."),
+    # ACLs (mq/broker/acls.py): the principal lacks a matching ALLOW binding, or a DENY matched
+    ("TopicAuthorizationFailedError", 29, False, "Not authorized to access the topic."),
+    ("GroupAuthorizationFailedError", 30, False, "Not authorized to access the group."),
+    ("ClusterAuthorizationFailedError", 31, False, "Not authorized for the cluster operation."),
+    ("TransactionalIdAuthorizationFailedError", 53, False, "Not authorized to use the "
+                                                           "transactional id."),
     ("PolicyViolationError", 44, False, "The request breaks a broker policy."),
     ("KafkaStorageError", 56, True, "The broker could not read or write its log."),
     ("UnsupportedCompressionTypeError", 76, False, "The batch uses a codec the broker refuses."),

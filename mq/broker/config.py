@@ -20,6 +20,8 @@
     kafka_ssl_cafile = "/etc/mq/clients-ca.pem" # optional: client certificates required
     auto_create_topics = true         # Metadata and Produce create unknown topics (Kafka's default)
     num_partitions = 1                # ... with this many partitions
+    kafka_super_users = ["admin"]     # Kafka principals User:admin bypass ACLs
+    kafka_acl_enforce_anonymous = false  # true: unauthenticated Kafka clients need ACLs too
     [topic_defaults]                  # Kafka-named topic configs
     "retention.ms" = "604800000"
     "segment.bytes" = "1073741824"
@@ -125,6 +127,10 @@ class BrokerConfig:
     auto_create_topics: bool = True               # auto.create.topics.enable
     num_partitions: int = 1                       # num.partitions: of an auto-created topic
     node_id: int = 0                              # node.id: the one node Metadata names
+    # ACLs (mq/broker/acls.py): these user names bypass them (Kafka's super.users); the
+    # unauthenticated User:ANONYMOUS is held to them only when enforce_anonymous is on.
+    kafka_super_users: tuple[str, ...] = ()
+    kafka_acl_enforce_anonymous: bool = False
     topic_defaults: LogConfig = dataclasses.field(default_factory=LogConfig)
     config_file: str | None = None
 
@@ -234,10 +240,16 @@ def _checked(key: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a path, got {value!r}")
         return os.path.abspath(os.path.expanduser(value)) if value else ""
-    if key == "auto_create_topics":
+    if key in ("auto_create_topics", "kafka_acl_enforce_anonymous"):
         if type(value) is not bool:
-            raise ConfigError(f"auto_create_topics must be true or false, got {value!r}")
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
+    if key == "kafka_super_users":
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(u, str) and u and ":" not in u for u in value):
+            raise ConfigError(f"kafka_super_users must be a list of user names like "
+                              f"[\"admin\"], got {value!r}")
+        return tuple(value)
     if key in ("socket", "log_level", "log_format", "high_watermark", "group_assignor",
                "metrics_address") and not isinstance(value, str):
         raise ConfigError(f"{key} must be a string, got {value!r}")

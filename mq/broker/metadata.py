@@ -10,26 +10,34 @@ Producer ids (KRaft's ProducerIdsRecord): the key ``@producer-ids`` (no topic na
 ``@``) records the end of the last block of ids handed out, ``{"block_end": N}``. Ids are
 taken from a block of ``PRODUCER_ID_BLOCK``; a new block is recorded (and fsync'd) before its
 first id is given, and a restart starts a new block, so an id is never handed out twice.
+
+ACLs (KRaft's AccessControlEntryRecord): the key ``@acl `` followed by the binding's seven
+fields as a JSON list (``acls.AclBinding.as_list``; readable in ``mq dump-log``), the value
+the same list as msgpack; a null value removes it. The key names the whole binding, so creating one twice keeps one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Iterable
 
 import msgpack
 
+from mq.broker.acls import AclBinding, AclIndex
 from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
 
-__all__ = ["METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK", "MetadataStore", "TopicInfo"]
+__all__ = ["ACL_KEY_PREFIX", "METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK",
+           "MetadataStore", "TopicInfo"]
 
 PRODUCER_IDS_KEY = "@producer-ids"
 PRODUCER_ID_BLOCK = 1000
+ACL_KEY_PREFIX = b"@acl "
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,9 +53,13 @@ class MetadataStore:
         self.log = log
         self.topics: dict[str, TopicInfo] = {}
         self._block_end = 0
+        self.acls: set[AclBinding] = set()
         for batch in log.batches():
             for rec in batch.records():
                 if rec.key is None:
+                    continue
+                if bytes(rec.key).startswith(ACL_KEY_PREFIX):
+                    self._replay_acl(bytes(rec.key), rec.value)
                     continue
                 name = bytes(rec.key).decode()
                 if name == PRODUCER_IDS_KEY:
@@ -61,6 +73,7 @@ class MetadataStore:
                                               dict(value["config"]))
 
         self._next_producer_id = self._block_end      # a restart starts a new block
+        self.acl_index = AclIndex(self.acls)
 
     def allocate_producer_id(self) -> int:
         """A producer id never handed out before (raises ``LogWriteError`` when a new block
@@ -75,6 +88,29 @@ class MetadataStore:
     def _record(self, key: str, value: bytes | None) -> None:
         self.log.append(build_batch([(int(time.time() * 1000), key.encode(), value)]))
         self.log.flush()            # durable before the broker answers
+
+    def _replay_acl(self, key: bytes, value: bytes | memoryview | None) -> None:
+        binding = AclBinding.from_list(json.loads(key[len(ACL_KEY_PREFIX):]))
+        if value is None:
+            self.acls.discard(binding)
+        else:
+            self.acls.add(binding)
+
+    def change_acls(self, add: Iterable[AclBinding] = (),
+                    remove: Iterable[AclBinding] = ()) -> None:
+        """Record ``add`` and ``remove`` in one batch, fsync'd, then apply them (raises
+        ``LogWriteError`` with nothing applied when the record cannot be written)."""
+        now = int(time.time() * 1000)
+        add, remove = list(add), list(remove)
+        records = [(now, _acl_key(b), msgpack.packb(b.as_list())) for b in add]
+        records += [(now, _acl_key(b), None) for b in remove]
+        if not records:
+            return
+        self.log.append(build_batch(records))
+        self.log.flush()            # durable before the broker answers
+        self.acls.difference_update(remove)
+        self.acls.update(add)
+        self.acl_index = AclIndex(self.acls)
 
     def _write(self, name: str, info: TopicInfo | None) -> None:
         value = None if info is None else msgpack.packb(
@@ -115,3 +151,7 @@ class MetadataStore:
         info = dataclasses.replace(self.topics[name], config=merged)
         self._write(name, info)
         return info
+
+
+def _acl_key(binding: AclBinding) -> bytes:
+    return ACL_KEY_PREFIX + json.dumps(binding.as_list(), separators=(",", ":")).encode()

@@ -45,6 +45,7 @@ from collections.abc import Iterable
 
 from mq import errors
 from mq.broker.apis import ApiComponent, Handler
+from mq.broker.apis.acls import AclApis
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.produce import ProduceApis
 from mq.broker.apis.topics import TopicApis
@@ -220,7 +221,8 @@ class Broker:
                                  socket_path=lambda: self.socket_path,
                                  metadata_log=self.metadata.log)
         self._handlers = dispatch_table([self, produce, self.topics, self.groups,
-                                         self.transactions, self.stats])
+                                         self.transactions, self.stats,
+                                         AclApis(self.metadata)])
         self._produce = produce
         self.transactions.recover()
 

@@ -28,7 +28,7 @@ from mq.errors import ConfigError, MQError
 __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
 
 # In the order ``mq --help`` lists them (the API's order: broker and demo, topics, produce,
-# consume, offsets, groups, transactions, worker pools, systemd units, then the offline
+# consume, offsets, groups, transactions, ACLs, worker pools, systemd units, then the offline
 # storage tools).
 COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.broker",
@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.offsets",
     "mq.cli.groups",
     "mq.cli.transactions",
+    "mq.cli.acls",
     "mq.cli.top",
     "mq.cli.workers",
     "mq.cli.systemd",
@@ -60,6 +61,7 @@ examples:
   seq 10 | mq produce orders && mq consume orders --from-beginning --max-messages 10
   mq groups describe billing                    committed offsets, lag and members of a group
   mq transactions describe billing-1            state and partitions of a transactional id
+  mq acls add --allow-principal User:alice --operation Read --topic orders
   mq top                                        live view: topics, rates, groups, lag
   mq workers run jobs:handle --topic jobs --group billing --processes 4
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log

@@ -1,6 +1,7 @@
 """``mq.Admin``: topic operations (create, delete, list, describe, add partitions, configs),
-consumer-group operations (list, describe, delete, read and reset committed offsets) and the
-transaction coordinator's view of transactional ids (list, describe)."""
+consumer-group operations (list, describe, delete, read and reset committed offsets), the
+transaction coordinator's view of transactional ids (list, describe) and the Kafka listener's
+ACLs (create, describe, delete)."""
 
 from __future__ import annotations
 
@@ -160,6 +161,30 @@ class Admin:
         "partitions": [[topic, partition], ...] (of the open transaction)}``. Raises
         ``TransactionalIdNotFoundError``."""
         return self.describe_transactions([transactional_id])[0]
+
+    # ACLs, Kafka's model (mq/broker/acls.py). A binding is the list [resource_type,
+    # resource_name, pattern_type, principal, host, operation, permission] of Kafka's codes;
+    # a filter is the same with None (and the ANY codes) for "any".
+    def create_acls(self, bindings: Iterable[list]) -> None:
+        """Add the bindings (one record, fsync'd before the reply). Raises the error of the
+        first one the broker refuses (``InvalidRequestError``); the valid ones are added."""
+        results = self._conn.call(Api.CREATE_ACLS, [list(b) for b in bindings]).fields[0]
+        for code, message in results:
+            if code:
+                raise error_for_code(code, message)
+
+    def describe_acls(self, acl_filter: list) -> list[list]:
+        """The bindings ``acl_filter`` matches."""
+        return self._conn.call(Api.DESCRIBE_ACLS, list(acl_filter)).fields[0]
+
+    def delete_acls(self, filters: Iterable[list]) -> list[list]:
+        """Remove the bindings any of ``filters`` matches; the ones removed."""
+        results = self._conn.call(Api.DELETE_ACLS, [list(f) for f in filters]).fields[0]
+        removed: dict[tuple, list] = {}
+        for _code, _message, found in results:
+            for b in found:
+                removed.setdefault(tuple(b), b)
+        return list(removed.values())
 
     def close(self) -> None:
         self._conn.close()

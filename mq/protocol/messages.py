@@ -66,6 +66,13 @@ Schemas (fields after ``request_id``)::
                              start_ms, last_update_ms, partitions [[topic, partition]]}, ...]
     ListTransactions 66  (no fields) -> [[transactional_id, producer_id, state], ...]
 
+    CreateAcls      30  [[resource_type int, resource_name str, pattern_type int,
+                        principal str, host str, operation int, permission int], ...]
+                        (Kafka's codes: mq/broker/acls.py) -> [[error_code, message], ...]
+    DescribeAcls    29  filter [the same seven, name, principal and host nil: any]
+                        -> [binding, ...]
+    DeleteAcls      31  [filter, ...] -> [[error_code, message, [binding, ...]], ...]
+
 A Produce reply is ``first_offset, log_append_time, log_start_offset``; for a batch an
 idempotent producer sent again (a retry the partition has), the first offset is the one the
 batch got the first time, and nothing is appended.
@@ -120,6 +127,9 @@ class Api(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
     BROKER_STATS = 1001     # mq top and the metrics: partitions, groups, fsync, cleaner
     SHARE_MEMORY = 1002     # a producer's batch arena, a sealed memfd passed with SCM_RIGHTS
@@ -132,6 +142,9 @@ _OPT_STR_LIST = ("opt_str_list",)
 _OPT_STR = ("opt_str",)
 _OPT_TP_LIST = ("opt_tp_list",)
 _COMMIT_LIST = ("commit_list",)
+_ACL_LIST = ("acl_list",)
+_ACL_FILTER = ("acl_filter",)
+_ACL_FILTER_LIST = ("acl_filter_list",)
 PUSH_REQUEST_ID: Final = 0
 
 _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
@@ -176,6 +189,9 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
                             ("offsets", _COMMIT_LIST)),
     Api.DESCRIBE_TRANSACTIONS: (("transactional_ids", _OPT_STR_LIST),),
     Api.LIST_TRANSACTIONS: (),
+    Api.CREATE_ACLS: (("bindings", _ACL_LIST),),
+    Api.DESCRIBE_ACLS: (("filter", _ACL_FILTER),),
+    Api.DELETE_ACLS: (("filters", _ACL_FILTER_LIST),),
 }
 
 ONE_WAY: Final = frozenset({Api.WAIT})
@@ -241,7 +257,20 @@ def _check(kind: Any, value: Any) -> bool:
         return isinstance(value, list) and all(
             isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)
             and _is_int(p[1]) and _is_int(p[2]) for p in value)
+    if kind is _ACL_LIST:
+        return isinstance(value, list) and all(_is_acl(b, str) for b in value)
+    if kind is _ACL_FILTER:
+        return _is_acl(value, _OPT_STR)
+    if kind is _ACL_FILTER_LIST:
+        return isinstance(value, list) and all(_is_acl(f, _OPT_STR) for f in value)
     raise AssertionError(kind)
+
+
+def _is_acl(value: Any, name_kind: Any) -> bool:
+    """An ACL binding (``name_kind`` str) or filter (``_OPT_STR``): seven fields, the
+    resource name, principal and host strings, the others ints."""
+    return isinstance(value, list) and len(value) == 7 and all(
+        _check(name_kind if i in (1, 3, 4) else int, v) for i, v in enumerate(value))
 
 
 def check_request(message: list) -> Request:

@@ -11,6 +11,12 @@ Topic changes go through the native apis (``apis/topics.py``): the same validati
 crash-safe creation and state-slot accounting as ``mq topics``. Metadata and Produce create
 an unknown topic with ``num_partitions`` partitions when ``auto_create_topics`` is on
 (Kafka's ``auto.create.topics.enable``, on by default) and the client allows it.
+
+**ACLs** (``acls.py``), as Kafka's: Metadata lists only the topics the principal may
+Describe when asked for all, and answers TOPIC_AUTHORIZATION_FAILED for a named one it may
+not (or may not Create, when it would be auto-created); CreateTopics needs Create on the
+Cluster or the topic, DeleteTopics and DeleteRecords Delete, CreatePartitions Alter on the
+topic; DescribeCluster needs Describe on the Cluster (CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
+from mq import errors
+from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.config import BrokerConfig
 from mq.broker.internal_topics import is_internal
 from mq.broker.kafka.configs import creatable
 from mq.broker.kafka.conn import KafkaConn
-from mq.broker.kafka.exchange import Call, Calls
+from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.errors import BrokerError
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
@@ -34,6 +42,8 @@ NONE = 0
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_REPLICATION_FACTOR = 38
 INVALID_REQUEST = 42
+TOPIC_AUTHORIZATION_FAILED = errors.TopicAuthorizationFailedError.code
+CLUSTER_AUTHORIZATION_FAILED = errors.ClusterAuthorizationFailedError.code
 
 _AUTHORIZED_OPERATIONS_UNKNOWN = -(1 << 31)     # "not requested"
 
@@ -52,7 +62,8 @@ class AdminApis:
     """The cluster and topic handlers of the Kafka listener."""
 
     def __init__(self, config: BrokerConfig, table: PartitionTable, metadata: MetadataStore,
-                 *, leader_epoch: int, cluster_id: str) -> None:
+                 *, leader_epoch: int, cluster_id: str, authz: Authorizer = OPEN) -> None:
+        self._authz = authz
         self._config = config
         self._table = table
         self._metadata = metadata
@@ -73,8 +84,10 @@ class AdminApis:
     # --- Metadata -----------------------------------------------------------------------------
     def metadata(self, conn: KafkaConn, version: int, body: dict):
         requested = body["topics"]
+        denied: set[str] = set()
         if requested is None or (version == 0 and not requested):     # v0: [] is all
-            names = sorted(self._metadata.topics)
+            names = [n for n in sorted(self._metadata.topics)
+                     if self._topic_allowed(conn, AclOperation.DESCRIBE, n)]
         else:      # by name, or by id (v10+; a KIP-848 client resolves its assignment so)
             by_id = {topic_id_bytes(info.topic_id): name
                      for name, info in self._metadata.topics.items()}
@@ -82,8 +95,13 @@ class AdminApis:
                      by_id.get(bytes(t.get("topic_id") or bytes(16)), "")
                      for t in requested]
             names = [n for n in names if n]
+            denied = {n for n in names
+                      if not self._topic_allowed(conn, AclOperation.DESCRIBE, n)}
         allow = body["allow_auto_topic_creation"] if version >= 4 else True
-        missing = [n for n in names if n not in self._metadata.topics]
+        missing = [n for n in names if n not in self._metadata.topics and n not in denied]
+        if missing and allow and self._config.auto_create_topics:
+            denied |= {n for n in missing if not self._authz.may_create_topic(conn, n)}
+            missing = [n for n in missing if n not in denied]
         created: dict[str, int] = {}
         if missing and allow and self._config.auto_create_topics:
             replies = yield Calls([self.create_call(n) for n in missing])
@@ -91,6 +109,11 @@ class AdminApis:
         topics = []
         for name in names:
             info = self._metadata.topics.get(name)
+            if name in denied:
+                topics.append({"error_code": TOPIC_AUTHORIZATION_FAILED, "name": name,
+                               "topic_id": None, "is_internal": is_internal(name),
+                               "partitions": []})
+                continue
             if info is None:
                 code = created.get(name) or UNKNOWN_TOPIC_OR_PARTITION
                 topics.append({"error_code": code, "name": name, "topic_id": None,
@@ -105,6 +128,9 @@ class AdminApis:
                 "cluster_id": self.cluster_id, "controller_id": self.node_id,
                 "topics": topics,
                 "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
+
+    def _topic_allowed(self, conn: KafkaConn, op: AclOperation, name: str) -> bool:
+        return self._authz.allows(conn, op, ResourceType.TOPIC, name)
 
     def _partition(self, index: int) -> dict:
         return {"error_code": NONE, "partition_index": index, "leader_id": self.node_id,
@@ -137,7 +163,10 @@ class AdminApis:
                 row.update(error_code=err.code, error_message=err.message)
                 rows.append(row)
                 continue
-            if t["replication_factor"] not in (-1, 1):
+            if not self._authz.may_create_topic(conn, name):
+                row.update(error_code=TOPIC_AUTHORIZATION_FAILED,
+                           error_message=f"not authorized to create topic {name!r}")
+            elif t["replication_factor"] not in (-1, 1):
                 row.update(error_code=INVALID_REPLICATION_FACTOR,
                            error_message=f"replication factor {t['replication_factor']} is "
                            "larger than the 1 broker this cluster has")
@@ -162,24 +191,30 @@ class AdminApis:
 
     def delete_topics(self, conn: KafkaConn, version: int, body: dict):
         names = list(body["topic_names"]) + [t["name"] for t in body["topics"] if t["name"]]
-        replies = yield Calls([Call(Api.DELETE_TOPICS, {"topic": n}) for n in names])
+        allowed = [n for n in names if self._topic_allowed(conn, AclOperation.DELETE, n)]
+        replies = yield from call_each({n: Call(Api.DELETE_TOPICS, {"topic": n})
+                                        for n in allowed})
         return {"throttle_time_ms": 0, "responses": [
             {"name": n, "topic_id": None, "error_code": r[2],
              "error_message": r[3] if r[2] else None}
-            for n, r in zip(names, replies, strict=True)]}
+            for n, r in ((n, replies.get(n, _denied(n))) for n in names)]}
 
     def create_partitions(self, conn: KafkaConn, version: int, body: dict):
         topics = body["topics"]
+        allowed = [t for t in topics
+                   if self._topic_allowed(conn, AclOperation.ALTER, t["name"])]
         if body["validate_only"]:
-            return {"throttle_time_ms": 0, "results": [
-                {"name": t["name"], "error_code": NONE if t["name"] in self._metadata.topics
-                 else UNKNOWN_TOPIC_OR_PARTITION, "error_message": None} for t in topics]}
-        replies = yield Calls([Call(Api.CREATE_PARTITIONS, {"topic": t["name"],
-                                                            "total": t["count"]})
-                               for t in topics])
+            replies = {t["name"]: [None, None, NONE if t["name"] in self._metadata.topics
+                                   else UNKNOWN_TOPIC_OR_PARTITION, None] for t in allowed}
+        else:
+            replies = yield from call_each({
+                t["name"]: Call(Api.CREATE_PARTITIONS, {"topic": t["name"],
+                                                        "total": t["count"]})
+                for t in allowed})
         return {"throttle_time_ms": 0, "results": [
-            {"name": t["name"], "error_code": r[2], "error_message": r[3] if r[2] else None}
-            for t, r in zip(topics, replies, strict=True)]}
+            {"name": n, "error_code": r[2], "error_message": r[3] if r[2] else None}
+            for n, r in ((t["name"], replies.get(t["name"], _denied(t["name"])))
+                         for t in topics)]}
 
     # --- DeleteRecords ------------------------------------------------------------------------
     def delete_records(self, conn: KafkaConn, version: int, body: dict):
@@ -187,12 +222,16 @@ class AdminApis:
                  for p in t["partitions"]]
         calls = []
         for topic, index, offset in where:
+            if not self._topic_allowed(conn, AclOperation.DELETE, topic):
+                calls.append(None)
+                continue
             if offset == -1:                       # -1: up to the high watermark
                 part = self._table.get(topic, index)
                 offset = part.log.high_watermark if part is not None else 0
             calls.append(Call(Api.DELETE_RECORDS, {"topic": topic, "partition": index,
                                                    "offset": offset}))
-        replies = yield Calls(calls)
+        made = yield from call_each({i: c for i, c in enumerate(calls) if c is not None})
+        replies = [made.get(i) or _denied(topic) for i, (topic, _, _) in enumerate(where)]
         by_topic: dict[str, list[dict]] = {}
         for (topic, index, _), r in zip(where, replies, strict=True):
             by_topic.setdefault(topic, []).append(
@@ -204,9 +243,20 @@ class AdminApis:
     # --- DescribeCluster ----------------------------------------------------------------------
     def describe_cluster(self, conn: KafkaConn, version: int, body: dict) -> dict:
         node = self.node(conn)
+        if not self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER):
+            return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED,
+                    "error_message": "not authorized to describe the cluster",
+                    "endpoint_type": 1, "cluster_id": self.cluster_id, "controller_id": -1,
+                    "brokers": [],
+                    "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
         return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None,
                 "endpoint_type": 1, "cluster_id": self.cluster_id,
                 "controller_id": self.node_id,
                 "brokers": [{"broker_id": node["node_id"], "host": node["host"],
                              "port": node["port"], "rack": None}],
                 "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
+
+
+def _denied(topic: str) -> list:
+    """A native-reply-shaped TOPIC_AUTHORIZATION_FAILED for a call not made."""
+    return [None, None, TOPIC_AUTHORIZATION_FAILED, f"not authorized for topic {topic!r}"]

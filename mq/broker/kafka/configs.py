@@ -34,6 +34,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
+from mq import errors
+from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.config import BrokerConfig
 from mq.broker.kafka.addresses import parse_listener
 from mq.broker.kafka.conn import KafkaConn
@@ -292,10 +294,22 @@ def creatable(config: Mapping[str, str]) -> dict[str, str]:
 
 
 class ConfigApis:
-    """The config handlers of the Kafka listener."""
+    """The config handlers of the Kafka listener. ACLs (``acls.py``), as Kafka's:
+    DescribeConfigs needs DescribeConfigs on the topic (TOPIC_AUTHORIZATION_FAILED) or on the
+    Cluster for the broker (CLUSTER_AUTHORIZATION_FAILED); IncrementalAlterConfigs needs
+    AlterConfigs on them."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, authz: Authorizer = OPEN) -> None:
         self._config = config
+        self._authz = authz
+
+    def _denied(self, conn: KafkaConn, op: AclOperation, kind: int, name: str) -> int:
+        """The authorization error for ``op`` on a topic or broker resource, else NONE."""
+        if kind == TOPIC:
+            return NONE if self._authz.allows(conn, op, ResourceType.TOPIC, name) \
+                else errors.TopicAuthorizationFailedError.code
+        return NONE if self._authz.allows(conn, op, ResourceType.CLUSTER) \
+            else errors.ClusterAuthorizationFailedError.code
 
     def handlers(self) -> Mapping[int, object]:
         return {32: self.describe_configs, 44: self.incremental_alter_configs}
@@ -305,7 +319,8 @@ class ConfigApis:
 
     # --- DescribeConfigs ----------------------------------------------------------------------
     def describe_configs(self, conn: KafkaConn, version: int, body: dict):
-        resources = body["resources"]
+        resources = [r for r in body["resources"] if not self._denied(
+            conn, AclOperation.DESCRIBE_CONFIGS, r["resource_type"], r["resource_name"])]
         topics = [r["resource_name"] for r in resources if r["resource_type"] == TOPIC]
         replies = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": ""})] +
                               [Call(Api.DESCRIBE_CONFIGS, {"topic": t}) for t in topics])
@@ -313,11 +328,14 @@ class ConfigApis:
         synonyms = body["include_synonyms"]
         documentation = body["include_documentation"]
         results = []
-        for r in resources:
+        for r in body["resources"]:
             kind, name = r["resource_type"], r["resource_name"]
             row = {"error_code": NONE, "error_message": None, "resource_type": kind,
                    "resource_name": name, "configs": []}
-            if kind == TOPIC:
+            denied = self._denied(conn, AclOperation.DESCRIBE_CONFIGS, kind, name)
+            if denied:
+                row.update(error_code=denied, error_message="not authorized")
+            elif kind == TOPIC:
                 reply = by_topic[name]
                 if reply[2] != NONE:
                     row.update(error_code=reply[2], error_message=reply[3])
@@ -341,16 +359,20 @@ class ConfigApis:
         resources = body["resources"]
         rows = [{"error_code": NONE, "error_message": None, "resource_type": r["resource_type"],
                  "resource_name": r["resource_name"]} for r in resources]
-        topics = [(row, r) for row, r in zip(rows, resources, strict=True)
-                  if r["resource_type"] == TOPIC]
         for row, r in zip(rows, resources, strict=True):
-            if r["resource_type"] == BROKER and self._is_this_broker(r["resource_name"]):
+            denied = self._denied(conn, AclOperation.ALTER_CONFIGS, r["resource_type"],
+                                  r["resource_name"])
+            if denied:
+                row.update(error_code=denied, error_message="not authorized")
+            elif r["resource_type"] == BROKER and self._is_this_broker(r["resource_name"]):
                 row.update(error_code=INVALID_REQUEST, error_message=(
                     "mq's broker settings come from its config file (SIGHUP reloads "
                     "[topic_defaults]); they cannot be altered over the Kafka protocol"))
             elif r["resource_type"] != TOPIC:
                 row.update(error_code=INVALID_REQUEST, error_message=_unsupported(
                     r["resource_type"], r["resource_name"], self._config.node_id))
+        topics = [(row, r) for row, r in zip(rows, resources, strict=True)
+                  if r["resource_type"] == TOPIC and row["error_code"] == NONE]
         current = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": r["resource_name"]})
                                for _, r in topics])
         calls, called = [], []

@@ -17,6 +17,12 @@ found, the request parks until a partition it reads moves or MaxWaitMs passes, w
 same publication that wakes mq's own consumers. Fetch sessions (KIP-227) are declined: every
 response says session 0, so clients send full requests.
 
+**ACLs** (``acls.py``), as Kafka's ``KafkaApis``: Produce needs Write on each topic (and on
+the transactional id of a transactional batch), Fetch Read, ListOffsets and
+OffsetForLeaderEpoch Describe; a partition denied answers TOPIC_AUTHORIZATION_FAILED in its
+row and the others are served. A Produce auto-creates only the topics the principal may
+Create (on the Cluster or the topic).
+
 **Leader epochs**: one broker, so the leader is always node ``node_id`` and a partition's
 epoch is the broker start that wrote it last (``leader-epoch-checkpoint``). A fetch or
 ListOffsets naming a newer epoch than the current one gets UNKNOWN_LEADER_EPOCH, an older
@@ -30,8 +36,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from mq import errors
+from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.kafka.conn import KafkaConn
-from mq.broker.kafka.exchange import Call, Calls, CloseConnection, Park
+from mq.broker.kafka.exchange import Call, CloseConnection, Park, call_each
 from mq.broker.partitions import Partition, PartitionTable
 from mq.log.log import PartitionLog
 from mq.protocol.kafka.codec import FileRegion
@@ -46,6 +53,8 @@ NOT_LEADER_OR_FOLLOWER = 6
 KAFKA_STORAGE_ERROR = 56
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_LEADER_EPOCH = 75
+TOPIC_AUTHORIZATION_FAILED = errors.TopicAuthorizationFailedError.code
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = errors.TransactionalIdAuthorizationFailedError.code
 
 _LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
 _READ_COMMITTED = 1
@@ -72,9 +81,11 @@ class DataApis:
     """The data-path handlers of the Kafka listener."""
 
     def __init__(self, table: PartitionTable, *, leader_epoch: int, node_id: int,
-                 auto_create: Callable[[str], Call] | None = None) -> None:
+                 auto_create: Callable[[str], Call] | None = None,
+                 authz: Authorizer = OPEN) -> None:
         """``auto_create``: the native CreateTopics that creates an unknown topic a Produce
         names (``AdminApis.create_call``; None: auto-creation is off)."""
+        self._authz = authz
         self._table = table
         self._epoch = leader_epoch
         self._node_id = node_id
@@ -87,18 +98,23 @@ class DataApis:
     # --- Produce ------------------------------------------------------------------------------
     def produce(self, conn: KafkaConn, version: int, body: dict):
         acks = body["acks"]
+        denied = self._produce_denied(conn, body)
         unknown = sorted({t["name"] for t in body["topic_data"]
-                          if self._table.get(t["name"], 0) is None})
+                          if t["name"] not in denied and self._table.get(t["name"], 0) is None
+                          and self._authz.may_create_topic(conn, t["name"])})
         if unknown and self._auto_create is not None:
-            yield Calls([self._auto_create(name) for name in unknown])
+            yield from call_each({name: self._auto_create(name) for name in unknown})
         where = [(t["name"], p["index"]) for t in body["topic_data"]
                  for p in t["partition_data"]]
-        calls = [Call(Api.PRODUCE, {"topic": t["name"], "partition": p["index"],
-                                    "acks": acks,
-                                    "batch": p["records"] if p["records"] is not None
-                                    else b""}, one_way=acks == 0)
-                 for t in body["topic_data"] for p in t["partition_data"]]
-        replies = yield Calls(calls)
+        made = yield from call_each({
+            i: Call(Api.PRODUCE, {"topic": t["name"], "partition": p["index"], "acks": acks,
+                                  "batch": p["records"] if p["records"] is not None
+                                  else b""}, one_way=acks == 0)
+            for i, (t, p) in enumerate((t, p) for t in body["topic_data"]
+                                       for p in t["partition_data"])
+            if t["name"] not in denied})
+        replies = [[None, None, denied[topic], "not authorized"] if topic in denied
+                   else made[i] for i, (topic, _) in enumerate(where)]
         if acks == 0:
             failed = [r for r in replies if r is not None and r[2] != NONE]
             if failed:       # no response can carry it: Kafka closes the connection
@@ -118,12 +134,28 @@ class DataApis:
         return {"responses": [{"name": topic, "partition_responses": rows}
                               for topic, rows in by_topic.items()], "throttle_time_ms": 0}
 
+    def _produce_denied(self, conn: KafkaConn, body: dict) -> dict[str, int]:
+        """The topics of a Produce this connection may not write to, with the error code:
+        every one when its transactional id is not its to write (Kafka fails the whole
+        request so), else those without Write."""
+        tid = body.get("transactional_id")
+        if tid is not None and not self._authz.allows(conn, AclOperation.WRITE,
+                                                      ResourceType.TRANSACTIONAL_ID, tid):
+            return dict.fromkeys((t["name"] for t in body["topic_data"]),
+                                 TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        return {t["name"]: TOPIC_AUTHORIZATION_FAILED for t in body["topic_data"]
+                if not self._authz.allows(conn, AclOperation.WRITE, ResourceType.TOPIC,
+                                          t["name"])}
+
     # --- Fetch --------------------------------------------------------------------------------
     def fetch(self, conn: KafkaConn, version: int, body: dict):
         deadline = time.monotonic() + max(0, body["max_wait_ms"]) / 1e3
         committed = body["isolation_level"] == _READ_COMMITTED
+        denied = {t["topic"] for t in body["topics"]
+                  if not self._authz.allows(conn, AclOperation.READ, ResourceType.TOPIC,
+                                            t["topic"])}
         while True:
-            responses, found, bytes_found = self._read(body, committed)
+            responses, found, bytes_found = self._read(body, committed, denied)
             if found or bytes_found >= body["min_bytes"] or time.monotonic() >= deadline:
                 return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0,
                         "responses": responses}
@@ -132,9 +164,11 @@ class DataApis:
                     for p in t["partitions"]]
             yield Park(deadline, keys)
 
-    def _read(self, body: dict, committed: bool) -> tuple[list[dict], bool, int]:
-        """One pass over the requested partitions: the response's topics, whether an error
-        must be returned at once, and the bytes found."""
+    def _read(self, body: dict, committed: bool, denied: set[str]
+              ) -> tuple[list[dict], bool, int]:
+        """One pass over the requested partitions (those of ``denied`` topics answer
+        TOPIC_AUTHORIZATION_FAILED): the response's topics, whether an error must be returned
+        at once, and the bytes found."""
         budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
         total = 0
         urgent = False
@@ -142,6 +176,10 @@ class DataApis:
         for t in body["topics"]:
             rows = []
             for p in t["partitions"]:
+                if t["topic"] in denied:
+                    rows.append(_fetch_error(p["partition"], TOPIC_AUTHORIZATION_FAILED))
+                    urgent = True
+                    continue
                 row, size = self._read_partition(t["topic"], p, committed,
                                                  min_one=total == 0,
                                                  max_bytes=min(p["partition_max_bytes"],
@@ -201,8 +239,13 @@ class DataApis:
         topics = []
         for t in body["topics"]:
             rows = []
+            allowed = self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
+                                         t["name"])
             for p in t["partitions"]:
-                rows.append(self._list_offset(t["name"], p, committed))
+                rows.append(self._list_offset(t["name"], p, committed) if allowed else
+                            {"partition_index": p["partition_index"], "timestamp": -1,
+                             "error_code": TOPIC_AUTHORIZATION_FAILED, "offset": -1,
+                             "leader_epoch": -1})
             topics.append({"name": t["name"], "partitions": rows})
         return {"throttle_time_ms": 0, "topics": topics}
 
@@ -250,7 +293,10 @@ class DataApis:
                 part: Partition | None = self._table.get(t["topic"], p["partition"])
                 row = {"partition": p["partition"], "error_code": NONE, "leader_epoch": -1,
                        "end_offset": -1}
-                if part is None:
+                if not self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
+                                          t["topic"]):
+                    row["error_code"] = TOPIC_AUTHORIZATION_FAILED
+                elif part is None:
                     row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
                 elif self._check_epoch(p["current_leader_epoch"]):
                     row["error_code"] = self._check_epoch(p["current_leader_epoch"])

@@ -23,13 +23,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Generator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from mq.broker.kafka.conn import KafkaConn, Slot
 from mq.protocol.kafka.schemas import APIS
 from mq.protocol.messages import Api, Request
 
-__all__ = ["Call", "Calls", "CloseConnection", "Exchange", "Park", "Runner"]
+__all__ = ["Call", "Calls", "CloseConnection", "Exchange", "Park", "Runner", "call_each"]
 
 log = logging.getLogger("mq.broker")
 
@@ -46,6 +46,18 @@ class Call:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Calls:
     calls: Sequence[Call]
+
+
+K = TypeVar("K")
+
+
+def call_each(calls: dict[K, Call]) -> Generator[Calls, Any, dict[K, list]]:
+    """In a handler, ``replies = yield from call_each({key: call})``: each call's reply by
+    its key, with no wait when there is none to make (every resource of a request denied)."""
+    if not calls:
+        return {}
+    replies = yield Calls(list(calls.values()))
+    return dict(zip(calls, replies, strict=True))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,16 +13,24 @@ DescribeGroups answers in the classic format for every group, as Kafka 4 does fo
 group: each member's subscription and assignment encoded as the consumer protocol's
 ``ConsumerProtocolSubscription`` and ``ConsumerProtocolAssignment``; a group nobody knows is
 ``Dead`` with no error (versions 0-5).
+
+**ACLs** (``acls.py``), as Kafka's: OffsetCommit needs Read on the group and on each topic,
+OffsetFetch and DescribeGroups Describe on the group (and OffsetFetch on each topic it
+returns), OffsetDelete and DeleteGroups Delete on the group; ListGroups lists every group to
+a principal that may Describe the Cluster, else the groups it may Describe. Denials answer
+GROUP_AUTHORIZATION_FAILED and, per partition, TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mq import errors
+from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.apis.groups import GroupApis
 from mq.broker.kafka.admin import topic_id_bytes
 from mq.broker.kafka.conn import KafkaConn
-from mq.broker.kafka.exchange import Call, Calls
+from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.broker.kafka.groups import PROTOCOL_TYPE, GroupWireApis, assignment_bytes, by_topic
 from mq.broker.metadata import MetadataStore
 from mq.protocol.kafka.codec import encode_data
@@ -35,6 +43,8 @@ ILLEGAL_GENERATION = 22
 GROUP_ID_NOT_FOUND = 69
 STALE_MEMBER_EPOCH = 113
 _AUTHORIZED_OPERATIONS_UNKNOWN = -(1 << 31)
+TOPIC_DENIED = errors.TopicAuthorizationFailedError.code
+GROUP_DENIED = errors.GroupAuthorizationFailedError.code
 
 
 def commit_offsets(topics: list[dict]) -> list[list]:
@@ -58,7 +68,8 @@ def fetch_rows(rows: list[list], version: int) -> list[dict]:
 
 class GroupAdminApis:
     def __init__(self, groups: GroupApis, members: GroupWireApis,
-                 metadata: MetadataStore) -> None:
+                 metadata: MetadataStore, authz: Authorizer = OPEN) -> None:
+        self._authz = authz
         self._groups = groups
         self._members = members
         self._metadata = metadata
@@ -68,19 +79,36 @@ class GroupAdminApis:
                 16: self.list_groups, 15: self.describe_groups, 42: self.delete_groups,
                 69: self.consumer_group_describe}
 
+    def _may(self, conn: KafkaConn, op: AclOperation, group: str) -> bool:
+        return self._authz.allows(conn, op, ResourceType.GROUP, group)
+
+    def _topic(self, conn: KafkaConn, op: AclOperation, topic: str) -> bool:
+        return self._authz.allows(conn, op, ResourceType.TOPIC, topic)
+
+    def _denied_reply(self, name: str) -> list:
+        return [None, None, GROUP_DENIED, f"not authorized for group {name!r}"]
+
     # --- offsets ------------------------------------------------------------------------------
     def offset_commit(self, conn: KafkaConn, version: int, body: dict):
         group, member_id = body["group_id"], body["member_id"]
-        (reply,) = yield Calls([Call(Api.OFFSET_COMMIT, {
-            "group": group, "member_id": member_id,
-            "member_epoch": body["generation_id_or_member_epoch"],
-            "offsets": commit_offsets(body["topics"])})])
-        code = reply[2]
+        denied = {t["name"] for t in body["topics"]
+                  if not self._topic(conn, AclOperation.READ, t["name"])}
+        if not self._may(conn, AclOperation.READ, group):
+            code = GROUP_DENIED
+        else:
+            (reply,) = yield Calls([Call(Api.OFFSET_COMMIT, {
+                "group": group, "member_id": member_id,
+                "member_epoch": body["generation_id_or_member_epoch"],
+                "offsets": commit_offsets([t for t in body["topics"]
+                                           if t["name"] not in denied])})])
+            code = reply[2]
         if code == STALE_MEMBER_EPOCH and (group, member_id) in self._members.classic:
             code = ILLEGAL_GENERATION
         return {"throttle_time_ms": 0, "topics": [
             {"name": t["name"], "partitions": [
-                {"partition_index": p["partition_index"], "error_code": code}
+                {"partition_index": p["partition_index"],
+                 "error_code": TOPIC_DENIED if t["name"] in denied and code != GROUP_DENIED
+                 else code}
                 for p in t["partitions"]]} for t in body["topics"]]}
 
     def offset_fetch(self, conn: KafkaConn, version: int, body: dict):
@@ -89,13 +117,17 @@ class GroupAdminApis:
         else:
             wanted = [(body["group_id"], body["topics"])]
         stable = int(version >= 7 and body["require_stable"])
-        replies = yield Calls([Call(Api.OFFSET_FETCH, {
+        made = yield from call_each({i: Call(Api.OFFSET_FETCH, {
             "group": group,
             "partitions": None if topics is None else
             [[t["name"], p] for t in topics for p in t["partition_indexes"]],
-            "require_stable": stable}) for group, topics in wanted])
-        results = [(reply[2], fetch_rows(reply[4] if reply[2] == NONE else [], version))
-                   for reply in replies]
+            "require_stable": stable}) for i, (group, topics) in enumerate(wanted)
+            if self._may(conn, AclOperation.DESCRIBE, group)})
+        replies = [made.get(i) or self._denied_reply(group)
+                   for i, (group, _) in enumerate(wanted)]
+        results = [(reply[2], fetch_rows(self._visible(conn, reply[4], topics is None)
+                                         if reply[2] == NONE else [], version))
+                   for reply, (_, topics) in zip(replies, wanted, strict=True)]
         if version >= 8:
             return {"throttle_time_ms": 0, "groups": [
                 {"group_id": group, "topics": topics, "error_code": code}
@@ -103,14 +135,31 @@ class GroupAdminApis:
         code, topics = results[0]
         return {"throttle_time_ms": 0, "topics": topics, "error_code": code}
 
+    def _visible(self, conn: KafkaConn, rows: list[list], every: bool) -> list[list]:
+        """OffsetFetch rows as the principal may see them: for all of a group's offsets,
+        only the topics it may Describe; for named ones, TOPIC_AUTHORIZATION_FAILED."""
+        out = []
+        for row in rows:
+            if self._topic(conn, AclOperation.DESCRIBE, row[0]):
+                out.append(row)
+            elif not every:
+                out.append([*row[:2], -1, -1, "", -1, TOPIC_DENIED])
+        return out
+
     def offset_delete(self, conn: KafkaConn, version: int, body: dict):
+        if not self._may(conn, AclOperation.DELETE, body["group_id"]):
+            return {"error_code": GROUP_DENIED, "throttle_time_ms": 0, "topics": []}
+        denied = {t["name"] for t in body["topics"]
+                  if not self._topic(conn, AclOperation.READ, t["name"])}
         (reply,) = yield Calls([Call(Api.OFFSET_DELETE, {
             "group": body["group_id"],
             "partitions": [[t["name"], p["partition_index"]] for t in body["topics"]
-                           for p in t["partitions"]]})])
+                           if t["name"] not in denied for p in t["partitions"]]})])
         if reply[2] != NONE:
             return {"error_code": reply[2], "throttle_time_ms": 0, "topics": []}
         codes = {(topic, partition): code for topic, partition, code in reply[4]}
+        codes.update({(t["name"], p["partition_index"]): TOPIC_DENIED for t in body["topics"]
+                      if t["name"] in denied for p in t["partitions"]})
         return {"error_code": NONE, "throttle_time_ms": 0, "topics": [
             {"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"],
@@ -121,16 +170,26 @@ class GroupAdminApis:
     def list_groups(self, conn: KafkaConn, version: int, body: dict):
         (reply,) = yield Calls([Call(Api.LIST_GROUPS, {})])
         states = {s.lower() for s in body["states_filter"]} if version >= 4 else set()
+        every = self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER)
         return {"throttle_time_ms": 0, "error_code": reply[2], "groups": [
             {"group_id": name, "protocol_type": PROTOCOL_TYPE, "group_state": state}
             for name, state, _ in (reply[4] if reply[2] == NONE else [])
-            if not states or state.lower() in states]}
+            if (not states or state.lower() in states)
+            and (every or self._may(conn, AclOperation.DESCRIBE, name))]}
 
     def describe_groups(self, conn: KafkaConn, version: int, body: dict):
         names = body["groups"]
-        replies = yield Calls([Call(Api.CONSUMER_GROUP_DESCRIBE, {"group": g}) for g in names])
+        replies = yield from self._each_group(conn, AclOperation.DESCRIBE, names,
+                                              Api.CONSUMER_GROUP_DESCRIBE)
         return {"throttle_time_ms": 0, "groups": [
             self._described(name, reply) for name, reply in zip(names, replies, strict=True)]}
+
+    def _each_group(self, conn: KafkaConn, op: AclOperation, names: list[str], api: Api):
+        """``yield from``: the native ``api``'s reply for each group, GROUP_AUTHORIZATION_FAILED
+        for those the principal may not ``op``."""
+        made = yield from call_each({i: Call(api, {"group": g}) for i, g in enumerate(names)
+                                     if self._may(conn, op, g)})
+        return [made.get(i) or self._denied_reply(g) for i, g in enumerate(names)]
 
     def _described(self, name: str, reply: list) -> dict:
         row = {"error_code": NONE, "error_message": None, "group_id": name,
@@ -173,13 +232,15 @@ class GroupAdminApis:
 
     def delete_groups(self, conn: KafkaConn, version: int, body: dict):
         names = body["groups_names"]
-        replies = yield Calls([Call(Api.DELETE_GROUPS, {"group": g}) for g in names])
+        replies = yield from self._each_group(conn, AclOperation.DELETE, names,
+                                              Api.DELETE_GROUPS)
         return {"throttle_time_ms": 0, "results": [
             {"group_id": g, "error_code": r[2]} for g, r in zip(names, replies, strict=True)]}
 
     def consumer_group_describe(self, conn: KafkaConn, version: int, body: dict):
         names = body["group_ids"]
-        replies = yield Calls([Call(Api.CONSUMER_GROUP_DESCRIBE, {"group": g}) for g in names])
+        replies = yield from self._each_group(conn, AclOperation.DESCRIBE, names,
+                                              Api.CONSUMER_GROUP_DESCRIBE)
         ids = {name: topic_id_bytes(info.topic_id)
                for name, info in self._metadata.topics.items()}
 

@@ -33,6 +33,9 @@ its member id): these members have no connection or pid in the coordinator.
 request's fields, topics named by id (librdkafka sends an empty regex for none); the
 assignment is sent when it changed since the member's last response, or on a full request (a
 join), as Kafka does.
+
+**ACLs** (``acls.py``): every membership api needs Read on the group, else
+GROUP_AUTHORIZATION_FAILED, as Kafka's.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping
 
+from mq import errors
+from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.apis.groups import GroupApis
 from mq.broker.kafka.admin import topic_id_bytes
 from mq.broker.kafka.conn import KafkaConn
@@ -59,6 +64,7 @@ UNKNOWN_MEMBER_ID = 25
 REBALANCE_IN_PROGRESS = 27
 MEMBER_ID_REQUIRED = 79
 FENCED_INSTANCE_ID = 82
+GROUP_AUTHORIZATION_FAILED = errors.GroupAuthorizationFailedError.code
 
 PROTOCOL_TYPE = "consumer"
 _ASSIGNMENT_VERSION = 0       # the same layout in versions 0-3: every client reads it
@@ -124,7 +130,9 @@ def _join_error(version: int, code: int, member_id: str = "") -> dict:
 class GroupWireApis:
     """The group handlers of the Kafka listener, over the native ``GroupApis``."""
 
-    def __init__(self, groups: GroupApis, metadata: MetadataStore) -> None:
+    def __init__(self, groups: GroupApis, metadata: MetadataStore,
+                 authz: Authorizer = OPEN) -> None:
+        self._authz = authz
         self._groups = groups
         self._metadata = metadata
         self.classic: dict[tuple[str, str], ClassicMember] = {}
@@ -134,6 +142,9 @@ class GroupWireApis:
     def handlers(self) -> Mapping[int, object]:
         return {11: self.join_group, 14: self.sync_group, 12: self.heartbeat,
                 13: self.leave_group, 68: self.consumer_group_heartbeat}
+
+    def _may_read(self, conn: KafkaConn, group: str) -> bool:
+        return self._authz.allows(conn, AclOperation.READ, ResourceType.GROUP, group)
 
     def _prune(self, group: str | None = None) -> None:
         """Forget what is kept of members the coordinator no longer has (timed out, or their
@@ -150,6 +161,8 @@ class GroupWireApis:
         instance_id = body["group_instance_id"] if version >= 5 else None
         if not group:
             return _join_error(version, INVALID_GROUP_ID, member_id)
+        if not self._may_read(conn, group):
+            return _join_error(version, GROUP_AUTHORIZATION_FAILED, member_id)
         if body["protocol_type"] != PROTOCOL_TYPE:
             return _join_error(version, INCONSISTENT_GROUP_PROTOCOL, member_id)
         try:
@@ -197,6 +210,9 @@ class GroupWireApis:
     def sync_group(self, conn: KafkaConn, version: int, body: dict) -> dict:
         group, member_id = body["group_id"], body["member_id"]
         instance_id = body["group_instance_id"] if version >= 3 else None
+        if not self._may_read(conn, group):
+            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+                    "protocol_type": None, "protocol_name": None, "assignment": b""}
         member = self.classic.get((group, member_id))
         error, rejoin = self._groups.classic_heartbeat(group, member_id,
                                                        generation=body["generation_id"],
@@ -218,6 +234,8 @@ class GroupWireApis:
                 "assignment": assignment_bytes(member.assignment)}
 
     def heartbeat(self, conn: KafkaConn, version: int, body: dict) -> dict:
+        if not self._may_read(conn, body["group_id"]):
+            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
         error, rejoin = self._groups.classic_heartbeat(
             body["group_id"], body["member_id"], generation=body["generation_id"],
             instance_id=body["group_instance_id"] if version >= 3 else None)
@@ -226,6 +244,9 @@ class GroupWireApis:
 
     def leave_group(self, conn: KafkaConn, version: int, body: dict) -> dict:
         group = body["group_id"]
+        if not self._may_read(conn, group):
+            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+                    "members": []}
         leaving = [(m["member_id"], m["group_instance_id"]) for m in body["members"]] \
             if version >= 3 else [(body["member_id"], None)]
         rows = []
@@ -247,6 +268,10 @@ class GroupWireApis:
             return {"throttle_time_ms": 0, "error_code": InvalidRequestError.code,
                     "error_message": "GroupId can't be empty.", "member_id": None,
                     "member_epoch": -1, "heartbeat_interval_ms": 0, "assignment": None}
+        if not self._may_read(conn, group):
+            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+                    "error_message": None, "member_id": None, "member_epoch": -1,
+                    "heartbeat_interval_ms": 0, "assignment": None}
         names = {topic_id_bytes(info.topic_id): name
                  for name, info in self._metadata.topics.items()}
         owned = None if body["topic_partitions"] is None else [

@@ -4,17 +4,21 @@ Each family is a small component over the broker's own (``data.py``: Produce, Fe
 ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py``:
 FindCoordinator and producer ids; ``transactions.py``: the transaction apis; ``configs.py``:
 DescribeConfigs and IncrementalAlterConfigs; ``groups.py``: group membership, classic and
-KIP-848; ``group_admin.py``: committed offsets and group administration), built with what it
-needs, and exposing ``handlers()``. ApiVersions is the listener's own.
+KIP-848; ``group_admin.py``: committed offsets and group administration; ``acl_apis.py``:
+CreateAcls, DescribeAcls, DeleteAcls), built with what it needs, and exposing ``handlers()``.
+ApiVersions is the listener's own. Every family is handed the one ``Authorizer``
+(``mq/broker/acls.py``) over the metadata log's ACLs, and checks each resource it touches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mq.broker.acls import Authorizer
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.transactions import TransactionApis
 from mq.broker.config import BrokerConfig
+from mq.broker.kafka.acl_apis import AclWireApis
 from mq.broker.kafka.admin import AdminApis
 from mq.broker.kafka.configs import ConfigApis
 from mq.broker.kafka.coordination import CoordinationApis
@@ -34,18 +38,22 @@ class KafkaApis:
                  transactions: TransactionApis, metadata: MetadataStore, *,
                  leader_epoch: int) -> None:
         cluster_id = read_meta(config.data_dir).get("cluster.id", "")
+        self.authz = authz = Authorizer(lambda: metadata.acl_index,
+                                        super_users=config.kafka_super_users,
+                                        enforce_anonymous=config.kafka_acl_enforce_anonymous)
         self.admin = AdminApis(config, table, metadata, leader_epoch=leader_epoch,
-                               cluster_id=cluster_id)
+                               cluster_id=cluster_id, authz=authz)
         self.data = DataApis(table, leader_epoch=leader_epoch, node_id=config.node_id,
                              auto_create=self.admin.create_call if config.auto_create_topics
-                             else None)
-        self.coordination = CoordinationApis(self.admin)
-        self.transactions = TransactionWireApis(table)
-        self.configs = ConfigApis(config)
-        self.groups = GroupWireApis(groups, metadata)
-        self.group_admin = GroupAdminApis(groups, self.groups, metadata)
+                             else None, authz=authz)
+        self.coordination = CoordinationApis(self.admin, authz)
+        self.transactions = TransactionWireApis(table, authz)
+        self.configs = ConfigApis(config, authz)
+        self.groups = GroupWireApis(groups, metadata, authz)
+        self.group_admin = GroupAdminApis(groups, self.groups, metadata, authz)
+        self.acls = AclWireApis(authz)
         self._families = [self.admin, self.data, self.coordination, self.transactions,
-                          self.configs, self.groups, self.group_admin]
+                          self.configs, self.groups, self.group_admin, self.acls]
 
     def handlers(self) -> Mapping[int, object]:
         table: dict[int, object] = {}

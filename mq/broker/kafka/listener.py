@@ -370,7 +370,9 @@ class KafkaListener:
         try:
             conn.send_some()
         except OSError as err:
-            if conn.parts:
+            # A peer that went away with answers unread (librdkafka closes connections it no
+            # longer needs) is no news; anything else on the way out is.
+            if conn.parts and not isinstance(err, (ConnectionError, ssl.SSLEOFError)):
                 log.info("closing Kafka connection from %s: %s", conn.peer, err)
             self._close(conn)
             return

@@ -19,6 +19,13 @@ answered once its markers are durable. This module only translates, the way Kafk
 
 DescribeProducers reads each partition's producer table (``log.producer_state``) directly, as
 Fetch reads the segments: it changes nothing.
+
+**ACLs** (``acls.py``), as Kafka's: the transaction apis need Write on the transactional id
+(else TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole request), AddPartitionsToTxn Write on
+each topic, AddOffsetsToTxn and TxnOffsetCommit Read on the group
+(GROUP_AUTHORIZATION_FAILED), TxnOffsetCommit Read on each topic; DescribeProducers needs Read
+on the topic, DescribeTransactions Describe on each id, and ListTransactions lists only the
+ids the principal may Describe.
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from mq import errors
+from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.apis.groups import wall_ms
 from mq.broker.kafka.conn import KafkaConn
-from mq.broker.kafka.exchange import Call, Calls
+from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.broker.partitions import PartitionTable
 from mq.protocol.messages import Api
 
@@ -41,6 +50,9 @@ INVALID_PRODUCER_ID_MAPPING: Final = 49
 OPERATION_NOT_ATTEMPTED: Final = 55
 PRODUCER_FENCED: Final = 90
 TRANSACTIONAL_ID_NOT_FOUND: Final = 105
+TOPIC_DENIED: Final = errors.TopicAuthorizationFailedError.code
+GROUP_DENIED: Final = errors.GroupAuthorizationFailedError.code
+TXN_DENIED: Final = errors.TransactionalIdAuthorizationFailedError.code
 
 # The first version of each api whose clients know PRODUCER_FENCED (KIP-588); below it
 # Kafka answers INVALID_PRODUCER_EPOCH, which older clients treat as fenced too.
@@ -67,8 +79,13 @@ def _coordinator_error(api_key: int, version: int, code: int) -> int:
 class TransactionWireApis:
     """The transaction handlers of the Kafka listener."""
 
-    def __init__(self, table: PartitionTable) -> None:
+    def __init__(self, table: PartitionTable, authz: Authorizer = OPEN) -> None:
         self._table = table
+        self._authz = authz
+
+    def _may(self, conn: KafkaConn, op: AclOperation, resource: ResourceType,
+             name: str) -> bool:
+        return self._authz.allows(conn, op, resource, name)
 
     def handlers(self) -> Mapping[int, object]:
         return {24: self.add_partitions_to_txn, 25: self.add_offsets_to_txn,
@@ -78,13 +95,18 @@ class TransactionWireApis:
     # --- AddPartitionsToTxn (v0-3) ------------------------------------------------------------
     def add_partitions_to_txn(self, conn: KafkaConn, version: int, body: dict):
         wanted = [(t["name"], p) for t in body["v3_and_below_topics"] for p in t["partitions"]]
+        tid = body["v3_and_below_transactional_id"]
+        denied = {tp for tp in wanted
+                  if not self._may(conn, AclOperation.WRITE, ResourceType.TOPIC, tp[0])}
         unknown = {tp for tp in wanted if self._table.get(*tp) is None}
-        if unknown:
-            codes = {tp: UNKNOWN_TOPIC_OR_PARTITION if tp in unknown
-                     else OPERATION_NOT_ATTEMPTED for tp in wanted}
+        if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
+            codes = dict.fromkeys(wanted, TXN_DENIED)
+        elif denied or unknown:
+            codes = {tp: TOPIC_DENIED if tp in denied else UNKNOWN_TOPIC_OR_PARTITION
+                     if tp in unknown else OPERATION_NOT_ATTEMPTED for tp in wanted}
         else:
             (reply,) = yield Calls([Call(Api.ADD_PARTITIONS_TO_TXN, {
-                "transactional_id": body["v3_and_below_transactional_id"],
+                "transactional_id": tid,
                 "producer_id": body["v3_and_below_producer_id"],
                 "producer_epoch": body["v3_and_below_producer_epoch"],
                 "partitions": [list(tp) for tp in wanted]})])
@@ -99,12 +121,21 @@ class TransactionWireApis:
 
     # --- AddOffsetsToTxn, EndTxn --------------------------------------------------------------
     def add_offsets_to_txn(self, conn: KafkaConn, version: int, body: dict):
+        if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                         body["transactional_id"]):
+            return {"throttle_time_ms": 0, "error_code": TXN_DENIED}
+        if not self._may(conn, AclOperation.READ, ResourceType.GROUP, body["group_id"]):
+            return {"throttle_time_ms": 0, "error_code": GROUP_DENIED}
         (reply,) = yield Calls([Call(Api.ADD_OFFSETS_TO_TXN, {
             "transactional_id": body["transactional_id"], "producer_id": body["producer_id"],
             "producer_epoch": body["producer_epoch"], "group": body["group_id"]})])
         return {"throttle_time_ms": 0, "error_code": _coordinator_error(25, version, reply[2])}
 
     def end_txn(self, conn: KafkaConn, version: int, body: dict):
+        if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                         body["transactional_id"]):
+            return {"throttle_time_ms": 0, "error_code": TXN_DENIED, "producer_id": -1,
+                    "producer_epoch": -1}
         (reply,) = yield Calls([Call(Api.END_TXN, {
             "transactional_id": body["transactional_id"], "producer_id": body["producer_id"],
             "producer_epoch": body["producer_epoch"], "commit": int(body["committed"])})])
@@ -113,6 +144,16 @@ class TransactionWireApis:
 
     # --- TxnOffsetCommit ----------------------------------------------------------------------
     def txn_offset_commit(self, conn: KafkaConn, version: int, body: dict):
+        code = TXN_DENIED if not self._may(conn, AclOperation.WRITE,
+                                           ResourceType.TRANSACTIONAL_ID,
+                                           body["transactional_id"]) \
+            else GROUP_DENIED if not self._may(conn, AclOperation.READ, ResourceType.GROUP,
+                                               body["group_id"]) \
+            else TOPIC_DENIED if any(not self._may(conn, AclOperation.READ,
+                                                   ResourceType.TOPIC, t["name"])
+                                     for t in body["topics"]) else NONE
+        if code != NONE:        # the whole commit or none of it: its offsets go together
+            return _txn_commit_answer(body, code)
         offsets = [[t["name"], p["partition_index"], p["committed_offset"],
                     p["committed_leader_epoch"], p["committed_metadata"] or ""]
                    for t in body["topics"] for p in t["partitions"]]
@@ -121,22 +162,19 @@ class TransactionWireApis:
             "producer_id": body["producer_id"], "producer_epoch": body["producer_epoch"],
             "member_id": body["member_id"], "member_epoch": body["generation_id"],
             "offsets": offsets})])
-        code = fenced_error(28, version, reply[2])
-        return {"throttle_time_ms": 0, "topics": [
-            {"name": t["name"], "partitions": [
-                {"partition_index": p["partition_index"], "error_code": code}
-                for p in t["partitions"]]} for t in body["topics"]]}
+        return _txn_commit_answer(body, fenced_error(28, version, reply[2]))
 
     # --- DescribeProducers --------------------------------------------------------------------
     def describe_producers(self, conn: KafkaConn, version: int, body: dict) -> dict:
         topics = []
         for t in body["topics"]:
             rows = []
+            readable = self._may(conn, AclOperation.READ, ResourceType.TOPIC, t["name"])
             for index in t["partition_indexes"]:
                 part = self._table.get(t["name"], index)
-                if part is None:
-                    rows.append({"partition_index": index,
-                                 "error_code": UNKNOWN_TOPIC_OR_PARTITION,
+                if part is None or not readable:
+                    rows.append({"partition_index": index, "error_code":
+                                 UNKNOWN_TOPIC_OR_PARTITION if readable else TOPIC_DENIED,
                                  "error_message": None, "active_producers": []})
                     continue
                 rows.append({"partition_index": index, "error_code": NONE,
@@ -153,11 +191,15 @@ class TransactionWireApis:
     # --- DescribeTransactions, ListTransactions -----------------------------------------------
     def describe_transactions(self, conn: KafkaConn, version: int, body: dict):
         ids = body["transactional_ids"]
+        allowed = [tid for tid in ids if self._may(conn, AclOperation.DESCRIBE,
+                                                   ResourceType.TRANSACTIONAL_ID, tid)]
         # One native call per id: an unknown id is its own row's error, not the request's.
-        replies = yield Calls([Call(Api.DESCRIBE_TRANSACTIONS, {"transactional_ids": [tid]})
-                               for tid in ids])
+        replies = yield from call_each({
+            tid: Call(Api.DESCRIBE_TRANSACTIONS, {"transactional_ids": [tid]})
+            for tid in allowed})
         states = []
-        for tid, reply in zip(ids, replies, strict=True):
+        for tid in ids:
+            reply = replies.get(tid, [None, None, TXN_DENIED, None])
             if reply[2] != NONE:
                 states.append({"error_code": reply[2], "transactional_id": tid,
                                "transaction_state": "", "transaction_timeout_ms": 0,
@@ -189,9 +231,18 @@ class TransactionWireApis:
         now = wall_ms()
         rows = [{"transactional_id": r["transactional_id"], "producer_id": r["producer_id"],
                  "transaction_state": r["state"]} for r in reply[4]
-                if (not states or r["state"] in states)
+                if self._may(conn, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                             r["transactional_id"])
+                and (not states or r["state"] in states)
                 and (not pids or r["producer_id"] in pids)
                 # "running longer than": a transaction that is open, since its start
                 and (duration < 0 or (r["start_ms"] >= 0 and now - r["start_ms"] >= duration))]
         return {"throttle_time_ms": 0, "error_code": NONE,
                 "unknown_state_filters": sorted(states - _STATES), "transaction_states": rows}
+
+
+def _txn_commit_answer(body: dict, code: int) -> dict:
+    return {"throttle_time_ms": 0, "topics": [
+        {"name": t["name"], "partitions": [
+            {"partition_index": p["partition_index"], "error_code": code}
+            for p in t["partitions"]]} for t in body["topics"]]}

@@ -48,6 +48,9 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     25: (0, 3),      # AddOffsetsToTxn
     26: (0, 3),      # EndTxn
     28: (0, 3),      # TxnOffsetCommit
+    29: (1, 3),      # DescribeAcls (v0 went in Kafka 4: KIP-896)
+    30: (1, 3),      # CreateAcls
+    31: (1, 3),      # DeleteAcls
     32: (1, 4),      # DescribeConfigs
     37: (0, 3),      # CreatePartitions
     42: (0, 2),      # DeleteGroups

@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+from confluent_kafka import KafkaException
 from kafka import KafkaConsumer, KafkaProducer
 from kclients import WAIT, consumer, produce, read_partitions
 from tlscerts import Pair, issue, make_ca
@@ -59,7 +60,10 @@ def tls_broker(tmp_path, *, client_ca: bool):
     conf.write_text(
         'kafka_listeners = ["127.0.0.1:0", "SSL://127.0.0.1:0"]\n'
         f'kafka_ssl_certfile = "{server.cert}"\nkafka_ssl_keyfile = "{server.key}"\n'
-        + (f'kafka_ssl_cafile = "{ca.cert}"\n' if client_ca else ""))
+        + (f'kafka_ssl_cafile = "{ca.cert}"\n'
+           # alice may do anything; any other certificate's subject needs ACLs
+           f'kafka_super_users = ["{ALICE_PRINCIPAL.removeprefix("User:")}"]\n'
+           if client_ca else ""))
     with mq.testing.broker(tmp_path / "data", config_file=str(conf), log_level="INFO") as b:
         with Admin(b.socket) as admin:
             plain, secure = admin.broker_stats()["broker"]["kafka_listeners"]
@@ -143,6 +147,15 @@ def test_mutual_tls_sets_the_principal_from_the_subject(mtls):
         _seen(read_partitions(mtls.plain, "m", 5))
     assert mtls.log_lines(rf"Kafka connection from 127\.0\.0\.1:\d+: TLSv1\.\d, "
                           rf"principal {re.escape(ALICE_PRINCIPAL)}$")
+
+
+def test_a_certificate_subject_without_acls_is_refused_the_topic(mtls):
+    """An authenticated principal gets nothing without a matching ACL (Kafka's default): the
+    ACL check sees the subject of the client certificate."""
+    bob = issue(mtls.ca, mtls.dir, "bob", {"CN": "bob"})
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED|Topic authorization"):
+        produce(mtls.bootstrap, "bobs", _records(1), {**mtls.ssl_conf(bob),
+                                                      "message.timeout.ms": 5000})
 
 
 def test_fetched_records_are_byte_identical_over_tls_and_plaintext(tls):

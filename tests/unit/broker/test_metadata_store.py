@@ -65,3 +65,27 @@ def test_alter_config_deletes_overrides_and_a_replay_agrees(tmp_path):
         assert MetadataStore(plog).topics["t"].config == info.config
     finally:
         plog.close()
+
+
+def test_acls_are_records_replayed_at_start_and_a_removal_stays_removed(tmp_path):
+    from mq.broker.acls import AclBinding
+    path = str(tmp_path / "__cluster_metadata-0")
+    read = AclBinding(2, "orders", 3, "User:alice", "*", 3, 3)
+    write = AclBinding(2, "ord", 4, "User:bob", "10.0.0.1", 4, 2)
+    plog = PartitionLog.open(path)
+    try:
+        store = MetadataStore(plog)
+        store.create_topic("orders", 1, {})
+        store.change_acls(add=[read, write, read])          # the same binding twice: one
+        store.change_acls(remove=[write])
+        store.change_acls(add=[write])
+        store.change_acls(remove=[read])
+        assert store.acls == {write}
+    finally:
+        plog.close()
+    plog = PartitionLog.open(path)
+    try:
+        store = MetadataStore(plog)
+        assert store.acls == {write} and set(store.topics) == {"orders"}
+    finally:
+        plog.close()
