@@ -169,9 +169,11 @@ def write_properties(path: Path, props: dict[str, str]) -> str:
 
 
 def table(text: str) -> list[dict[str, str]]:
-    """A Kafka tool's table (a header line, then rows; columns split on tabs or runs of
-    spaces, no empty cell) as dicts."""
+    """A Kafka tool's table (a header line, then rows) as dicts: columns split on tabs
+    (TransactionsCommand's, where a cell may be empty) or else on runs of spaces."""
     lines = [line for line in text.splitlines() if line.strip()]
-    rows = [line.split("\t") if "\t" in line else line.split() for line in lines]
-    rows = [[cell.strip() for cell in row if cell.strip()] for row in rows]
-    return [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]
+    if "\t" in lines[0]:
+        rows = [[cell.strip() for cell in line.split("\t")] for line in lines]
+    else:
+        rows = [line.split() for line in lines]
+    return [dict(zip(rows[0], row, strict=False)) for row in rows[1:]]
