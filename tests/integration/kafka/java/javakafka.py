@@ -7,12 +7,13 @@ Failures are failures, never skips: without ``java``, ``javac`` or ``mvn`` (``.c
 openjdk-17-jdk-headless and maven when missing) or without Maven Central, the fixture fails.
 
 Invariants: a cache directory holds a complete resolution or does not exist (each is built under a
-temporary name and renamed, so two xdist workers resolving at once both end with a whole one).
+temporary name, under a lock, and renamed when whole).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import os
 import shutil
@@ -57,20 +58,22 @@ def _digest(*paths: Path) -> str:
 
 
 def _publish(build, target: Path) -> Path:
-    """``build(tmp)`` fills a temporary directory beside ``target``, renamed to it when whole."""
+    """``build(tmp)`` fills a temporary directory beside ``target``, renamed to it when whole.
+    One build at a time on the machine (a lock file): xdist workers wait for the first one's
+    rather than run Maven on one ``~/.m2`` at once."""
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        build(tmp)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_dir():                 # built while this worker waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
         try:
+            build(tmp)
             tmp.rename(target)
-        except OSError:                     # another worker published first: keep theirs
-            if not target.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
