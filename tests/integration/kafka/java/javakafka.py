@@ -30,6 +30,11 @@ JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx256m",
        "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"]
 WAIT = 60.0                   # seconds: one JVM's run on a loaded 2-core box
 
+# Spark's Kafka connector: the connector, its token provider, the Kafka client it was built with
+# (3.9) and its pool; Spark's own jars (Scala, Hadoop, snappy, lz4, SLF4J) come with PySpark.
+SPARK_CONNECTOR = ("spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
+                   "kafka-clients", "commons-pool2")
+
 TOPIC_COMMAND = "org.apache.kafka.tools.TopicCommand"
 CONSOLE_PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
@@ -42,7 +47,8 @@ class JavaUnavailable(Exception):
     """Java, javac or Maven is missing, or Maven could not resolve a pom."""
 
 
-def _tool(name: str) -> str:
+def require(name: str) -> str:
+    """The path of the program ``name``; raises ``JavaUnavailable`` when it is missing."""
     path = shutil.which(name)
     if path is None:
         raise JavaUnavailable(f"{name} is not installed (apt-get install -y "
@@ -81,7 +87,7 @@ def resolve(name: str, include: tuple[str, ...] = ()) -> list[Path]:
     """The runtime jars of ``tests/java/<name>/pom.xml`` (only the artifact ids ``include`` when
     given), resolved once into the cache."""
     pom = JAVA_DIR / name / "pom.xml"
-    mvn = _tool("mvn")
+    mvn = require("mvn")
 
     def build(tmp: Path) -> None:
         argv = [mvn, "-B", "-q", "-f", str(pom), COPY, "-DincludeScope=runtime",
@@ -93,14 +99,15 @@ def resolve(name: str, include: tuple[str, ...] = ()) -> list[Path]:
             raise JavaUnavailable(f"mvn could not resolve {pom}:\n{done.stdout[-3000:]}"
                                   f"{done.stderr[-2000:]}")
 
-    libs = _publish(build, CACHE / f"{name}-{_digest(pom)}")
+    key = hashlib.sha256(",".join(include).encode()).hexdigest()[:8]
+    libs = _publish(build, CACHE / f"{name}-{_digest(pom)}-{key}")
     return sorted(libs.glob("*.jar"))
 
 
 def compile_checks(jars: list[Path]) -> Path:
     """``KafkaChecks.java`` compiled against ``jars``: its classes directory (cached)."""
     source = JAVA_DIR / "kafka" / "src" / "KafkaChecks.java"
-    javac = _tool("javac")
+    javac = require("javac")
 
     def build(tmp: Path) -> None:
         done = subprocess.run([javac, "-d", str(tmp), "-cp", os.pathsep.join(map(str, jars)),
@@ -120,7 +127,7 @@ class JavaKafka:
 
     @classmethod
     def load(cls) -> JavaKafka:
-        java = _tool("java")
+        java = require("java")
         jars = resolve("kafka")
         classes = compile_checks(jars)
         return cls(java, os.pathsep.join([str(classes), *map(str, jars)]))

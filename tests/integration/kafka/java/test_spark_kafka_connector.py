@@ -9,7 +9,7 @@ import os
 import sys
 
 import pytest
-from javakafka import JavaUnavailable, resolve
+from javakafka import SPARK_CONNECTOR, JavaUnavailable, resolve
 from kclients import WAIT, collect
 
 from mq.client.admin import Admin
@@ -18,20 +18,16 @@ from mq.client.producer import Producer as MqProducer
 
 pytestmark = pytest.mark.spark
 
-# The connector, its token provider, the Kafka client it was built with (3.9) and its pool;
-# Spark's own jars (Scala, Hadoop, snappy, lz4, SLF4J) come with PySpark.
-CONNECTOR = ("spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
-             "kafka-clients", "commons-pool2")
 
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     from pyspark.sql import SparkSession
     try:
-        jars = resolve("spark", CONNECTOR)
+        jars = resolve("spark", SPARK_CONNECTOR)
     except JavaUnavailable as err:
         pytest.fail(str(err))
-    assert sorted(j.name.rsplit("-", 1)[0] for j in jars) == sorted(CONNECTOR), jars
+    assert sorted(j.name.rsplit("-", 1)[0] for j in jars) == sorted(SPARK_CONNECTOR), jars
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     session = (SparkSession.builder.master("local[1]")
