@@ -44,7 +44,8 @@ def spark(tmp_path_factory):
     session.stop()
 
 
-def test_spark_reads_and_writes_mq_through_its_kafka_connector(spark, mixed, tmp_path):
+def test_spark_reads_and_writes_mq_through_its_kafka_connector(spark, mixed, kafka_client_props,
+                                                                tmp_path):
     with Admin(mixed.socket) as admin:
         admin.create_topic("events", 2)
         admin.create_topic("scored", 1)
@@ -52,7 +53,9 @@ def test_spark_reads_and_writes_mq_through_its_kafka_connector(spark, mixed, tmp
         for i in range(6):
             p.send("events", key=f"k{i}".encode(), value=f"v{i}".encode(),
                    partition=i % 2).get(timeout=WAIT)
-    kafka = {"kafka.bootstrap.servers": mixed.bootstrap}
+    # The connector passes options named kafka.* to its clients (a secured listener's too).
+    kafka = {"kafka.bootstrap.servers": mixed.bootstrap,
+             **{f"kafka.{k}": v for k, v in kafka_client_props.items()}}
 
     batch = (spark.read.format("kafka").options(**kafka).option("subscribe", "events")
              .option("startingOffsets", "earliest").load())
