@@ -6,7 +6,8 @@
 // PROPS_FILE ("-" for none) holds client properties added to every client (security.protocol,
 // sasl.*, ssl.* for a secured listener). Each STEP is NAME:ARG,ARG,... and prints one line per
 // result, tab-separated, that the Python test parses:
-//   produce:TOPIC,N,PREFIX            idempotent producer, N records key PREFIX-i value PREFIX-i
+//   produce:TOPIC,N,PREFIX[,CODEC]    idempotent producer, N records key PREFIX-i value PREFIX-i,
+//                                     compression.type CODEC (none by default)
 //                                     -> "sent TOPIC PARTITION OFFSET"
 //   txn:TOPIC,TXN_ID                  transactional producer: commits c0 c1, aborts a0 a1, commits c2
 //                                     -> "txn committed|aborted N"
@@ -54,7 +55,8 @@ public final class KafkaChecks {
             String[] parts = step.split(":", 2);
             String[] a = parts.length > 1 ? parts[1].split(",") : new String[0];
             switch (parts[0]) {
-                case "produce" -> checks.produce(a[0], Integer.parseInt(a[1]), a[2]);
+                case "produce" -> checks.produce(a[0], Integer.parseInt(a[1]), a[2],
+                                                 a.length > 3 ? a[3] : "none");
                 case "txn" -> checks.txn(a[0], a[1]);
                 case "consume" -> checks.consume(a[0], a[1], a[2], a[3], Integer.parseInt(a[4]));
                 case "hold" -> checks.hold(a[0], a[1]);
@@ -74,8 +76,8 @@ public final class KafkaChecks {
         return new KafkaProducer<>(p, new StringSerializer(), new StringSerializer());
     }
 
-    private void produce(String topic, int n, String prefix) throws Exception {
-        try (KafkaProducer<String, String> p = producer(Map.of())) {
+    private void produce(String topic, int n, String prefix, String codec) throws Exception {
+        try (KafkaProducer<String, String> p = producer(Map.of("compression.type", codec))) {
             List<java.util.concurrent.Future<RecordMetadata>> sent = new ArrayList<>();
             for (int i = 0; i < n; i++) {
                 sent.add(p.send(new ProducerRecord<>(topic, prefix + "-" + i, prefix + "-" + i)));
