@@ -28,7 +28,7 @@ from mq import errors
 from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.config import BrokerConfig
 from mq.broker.internal_topics import is_internal
-from mq.broker.kafka.configs import creatable
+from mq.broker.kafka.configs import creatable, created_topic
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.errors import BrokerError
@@ -147,7 +147,7 @@ class AdminApis:
 
     # --- CreateTopics / DeleteTopics / CreatePartitions ---------------------------------------
     def create_topics(self, conn: KafkaConn, version: int, body: dict):
-        rows, calls, called = [], [], []
+        rows, calls, called, validated = [], [], [], []
         for t in body["topics"]:
             name, count = t["name"], t["num_partitions"]
             if t["assignments"]:
@@ -176,6 +176,8 @@ class AdminApis:
             elif body["validate_only"]:
                 if name in self._metadata.topics:
                     row.update(error_code=36, error_message=f"topic {name!r} already exists")
+                else:
+                    validated.append((row, config))
             else:
                 calls.append(self.create_call(name, count, config))
                 called.append(row)
@@ -187,6 +189,17 @@ class AdminApis:
                     row.update(error_code=reply[2], error_message=reply[3])
                 else:
                     row["topic_id"] = topic_id_bytes(reply[4]["id"])
+        created = [row for row in called if row["error_code"] == NONE]
+        if version >= 5 and (created or validated):     # configs are in the response from v5
+            replies = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": ""})] +
+                                  [Call(Api.DESCRIBE_CONFIGS, {"topic": row["name"]})
+                                   for row in created])
+            defaults = replies[0][4]
+            for row, reply in zip(created, replies[1:], strict=True):
+                if reply[2] == NONE:
+                    row["configs"] = created_topic(reply[4], reply[5], defaults)
+            for row, config in validated:
+                row["configs"] = created_topic({**defaults, **config}, config, defaults)
         return {"throttle_time_ms": 0, "topics": rows}
 
     def delete_topics(self, conn: KafkaConn, version: int, body: dict):

@@ -199,6 +199,17 @@ def describe_topic(effective: Mapping[str, str], overrides: Mapping[str, str],
     return out
 
 
+def created_topic(effective: Mapping[str, str], overrides: Mapping[str, str],
+                  broker: Mapping[str, str]) -> list[dict]:
+    """The ``configs`` of a CreateTopics (v5+) result: every config of the new topic, as
+    ``describe_topic`` has them, in the response's five fields (pure). Kafka's admin client
+    reads them for every created topic (``KafkaAdminClient.createTopics``), and fails on null."""
+    fields = ("name", "value", "read_only", "config_source", "is_sensitive")
+    return [{f: e[f] for f in fields}
+            for e in describe_topic(effective, overrides, broker, synonyms=False,
+                                    documentation=False)]
+
+
 def _listener(host: str, port: int, protocol: str = "PLAINTEXT") -> str:
     return f"{protocol}://[{host}]:{port}" if ":" in host else f"{protocol}://{host}:{port}"
 

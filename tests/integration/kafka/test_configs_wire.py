@@ -201,3 +201,20 @@ def test_create_topics_takes_fixed_configs_at_their_value(kafka):
     with mq.Admin(b.socket) as admin:
         assert admin.describe_topic("made")["overrides"] == {"retention.ms": "9000"}
         assert "refused" not in admin.list_topics()
+
+
+def test_create_topics_answers_the_new_topics_configs(kafka):
+    """CreateTopics v5+ answers each created (or validated) topic's configs, as Kafka does:
+    Kafka's Java admin client (TopicCommand --create) read them and failed on null."""
+    from wire_calls import call
+    _, address, _ = kafka
+    topics = [{"name": name, "num_partitions": 1, "replication_factor": 1, "assignments": [],
+               "configs": [{"name": "retention.ms", "value": "9000"}]}
+              for name in ("created", "checked")]
+    for topic, validate_only in zip(topics, (False, True), strict=True):
+        body = {"topics": [topic], "timeout_ms": 30000, "validate_only": validate_only}
+        [row] = call(address, 19, 5, body)["topics"]     # mq answers v2-v5
+        configs = {c["name"]: (c["value"], c["config_source"]) for c in row["configs"]}
+        assert row["error_code"] == 0 and configs["retention.ms"] == ("9000", 1)
+        assert configs["retention.bytes"] == ("-1", 5)    # 1 DYNAMIC_TOPIC, 5 DEFAULT
+        assert configs["segment.bytes"][0] == KAFKA_TOPIC_DEFAULTS["segment.bytes"]

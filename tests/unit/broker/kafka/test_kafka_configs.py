@@ -9,7 +9,7 @@ from mq.broker.config import BrokerConfig
 from mq.broker.kafka.configs import (APPEND, DEFAULT_CONFIG, DELETE, DYNAMIC_TOPIC_CONFIG,
                                      FIXED, INVALID_CONFIG, INVALID_REQUEST, SET,
                                      STATIC_BROKER_CONFIG, SUBTRACT, TOPIC_CONFIGS,
-                                     creatable, describe_broker, describe_topic,
+                                     creatable, created_topic, describe_broker, describe_topic,
                                      plan_alteration)
 from mq.log.config import DEFAULTS, LogConfig
 from mq.errors import BrokerError
@@ -42,6 +42,18 @@ def test_describe_topic_sources_and_synonyms():
     assert "replica" in mir["documentation"]
     plain = describe_topic(effective, {}, broker, synonyms=False, documentation=False)
     assert all(e["synonyms"] == [] and e["documentation"] is None for e in plain)
+
+
+def test_created_topic_has_create_topics_five_fields():
+    broker = DEFAULTS.to_properties()
+    effective = {**broker, "retention.ms": "9000"}
+    entries = {e["name"]: e for e in created_topic(effective, {"retention.ms": "9000"}, broker)}
+    assert set(entries) == set(TOPIC_CONFIGS) | set(FIXED)
+    assert entries["retention.ms"] == {"name": "retention.ms", "value": "9000",
+                                       "read_only": False,
+                                       "config_source": DYNAMIC_TOPIC_CONFIG,
+                                       "is_sensitive": False}
+    assert entries["min.insync.replicas"]["read_only"] is True
 
 
 def test_describe_broker_names_and_sources():

@@ -1,0 +1,48 @@
+"""The README's Java, Kafka CLI tools and Spark connector examples (``readme_java``) run as
+written, in a directory whose ``tests`` is the repository's, with the test broker's address for
+127.0.0.1:9092, and print what the README says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import readme_java as readme
+from javakafka import SPARK_CONNECTOR, JavaUnavailable, require, resolve, table
+
+TESTS = Path(__file__).resolve().parents[3]
+
+
+def _run(argv: list[str], cwd: Path, bootstrap: str, timeout: float = 300) -> str:
+    done = subprocess.run([arg.replace(readme.ADDRESS, bootstrap) for arg in argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.spark
+def test_java_tools_and_spark_examples(kafka_mq, java_kafka, tmp_path):
+    try:
+        require("mvn")
+        resolve("spark", SPARK_CONNECTOR)     # under the cache's lock: ~/.m2 is filled once
+    except JavaUnavailable as err:
+        pytest.fail(str(err))
+    (tmp_path / "tests").symlink_to(TESTS)
+    bootstrap = kafka_mq.bootstrap
+    _run(["bash", "-e", "-c", readme.FETCH], tmp_path, bootstrap)
+
+    assert readme.JAVA.count(readme.ADDRESS) == 2
+    (tmp_path / "Deliveries.java").write_text(readme.JAVA.replace(readme.ADDRESS, bootstrap))
+    assert _run(["bash", "-e", "-c", readme.JAVA_RUN], tmp_path, bootstrap) == readme.JAVA_PRINTS
+
+    out = _run(["bash", "-e", "-o", "pipefail", "-c", readme.TOOLS], tmp_path, bootstrap)
+    for line in readme.TOOLS_PRINTS:
+        assert line in out.splitlines(), out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("GROUP "))
+    [group] = table("\n".join(lines[header:header + 2]))
+    assert (group["CURRENT-OFFSET"], group["LAG"]) == ("1", "0"), out
+
+    assert _run([sys.executable, "-c", readme.SPARK], tmp_path, bootstrap) == readme.SPARK_PRINTS
