@@ -46,3 +46,11 @@ def test_java_tools_and_spark_examples(kafka_mq, java_kafka, tmp_path):
     assert (group["CURRENT-OFFSET"], group["LAG"]) == ("1", "0"), out
 
     assert _run([sys.executable, "-c", readme.SPARK], tmp_path, bootstrap) == readme.SPARK_PRINTS
+
+
+def test_the_readme_shows_these_examples_as_they_run():
+    """The blocks run above are README.md's, word for word (kept in readme_java.py so that
+    the run needs no Markdown parsing)."""
+    text = (Path(__file__).resolve().parents[4] / "README.md").read_text()
+    for name in ("FETCH", "JAVA", "JAVA_RUN", "TOOLS", "SPARK"):
+        assert getattr(readme, name).strip() in text, f"README.md lacks readme_java.{name}"
