@@ -224,13 +224,15 @@ def test_an_unsupported_api_versions_version_is_answered_in_v0(kafka):
         assert api_versions(sock, correlation_id=8)["error_code"] == 0     # and it stays open
 
 
+@pytest.mark.parametrize("half", [0, 1])
 @settings(max_examples=3, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_requests_with_any_field_values_leave_the_broker_serving(kafka, data):
+def test_requests_with_any_field_values_leave_the_broker_serving(kafka, data, half):
     """Every served api and version, bodies drawn from the schema (any ints, strings, nulls,
     tagged fields): each answered or its connection closed, the broker never stops, and no
-    handler raises (``check_healthy``: no traceback in its log)."""
-    for key, (lo, hi) in sorted(SERVED.items()):
+    handler raises (``check_healthy``: no traceback in its log). Every other api per run:
+    all of them in one example draw more than Hypothesis' entropy limit."""
+    for key, (lo, hi) in sorted(SERVED.items())[half::2]:
         for version in range(lo, hi + 1):
             drawn = data.draw(body(APIS[key][0], version), label=f"api {key} v{version}")
             if key == FETCH:
