@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         with mq.testing.broker(os.path.join(base, "data"), config_file=conf) as b:
             with Admin(b.socket) as admin:
                 plain, secure = admin.broker_stats()["broker"]["kafka_listeners"]
+                secure = secure.removeprefix("SSL://")      # shown with its protocol
             n = args.mb * 1_000_000 // args.size
             prod = Producer({"bootstrap.servers": plain, "linger.ms": 5})
             value = os.urandom(args.size)

@@ -272,6 +272,15 @@ _ERROR_TABLE = [
     ("UnsupportedAssignorError", 112, False, "No such partition assignor."),
     ("StaleMemberEpochError", 113, True, "The member epoch is stale (heartbeat, then retry)."),
     ("InvalidRegularExpressionError", 128, False, "The subscription pattern is not valid."),
+    # Kafka's SASL and SCRAM credential errors (KIP-43, KIP-152, KIP-554)
+    ("UnsupportedSaslMechanismError", 33, False, "The broker does not offer that SASL "
+     "mechanism."),
+    ("IllegalSaslStateError", 34, False, "A SASL request out of order."),
+    ("SaslAuthenticationFailedError", 58, False, "Wrong user name or password."),
+    ("ResourceNotFoundError", 91, False, "No such resource (a user's SCRAM credential)."),
+    ("DuplicateResourceError", 92, False, "The request names a resource twice."),
+    ("UnacceptableCredentialError", 93, False, "The credential breaks the broker's rules "
+     "(an empty user name, iterations out of range)."),
     ("BrokerShuttingDownError", 1001, True, "The broker is stopping; retry after restart."),
 ]
 ERRORS_BY_CODE: dict[int, type] = {code: _broker_error(name, code, retriable, doc)

@@ -33,12 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve OpenMetrics at http://HOST:PORT/metrics (port 0: any free "
                         "port, logged at start; default: off, or metrics_address in the "
                         "config file)")
-    parser.add_argument("--kafka-listener", metavar="[SSL://]HOST:PORT", action="append",
+    parser.add_argument("--kafka-listener", metavar="[PROTOCOL://]HOST:PORT", action="append",
                         dest="kafka_listeners",
-                        help="serve Kafka's wire protocol on HOST:PORT, a loopback address "
-                        "(repeatable; SSL://: over TLS, with kafka_ssl_certfile and "
-                        "kafka_ssl_keyfile in the config file; port 0: any free port, logged "
-                        "at start; default: off, or kafka_listeners in the config file)")
+                        help="serve Kafka's wire protocol on HOST:PORT; PROTOCOL is PLAINTEXT "
+                        "(default; loopback only unless kafka_allow_anonymous), "
+                        "SASL_PLAINTEXT, SSL or SASL_SSL (TLS, with kafka_ssl_certfile and "
+                        "kafka_ssl_keyfile in the config file); repeatable; port 0: any free "
+                        "port, logged at start; default: off, or kafka_listeners in the config "
+                        "file")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 

@@ -13,11 +13,13 @@
     retention_check_interval_ms = 300000
     high_watermark = "written"        # or "durable": consumers only see fsync'd data
     metrics_address = "127.0.0.1:9400"  # OpenMetrics at http://127.0.0.1:9400/metrics
-    kafka_listeners = ["127.0.0.1:9092"]  # Kafka's wire protocol, loopback only (mq/broker/kafka)
+    kafka_listeners = ["127.0.0.1:9092"]  # Kafka's wire protocol (mq/broker/kafka), [PROTOCOL://]HOST:PORT
                                       # "SSL://127.0.0.1:9093": TLS, with the kafka_ssl_* files
     kafka_ssl_certfile = "/etc/mq/broker.pem"   # PEM certificate (chain) of SSL:// listeners
     kafka_ssl_keyfile = "/etc/mq/broker.key"    # its unencrypted PEM key
     kafka_ssl_cafile = "/etc/mq/clients-ca.pem" # optional: client certificates required
+    kafka_sasl_mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512"]   # of SASL_* listeners; or "PLAIN"
+    kafka_allow_anonymous = false     # true: PLAINTEXT listeners may bind non-loopback addresses
     auto_create_topics = true         # Metadata and Produce create unknown topics (Kafka's default)
     num_partitions = 1                # ... with this many partitions
     kafka_super_users = ["admin"]     # Kafka principals User:admin bypass ACLs
@@ -40,8 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mq.broker.assignors import canonical_assignor
-from mq.broker.kafka.addresses import check_listener
-from mq.broker.kafka.tls import split_listener
+from mq.broker.kafka.addresses import check_listener, parse_listener
 from mq.broker.group_model import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_MAX_SESSION_TIMEOUT_MS,
@@ -53,6 +54,7 @@ from mq.errors import ConfigError
 from mq.log.config import LogConfig
 from mq.logformat import LOG_FORMATS
 from mq.metrics import parse_address
+from mq.protocol.kafka.sasl import MECHANISMS
 from mq.protocol.paths import check_socket_path, default_data_dir, default_socket_path
 
 __all__ = ["BrokerConfig", "ConfigError"]
@@ -118,12 +120,17 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS      # 30 min
     group_assignor: str = "sticky"                # default when members name none
     metrics_address: str = ""                     # HOST:PORT of /metrics ("" = off)
-    # Kafka's wire protocol (mq/broker/kafka/): loopback HOST:PORTs to serve it on (none: off).
+    # Kafka's wire protocol (mq/broker/kafka/): [PROTOCOL://]HOST:PORTs to serve it on (none:
+    # off); one that does not authenticate binds loopback only (addresses.py).
     kafka_listeners: tuple[str, ...] = ()
     # TLS of SSL:// listeners (tls.py): PEM files; a CA file requires client certificates.
     kafka_ssl_certfile: str = ""
     kafka_ssl_keyfile: str = ""
     kafka_ssl_cafile: str = ""
+    kafka_allow_anonymous: bool = False
+    # SCRAM only by default: PLAIN sends the password itself, readable on the wire of a
+    # SASL_PLAINTEXT listener; SCRAM sends a proof that is useless to replay.
+    kafka_sasl_mechanisms: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512")
     auto_create_topics: bool = True               # auto.create.topics.enable
     num_partitions: int = 1                       # num.partitions: of an auto-created topic
     node_id: int = 0                              # node.id: the one node Metadata names
@@ -185,6 +192,7 @@ class BrokerConfig:
                 raise ConfigError(f"{where}: {err}") from err
         config = cls(**kwargs)
         _check_session_timeouts(config, sources or {})
+        _check_kafka_listeners(config, sources or {})
         return config
 
 
@@ -229,10 +237,11 @@ def _checked(key: str, value: Any) -> Any:
         return os.path.abspath(os.path.expanduser(value))
     if key == "kafka_listeners":
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"kafka_listeners must be a list of \"HOST:PORT\", got {value!r}")
+            raise ConfigError(f"kafka_listeners must be a list of \"[PROTOCOL://]HOST:PORT\", "
+                              f"got {value!r}")
         try:
             for text in value:
-                check_listener(split_listener(text)[1])     # TLS hook: [SSL://]HOST:PORT
+                parse_listener(text)       # the loopback rule needs the other keys: at the end
         except ValueError as err:
             raise ConfigError(str(err)) from err
         return tuple(value)
@@ -240,7 +249,13 @@ def _checked(key: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a path, got {value!r}")
         return os.path.abspath(os.path.expanduser(value)) if value else ""
-    if key in ("auto_create_topics", "kafka_acl_enforce_anonymous"):
+    if key == "kafka_sasl_mechanisms":
+        if not isinstance(value, (list, tuple)) or not value or \
+                any(m not in MECHANISMS for m in value):
+            raise ConfigError(f"kafka_sasl_mechanisms must be a non-empty list of "
+                              f"{', '.join(MECHANISMS)}, got {value!r}")
+        return tuple(dict.fromkeys(value))
+    if key in ("auto_create_topics", "kafka_acl_enforce_anonymous", "kafka_allow_anonymous"):
         if type(value) is not bool:
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
@@ -288,6 +303,19 @@ def _checked(key: str, value: Any) -> Any:
                               f"got {value!r}")
         return level
     return None if value is None else str(value)
+
+
+def _check_kafka_listeners(config: BrokerConfig, sources: Mapping[str, str]) -> None:
+    """Every Kafka listener that does not authenticate binds loopback only, unless
+    ``kafka_allow_anonymous`` (addresses.py). Raises ``ConfigError`` naming the listener."""
+    client_certificates = bool(config.kafka_ssl_cafile)     # required when a CA is given
+    for text in config.kafka_listeners:
+        try:
+            check_listener(text, allow_anonymous=config.kafka_allow_anonymous,
+                           client_certificates=client_certificates)
+        except ValueError as err:
+            where = sources.get("kafka_listeners")
+            raise ConfigError(f"{where}: {err}" if where else str(err)) from err
 
 
 def _check_session_timeouts(config: BrokerConfig, sources: Mapping[str, str]) -> None:

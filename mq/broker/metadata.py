@@ -14,6 +14,10 @@ first id is given, and a restart starts a new block, so an id is never handed ou
 ACLs (KRaft's AccessControlEntryRecord): the key ``@acl `` followed by the binding's seven
 fields as a JSON list (``acls.AclBinding.as_list``; readable in ``mq dump-log``), the value
 the same list as msgpack; a null value removes it. The key names the whole binding, so creating one twice keeps one.
+
+SCRAM credentials (KRaft's UserScramCredentialRecord): the key ``@scram/MECHANISM/USER``
+holds msgpack ``{"salt", "iterations", "stored_key", "server_key"}`` (verifiers, never a
+password: ``mq/protocol/kafka/sasl.py``); a null value deletes it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.records import build_batch
+from mq.protocol.kafka.sasl import ScramCredential
 
 __all__ = ["ACL_KEY_PREFIX", "METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK",
            "MetadataStore", "TopicInfo"]
@@ -38,6 +43,7 @@ __all__ = ["ACL_KEY_PREFIX", "METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_
 PRODUCER_IDS_KEY = "@producer-ids"
 PRODUCER_ID_BLOCK = 1000
 ACL_KEY_PREFIX = b"@acl "
+SCRAM_PREFIX = "@scram/"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +58,7 @@ class MetadataStore:
     def __init__(self, log: PartitionLog) -> None:
         self.log = log
         self.topics: dict[str, TopicInfo] = {}
+        self.scram: dict[tuple[str, str], ScramCredential] = {}    # (user, mechanism)
         self._block_end = 0
         self.acls: set[AclBinding] = set()
         for batch in log.batches():
@@ -64,6 +71,9 @@ class MetadataStore:
                 name = bytes(rec.key).decode()
                 if name == PRODUCER_IDS_KEY:
                     self._block_end = msgpack.unpackb(bytes(rec.value))["block_end"]
+                    continue
+                if name.startswith(SCRAM_PREFIX):
+                    self._replay_scram(name, rec.value)
                     continue
                 if rec.value is None:
                     self.topics.pop(name, None)
@@ -84,6 +94,27 @@ class MetadataStore:
             self._block_end = end
         self._next_producer_id += 1
         return self._next_producer_id - 1
+
+    # --- SCRAM credentials ----------------------------------------------------------------------
+    def _replay_scram(self, key: str, value) -> None:
+        mechanism, _, user = key[len(SCRAM_PREFIX):].partition("/")
+        if value is None:
+            self.scram.pop((user, mechanism), None)
+        else:
+            v = msgpack.unpackb(bytes(value))
+            self.scram[(user, mechanism)] = ScramCredential(
+                v["salt"], v["iterations"], v["stored_key"], v["server_key"])
+
+    def set_scram(self, user: str, mechanism: str, cred: ScramCredential | None) -> None:
+        """Record (None: delete) ``user``'s credential for ``mechanism``, fsync'd."""
+        value = None if cred is None else msgpack.packb(
+            {"salt": cred.salt, "iterations": cred.iterations, "stored_key": cred.stored_key,
+             "server_key": cred.server_key})
+        self._record(f"{SCRAM_PREFIX}{mechanism}/{user}", value)
+        if cred is None:
+            self.scram.pop((user, mechanism), None)
+        else:
+            self.scram[(user, mechanism)] = cred
 
     def _record(self, key: str, value: bytes | None) -> None:
         self.log.append(build_batch([(int(time.time() * 1000), key.encode(), value)]))

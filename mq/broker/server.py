@@ -50,6 +50,7 @@ from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.produce import ProduceApis
 from mq.broker.apis.topics import TopicApis
 from mq.broker.apis.transactions import TransactionApis
+from mq.broker.apis.users import UserApis
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.broker.config import BrokerConfig
 from mq.broker.conns import Conn, Connections
@@ -57,7 +58,8 @@ from mq.broker.fd_budget import FDS_PER_PARTITION, FdBudget
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.handlers import KafkaApis
 from mq.broker.kafka.listener import KafkaListener
-from mq.broker.kafka.tls import server_context, split_listener
+from mq.broker.kafka.addresses import parse_listener
+from mq.broker.kafka.tls import server_context
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import INTERNAL_TOPICS, METADATA_TOPIC
 from mq.broker.metadata import MetadataStore
@@ -120,6 +122,7 @@ class Broker:
         self.topics: TopicApis | None = None
         self.groups: GroupApis | None = None
         self.transactions: TransactionApis | None = None
+        self.users: UserApis | None = None
         self.stats: BrokerStats | None = None
         self._metrics = None                   # the /metrics endpoint (metrics_address)
         self._publisher: StatePublisher | None = None
@@ -220,9 +223,10 @@ class Broker:
                                  self._cleaner, data_dir=self.data_dir,
                                  socket_path=lambda: self.socket_path,
                                  metadata_log=self.metadata.log)
+        self.users = UserApis(self.metadata)        # SCRAM credentials (mq users, Kafka)
         self._handlers = dispatch_table([self, produce, self.topics, self.groups,
                                          self.transactions, self.stats,
-                                         AclApis(self.metadata)])
+                                         AclApis(self.metadata), self.users])
         self._produce = produce
         self.transactions.recover()
 
@@ -267,7 +271,7 @@ class Broker:
                                    ssl_context=self._kafka_tls)
         self.kafka.set_handlers(KafkaApis(
             self.config, self.partitions, self.groups, self.transactions, self.metadata,
-            leader_epoch=self.logs.leader_epoch).handlers())
+            self.users, leader_epoch=self.logs.leader_epoch).handlers())
         self.kafka.listen()
         self.stats.kafka_listeners = self.kafka.bound
 
@@ -748,7 +752,7 @@ def dispatch_table(components: Iterable[ApiComponent]) -> dict[Api, Handler]:
 def _kafka_tls_context(config: BrokerConfig):
     """The SSL:// Kafka listeners' TLS context (mq/broker/kafka/tls.py), None without one.
     Raises ``ConfigError`` for a file that is missing, unreadable or does not match."""
-    if not any(split_listener(a)[0] for a in config.kafka_listeners):
+    if not any(parse_listener(a).tls for a in config.kafka_listeners):
         return None
     return server_context(config.kafka_ssl_certfile, config.kafka_ssl_keyfile,
                           config.kafka_ssl_cafile)

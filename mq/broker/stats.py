@@ -11,7 +11,8 @@ The snapshot::
 
     broker      pid, data_dir, socket, version, started_ms (wall clock), now_ms (wall clock of
                 this snapshot), connections, metrics_url (None: no /metrics),
-                kafka_listeners (the bound HOST:PORTs of the Kafka listeners; [] : off)
+                kafka_listeners (the bound HOST:PORTs of the Kafka listeners, PROTOCOL:// before
+                those not PLAINTEXT; [] : off)
     partitions  [{topic, partition, internal, log_start_offset, high_watermark,
                   last_stable_offset, log_end_offset, size_bytes, segments,
                   produced_records, produced_bytes}]      counters since the broker started;

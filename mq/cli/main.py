@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.groups",
     "mq.cli.transactions",
     "mq.cli.acls",
+    "mq.cli.users",
     "mq.cli.top",
     "mq.cli.workers",
     "mq.cli.systemd",

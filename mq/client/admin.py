@@ -1,16 +1,18 @@
 """``mq.Admin``: topic operations (create, delete, list, describe, add partitions, configs),
 consumer-group operations (list, describe, delete, read and reset committed offsets), the
-transaction coordinator's view of transactional ids (list, describe) and the Kafka listener's
-ACLs (create, describe, delete)."""
+transaction coordinator's view of transactional ids (list, describe), the Kafka listener's
+ACLs (create, describe, delete) and its SCRAM users (add, delete, describe)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from mq.client.connection import Connection
 from mq.client.types import TopicPartition
 from mq.errors import UnstableOffsetCommitError, error_for_code
+from mq.protocol.kafka.sasl import DEFAULT_ITERATIONS, SCRAM_MECHANISMS, salted_password
 from mq.protocol.limits import check_offset, check_partition_count
 from mq.protocol.messages import Api
 
@@ -185,6 +187,48 @@ class Admin:
             for b in found:
                 removed.setdefault(tuple(b), b)
         return list(removed.values())
+
+    # --- SCRAM users (Kafka's KIP-554; the Kafka listener's SASL checks against these) --------
+    def describe_user_scram_credentials(self, users: Iterable[str] | None = None
+                                        ) -> dict[str, list[tuple[str, int]]]:
+        """``{user: [(mechanism, iterations), ...]}`` for ``users`` (None: every user).
+        Raises ``ResourceNotFoundError`` naming the first unknown user."""
+        wanted = None if users is None else [str(u) for u in users]
+        rows = self._conn.call(Api.DESCRIBE_USER_SCRAM_CREDENTIALS, wanted).fields[0]
+        out: dict[str, list[tuple[str, int]]] = {}
+        for user, code, message, infos in rows:
+            if code:
+                raise error_for_code(code, f"user {user!r}: {message}")
+            out[user] = [(m, i) for m, i in infos]
+        return out
+
+    def alter_user_scram_credentials(self, deletions: Iterable[tuple[str, str]] = (),
+                                     upsertions: Iterable[tuple] = ()) -> None:
+        """Delete ``(user, mechanism)`` credentials and upsert ``(user, mechanism,
+        iterations, salt, salted_password)`` ones, as Kafka's AlterUserScramCredentials.
+        Raises the first user's error (``UnacceptableCredentialError``,
+        ``ResourceNotFoundError``...)."""
+        rows = self._conn.call(Api.ALTER_USER_SCRAM_CREDENTIALS,
+                               [list(d) for d in deletions],
+                               [list(u) for u in upsertions]).fields[0]
+        for user, code, message in rows:
+            if code:
+                raise error_for_code(code, f"user {user!r}: {message}")
+
+    def add_user(self, name: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> None:
+        """Give ``name`` SCRAM-SHA-256 and -512 credentials for ``password`` (replacing any):
+        salted here, so the password never reaches the broker."""
+        upsertions = []
+        for mechanism in SCRAM_MECHANISMS:
+            salt = os.urandom(32)
+            upsertions.append((name, mechanism, iterations, salt,
+                               salted_password(mechanism, password, salt, iterations)))
+        self.alter_user_scram_credentials((), upsertions)
+
+    def delete_user(self, name: str) -> None:
+        """Remove every credential of ``name``. Raises ``ResourceNotFoundError``."""
+        held = self.describe_user_scram_credentials([name])[name]
+        self.alter_user_scram_credentials([(name, m) for m, _ in held], ())
 
     def close(self) -> None:
         self._conn.close()

@@ -72,6 +72,13 @@ Schemas (fields after ``request_id``)::
     DescribeAcls    29  filter [the same seven, name, principal and host nil: any]
                         -> [binding, ...]
     DeleteAcls      31  [filter, ...] -> [[error_code, message, [binding, ...]], ...]
+    DescribeUserScramCredentials 50  users [str] | nil (nil: all)
+                        -> [[user, error_code int, error_message, [[mechanism str,
+                             iterations int], ...]], ...]
+    AlterUserScramCredentials 51  deletions [[user str, mechanism str], ...],
+                        upsertions [[user str, mechanism str, iterations int, salt bin,
+                        salted_password bin], ...] (KIP-554's fields: the password itself
+                        never crosses the socket) -> [[user, error_code int, error_message]]
 
 A Produce reply is ``first_offset, log_append_time, log_start_offset``; for a batch an
 idempotent producer sent again (a retry the partition has), the first offset is the one the
@@ -130,6 +137,8 @@ class Api(enum.IntEnum):
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     WAIT = 1000             # arm a wake-up: post my semaphore when data passes these offsets
     BROKER_STATS = 1001     # mq top and the metrics: partitions, groups, fsync, cleaner
     SHARE_MEMORY = 1002     # a producer's batch arena, a sealed memfd passed with SCM_RIGHTS
@@ -145,6 +154,8 @@ _COMMIT_LIST = ("commit_list",)
 _ACL_LIST = ("acl_list",)
 _ACL_FILTER = ("acl_filter",)
 _ACL_FILTER_LIST = ("acl_filter_list",)
+_SCRAM_DELETIONS = ("scram_deletions",)
+_SCRAM_UPSERTIONS = ("scram_upsertions",)
 PUSH_REQUEST_ID: Final = 0
 
 _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
@@ -192,6 +203,9 @@ _SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
     Api.CREATE_ACLS: (("bindings", _ACL_LIST),),
     Api.DESCRIBE_ACLS: (("filter", _ACL_FILTER),),
     Api.DELETE_ACLS: (("filters", _ACL_FILTER_LIST),),
+    Api.DESCRIBE_USER_SCRAM_CREDENTIALS: (("users", _OPT_STR_LIST),),
+    Api.ALTER_USER_SCRAM_CREDENTIALS: (("deletions", _SCRAM_DELETIONS),
+                                       ("upsertions", _SCRAM_UPSERTIONS)),
 }
 
 ONE_WAY: Final = frozenset({Api.WAIT})
@@ -263,6 +277,15 @@ def _check(kind: Any, value: Any) -> bool:
         return _is_acl(value, _OPT_STR)
     if kind is _ACL_FILTER_LIST:
         return isinstance(value, list) and all(_is_acl(f, _OPT_STR) for f in value)
+    if kind is _SCRAM_DELETIONS:
+        return isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in value)
+    if kind is _SCRAM_UPSERTIONS:
+        return isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 5 and isinstance(p[0], str)
+            and isinstance(p[1], str) and _is_int(p[2]) and isinstance(p[3], bytes)
+            and isinstance(p[4], bytes) for p in value)
     raise AssertionError(kind)
 
 

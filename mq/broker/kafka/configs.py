@@ -40,7 +40,6 @@ from mq.broker.config import BrokerConfig
 from mq.broker.kafka.addresses import parse_listener
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
-from mq.broker.kafka.tls import split_listener
 from mq.log.config import DEFAULTS
 from mq.errors import BrokerError, InvalidConfigurationError, InvalidRequestError
 from mq.protocol.messages import Api
@@ -215,9 +214,9 @@ def _listener(host: str, port: int, protocol: str = "PLAINTEXT") -> str:
 
 
 def _configured(text: str) -> str:
-    """A configured listener in Kafka's form (TLS hook: ``SSL://`` kept, tls.py)."""
-    secure, hostport = split_listener(text)
-    return _listener(*parse_listener(hostport), "SSL" if secure else "PLAINTEXT")
+    """A configured listener in Kafka's form, its protocol kept."""
+    lis = parse_listener(text)
+    return _listener(lis.host, lis.port, lis.protocol)
 
 
 def describe_broker(config: BrokerConfig, topic_defaults: Mapping[str, str],

@@ -116,9 +116,16 @@ class KafkaConn(Conn):
     """A Kafka-protocol client connection (hashable by identity, like ``Conn``)."""
 
     def __init__(self, sock: socket.socket, conn_id: int, max_request_bytes: int,
-                 peer: str) -> None:
+                 peer: str, protocol: str = "PLAINTEXT") -> None:
         super().__init__(sock, None, None, conn_id)     # type: ignore[arg-type]
         self.peer = peer
+        # Security (sasl_wire.py): the listener's protocol, who the client is (what ACLs
+        # match; Kafka's KafkaPrincipal text), and on a SASL_* listener the exchange in
+        # progress until ``authenticated``.
+        self.protocol = protocol
+        self.principal = tls.ANONYMOUS
+        self.authenticated = not protocol.startswith("SASL_")
+        self.sasl: Any = None
         self.frames = FrameBuffer(max_request_bytes)
         self.slots: collections.deque[Slot] = collections.deque()
         self.parts: collections.deque[Any] = collections.deque()

@@ -5,9 +5,10 @@ ListOffsets; ``admin.py``: Metadata and topic administration; ``coordination.py`
 FindCoordinator and producer ids; ``transactions.py``: the transaction apis; ``configs.py``:
 DescribeConfigs and IncrementalAlterConfigs; ``groups.py``: group membership, classic and
 KIP-848; ``group_admin.py``: committed offsets and group administration; ``acl_apis.py``:
-CreateAcls, DescribeAcls, DeleteAcls), built with what it needs, and exposing ``handlers()``.
-ApiVersions is the listener's own. Every family is handed the one ``Authorizer``
-(``mq/broker/acls.py``) over the metadata log's ACLs, and checks each resource it touches.
+CreateAcls, DescribeAcls, DeleteAcls; ``sasl_wire.py``: SASL and SCRAM credentials), built
+with what it needs, and exposing ``handlers()``. ApiVersions is the listener's own. Every
+family is handed the one ``Authorizer`` (``mq/broker/acls.py``) over the metadata log's ACLs,
+and checks each resource it touches.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from mq.broker.acls import Authorizer
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.transactions import TransactionApis
+from mq.broker.apis.users import UserApis
 from mq.broker.config import BrokerConfig
 from mq.broker.kafka.acl_apis import AclWireApis
 from mq.broker.kafka.admin import AdminApis
@@ -25,6 +27,7 @@ from mq.broker.kafka.coordination import CoordinationApis
 from mq.broker.kafka.data import DataApis
 from mq.broker.kafka.group_admin import GroupAdminApis
 from mq.broker.kafka.groups import GroupWireApis
+from mq.broker.kafka.sasl_wire import SaslWireApis
 from mq.broker.kafka.transactions import TransactionWireApis
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
@@ -35,8 +38,8 @@ __all__ = ["KafkaApis"]
 
 class KafkaApis:
     def __init__(self, config: BrokerConfig, table: PartitionTable, groups: GroupApis,
-                 transactions: TransactionApis, metadata: MetadataStore, *,
-                 leader_epoch: int) -> None:
+                 transactions: TransactionApis, metadata: MetadataStore, users: UserApis,
+                 *, leader_epoch: int) -> None:
         cluster_id = read_meta(config.data_dir).get("cluster.id", "")
         self.authz = authz = Authorizer(lambda: metadata.acl_index,
                                         super_users=config.kafka_super_users,
@@ -52,8 +55,9 @@ class KafkaApis:
         self.groups = GroupWireApis(groups, metadata, authz)
         self.group_admin = GroupAdminApis(groups, self.groups, metadata, authz)
         self.acls = AclWireApis(authz)
+        self.sasl = SaslWireApis(users, config.kafka_sasl_mechanisms, authz)
         self._families = [self.admin, self.data, self.coordination, self.transactions,
-                          self.configs, self.groups, self.group_admin, self.acls]
+                          self.configs, self.groups, self.group_admin, self.acls, self.sasl]
 
     def handlers(self) -> Mapping[int, object]:
         table: dict[int, object] = {}

@@ -6,6 +6,9 @@ decoded by the schema-driven codec, checked against the served versions (``versi
 handed to its handler (``handlers.py``), and the responses written in request order with
 ``sendfile`` for Fetch's records (``conn.KafkaConn``).
 
+On a SASL listener a connection that has not authenticated may send ApiVersions and the SASL
+apis only; any other request closes it (``sasl_wire.py``).
+
 What a peer can do wrong closes its connection and nothing else: a frame over
 ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``), a frame that does not decode,
 a version outside the served range (Kafka closes too: it cannot encode a response in a
@@ -42,9 +45,10 @@ from typing import Any
 
 from mq.broker.conns import Connections
 from mq.broker.kafka import tls
-from mq.broker.kafka.addresses import check_listener
+from mq.broker.kafka.addresses import PLAINTEXT, display, parse_listener
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Exchange, Park
+from mq.broker.kafka.sasl_wire import PRE_AUTH_APIS
 from mq.broker.kafka.versions import API_VERSIONS, SERVED
 from mq.broker.partitions import Partition
 from mq.errors import RemoteProtocolError, UnsupportedVersionError
@@ -78,6 +82,7 @@ class KafkaListener:
         self._max_request_bytes = max_request_bytes
         self._handlers: dict[int, KafkaHandler] = {}
         self._sockets: list[socket.socket] = []
+        self._protocols: dict[socket.socket, str] = {}     # listening socket -> PLAINTEXT...
         self.bound: list[str] = []
         # Parked handlers (Fetch's long poll): by partition, and by deadline.
         self._parked: dict[tuple[str, int], set[Exchange]] = {}
@@ -107,8 +112,8 @@ class KafkaListener:
         """Bind every address (port 0: any free one); ``bound`` lists where. Raises
         ``OSError`` naming the address that cannot be bound."""
         for text in self._addresses:
-            secure, hostport = tls.split_listener(text)        # TLS hook
-            host, port = check_listener(hostport)
+            spec = parse_listener(text)       # config.py applied the loopback rule
+            secure, host, port = spec.tls, spec.host, spec.port
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
             sock = socket.socket(info[0], socket.SOCK_STREAM)
             try:
@@ -125,11 +130,12 @@ class KafkaListener:
                 if self._ssl_context is None:
                     raise ValueError(f"Kafka listener {text!r} needs a TLS context")
                 self._tls_sockets.add(sock)
+            self._protocols[sock] = spec.protocol
             self._sel.register(sock, selectors.EVENT_READ, self)
             name = sock.getsockname()
-            self.bound.append(f"[{name[0]}]:{name[1]}" if ":" in name[0]
-                              else f"{name[0]}:{name[1]}")
-            log.info("Kafka listener on %s%s", self.bound[-1], " (TLS)" if secure else "")
+            self.bound.append(display(spec, f"[{name[0]}]:{name[1]}" if ":" in name[0]
+                                      else f"{name[0]}:{name[1]}"))
+            log.info("Kafka listener on %s", self.bound[-1])
 
     def close(self) -> None:
         """Stop accepting (idempotent); the connections are the loop's to close."""
@@ -140,6 +146,7 @@ class KafkaListener:
                 pass
             sock.close()
         self._sockets.clear()
+        self._protocols.clear()
 
     def accept(self, key: selectors.SelectorKey) -> None:
         listener = key.fileobj
@@ -164,7 +171,7 @@ class KafkaListener:
                 session = tls.TlsSession.accept(self._ssl_context, sock, deadline)
                 sock = session.sock
             conn = KafkaConn(sock, self._conns.next_id(), self._max_request_bytes,
-                             f"{peer[0]}:{peer[1]}")
+                             f"{peer[0]}:{peer[1]}", self._protocols.get(listener, PLAINTEXT))
             conn.tls = session
             if session is not None:
                 heapq.heappush(self._handshakes, (session.deadline, conn.conn_id, conn))
@@ -281,6 +288,8 @@ class KafkaListener:
 
     def _request(self, conn: KafkaConn, frame: memoryview) -> None:
         api_key, version, correlation_id = peek_header(frame)
+        if not conn.authenticated and api_key not in PRE_AUTH_APIS:
+            raise RemoteProtocolError(f"api {api_key} before SASL authentication")
         served = SERVED.get(api_key) if api_key in self._handlers or \
             api_key == API_VERSIONS else None
         if served is None or not served[0] <= version <= served[1]:

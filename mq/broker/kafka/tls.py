@@ -1,8 +1,8 @@
 """TLS for the Kafka listener: the server context, each connection's session, the principal.
 
-A listener spec ``SSL://HOST:PORT`` serves TLS (``split_listener``; ``HOST:PORT`` and
-``PLAINTEXT://HOST:PORT`` serve plain TCP). The context (``server_context``) is built once at
-start from ``kafka_ssl_certfile`` and ``kafka_ssl_keyfile``, with ``kafka_ssl_cafile``
+A listener spec ``SSL://HOST:PORT`` or ``SASL_SSL://HOST:PORT`` serves TLS (``addresses.py``
+parses the protocol; ``HOST:PORT``, ``PLAINTEXT://`` and ``SASL_PLAINTEXT://`` serve plain
+TCP). The context (``server_context``) is built once at start from ``kafka_ssl_certfile`` and ``kafka_ssl_keyfile``, with ``kafka_ssl_cafile``
 requiring a client certificate signed by that CA; a file that cannot be read, a key that does
 not match its certificate or asks for a password, stops the broker with one line.
 
@@ -36,7 +36,7 @@ from mq.errors import ConfigError, RemoteProtocolError
 from mq.protocol.kafka.codec import FileRegion
 
 __all__ = ["COPY_BYTES", "HANDSHAKE_TIMEOUT_S", "TlsSession", "copy_head_region", "principal",
-           "server_context", "split_listener"]
+           "server_context"]
 
 # A client that connects and never finishes its handshake holds a descriptor and a little
 # OpenSSL state: 10 s is 100 times a loopback handshake's worst case seen here (~0.1 s
@@ -49,8 +49,6 @@ COPY_BYTES = 256 * 1024
 
 ANONYMOUS = "User:ANONYMOUS"
 
-_PROTOCOLS = {"PLAINTEXT": False, "SSL": True}
-
 # RFC 2253's keywords for the attribute names Python's ``getpeercert`` gives; an e-mail address
 # is written as Java writes it (``_ava``), any other with Python's name (Java writes its OID
 # and the hex of its DER value, which ``getpeercert`` does not give).
@@ -59,18 +57,6 @@ _RDN_KEYWORDS = {
     "stateOrProvinceName": "ST", "organizationName": "O", "organizationalUnitName": "OU",
     "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID",
 }
-
-
-def split_listener(text: str) -> tuple[bool, str]:
-    """``[PROTOCOL://]HOST:PORT`` -> (TLS?, ``HOST:PORT``), PROTOCOL one of PLAINTEXT and SSL
-    (none: PLAINTEXT). Raises ``ValueError`` with one line for another protocol."""
-    if not isinstance(text, str) or "://" not in text:
-        return False, text
-    protocol, _, rest = text.partition("://")
-    if protocol.upper() not in _PROTOCOLS:
-        raise ValueError(f"Kafka listener {text!r}: protocol {protocol!r} is not one of "
-                         f"{', '.join(_PROTOCOLS)}")
-    return _PROTOCOLS[protocol.upper()], rest
 
 
 def _no_password() -> str:

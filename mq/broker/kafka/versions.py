@@ -38,6 +38,7 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     14: (0, 5),      # SyncGroup
     15: (0, 5),      # DescribeGroups
     16: (0, 4),      # ListGroups
+    17: (0, 1),      # SaslHandshake (v0 is advertised, not served: sasl_wire.py)
     18: (0, 3),      # ApiVersions
     19: (2, 5),      # CreateTopics
     20: (1, 4),      # DeleteTopics
@@ -52,10 +53,13 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     30: (1, 3),      # CreateAcls
     31: (1, 3),      # DeleteAcls
     32: (1, 4),      # DescribeConfigs
+    36: (0, 2),      # SaslAuthenticate
     37: (0, 3),      # CreatePartitions
     42: (0, 2),      # DeleteGroups
     44: (0, 1),      # IncrementalAlterConfigs
     47: (0, 0),      # OffsetDelete
+    50: (0, 0),      # DescribeUserScramCredentials
+    51: (0, 0),      # AlterUserScramCredentials
     60: (0, 1),      # DescribeCluster
     61: (0, 0),      # DescribeProducers
     65: (0, 0),      # DescribeTransactions

@@ -67,6 +67,8 @@ def tls_broker(tmp_path, *, client_ca: bool):
     with mq.testing.broker(tmp_path / "data", config_file=str(conf), log_level="INFO") as b:
         with Admin(b.socket) as admin:
             plain, secure = admin.broker_stats()["broker"]["kafka_listeners"]
+        assert secure.startswith("SSL://"), secure        # its protocol shown, not PLAINTEXT's
+        secure = secure.removeprefix("SSL://")
         yield Tls(plain, secure, ca, b, tmp_path / "certs")
 
 

@@ -18,15 +18,6 @@ from mq.log.config import LogConfig
 from mq.protocol.kafka.codec import FileRegion
 
 
-def test_split_listener_takes_plaintext_and_ssl():
-    assert tls.split_listener("127.0.0.1:9092") == (False, "127.0.0.1:9092")
-    assert tls.split_listener("PLAINTEXT://127.0.0.1:9092") == (False, "127.0.0.1:9092")
-    assert tls.split_listener("SSL://[::1]:9093") == (True, "[::1]:9093")
-    assert tls.split_listener("ssl://localhost:0") == (True, "localhost:0")
-    with pytest.raises(ValueError, match="protocol 'HTTP' is not one of PLAINTEXT, SSL"):
-        tls.split_listener("HTTP://127.0.0.1:80")
-
-
 def test_principal_is_the_subject_most_specific_first_as_kafka_writes_it():
     subject = ((("countryName", "DE"),), (("organizationName", "acme"),),
                (("organizationalUnitName", "eng"),), (("commonName", "alice"),))
@@ -122,8 +113,9 @@ def test_the_config_takes_ssl_listeners_and_the_tls_files(tmp_path):
     config = BrokerConfig.load(str(conf), data_dir=str(tmp_path))
     assert config.kafka_listeners == ("SSL://127.0.0.1:0",)
     assert config.kafka_ssl_certfile == os.path.abspath("b.pem") and config.kafka_ssl_cafile == ""
-    conf.write_text('kafka_listeners = ["SASL_SSL://127.0.0.1:0"]\n')
-    with pytest.raises(ConfigError, match="protocol 'SASL_SSL' is not one of"):
+    conf.write_text('kafka_listeners = ["HTTP://127.0.0.1:0"]\n')
+    with pytest.raises(ConfigError, match="the protocol must be one of PLAINTEXT, "
+                                          "SASL_PLAINTEXT, SSL, SASL_SSL, got 'HTTP'"):
         BrokerConfig.load(str(conf), data_dir=str(tmp_path))
     conf.write_text('kafka_ssl_keyfile = 1\n')
     with pytest.raises(ConfigError, match="kafka_ssl_keyfile must be a path"):
