@@ -304,3 +304,29 @@ def test_an_anonymous_client_cannot_manage_scram_credentials(kafka_mq):
         client.describe_user_scram_credentials(["eve"])["eve"].result(WAIT)
     with Admin(kafka_mq.socket) as a:
         assert a.describe_user_scram_credentials() == {}
+
+
+def test_sasl_ssl_authenticates_over_tls_and_the_principal_is_the_sasl_user(tmp_path):
+    """SASL_SSL: TLS first (the TLS transport), then SCRAM inside it; the connection's
+    principal is the SASL user, so an ACL-less alice (a super user here) reads and writes."""
+    from tlscerts import issue, make_ca
+    ca = make_ca(tmp_path / "certs", "test-ca")
+    server = issue(ca, tmp_path / "certs", "broker", {"CN": "localhost"}, server=True)
+    conf = tmp_path / "sasl_ssl.toml"
+    conf.write_text('kafka_listeners = ["SASL_SSL://127.0.0.1:0"]\n'
+                    f'kafka_ssl_certfile = "{server.cert}"\n'
+                    f'kafka_ssl_keyfile = "{server.key}"\n'
+                    'kafka_super_users = ["alice"]\n')
+    with mq.testing.broker(tmp_path / "data", config_file=str(conf), log_level="INFO") as proc:
+        with Admin(proc.socket) as a:
+            [listener] = a.broker_stats()["broker"]["kafka_listeners"]
+            a.add_user("alice", PASSWORD)
+        assert listener.startswith("SASL_SSL://127.0.0.1:")
+        bootstrap = listener.removeprefix("SASL_SSL://")
+        sasl = {"security.protocol": "SASL_SSL", "ssl.ca.location": ca.cert,
+                "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "alice",
+                "sasl.password": PASSWORD}
+        produce(bootstrap, "secure", [{"value": b"v%d" % i} for i in range(3)], sasl)
+        got = read_partitions(bootstrap, "secure", 3, conf=sasl)
+        assert values(got) == [b"v0", b"v1", b"v2"]
+        assert "authenticated as User:alice" in proc.stderr()
