@@ -48,7 +48,6 @@ from mq.errors import (
 from mq.protocol.kafka.sasl import (
     MECHANISM_IDS,
     SCRAM_MECHANISMS,
-    SaslAuthenticationError,
     ScramServer,
     check_plain,
     parse_plain,
@@ -143,7 +142,7 @@ class SaslWireApis:
                 return _auth_answer(0, None, state.client_first(token))
             out = state.client_final(token)
             return self._success(conn, state.user, out)
-        except SaslAuthenticationError as err:
+        except SaslAuthenticationFailedError as err:
             user = getattr(state, "name", "") or user
             conn.sasl = _FAILED
             mechanism = state if state == "PLAIN" else state.mechanism

@@ -11,7 +11,7 @@ iterations, and its StoredKey compared in constant time (``hmac.compare_digest``
 
 ``ScramServer`` is one exchange: ``client_first`` -> server-first message, ``client_final``
 -> server-final message; any malformed message, unknown user or wrong proof raises
-``SaslAuthenticationError`` (Kafka's SASL_AUTHENTICATION_FAILED, 58), whose message never
+``SaslAuthenticationFailedError`` (Kafka's SASL_AUTHENTICATION_FAILED, 58), whose message never
 says which: a client learns nothing about which users exist. Iterations: at least 4096 (RFC
 7677's minimum and Kafka's), at most 16384 (Kafka's maximum).
 """
@@ -26,8 +26,10 @@ import os
 import secrets
 from typing import Final
 
+from mq.errors import SaslAuthenticationFailedError
+
 __all__ = ["MECHANISMS", "SCRAM_MECHANISMS", "ScramCredential", "ScramServer",
-           "SaslAuthenticationError", "check_plain", "derive_credential", "parse_plain",
+           "check_plain", "derive_credential", "parse_plain",
            "salted_password", "credential_from_salted", "check_iterations"]
 
 SCRAM_MECHANISMS: Final = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
@@ -39,11 +41,6 @@ MAX_ITERATIONS: Final = 16384
 DEFAULT_ITERATIONS: Final = 4096
 _MAX_NAME = 255                       # Kafka's limit on nothing; ours on a log line and a key
 _FAILED = "Authentication failed: invalid credentials"
-
-
-class SaslAuthenticationError(Exception):
-    """The exchange failed: malformed message, unknown user or wrong password (one message
-    for all, as Kafka's)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,37 +83,37 @@ def derive_credential(mechanism: str, password: str, iterations: int = DEFAULT_I
 
 def parse_plain(message: bytes) -> tuple[str, str, str]:
     """RFC 4616's ``[authzid] NUL authcid NUL passwd`` -> (authzid, user, password). Raises
-    ``SaslAuthenticationError`` for anything else (two NULs exactly, an empty user or
+    ``SaslAuthenticationFailedError`` for anything else (two NULs exactly, an empty user or
     password, bad UTF-8, an authzid other than the user: Kafka refuses acting for another)."""
     try:
         authzid, user, password = bytes(message).decode("utf-8").split("\0")
     except (UnicodeDecodeError, ValueError) as err:
-        raise SaslAuthenticationError("PLAIN: the message is not authzid NUL user NUL "
+        raise SaslAuthenticationFailedError("PLAIN: the message is not authzid NUL user NUL "
                                       "password") from err
     if not user or not password or len(user) > _MAX_NAME:
-        raise SaslAuthenticationError("PLAIN: empty user or password")
+        raise SaslAuthenticationFailedError("PLAIN: empty user or password")
     if authzid and authzid != user:
-        raise SaslAuthenticationError("PLAIN: an authorization id other than the user")
+        raise SaslAuthenticationFailedError("PLAIN: an authorization id other than the user")
     return authzid, user, password
 
 
 def check_plain(mechanism: str, credential: ScramCredential | None, password: str) -> None:
-    """Raises ``SaslAuthenticationError`` unless ``password`` matches ``credential`` (None: no
+    """Raises ``SaslAuthenticationFailedError`` unless ``password`` matches ``credential`` (None: no
     such user; the derivation runs anyway, so both cost the same time)."""
     cred = credential or ScramCredential(b"\0" * 32, DEFAULT_ITERATIONS, b"", b"")
     derived = credential_from_salted(
         mechanism, salted_password(mechanism, password, cred.salt, cred.iterations),
         cred.salt, cred.iterations)
     if not hmac.compare_digest(derived.stored_key, cred.stored_key) or credential is None:
-        raise SaslAuthenticationError(_FAILED)
+        raise SaslAuthenticationFailedError(_FAILED)
 
 
 def _attributes(text: str) -> dict[str, str]:
-    """``a=1,b=2`` -> {"a": "1", "b": "2"}; raises ``SaslAuthenticationError``."""
+    """``a=1,b=2`` -> {"a": "1", "b": "2"}; raises ``SaslAuthenticationFailedError``."""
     out: dict[str, str] = {}
     for part in text.split(","):
         if len(part) < 2 or part[1] != "=":
-            raise SaslAuthenticationError(f"SCRAM: malformed attribute {part[:20]!r}")
+            raise SaslAuthenticationFailedError(f"SCRAM: malformed attribute {part[:20]!r}")
         out.setdefault(part[0], part[2:])
     return out
 
@@ -124,7 +121,7 @@ def _attributes(text: str) -> dict[str, str]:
 def _unescape_name(name: str) -> str:
     """RFC 5802's saslname: ``=2C`` is ``,`` and ``=3D`` is ``=``; any other ``=`` is bad."""
     if name.replace("=2C", "").replace("=3D", "").count("="):
-        raise SaslAuthenticationError("SCRAM: malformed user name")
+        raise SaslAuthenticationFailedError("SCRAM: malformed user name")
     return name.replace("=2C", ",").replace("=3D", "=")
 
 
@@ -147,37 +144,37 @@ class ScramServer:
 
     def _step(self, expected: str, message: bytes) -> str:
         """``message`` as text, if the exchange expects it now; the exchange fails unless the
-        step succeeds (a second try is out of order). Raises ``SaslAuthenticationError``."""
+        step succeeds (a second try is out of order). Raises ``SaslAuthenticationFailedError``."""
         if self._state != expected:
-            raise SaslAuthenticationError(f"SCRAM: client-{expected} message out of order")
+            raise SaslAuthenticationFailedError(f"SCRAM: client-{expected} message out of order")
         self._state = "failed"
         try:
             return bytes(message).decode("utf-8")
         except UnicodeDecodeError as err:
-            raise SaslAuthenticationError("SCRAM: not UTF-8") from err
+            raise SaslAuthenticationFailedError("SCRAM: not UTF-8") from err
 
     def client_first(self, message: bytes) -> bytes:
-        """Raises ``SaslAuthenticationError`` (malformed, channel binding asked, unknown
+        """Raises ``SaslAuthenticationFailedError`` (malformed, channel binding asked, unknown
         user)."""
         text = self._step("first", message)
         # gs2-header: "n,," or "y,," (no channel binding); "p=" asks for one we do not offer;
         # an authzid "a=NAME," is allowed only naming the user itself.
         parts = text.split(",", 2)
         if len(parts) != 3 or parts[0] not in ("n", "y"):
-            raise SaslAuthenticationError("SCRAM: bad gs2 header (channel binding is not "
+            raise SaslAuthenticationFailedError("SCRAM: bad gs2 header (channel binding is not "
                                           "supported)")
         authzid, bare = parts[1], parts[2]
         attrs = _attributes(bare)
         if "m" in attrs or "n" not in attrs or "r" not in attrs or not attrs["r"]:
-            raise SaslAuthenticationError("SCRAM: client-first message lacks n= or r=")
+            raise SaslAuthenticationFailedError("SCRAM: client-first message lacks n= or r=")
         name = _unescape_name(attrs["n"])
         if authzid and _unescape_name(authzid.removeprefix("a=")) != name:
-            raise SaslAuthenticationError("SCRAM: an authorization id other than the user")
+            raise SaslAuthenticationFailedError("SCRAM: an authorization id other than the user")
         if not name or len(name) > _MAX_NAME:
-            raise SaslAuthenticationError(_FAILED)
+            raise SaslAuthenticationFailedError(_FAILED)
         self._cred = self._lookup(name)
         if self._cred is None:
-            raise SaslAuthenticationError(_FAILED)
+            raise SaslAuthenticationFailedError(_FAILED)
         self.name = name
         self._client_first_bare = bare
         self._nonce = attrs["r"] + self._server_nonce
@@ -188,29 +185,29 @@ class ScramServer:
 
     def client_final(self, message: bytes) -> bytes:
         """The server-final message (``v=ServerSignature``). Raises
-        ``SaslAuthenticationError`` for a wrong nonce, proof or channel-binding echo."""
+        ``SaslAuthenticationFailedError`` for a wrong nonce, proof or channel-binding echo."""
         text = self._step("final", message)
         without_proof, sep, proof_b64 = text.rpartition(",p=")
         if not sep:
-            raise SaslAuthenticationError("SCRAM: client-final message lacks p=")
+            raise SaslAuthenticationFailedError("SCRAM: client-final message lacks p=")
         attrs = _attributes(without_proof)
         # The nonce must end with the one sent (Kafka's ScramSaslServer checks endsWith):
         # librdkafka 2.0 sends its client nonce again in front of it.
         if not attrs.get("r", "").endswith(self._nonce) or \
                 attrs.get("c") not in ("biws", "eSws"):
-            raise SaslAuthenticationError("SCRAM: wrong nonce or channel binding")
+            raise SaslAuthenticationFailedError("SCRAM: wrong nonce or channel binding")
         try:
             proof = base64.b64decode(proof_b64, validate=True)
         except ValueError as err:
-            raise SaslAuthenticationError("SCRAM: proof is not base64") from err
+            raise SaslAuthenticationFailedError("SCRAM: proof is not base64") from err
         cred, h = self._cred, self._hash
         auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         signature = hmac.digest(cred.stored_key, auth_message, h)
         if len(proof) != len(signature):
-            raise SaslAuthenticationError(_FAILED)
+            raise SaslAuthenticationFailedError(_FAILED)
         client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
         if not hmac.compare_digest(hashlib.new(h, client_key).digest(), cred.stored_key):
-            raise SaslAuthenticationError(_FAILED)
+            raise SaslAuthenticationFailedError(_FAILED)
         self._state = "done"
         self.user = self.name
         server_signature = hmac.digest(cred.server_key, auth_message, h)

@@ -9,8 +9,8 @@ import hmac
 
 import pytest
 
+from mq.errors import SaslAuthenticationFailedError
 from mq.protocol.kafka.sasl import (
-    SaslAuthenticationError,
     ScramServer,
     check_iterations,
     check_plain,
@@ -44,15 +44,15 @@ def test_rfc7677_vector():
 def test_wrong_password_and_replayed_or_tampered_final_fail():
     server = _rfc_server("pencil2")
     server.client_first(_CLIENT_FIRST)
-    with pytest.raises(SaslAuthenticationError, match="invalid credentials"):
+    with pytest.raises(SaslAuthenticationFailedError, match="invalid credentials"):
         server.client_final(_CLIENT_FINAL)
     assert server.user is None
     # the final message again (the exchange is over), and a proof for another nonce
-    with pytest.raises(SaslAuthenticationError, match="out of order"):
+    with pytest.raises(SaslAuthenticationFailedError, match="out of order"):
         server.client_final(_CLIENT_FINAL)
     server = ScramServer("SCRAM-SHA-256", _rfc_server().__dict__["_lookup"])
     server.client_first(_CLIENT_FIRST)          # a random server nonce this time
-    with pytest.raises(SaslAuthenticationError, match="nonce"):
+    with pytest.raises(SaslAuthenticationFailedError, match="nonce"):
         server.client_final(_CLIENT_FINAL)
 
 
@@ -81,7 +81,7 @@ def test_scram_round_trip_both_mechanisms(mechanism):
     server = ScramServer(mechanism, {"alice": cred}.get)
     _client_exchange(mechanism, "alice", "s3cret", server)
     assert server.user == "alice"
-    with pytest.raises(SaslAuthenticationError, match="invalid credentials"):
+    with pytest.raises(SaslAuthenticationFailedError, match="invalid credentials"):
         _client_exchange(mechanism, "alice", "guess", ScramServer(mechanism,
                                                                   {"alice": cred}.get))
 
@@ -91,7 +91,7 @@ def test_scram_round_trip_both_mechanisms(mechanism):
     b"n,,n=user,r=", b"n,a=other,n=user,r=abc", b"n,,n=us=er,r=abc", b"\xff\xfe",
     b"n,,m=ext,n=user,r=abc", b"n,,n=nobody,r=abc"])
 def test_malformed_client_first_fails(message):
-    with pytest.raises(SaslAuthenticationError):
+    with pytest.raises(SaslAuthenticationFailedError):
         _rfc_server().client_first(message)
 
 
@@ -102,7 +102,7 @@ def test_malformed_client_first_fails(message):
 def test_malformed_client_final_fails(final):
     server = _rfc_server()
     server.client_first(_CLIENT_FIRST)
-    with pytest.raises(SaslAuthenticationError):
+    with pytest.raises(SaslAuthenticationFailedError):
         server.client_final(final)
 
 
@@ -118,7 +118,7 @@ def test_plain_parsing():
     assert parse_plain(b"alice\0alice\0p\xc3\xa9") == ("alice", "alice", "p\u00e9")
     for bad in (b"", b"alice", b"\0alice", b"\0\0pw", b"\0alice\0", b"\0a\0b\0c",
                 b"bob\0alice\0pw", b"\0\xff\0pw"):
-        with pytest.raises(SaslAuthenticationError):
+        with pytest.raises(SaslAuthenticationFailedError):
             parse_plain(bad)
 
 
@@ -127,7 +127,7 @@ def test_plain_checks_against_the_scram_verifier():
     check_plain("SCRAM-SHA-512", cred, "right")
     for mechanism, c, password in (("SCRAM-SHA-512", cred, "wrong"),
                                    ("SCRAM-SHA-512", None, "right")):
-        with pytest.raises(SaslAuthenticationError):
+        with pytest.raises(SaslAuthenticationFailedError):
             check_plain(mechanism, c, password)
 
 
