@@ -41,6 +41,7 @@ CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
 GET_OFFSETS = "org.apache.kafka.tools.GetOffsetShell"
+ACL_COMMAND = "org.apache.kafka.tools.AclCommand"
 
 
 class JavaUnavailable(Exception):
