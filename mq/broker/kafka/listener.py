@@ -381,7 +381,8 @@ class KafkaListener:
         except OSError as err:
             # A peer that went away with answers unread (librdkafka closes connections it no
             # longer needs) is no news; anything else on the way out is.
-            if conn.parts and not isinstance(err, (ConnectionError, ssl.SSLEOFError)):
+            if conn.parts and not isinstance(err, (ConnectionError, ssl.SSLEOFError,
+                                                   ssl.SSLZeroReturnError)):
                 log.info("closing Kafka connection from %s: %s", conn.peer, err)
             self._close(conn)
             return
