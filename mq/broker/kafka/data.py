@@ -49,7 +49,6 @@ __all__ = ["DataApis", "epoch_end_offset"]
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
 KAFKA_STORAGE_ERROR = 56
 FENCED_LEADER_EPOCH = 74
 UNKNOWN_LEADER_EPOCH = 75
@@ -298,8 +297,8 @@ class DataApis:
                     row["error_code"] = TOPIC_AUTHORIZATION_FAILED
                 elif part is None:
                     row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
-                elif self._check_epoch(p["current_leader_epoch"]):
-                    row["error_code"] = self._check_epoch(p["current_leader_epoch"])
+                elif epoch_error := self._check_epoch(p["current_leader_epoch"]):
+                    row["error_code"] = epoch_error
                 else:
                     epoch, end = epoch_end_offset(part.log.leader_epochs.entries,
                                                   p["leader_epoch"], part.log.log_end_offset)
