@@ -9,6 +9,7 @@ broker answers with them, clients raise by them, the group coordinator returns t
 from __future__ import annotations
 
 import os
+from typing import Final
 
 __all__ = [
     "MQError",
@@ -202,6 +203,9 @@ class BrokerError(MQError):
         return (type(self), (self.message,))
 
 
+NONE: Final = 0             # Kafka's error code for success
+
+
 def _broker_error(name: str, code: int, retriable: bool = False, doc: str = "") -> type:
     cls = type(name, (BrokerError,), {"code": code, "retriable": retriable, "__doc__": doc})
     globals()[name] = cls
@@ -225,6 +229,12 @@ _ERROR_TABLE = [
     ("InvalidPartitionsError", 37, False, "The partition count is not valid."),
     ("InvalidConfigurationError", 40, False, "A config key or value is not valid."),
     ("InvalidRequestError", 42, False, "The request is malformed."),
+    ("InvalidReplicationFactorError", 38, False, "The replication factor is not valid (mq "
+                                                 "keeps one replica)."),
+    ("FencedLeaderEpochError", 74, False, "The client's leader epoch is older than the "
+                                          "broker's."),
+    ("UnknownLeaderEpochError", 75, True, "The client's leader epoch is newer than the "
+                                          "broker's."),
     # ACLs (mq/broker/acls.py): the principal lacks a matching ALLOW binding, or a DENY matched
     ("TopicAuthorizationFailedError", 29, False, "Not authorized to access the topic."),
     ("GroupAuthorizationFailedError", 30, False, "Not authorized to access the group."),
@@ -251,16 +261,23 @@ _ERROR_TABLE = [
     ("UnknownProducerIdError", 59, False, "The partition has no state for this producer."),
     ("ProducerFencedError", 90, False, "A newer producer with the same transactional id "
                                        "fenced this one."),
+    ("OperationNotAttemptedError", 55, False, "Not attempted: another part of the request "
+                                              "failed."),
     ("TransactionalIdNotFoundError", 105, False, "No such transactional id."),
     ("UnstableOffsetCommitError", 88, True, "An open transaction holds newer offsets for the "
                                             "partition; retry once it ends."),
     # consumer groups
     ("IllegalGenerationError", 22, False, "A classic member's generation is not its current "
                                           "one (rejoin)."),
+    ("InconsistentGroupProtocolError", 23, False, "The member's protocol does not match "
+                                                  "the group's."),
     ("InvalidGroupIdError", 24, False, "The group id is not valid."),
     ("UnknownMemberIdError", 25, False, "The group does not know this member (rejoin)."),
     ("InvalidSessionTimeoutError", 26, False, "The session timeout is outside the broker's "
                                               "limits."),
+    ("RebalanceInProgressError", 27, False, "The group is rebalancing (rejoin)."),
+    ("MemberIdRequiredError", 79, False, "A classic member must rejoin with the member id "
+                                         "it was given."),
     ("NonEmptyGroupError", 68, False, "The group has live members."),
     ("GroupIdNotFoundError", 69, False, "No such group."),
     ("GroupSubscribedToTopicError", 86, False, "A member of the group subscribes to the "
@@ -285,7 +302,7 @@ _ERROR_TABLE = [
 ]
 ERRORS_BY_CODE: dict[int, type] = {code: _broker_error(name, code, retriable, doc)
                                    for name, code, retriable, doc in _ERROR_TABLE}
-__all__ += ["ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
+__all__ += ["NONE", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
             "BrokerUnavailableError", "BrokerError", "ERRORS_BY_CODE", "error_for_code"]
 
 

@@ -38,12 +38,6 @@ from mq.protocol.messages import Api
 
 __all__ = ["AdminApis", "topic_id_bytes"]
 
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_REPLICATION_FACTOR = 38
-INVALID_REQUEST = 42
-TOPIC_AUTHORIZATION_FAILED = errors.TopicAuthorizationFailedError.code
-CLUSTER_AUTHORIZATION_FAILED = errors.ClusterAuthorizationFailedError.code
 
 _AUTHORIZED_OPERATIONS_UNKNOWN = -(1 << 31)     # "not requested"
 
@@ -110,17 +104,18 @@ class AdminApis:
         for name in names:
             info = self._metadata.topics.get(name)
             if name in denied:
-                topics.append({"error_code": TOPIC_AUTHORIZATION_FAILED, "name": name,
+                topics.append({"error_code": errors.TopicAuthorizationFailedError.code,
+                               "name": name,
                                "topic_id": None, "is_internal": is_internal(name),
                                "partitions": []})
                 continue
             if info is None:
-                code = created.get(name) or UNKNOWN_TOPIC_OR_PARTITION
+                code = created.get(name) or errors.UnknownTopicOrPartitionError.code
                 topics.append({"error_code": code, "name": name, "topic_id": None,
                                "is_internal": is_internal(name), "partitions": []})
                 continue
             topics.append({
-                "error_code": NONE, "name": name, "topic_id": topic_id_bytes(info.topic_id),
+                "error_code": errors.NONE, "name": name, "topic_id": topic_id_bytes(info.topic_id),
                 "is_internal": False,
                 "partitions": [self._partition(p) for p in range(info.partitions)],
                 "topic_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN})
@@ -133,7 +128,7 @@ class AdminApis:
         return self._authz.allows(conn, op, ResourceType.TOPIC, name)
 
     def _partition(self, index: int) -> dict:
-        return {"error_code": NONE, "partition_index": index, "leader_id": self.node_id,
+        return {"error_code": errors.NONE, "partition_index": index, "leader_id": self.node_id,
                 "leader_epoch": self._epoch, "replica_nodes": [self.node_id],
                 "isr_nodes": [self.node_id], "offline_replicas": []}
 
@@ -154,7 +149,7 @@ class AdminApis:
                 count = len(t["assignments"])
             elif count == -1:
                 count = self._config.num_partitions
-            row = {"name": name, "topic_id": None, "error_code": NONE, "error_message": None,
+            row = {"name": name, "topic_id": None, "error_code": errors.NONE, "error_message": None,
                    "num_partitions": count, "replication_factor": 1, "configs": None}
             try:
                 config = creatable({c["name"]: c["value"] for c in t["configs"]
@@ -164,14 +159,14 @@ class AdminApis:
                 rows.append(row)
                 continue
             if not self._authz.may_create_topic(conn, name):
-                row.update(error_code=TOPIC_AUTHORIZATION_FAILED,
+                row.update(error_code=errors.TopicAuthorizationFailedError.code,
                            error_message=f"not authorized to create topic {name!r}")
             elif t["replication_factor"] not in (-1, 1):
-                row.update(error_code=INVALID_REPLICATION_FACTOR,
+                row.update(error_code=errors.InvalidReplicationFactorError.code,
                            error_message=f"replication factor {t['replication_factor']} is "
                            "larger than the 1 broker this cluster has")
             elif any(node != self.node_id for a in t["assignments"] for node in a["broker_ids"]):
-                row.update(error_code=INVALID_REQUEST,
+                row.update(error_code=errors.InvalidRequestError.code,
                            error_message=f"this cluster has one broker, node {self.node_id}")
             elif body["validate_only"]:
                 if name in self._metadata.topics:
@@ -185,18 +180,18 @@ class AdminApis:
         if calls:
             replies = yield Calls(calls)
             for row, reply in zip(called, replies, strict=True):
-                if reply[2] != NONE:
+                if reply[2] != errors.NONE:
                     row.update(error_code=reply[2], error_message=reply[3])
                 else:
                     row["topic_id"] = topic_id_bytes(reply[4]["id"])
-        created = [row for row in called if row["error_code"] == NONE]
+        created = [row for row in called if row["error_code"] == errors.NONE]
         if version >= 5 and (created or validated):     # configs are in the response from v5
             replies = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": ""})] +
                                   [Call(Api.DESCRIBE_CONFIGS, {"topic": row["name"]})
                                    for row in created])
             defaults = replies[0][4]
             for row, reply in zip(created, replies[1:], strict=True):
-                if reply[2] == NONE:
+                if reply[2] == errors.NONE:
                     row["configs"] = created_topic(reply[4], reply[5], defaults)
             for row, config in validated:
                 row["configs"] = created_topic({**defaults, **config}, config, defaults)
@@ -217,8 +212,9 @@ class AdminApis:
         allowed = [t for t in topics
                    if self._topic_allowed(conn, AclOperation.ALTER, t["name"])]
         if body["validate_only"]:
-            replies = {t["name"]: [None, None, NONE if t["name"] in self._metadata.topics
-                                   else UNKNOWN_TOPIC_OR_PARTITION, None] for t in allowed}
+            unknown = errors.UnknownTopicOrPartitionError.code
+            replies = {t["name"]: [None, None, errors.NONE if t["name"] in self._metadata.topics
+                                   else unknown, None] for t in allowed}
         else:
             replies = yield from call_each({
                 t["name"]: Call(Api.CREATE_PARTITIONS, {"topic": t["name"],
@@ -249,7 +245,7 @@ class AdminApis:
         for (topic, index, _), r in zip(where, replies, strict=True):
             by_topic.setdefault(topic, []).append(
                 {"partition_index": index, "error_code": r[2],
-                 "low_watermark": r[4] if r[2] == NONE else -1})
+                 "low_watermark": r[4] if r[2] == errors.NONE else -1})
         return {"throttle_time_ms": 0, "topics": [
             {"name": topic, "partitions": rows} for topic, rows in by_topic.items()]}
 
@@ -257,12 +253,13 @@ class AdminApis:
     def describe_cluster(self, conn: KafkaConn, version: int, body: dict) -> dict:
         node = self.node(conn)
         if not self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER):
-            return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED,
+            return {"throttle_time_ms": 0,
+                    "error_code": errors.ClusterAuthorizationFailedError.code,
                     "error_message": "not authorized to describe the cluster",
                     "endpoint_type": 1, "cluster_id": self.cluster_id, "controller_id": -1,
                     "brokers": [],
                     "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
-        return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None,
+        return {"throttle_time_ms": 0, "error_code": errors.NONE, "error_message": None,
                 "endpoint_type": 1, "cluster_id": self.cluster_id,
                 "controller_id": self.node_id,
                 "brokers": [{"broker_id": node["node_id"], "host": node["host"],
@@ -272,4 +269,5 @@ class AdminApis:
 
 def _denied(topic: str) -> list:
     """A native-reply-shaped TOPIC_AUTHORIZATION_FAILED for a call not made."""
-    return [None, None, TOPIC_AUTHORIZATION_FAILED, f"not authorized for topic {topic!r}"]
+    return [None, None, errors.TopicAuthorizationFailedError.code,
+            f"not authorized for topic {topic!r}"]

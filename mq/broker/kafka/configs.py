@@ -47,9 +47,6 @@ from mq.protocol.messages import Api
 __all__ = ["ConfigApis", "FIXED", "TOPIC_CONFIGS", "creatable", "describe_broker",
            "describe_topic", "plan_alteration"]
 
-NONE: Final = 0
-INVALID_CONFIG: Final = 40
-INVALID_REQUEST: Final = 42
 
 TOPIC, BROKER = 2, 4                                    # ConfigResource.Type
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5     # ConfigSource
@@ -248,7 +245,8 @@ def describe_broker(config: BrokerConfig, topic_defaults: Mapping[str, str],
 def plan_alteration(ops: list[dict], effective: Mapping[str, str]
                     ) -> tuple[dict[str, str], list[str]]:
     """A topic's IncrementalAlterConfigs operations as (overrides to set, overrides to
-    delete) over its ``effective`` config (pure). Raises ``InvalidRequestError`` or ``InvalidConfigurationError``."""
+    delete) over its ``effective`` config (pure). Raises ``InvalidRequestError`` or
+    ``InvalidConfigurationError``."""
     names = [op["name"] for op in ops]
     if len(set(names)) != len(names):
         raise InvalidRequestError("a config is named twice in one resource: "
@@ -316,9 +314,9 @@ class ConfigApis:
     def _denied(self, conn: KafkaConn, op: AclOperation, kind: int, name: str) -> int:
         """The authorization error for ``op`` on a topic or broker resource, else NONE."""
         if kind == TOPIC:
-            return NONE if self._authz.allows(conn, op, ResourceType.TOPIC, name) \
+            return errors.NONE if self._authz.allows(conn, op, ResourceType.TOPIC, name) \
                 else errors.TopicAuthorizationFailedError.code
-        return NONE if self._authz.allows(conn, op, ResourceType.CLUSTER) \
+        return errors.NONE if self._authz.allows(conn, op, ResourceType.CLUSTER) \
             else errors.ClusterAuthorizationFailedError.code
 
     def handlers(self) -> Mapping[int, object]:
@@ -340,14 +338,14 @@ class ConfigApis:
         results = []
         for r in body["resources"]:
             kind, name = r["resource_type"], r["resource_name"]
-            row = {"error_code": NONE, "error_message": None, "resource_type": kind,
+            row = {"error_code": errors.NONE, "error_message": None, "resource_type": kind,
                    "resource_name": name, "configs": []}
             denied = self._denied(conn, AclOperation.DESCRIBE_CONFIGS, kind, name)
             if denied:
                 row.update(error_code=denied, error_message="not authorized")
             elif kind == TOPIC:
                 reply = by_topic[name]
-                if reply[2] != NONE:
+                if reply[2] != errors.NONE:
                     row.update(error_code=reply[2], error_message=reply[3])
                 else:
                     row["configs"] = describe_topic(reply[4], reply[5], defaults,
@@ -356,7 +354,7 @@ class ConfigApis:
             elif kind == BROKER and self._is_this_broker(name):
                 row["configs"] = describe_broker(self._config, defaults, conn.local_address)
             else:
-                row.update(error_code=INVALID_REQUEST,
+                row.update(error_code=errors.InvalidRequestError.code,
                            error_message=_unsupported(kind, name, self._config.node_id))
             keys = r["configuration_keys"]
             if keys is not None:
@@ -367,7 +365,8 @@ class ConfigApis:
     # --- IncrementalAlterConfigs --------------------------------------------------------------
     def incremental_alter_configs(self, conn: KafkaConn, version: int, body: dict):
         resources = body["resources"]
-        rows = [{"error_code": NONE, "error_message": None, "resource_type": r["resource_type"],
+        rows = [{"error_code": errors.NONE, "error_message": None,
+                 "resource_type": r["resource_type"],
                  "resource_name": r["resource_name"]} for r in resources]
         for row, r in zip(rows, resources, strict=True):
             denied = self._denied(conn, AclOperation.ALTER_CONFIGS, r["resource_type"],
@@ -375,19 +374,19 @@ class ConfigApis:
             if denied:
                 row.update(error_code=denied, error_message="not authorized")
             elif r["resource_type"] == BROKER and self._is_this_broker(r["resource_name"]):
-                row.update(error_code=INVALID_REQUEST, error_message=(
+                row.update(error_code=errors.InvalidRequestError.code, error_message=(
                     "mq's broker settings come from its config file (SIGHUP reloads "
                     "[topic_defaults]); they cannot be altered over the Kafka protocol"))
             elif r["resource_type"] != TOPIC:
-                row.update(error_code=INVALID_REQUEST, error_message=_unsupported(
+                row.update(error_code=errors.InvalidRequestError.code, error_message=_unsupported(
                     r["resource_type"], r["resource_name"], self._config.node_id))
         topics = [(row, r) for row, r in zip(rows, resources, strict=True)
-                  if r["resource_type"] == TOPIC and row["error_code"] == NONE]
+                  if r["resource_type"] == TOPIC and row["error_code"] == errors.NONE]
         current = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": r["resource_name"]})
                                for _, r in topics])
         calls, called = [], []
         for (row, r), reply in zip(topics, current, strict=True):
-            if reply[2] != NONE:
+            if reply[2] != errors.NONE:
                 row.update(error_code=reply[2], error_message=reply[3])
                 continue
             try:
@@ -402,7 +401,7 @@ class ConfigApis:
         if calls:
             replies = yield Calls(calls)
             for row, reply in zip(called, replies, strict=True):
-                if reply[2] != NONE:
+                if reply[2] != errors.NONE:
                     row.update(error_code=reply[2], error_message=reply[3])
         return {"throttle_time_ms": 0, "responses": rows}
 

@@ -24,13 +24,11 @@ from mq.broker.acls import OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.kafka.admin import AdminApis
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls
-from mq.broker.kafka.transactions import PRODUCER_FENCED, fenced_error
+from mq.broker.kafka.transactions import fenced_error
 from mq.protocol.messages import Api
 
 __all__ = ["CoordinationApis"]
 
-NONE = 0
-INVALID_REQUEST = 42
 # What FindCoordinator's key types (0 group, 1 transaction) need: Describe, else this code.
 _KEY_TYPES = {0: (ResourceType.GROUP, errors.GroupAuthorizationFailedError.code),
               1: (ResourceType.TRANSACTIONAL_ID,
@@ -58,9 +56,9 @@ class CoordinationApis:
 
     def _coordinator_error(self, conn: KafkaConn, key_type: int, key: str) -> int:
         if key_type not in _KEY_TYPES:
-            return INVALID_REQUEST
+            return errors.InvalidRequestError.code
         resource, denied = _KEY_TYPES[key_type]
-        return NONE if self._authz.allows(conn, AclOperation.DESCRIBE, resource, key) \
+        return errors.NONE if self._authz.allows(conn, AclOperation.DESCRIBE, resource, key) \
             else denied
 
     def init_producer_id(self, conn: KafkaConn, version: int, body: dict):
@@ -83,15 +81,15 @@ class CoordinationApis:
         if tid is not None and pid >= 0:
             (held,) = yield Calls([Call(Api.DESCRIBE_TRANSACTIONS,
                                         {"transactional_ids": [tid]})])
-            current = held[4][0] if held[2] == NONE else None
+            current = held[4][0] if held[2] == errors.NONE else None
             if current is None or current["producer_id"] != pid or \
                     epoch not in (current["producer_epoch"], current["producer_epoch"] - 1):
-                return _init_answer(fenced_error(22, version, PRODUCER_FENCED))
+                return _init_answer(fenced_error(22, version, errors.ProducerFencedError.code))
         (reply,) = yield Calls([Call(Api.INIT_PRODUCER_ID, {
             "transactional_id": tid, "transaction_timeout_ms": body["transaction_timeout_ms"]})])
-        if reply[2] != NONE:
+        if reply[2] != errors.NONE:
             return _init_answer(fenced_error(22, version, reply[2]))
-        return _init_answer(NONE, reply[4], reply[5])
+        return _init_answer(errors.NONE, reply[4], reply[5])
 
 
 def _init_answer(code: int, producer_id: int = -1, producer_epoch: int = -1) -> dict:

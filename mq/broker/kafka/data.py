@@ -46,14 +46,6 @@ from mq.protocol.messages import Api
 
 __all__ = ["DataApis", "epoch_end_offset"]
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-KAFKA_STORAGE_ERROR = 56
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 75
-TOPIC_AUTHORIZATION_FAILED = errors.TopicAuthorizationFailedError.code
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = errors.TransactionalIdAuthorizationFailedError.code
 
 _LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
 _READ_COMMITTED = 1
@@ -115,15 +107,15 @@ class DataApis:
         replies = [[None, None, denied[topic], "not authorized"] if topic in denied
                    else made[i] for i, (topic, _) in enumerate(where)]
         if acks == 0:
-            failed = [r for r in replies if r is not None and r[2] != NONE]
+            failed = [r for r in replies if r is not None and r[2] != errors.NONE]
             if failed:       # no response can carry it: Kafka closes the connection
                 return CloseConnection(f"a Produce with acks=0 failed: {failed[0][3]}")
             return None
         by_topic: dict[str, list[dict]] = {}
         for (topic, partition), reply in zip(where, replies, strict=True):
             code, message = reply[2], reply[3]
-            if code == NONE:
-                row = {"index": partition, "error_code": NONE, "base_offset": reply[4],
+            if code == errors.NONE:
+                row = {"index": partition, "error_code": errors.NONE, "base_offset": reply[4],
                        "log_append_time_ms": reply[5], "log_start_offset": reply[6]}
             else:
                 row = {"index": partition, "error_code": code, "base_offset": -1,
@@ -141,8 +133,8 @@ class DataApis:
         if tid is not None and not self._authz.allows(conn, AclOperation.WRITE,
                                                       ResourceType.TRANSACTIONAL_ID, tid):
             return dict.fromkeys((t["name"] for t in body["topic_data"]),
-                                 TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-        return {t["name"]: TOPIC_AUTHORIZATION_FAILED for t in body["topic_data"]
+                                 errors.TransactionalIdAuthorizationFailedError.code)
+        return {t["name"]: errors.TopicAuthorizationFailedError.code for t in body["topic_data"]
                 if not self._authz.allows(conn, AclOperation.WRITE, ResourceType.TOPIC,
                                           t["name"])}
 
@@ -156,7 +148,7 @@ class DataApis:
         while True:
             responses, found, bytes_found = self._read(body, committed, denied)
             if found or bytes_found >= body["min_bytes"] or time.monotonic() >= deadline:
-                return {"throttle_time_ms": 0, "error_code": NONE, "session_id": 0,
+                return {"throttle_time_ms": 0, "error_code": errors.NONE, "session_id": 0,
                         "responses": responses}
             _close_regions(responses)
             keys = [(t["topic"], p["partition"]) for t in body["topics"]
@@ -176,7 +168,8 @@ class DataApis:
             rows = []
             for p in t["partitions"]:
                 if t["topic"] in denied:
-                    rows.append(_fetch_error(p["partition"], TOPIC_AUTHORIZATION_FAILED))
+                    rows.append(_fetch_error(p["partition"],
+                                             errors.TopicAuthorizationFailedError.code))
                     urgent = True
                     continue
                 row, size = self._read_partition(t["topic"], p, committed,
@@ -184,7 +177,7 @@ class DataApis:
                                                  max_bytes=min(p["partition_max_bytes"],
                                                                max(budget - total, 0)))
                 total += size
-                urgent = urgent or row["error_code"] != NONE
+                urgent = urgent or row["error_code"] != errors.NONE
                 rows.append(row)
             responses.append({"topic": t["topic"], "partitions": rows})
         return responses, urgent, total
@@ -194,13 +187,13 @@ class DataApis:
         index = p["partition"]
         part = self._table.get(topic, index)
         if part is None:
-            return _fetch_error(index, UNKNOWN_TOPIC_OR_PARTITION), 0
+            return _fetch_error(index, errors.UnknownTopicOrPartitionError.code), 0
         plog = part.log
         epoch_error = self._check_epoch(p["current_leader_epoch"])
         if epoch_error:
             return _fetch_error(index, epoch_error), 0
         upper = plog.last_stable_offset if committed else plog.high_watermark
-        row = {"partition_index": index, "error_code": NONE,
+        row = {"partition_index": index, "error_code": errors.NONE,
                "high_watermark": plog.high_watermark,
                "last_stable_offset": plog.last_stable_offset,
                "log_start_offset": plog.log_start_offset,
@@ -208,15 +201,15 @@ class DataApis:
                "preferred_read_replica": -1, "records": b""}
         offset = p["fetch_offset"]
         if offset < plog.log_start_offset or offset > plog.high_watermark:
-            return _fetch_error(index, OFFSET_OUT_OF_RANGE, plog), 0
+            return _fetch_error(index, errors.BrokerOffsetOutOfRangeError.code, plog), 0
         if plog.offline:
-            return _fetch_error(index, KAFKA_STORAGE_ERROR, plog), 0
+            return _fetch_error(index, errors.KafkaStorageError.code, plog), 0
         if max_bytes <= 0 and not min_one:
             return row, 0
         try:
             found = plog.locate(offset, max_bytes, max_offset=upper, min_one_batch=min_one)
         except errors.OffsetOutOfRangeError:
-            return _fetch_error(index, OFFSET_OUT_OF_RANGE, plog), 0
+            return _fetch_error(index, errors.BrokerOffsetOutOfRangeError.code, plog), 0
         if found is None:
             return row, 0
         seg, position, length = found
@@ -229,8 +222,10 @@ class DataApis:
 
     def _check_epoch(self, epoch: int) -> int:
         if epoch < 0 or epoch == self._epoch:
-            return NONE
-        return UNKNOWN_LEADER_EPOCH if epoch > self._epoch else FENCED_LEADER_EPOCH
+            return errors.NONE
+        if epoch > self._epoch:
+            return errors.UnknownLeaderEpochError.code
+        return errors.FencedLeaderEpochError.code
 
     # --- ListOffsets --------------------------------------------------------------------------
     def list_offsets(self, conn: KafkaConn, version: int, body: dict) -> dict:
@@ -243,18 +238,18 @@ class DataApis:
             for p in t["partitions"]:
                 rows.append(self._list_offset(t["name"], p, committed) if allowed else
                             {"partition_index": p["partition_index"], "timestamp": -1,
-                             "error_code": TOPIC_AUTHORIZATION_FAILED, "offset": -1,
+                             "error_code": errors.TopicAuthorizationFailedError.code, "offset": -1,
                              "leader_epoch": -1})
             topics.append({"name": t["name"], "partitions": rows})
         return {"throttle_time_ms": 0, "topics": topics}
 
     def _list_offset(self, topic: str, p: dict, committed: bool) -> dict:
         index = p["partition_index"]
-        row = {"partition_index": index, "error_code": NONE, "timestamp": -1, "offset": -1,
+        row = {"partition_index": index, "error_code": errors.NONE, "timestamp": -1, "offset": -1,
                "leader_epoch": -1}
         part = self._table.get(topic, index)
         if part is None:
-            return {**row, "error_code": UNKNOWN_TOPIC_OR_PARTITION}
+            return {**row, "error_code": errors.UnknownTopicOrPartitionError.code}
         epoch_error = self._check_epoch(p["current_leader_epoch"])
         if epoch_error:
             return {**row, "error_code": epoch_error}
@@ -290,13 +285,13 @@ class DataApis:
             rows = []
             for p in t["partitions"]:
                 part: Partition | None = self._table.get(t["topic"], p["partition"])
-                row = {"partition": p["partition"], "error_code": NONE, "leader_epoch": -1,
+                row = {"partition": p["partition"], "error_code": errors.NONE, "leader_epoch": -1,
                        "end_offset": -1}
                 if not self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
                                           t["topic"]):
-                    row["error_code"] = TOPIC_AUTHORIZATION_FAILED
+                    row["error_code"] = errors.TopicAuthorizationFailedError.code
                 elif part is None:
-                    row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    row["error_code"] = errors.UnknownTopicOrPartitionError.code
                 elif epoch_error := self._check_epoch(p["current_leader_epoch"]):
                     row["error_code"] = epoch_error
                 else:

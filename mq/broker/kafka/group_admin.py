@@ -38,13 +38,7 @@ from mq.protocol.messages import Api
 
 __all__ = ["GroupAdminApis", "commit_offsets", "fetch_rows"]
 
-NONE = 0
-ILLEGAL_GENERATION = 22
-GROUP_ID_NOT_FOUND = 69
-STALE_MEMBER_EPOCH = 113
 _AUTHORIZED_OPERATIONS_UNKNOWN = -(1 << 31)
-TOPIC_DENIED = errors.TopicAuthorizationFailedError.code
-GROUP_DENIED = errors.GroupAuthorizationFailedError.code
 
 
 def commit_offsets(topics: list[dict]) -> list[list]:
@@ -86,7 +80,8 @@ class GroupAdminApis:
         return self._authz.allows(conn, op, ResourceType.TOPIC, topic)
 
     def _denied_reply(self, name: str) -> list:
-        return [None, None, GROUP_DENIED, f"not authorized for group {name!r}"]
+        return [None, None, errors.GroupAuthorizationFailedError.code,
+                f"not authorized for group {name!r}"]
 
     # --- offsets ------------------------------------------------------------------------------
     def offset_commit(self, conn: KafkaConn, version: int, body: dict):
@@ -94,7 +89,7 @@ class GroupAdminApis:
         denied = {t["name"] for t in body["topics"]
                   if not self._topic(conn, AclOperation.READ, t["name"])}
         if not self._may(conn, AclOperation.READ, group):
-            code = GROUP_DENIED
+            code = errors.GroupAuthorizationFailedError.code
         else:
             (reply,) = yield Calls([Call(Api.OFFSET_COMMIT, {
                 "group": group, "member_id": member_id,
@@ -102,13 +97,15 @@ class GroupAdminApis:
                 "offsets": commit_offsets([t for t in body["topics"]
                                            if t["name"] not in denied])})])
             code = reply[2]
-        if code == STALE_MEMBER_EPOCH and (group, member_id) in self._members.classic:
-            code = ILLEGAL_GENERATION
+        if (code == errors.StaleMemberEpochError.code
+                and (group, member_id) in self._members.classic):
+            code = errors.IllegalGenerationError.code
+        group_denied = code == errors.GroupAuthorizationFailedError.code
         return {"throttle_time_ms": 0, "topics": [
             {"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"],
-                 "error_code": TOPIC_DENIED if t["name"] in denied and code != GROUP_DENIED
-                 else code}
+                 "error_code": errors.TopicAuthorizationFailedError.code
+                 if t["name"] in denied and not group_denied else code}
                 for p in t["partitions"]]} for t in body["topics"]]}
 
     def offset_fetch(self, conn: KafkaConn, version: int, body: dict):
@@ -126,7 +123,7 @@ class GroupAdminApis:
         replies = [made.get(i) or self._denied_reply(group)
                    for i, (group, _) in enumerate(wanted)]
         results = [(reply[2], fetch_rows(self._visible(conn, reply[4], topics is None)
-                                         if reply[2] == NONE else [], version))
+                                         if reply[2] == errors.NONE else [], version))
                    for reply, (_, topics) in zip(replies, wanted, strict=True)]
         if version >= 8:
             return {"throttle_time_ms": 0, "groups": [
@@ -143,24 +140,25 @@ class GroupAdminApis:
             if self._topic(conn, AclOperation.DESCRIBE, row[0]):
                 out.append(row)
             elif not every:
-                out.append([*row[:2], -1, -1, "", -1, TOPIC_DENIED])
+                out.append([*row[:2], -1, -1, "", -1, errors.TopicAuthorizationFailedError.code])
         return out
 
     def offset_delete(self, conn: KafkaConn, version: int, body: dict):
         if not self._may(conn, AclOperation.DELETE, body["group_id"]):
-            return {"error_code": GROUP_DENIED, "throttle_time_ms": 0, "topics": []}
+            return {"error_code": errors.GroupAuthorizationFailedError.code,
+                    "throttle_time_ms": 0, "topics": []}
         denied = {t["name"] for t in body["topics"]
                   if not self._topic(conn, AclOperation.READ, t["name"])}
         (reply,) = yield Calls([Call(Api.OFFSET_DELETE, {
             "group": body["group_id"],
             "partitions": [[t["name"], p["partition_index"]] for t in body["topics"]
                            if t["name"] not in denied for p in t["partitions"]]})])
-        if reply[2] != NONE:
+        if reply[2] != errors.NONE:
             return {"error_code": reply[2], "throttle_time_ms": 0, "topics": []}
         codes = {(topic, partition): code for topic, partition, code in reply[4]}
-        codes.update({(t["name"], p["partition_index"]): TOPIC_DENIED for t in body["topics"]
-                      if t["name"] in denied for p in t["partitions"]})
-        return {"error_code": NONE, "throttle_time_ms": 0, "topics": [
+        codes.update({(t["name"], p["partition_index"]): errors.TopicAuthorizationFailedError.code
+                      for t in body["topics"] if t["name"] in denied for p in t["partitions"]})
+        return {"error_code": errors.NONE, "throttle_time_ms": 0, "topics": [
             {"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"],
                  "error_code": codes[(t["name"], p["partition_index"])]}
@@ -173,7 +171,7 @@ class GroupAdminApis:
         every = self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER)
         return {"throttle_time_ms": 0, "error_code": reply[2], "groups": [
             {"group_id": name, "protocol_type": PROTOCOL_TYPE, "group_state": state}
-            for name, state, _ in (reply[4] if reply[2] == NONE else [])
+            for name, state, _ in (reply[4] if reply[2] == errors.NONE else [])
             if (not states or state.lower() in states)
             and (every or self._may(conn, AclOperation.DESCRIBE, name))]}
 
@@ -192,12 +190,12 @@ class GroupAdminApis:
         return [made.get(i) or self._denied_reply(g) for i, g in enumerate(names)]
 
     def _described(self, name: str, reply: list) -> dict:
-        row = {"error_code": NONE, "error_message": None, "group_id": name,
+        row = {"error_code": errors.NONE, "error_message": None, "group_id": name,
                "group_state": "Dead", "protocol_type": "", "protocol_data": "",
                "members": [], "authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
-        if reply[2] == GROUP_ID_NOT_FOUND:
+        if reply[2] == errors.GroupIdNotFoundError.code:
             return row
-        if reply[2] != NONE:
+        if reply[2] != errors.NONE:
             return {**row, "error_code": reply[2], "error_message": reply[3]}
         desc = reply[4]
         members = []
@@ -250,7 +248,7 @@ class GroupAdminApis:
                 for t, ps in by_topic(map(tuple, partitions)).items()]}
         groups = []
         for name, reply in zip(names, replies, strict=True):
-            if reply[2] != NONE:
+            if reply[2] != errors.NONE:
                 groups.append({"error_code": reply[2], "error_message": reply[3],
                                "group_id": name, "group_state": "", "group_epoch": -1,
                                "assignment_epoch": -1, "assignor_name": "", "members": [],
@@ -258,7 +256,7 @@ class GroupAdminApis:
                 continue
             desc = reply[4]
             groups.append({
-                "error_code": NONE, "error_message": None, "group_id": name,
+                "error_code": errors.NONE, "error_message": None, "group_id": name,
                 "group_state": desc["state"], "group_epoch": desc["group_epoch"],
                 "assignment_epoch": desc["assignment_epoch"], "assignor_name": desc["assignor"],
                 "authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN,

@@ -56,15 +56,6 @@ from mq.protocol.kafka.codec import decode_data, encode_data
 __all__ = ["ClassicMember", "GroupWireApis", "assignment_bytes", "by_topic",
            "parse_subscription_metadata"]
 
-NONE = 0
-INVALID_GROUP_ID = 24
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-UNKNOWN_MEMBER_ID = 25
-REBALANCE_IN_PROGRESS = 27
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
-GROUP_AUTHORIZATION_FAILED = errors.GroupAuthorizationFailedError.code
 
 PROTOCOL_TYPE = "consumer"
 _ASSIGNMENT_VERSION = 0       # the same layout in versions 0-3: every client reads it
@@ -160,27 +151,27 @@ class GroupWireApis:
         group, member_id = body["group_id"], body["member_id"]
         instance_id = body["group_instance_id"] if version >= 5 else None
         if not group:
-            return _join_error(version, INVALID_GROUP_ID, member_id)
+            return _join_error(version, errors.InvalidGroupIdError.code, member_id)
         if not self._may_read(conn, group):
-            return _join_error(version, GROUP_AUTHORIZATION_FAILED, member_id)
+            return _join_error(version, errors.GroupAuthorizationFailedError.code, member_id)
         if body["protocol_type"] != PROTOCOL_TYPE:
-            return _join_error(version, INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return _join_error(version, errors.InconsistentGroupProtocolError.code, member_id)
         try:
             protocol, topics, owned = parse_subscription_metadata(body["protocols"])
         except ValueError:
-            return _join_error(version, INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return _join_error(version, errors.InconsistentGroupProtocolError.code, member_id)
         unknown = not member_id
         if unknown:
             member_id = f"{conn.client_id or 'consumer'}-{uuid.uuid4()}"
             if instance_id is None and version >= 4:     # KIP-394: come back with this id
-                return _join_error(version, MEMBER_ID_REQUIRED, member_id)
+                return _join_error(version, errors.MemberIdRequiredError.code, member_id)
         self._prune()
         if instance_id is not None:
             g = self._groups.coordinator.groups.get(group)
             current = g.instances.get(instance_id) if g is not None else None
             if current is not None and current != member_id:
                 if not unknown:           # an incarnation that was replaced: Kafka fences it
-                    return _join_error(version, FENCED_INSTANCE_ID, member_id)
+                    return _join_error(version, errors.FencedInstanceIdError.code, member_id)
                 self._step_aside(group, instance_id, current)
         session = body["session_timeout_ms"]
         rebalance = body["rebalance_timeout_ms"] if version >= 1 else session
@@ -195,7 +186,7 @@ class GroupWireApis:
             conn.client_id or "", f"/{conn.peer.rsplit(':', 1)[0]}", protocol,
             bytes(body["protocols"][0]["metadata"]), result.member_epoch,
             frozenset(map(tuple, result.assignment)))
-        return {"throttle_time_ms": 0, "error_code": NONE,
+        return {"throttle_time_ms": 0, "error_code": errors.NONE,
                 "generation_id": result.member_epoch, "protocol_type": PROTOCOL_TYPE,
                 "protocol_name": protocol, "leader": "", "skip_assignment": False,
                 "member_id": member_id, "members": []}
@@ -211,41 +202,42 @@ class GroupWireApis:
         group, member_id = body["group_id"], body["member_id"]
         instance_id = body["group_instance_id"] if version >= 3 else None
         if not self._may_read(conn, group):
-            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+            return {"throttle_time_ms": 0, "error_code": errors.GroupAuthorizationFailedError.code,
                     "protocol_type": None, "protocol_name": None, "assignment": b""}
         member = self.classic.get((group, member_id))
         error, rejoin = self._groups.classic_heartbeat(group, member_id,
                                                        generation=body["generation_id"],
                                                        instance_id=instance_id, sync=True)
         if error is None and member is None:
-            error_code = UNKNOWN_MEMBER_ID           # a KIP-848 member's id: not classic
+            error_code = errors.UnknownMemberIdError.code   # a KIP-848 member's id: not classic
         elif error is None and version >= 5 and (
                 body["protocol_type"] not in (None, PROTOCOL_TYPE) or
                 body["protocol_name"] not in (None, member.protocol_name)):
-            error_code = INCONSISTENT_GROUP_PROTOCOL     # not what its JoinGroup was told
+            error_code = errors.InconsistentGroupProtocolError.code   # not what JoinGroup was told
         else:
             error_code = error.code if error is not None else \
-                REBALANCE_IN_PROGRESS if rejoin else NONE
-        if error_code != NONE:
+                errors.RebalanceInProgressError.code if rejoin else errors.NONE
+        if error_code != errors.NONE:
             return {"throttle_time_ms": 0, "error_code": error_code, "protocol_type": None,
                     "protocol_name": None, "assignment": b""}
-        return {"throttle_time_ms": 0, "error_code": NONE, "protocol_type": PROTOCOL_TYPE,
+        return {"throttle_time_ms": 0, "error_code": errors.NONE, "protocol_type": PROTOCOL_TYPE,
                 "protocol_name": member.protocol_name,
                 "assignment": assignment_bytes(member.assignment)}
 
     def heartbeat(self, conn: KafkaConn, version: int, body: dict) -> dict:
         if not self._may_read(conn, body["group_id"]):
-            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
+            return {"throttle_time_ms": 0, "error_code": errors.GroupAuthorizationFailedError.code}
         error, rejoin = self._groups.classic_heartbeat(
             body["group_id"], body["member_id"], generation=body["generation_id"],
             instance_id=body["group_instance_id"] if version >= 3 else None)
-        code = error.code if error is not None else REBALANCE_IN_PROGRESS if rejoin else NONE
+        code = error.code if error is not None else \
+            errors.RebalanceInProgressError.code if rejoin else errors.NONE
         return {"throttle_time_ms": 0, "error_code": code}
 
     def leave_group(self, conn: KafkaConn, version: int, body: dict) -> dict:
         group = body["group_id"]
         if not self._may_read(conn, group):
-            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+            return {"throttle_time_ms": 0, "error_code": errors.GroupAuthorizationFailedError.code,
                     "members": []}
         leaving = [(m["member_id"], m["group_instance_id"]) for m in body["members"]] \
             if version >= 3 else [(body["member_id"], None)]
@@ -255,10 +247,10 @@ class GroupWireApis:
             self.classic.pop((group, member_id), None)
             self._sent.pop((group, member_id), None)
             rows.append({"member_id": member_id, "group_instance_id": instance_id,
-                         "error_code": NONE if error is None else error.code})
+                         "error_code": errors.NONE if error is None else error.code})
         self._prune(group)
         if version >= 3:
-            return {"throttle_time_ms": 0, "error_code": NONE, "members": rows}
+            return {"throttle_time_ms": 0, "error_code": errors.NONE, "members": rows}
         return {"throttle_time_ms": 0, "error_code": rows[0]["error_code"], "members": []}
 
     # --- KIP-848 members ----------------------------------------------------------------------
@@ -269,7 +261,7 @@ class GroupWireApis:
                     "error_message": "GroupId can't be empty.", "member_id": None,
                     "member_epoch": -1, "heartbeat_interval_ms": 0, "assignment": None}
         if not self._may_read(conn, group):
-            return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+            return {"throttle_time_ms": 0, "error_code": errors.GroupAuthorizationFailedError.code,
                     "error_message": None, "member_id": None, "member_epoch": -1,
                     "heartbeat_interval_ms": 0, "assignment": None}
         names = {topic_id_bytes(info.topic_id): name
@@ -300,7 +292,7 @@ class GroupWireApis:
             assignment = {"topic_partitions": [
                 {"topic_id": ids[t], "partitions": ps}
                 for t, ps in by_topic(result.assignment).items() if t in ids]}
-        return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None,
+        return {"throttle_time_ms": 0, "error_code": errors.NONE, "error_message": None,
                 "member_id": result.member_id, "member_epoch": result.member_epoch,
                 "heartbeat_interval_ms": result.heartbeat_interval_ms,
                 "assignment": assignment}

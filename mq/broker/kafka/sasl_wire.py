@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from mq import errors
 from mq.broker.acls import ANONYMOUS, OPEN, AclOperation, Authorizer, ResourceType
 from mq.broker.apis.users import UserApis
 from mq.broker.kafka.conn import KafkaConn
@@ -61,7 +62,6 @@ SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
 PRE_AUTH_APIS = frozenset({18, SASL_HANDSHAKE, SASL_AUTHENTICATE})   # 18: ApiVersions
 _FAILED = "failed"
-CLUSTER_AUTHORIZATION_FAILED = 31
 _ANONYMOUS_ADMIN = ("SCRAM credentials need Cluster Alter/Describe and an authenticated user "
                     "(or mq users over the Unix socket)")
 _MECHANISM_NAMES = {v: k for k, v in MECHANISM_IDS.items()}
@@ -182,7 +182,7 @@ class SaslWireApis:
             # Per user only: librdkafka 2.16 aborts the process (munmap_chunk) on a top-level
             # error in this response, the form Kafka's error response has.
             return {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "results": [
-                        {"user": user, "error_code": CLUSTER_AUTHORIZATION_FAILED,
+                        {"user": user, "error_code": errors.ClusterAuthorizationFailedError.code,
                          "error_message": _ANONYMOUS_ADMIN, "credential_infos": []}
                         for user in users or ()]}
         return {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "results": [
@@ -194,7 +194,7 @@ class SaslWireApis:
         if not self._may(conn, AclOperation.ALTER):
             names = dict.fromkeys(op["name"] for op in body["deletions"] + body["upsertions"])
             return {"throttle_time_ms": 0, "results": [
-                {"user": user, "error_code": CLUSTER_AUTHORIZATION_FAILED,
+                {"user": user, "error_code": errors.ClusterAuthorizationFailedError.code,
                  "error_message": _ANONYMOUS_ADMIN} for user in names]}
         results = self._users.alter(
             [[d["name"], _mechanism(d["mechanism"])] for d in body["deletions"]],

@@ -2,8 +2,8 @@
 
 A listener spec ``SSL://HOST:PORT`` or ``SASL_SSL://HOST:PORT`` serves TLS (``addresses.py``
 parses the protocol; ``HOST:PORT``, ``PLAINTEXT://`` and ``SASL_PLAINTEXT://`` serve plain
-TCP). The context (``server_context``) is built once at start from ``kafka_ssl_certfile`` and ``kafka_ssl_keyfile``, with ``kafka_ssl_cafile``
-requiring a client certificate signed by that CA; a file that cannot be read, a key that does
+TCP). The context (``server_context``) is built once at start from ``kafka_ssl_certfile`` and
+``kafka_ssl_keyfile``, with ``kafka_ssl_cafile`` requiring a client certificate signed by that CA; a file that cannot be read, a key that does
 not match its certificate or asks for a password, stops the broker with one line.
 
 Invariants of a session (``TlsSession``), on the broker's non-blocking selector loop:

@@ -43,17 +43,6 @@ from mq.protocol.messages import Api
 
 __all__ = ["TransactionWireApis", "fenced_error"]
 
-NONE: Final = 0
-UNKNOWN_TOPIC_OR_PARTITION: Final = 3
-INVALID_PRODUCER_EPOCH: Final = 47
-INVALID_PRODUCER_ID_MAPPING: Final = 49
-OPERATION_NOT_ATTEMPTED: Final = 55
-PRODUCER_FENCED: Final = 90
-TRANSACTIONAL_ID_NOT_FOUND: Final = 105
-TOPIC_DENIED: Final = errors.TopicAuthorizationFailedError.code
-GROUP_DENIED: Final = errors.GroupAuthorizationFailedError.code
-TXN_DENIED: Final = errors.TransactionalIdAuthorizationFailedError.code
-
 # The first version of each api whose clients know PRODUCER_FENCED (KIP-588); below it
 # Kafka answers INVALID_PRODUCER_EPOCH, which older clients treat as fenced too.
 _FENCED_SINCE: Final = {22: 4, 24: 2, 25: 2, 26: 2, 28: 3}
@@ -65,14 +54,14 @@ _STATES: Final = frozenset({"Empty", "Ongoing", "PrepareCommit", "PrepareAbort",
 
 def fenced_error(api_key: int, version: int, code: int) -> int:
     """``code`` as ``version`` of ``api_key`` may carry it (see the module doc)."""
-    if code == PRODUCER_FENCED and version < _FENCED_SINCE.get(api_key, 0):
-        return INVALID_PRODUCER_EPOCH
+    if code == errors.ProducerFencedError.code and version < _FENCED_SINCE.get(api_key, 0):
+        return errors.InvalidProducerEpochError.code
     return code
 
 
 def _coordinator_error(api_key: int, version: int, code: int) -> int:
-    if code == TRANSACTIONAL_ID_NOT_FOUND:
-        return INVALID_PRODUCER_ID_MAPPING
+    if code == errors.TransactionalIdNotFoundError.code:
+        return errors.InvalidProducerIdMappingError.code
     return fenced_error(api_key, version, code)
 
 
@@ -87,6 +76,18 @@ class TransactionWireApis:
              name: str) -> bool:
         return self._authz.allows(conn, op, resource, name)
 
+    def _txn_commit_denial(self, conn: KafkaConn, body: dict) -> int:
+        """TxnOffsetCommit's authorization error, in Kafka's order of checks, else NONE."""
+        if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                         body["transactional_id"]):
+            return errors.TransactionalIdAuthorizationFailedError.code
+        if not self._may(conn, AclOperation.READ, ResourceType.GROUP, body["group_id"]):
+            return errors.GroupAuthorizationFailedError.code
+        if any(not self._may(conn, AclOperation.READ, ResourceType.TOPIC, t["name"])
+               for t in body["topics"]):
+            return errors.TopicAuthorizationFailedError.code
+        return errors.NONE
+
     def handlers(self) -> Mapping[int, object]:
         return {24: self.add_partitions_to_txn, 25: self.add_offsets_to_txn,
                 26: self.end_txn, 28: self.txn_offset_commit, 61: self.describe_producers,
@@ -100,10 +101,11 @@ class TransactionWireApis:
                   if not self._may(conn, AclOperation.WRITE, ResourceType.TOPIC, tp[0])}
         unknown = {tp for tp in wanted if self._table.get(*tp) is None}
         if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
-            codes = dict.fromkeys(wanted, TXN_DENIED)
+            codes = dict.fromkeys(wanted, errors.TransactionalIdAuthorizationFailedError.code)
         elif denied or unknown:
-            codes = {tp: TOPIC_DENIED if tp in denied else UNKNOWN_TOPIC_OR_PARTITION
-                     if tp in unknown else OPERATION_NOT_ATTEMPTED for tp in wanted}
+            codes = {tp: errors.TopicAuthorizationFailedError.code if tp in denied
+                     else errors.UnknownTopicOrPartitionError.code if tp in unknown
+                     else errors.OperationNotAttemptedError.code for tp in wanted}
         else:
             (reply,) = yield Calls([Call(Api.ADD_PARTITIONS_TO_TXN, {
                 "transactional_id": tid,
@@ -123,9 +125,10 @@ class TransactionWireApis:
     def add_offsets_to_txn(self, conn: KafkaConn, version: int, body: dict):
         if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
                          body["transactional_id"]):
-            return {"throttle_time_ms": 0, "error_code": TXN_DENIED}
+            return {"throttle_time_ms": 0,
+                    "error_code": errors.TransactionalIdAuthorizationFailedError.code}
         if not self._may(conn, AclOperation.READ, ResourceType.GROUP, body["group_id"]):
-            return {"throttle_time_ms": 0, "error_code": GROUP_DENIED}
+            return {"throttle_time_ms": 0, "error_code": errors.GroupAuthorizationFailedError.code}
         (reply,) = yield Calls([Call(Api.ADD_OFFSETS_TO_TXN, {
             "transactional_id": body["transactional_id"], "producer_id": body["producer_id"],
             "producer_epoch": body["producer_epoch"], "group": body["group_id"]})])
@@ -134,8 +137,9 @@ class TransactionWireApis:
     def end_txn(self, conn: KafkaConn, version: int, body: dict):
         if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
                          body["transactional_id"]):
-            return {"throttle_time_ms": 0, "error_code": TXN_DENIED, "producer_id": -1,
-                    "producer_epoch": -1}
+            return {"throttle_time_ms": 0,
+                    "error_code": errors.TransactionalIdAuthorizationFailedError.code,
+                    "producer_id": -1, "producer_epoch": -1}
         (reply,) = yield Calls([Call(Api.END_TXN, {
             "transactional_id": body["transactional_id"], "producer_id": body["producer_id"],
             "producer_epoch": body["producer_epoch"], "commit": int(body["committed"])})])
@@ -144,15 +148,8 @@ class TransactionWireApis:
 
     # --- TxnOffsetCommit ----------------------------------------------------------------------
     def txn_offset_commit(self, conn: KafkaConn, version: int, body: dict):
-        code = TXN_DENIED if not self._may(conn, AclOperation.WRITE,
-                                           ResourceType.TRANSACTIONAL_ID,
-                                           body["transactional_id"]) \
-            else GROUP_DENIED if not self._may(conn, AclOperation.READ, ResourceType.GROUP,
-                                               body["group_id"]) \
-            else TOPIC_DENIED if any(not self._may(conn, AclOperation.READ,
-                                                   ResourceType.TOPIC, t["name"])
-                                     for t in body["topics"]) else NONE
-        if code != NONE:        # the whole commit or none of it: its offsets go together
+        code = self._txn_commit_denial(conn, body)
+        if code != errors.NONE:        # the whole commit or none of it: its offsets go together
             return _txn_commit_answer(body, code)
         offsets = [[t["name"], p["partition_index"], p["committed_offset"],
                     p["committed_leader_epoch"], p["committed_metadata"] or ""]
@@ -174,10 +171,11 @@ class TransactionWireApis:
                 part = self._table.get(t["name"], index)
                 if part is None or not readable:
                     rows.append({"partition_index": index, "error_code":
-                                 UNKNOWN_TOPIC_OR_PARTITION if readable else TOPIC_DENIED,
+                                 errors.UnknownTopicOrPartitionError.code if readable
+                                 else errors.TopicAuthorizationFailedError.code,
                                  "error_message": None, "active_producers": []})
                     continue
-                rows.append({"partition_index": index, "error_code": NONE,
+                rows.append({"partition_index": index, "error_code": errors.NONE,
                              "error_message": None, "active_producers": [
                                  {"producer_id": e.producer_id, "producer_epoch": e.epoch,
                                   "last_sequence": e.last_seq,
@@ -199,8 +197,9 @@ class TransactionWireApis:
             for tid in allowed})
         states = []
         for tid in ids:
-            reply = replies.get(tid, [None, None, TXN_DENIED, None])
-            if reply[2] != NONE:
+            reply = replies.get(
+                tid, [None, None, errors.TransactionalIdAuthorizationFailedError.code, None])
+            if reply[2] != errors.NONE:
                 states.append({"error_code": reply[2], "transactional_id": tid,
                                "transaction_state": "", "transaction_timeout_ms": 0,
                                "transaction_start_time_ms": -1, "producer_id": -1,
@@ -210,7 +209,7 @@ class TransactionWireApis:
             by_topic: dict[str, list[int]] = {}
             for topic, partition in row["partitions"]:
                 by_topic.setdefault(topic, []).append(partition)
-            states.append({"error_code": NONE, "transactional_id": tid,
+            states.append({"error_code": errors.NONE, "transactional_id": tid,
                            "transaction_state": row["state"],
                            "transaction_timeout_ms": row["timeout_ms"],
                            "transaction_start_time_ms": row["start_ms"],
@@ -222,7 +221,7 @@ class TransactionWireApis:
 
     def list_transactions(self, conn: KafkaConn, version: int, body: dict):
         (reply,) = yield Calls([Call(Api.DESCRIBE_TRANSACTIONS, {"transactional_ids": None})])
-        if reply[2] != NONE:
+        if reply[2] != errors.NONE:
             return {"throttle_time_ms": 0, "error_code": reply[2],
                     "unknown_state_filters": [], "transaction_states": []}
         states = set(body["state_filters"])
@@ -237,7 +236,7 @@ class TransactionWireApis:
                 and (not pids or r["producer_id"] in pids)
                 # "running longer than": a transaction that is open, since its start
                 and (duration < 0 or (r["start_ms"] >= 0 and now - r["start_ms"] >= duration))]
-        return {"throttle_time_ms": 0, "error_code": NONE,
+        return {"throttle_time_ms": 0, "error_code": errors.NONE,
                 "unknown_state_filters": sorted(states - _STATES), "transaction_states": rows}
 
 

@@ -7,12 +7,14 @@ import pytest
 
 from mq.broker.config import BrokerConfig
 from mq.broker.kafka.configs import (APPEND, DEFAULT_CONFIG, DELETE, DYNAMIC_TOPIC_CONFIG,
-                                     FIXED, INVALID_CONFIG, INVALID_REQUEST, SET,
+                                     FIXED, SET,
                                      STATIC_BROKER_CONFIG, SUBTRACT, TOPIC_CONFIGS,
                                      creatable, created_topic, describe_broker, describe_topic,
                                      plan_alteration)
 from mq.log.config import DEFAULTS, LogConfig
 from mq.errors import BrokerError
+
+INVALID_CONFIG, INVALID_REQUEST = 40, 42     # Kafka's numbers, pinned here
 
 
 def op(name, kind, value=None):
