@@ -16,9 +16,10 @@ exchange that is waiting for its request id.
 ``out`` holds bytes and ``FileRegion``s (Fetch's records, sent with ``sendfile``); the
 regions' descriptors are this connection's to close, when sent or when it closes.
 
-Frames (``FrameBuffer``): a 4-byte big-endian size, then the request. A size above
-``max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB) or below 8 closes the
-connection before the body is read, so a hostile size allocates nothing.
+Frames (``frames.FrameBuffer``): a 4-byte big-endian size, then the request. A size above
+``max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB), or above 512 KiB before
+a SASL client has authenticated, or below 8, closes the connection before the body is read; a
+large frame is received in place within the listener's ``FrameBudget`` (frames.py).
 
 What one peer holds is bounded (``backlogged``): at most ``MAX_IN_FLIGHT`` requests read and
 not answered in full, ``MAX_REGIONS`` open segment descriptors and ``MAX_PENDING_OUT``
@@ -44,14 +45,13 @@ from typing import Any
 
 from mq.broker.conns import Conn
 from mq.broker.kafka import tls
-from mq.errors import RemoteProtocolError
+from mq.broker.kafka.frames import PRE_AUTH_MAX_FRAME, FrameBudget, FrameBuffer
 from mq.protocol.kafka.codec import FileRegion, encode_response
 
-__all__ = ["FrameBuffer", "KafkaConn", "Slot"]
+__all__ = ["KafkaConn", "Slot"]
 
 log = logging.getLogger("mq.broker")
 
-_MIN_FRAME = 8                 # api key, version and correlation id: every header has them
 # Per connection. Clients pipeline 5 requests (max.in.flight.requests.per.connection in the
 # Java client and kafka-python, librdkafka with idempotence); more wait in the socket.
 MAX_IN_FLIGHT = 64
@@ -60,45 +60,6 @@ MAX_PENDING_OUT = 64 * 1024 * 1024
 # A region this small is copied into the response at once: a 16 KiB pread costs about what
 # the sendfile call it replaces does, and keeps no descriptor open.
 INLINE_BYTES = 16 * 1024
-
-
-class FrameBuffer:
-    """Size-prefixed frames from a byte stream (sans-I/O)."""
-
-    def __init__(self, max_frame: int) -> None:
-        self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
-
-    def next_frame(self) -> bytearray | None:
-        """The next whole frame received, a copy of its own (a request's records stay views
-        of it while the request is in progress, a Produce waiting for its fsync, and this
-        buffer moves on); None until one is whole. Raises ``RemoteProtocolError`` for a
-        size out of bounds, before its body is read."""
-        buf, pos = self._buf, self._pos
-        if len(buf) - pos >= 4:
-            size = int.from_bytes(buf[pos:pos + 4], "big", signed=True)
-            if size < _MIN_FRAME or size > self.max_frame:
-                raise RemoteProtocolError(
-                    f"request size {size} is outside {_MIN_FRAME}..{self.max_frame} "
-                    "(socket.request.max.bytes)")
-            if len(buf) - pos - 4 >= size:
-                self._pos = pos + 4 + size
-                return buf[pos + 4:self._pos]
-        self.compact()
-        return None
-
-    def compact(self) -> None:
-        if self._pos:
-            del self._buf[:self._pos]
-            self._pos = 0
-
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._buf) - self._pos
 
 
 @dataclasses.dataclass(eq=False)
@@ -116,7 +77,8 @@ class KafkaConn(Conn):
     """A Kafka-protocol client connection (hashable by identity, like ``Conn``)."""
 
     def __init__(self, sock: socket.socket, conn_id: int, max_request_bytes: int,
-                 peer: str, protocol: str = "PLAINTEXT") -> None:
+                 peer: str, protocol: str = "PLAINTEXT",
+                 budget: FrameBudget | None = None) -> None:
         super().__init__(sock, None, None, conn_id)     # type: ignore[arg-type]
         self.peer = peer
         # Security (sasl_wire.py): the listener's protocol, who the client is (what ACLs
@@ -126,7 +88,9 @@ class KafkaConn(Conn):
         self.principal = tls.ANONYMOUS
         self.authenticated = not protocol.startswith("SASL_")
         self.sasl: Any = None
-        self.frames = FrameBuffer(max_request_bytes)
+        self.max_request_bytes = max_request_bytes
+        self.frames = FrameBuffer(max_request_bytes if self.authenticated else
+                                  min(max_request_bytes, PRE_AUTH_MAX_FRAME), budget)
         self.slots: collections.deque[Slot] = collections.deque()
         self.parts: collections.deque[Any] = collections.deque()
         # native request id -> the exchange waiting for its reply (exchange.py)
@@ -140,6 +104,14 @@ class KafkaConn(Conn):
         self._unsent: collections.deque[int] = collections.deque()   # their responses' sizes
         self.regions = 0               # FileRegions in ``parts`` and in finished slots
         self.tls: tls.TlsSession | None = None      # TLS hook: an SSL:// listener's (tls.py)
+
+    def authenticate(self, principal: str) -> None:
+        """SASL succeeded: ``principal`` is who the client is, and it may send any request,
+        up to ``max_request_bytes``."""
+        self.sasl = None
+        self.authenticated = True
+        self.principal = principal
+        self.frames.max_frame = self.max_request_bytes
 
     # --- native replies -----------------------------------------------------------------------
     def request_id(self) -> int:
@@ -284,6 +256,7 @@ class KafkaConn(Conn):
     def release_shared(self) -> None:
         """Close the descriptors of regions never sent (the connection closed)."""
         super().release_shared()
+        self.frames.release()
         held = list(self.parts) + [p for slot in self.slots for p in slot.parts or ()]
         self.parts.clear()
         for part in held:

@@ -48,6 +48,7 @@ from mq.broker.kafka import tls
 from mq.broker.kafka.addresses import PLAINTEXT, display, parse_listener
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Exchange, Park
+from mq.broker.kafka.frames import FrameBudget
 from mq.broker.kafka.sasl_wire import PRE_AUTH_APIS
 from mq.broker.kafka.versions import API_VERSIONS, SERVED
 from mq.broker.partitions import Partition
@@ -94,6 +95,7 @@ class KafkaListener:
         self._ssl_context = ssl_context
         self._tls_sockets: set[socket.socket] = set()
         self._handshakes: list[tuple[float, int, KafkaConn]] = []
+        self._budget = FrameBudget()       # large frames received in place (frames.py)
 
     def set_handlers(self, handlers: Mapping[int, KafkaHandler]) -> None:
         for key in handlers:
@@ -171,7 +173,8 @@ class KafkaListener:
                 session = tls.TlsSession.accept(self._ssl_context, sock, deadline)
                 sock = session.sock
             conn = KafkaConn(sock, self._conns.next_id(), self._max_request_bytes,
-                             f"{peer[0]}:{peer[1]}", self._protocols.get(listener, PLAINTEXT))
+                             f"{peer[0]}:{peer[1]}", self._protocols.get(listener, PLAINTEXT),
+                             self._budget)
             conn.tls = session
             if session is not None:
                 heapq.heappush(self._handshakes, (session.deadline, conn.conn_id, conn))
@@ -198,9 +201,17 @@ class KafkaListener:
         if conn.tls is not None and not conn.tls.established:   # TLS hook
             self._handshake(conn)
             return
+        tail = conn.frames.tail()
         try:
-            data = conn.tls.recv(_READ_SIZE) if conn.tls is not None else \
-                conn.sock.recv(_READ_SIZE)
+            if tail is not None and conn.tls is None:       # a large frame: in place
+                with tail:
+                    n = conn.sock.recv_into(tail)
+                conn.frames.filled(n)
+            else:
+                data = conn.tls.recv(_READ_SIZE) if conn.tls is not None else \
+                    conn.sock.recv(_READ_SIZE)
+                n = len(data)
+                conn.frames.feed(data)
         except (BlockingIOError, InterruptedError):
             return
         except RemoteProtocolError as err:                      # TLS: a renegotiation, ...
@@ -208,11 +219,10 @@ class KafkaListener:
             self._close(conn)
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self._close(conn)
             return
-        conn.frames.feed(data)
         self._serve(conn)
 
     def _serve(self, conn: KafkaConn) -> None:

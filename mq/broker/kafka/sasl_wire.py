@@ -164,9 +164,7 @@ class SaslWireApis:
 
     @staticmethod
     def _success(conn: KafkaConn, user: str, token: bytes) -> dict:
-        conn.sasl = None
-        conn.authenticated = True
-        conn.principal = f"User:{user}"
+        conn.authenticate(f"User:{user}")
         log.info("Kafka client %s authenticated as %s", conn.peer, conn.principal)
         return _auth_answer(0, None, token)
 

@@ -273,6 +273,19 @@ def test_skipping_authentication_closes_the_connection(sasl_mq):
     assert "Traceback" not in log
 
 
+def test_before_authentication_a_request_may_hold_512_kib_and_after_it_100_mib(sasl_mq):
+    host, port = sasl_mq.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+        # Kafka's sasl.server.max.receive.size: closed on the size, the body never awaited
+        sock.sendall(struct.pack(">i", 512 * 1024 + 1))
+        assert _closed(sock)
+    # Authenticated, a Produce of about 900 KiB (one record) is received and stored.
+    conf = {**sasl_mq.conf("SCRAM-SHA-256"), "message.max.bytes": 2_000_000}
+    big = bytes(range(256)) * 3600
+    produce(sasl_mq.bootstrap, "big", [{"value": big}], conf)
+    assert values(read_partitions(sasl_mq.bootstrap, "big", 1, conf=conf)) == [big]
+
+
 def test_a_plaintext_listener_on_every_interface_is_refused(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "mq.broker", "--data-dir", str(tmp_path / "data"),

@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from mq.broker.kafka.conn import FrameBuffer, KafkaConn
+from mq.broker.kafka.conn import KafkaConn
+from mq.broker.kafka.frames import FrameBuffer
 from mq.broker.kafka.data import epoch_end_offset
 from mq.broker.kafka.exchange import Call, Calls, CloseConnection, Exchange, Park
 from mq.errors import RemoteProtocolError

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from mq.broker.kafka import conn as kafka_conn
-from mq.broker.kafka.conn import INLINE_BYTES, FrameBuffer
+from mq.broker.kafka.conn import INLINE_BYTES
+from mq.broker.kafka.frames import FrameBuffer
 from mq.errors import RemoteProtocolError
 from mq.protocol.kafka import codec
 from mq.protocol.kafka.codec import FileRegion
