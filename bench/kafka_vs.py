@@ -9,10 +9,16 @@ run by run, and the ratio mq / Kafka is paired per run:
   partition 0 of a fresh topic), acks=1 and acks=all. **Durability differs on acks=all**: mq
   answers after an fsync (group commit), Kafka after the batch is in its page cache (it
   fsyncs on the OS's schedule; ``log.flush.interval.messages`` is unbounded). On acks=1 both
-  answer from the page cache. Goal: mq >= 1.5x Kafka.
+  answer from the page cache. Goal: mq >= 1.5x Kafka. Each row also gives how busy the
+  producer processes were (their CPU over the timed loop's wall time): near 100 % the client
+  is the limit, whatever the broker.
+- broker ingest: the same with ``bench.kafka_raw``'s producer, which sends one prebuilt batch
+  again and again (9,000 records of 100 B, or 15 of 64 KiB) and costs almost nothing per
+  record, so the broker is the limit: what each broker takes, and its CPU per MB.
 - consume the same records from offset 0 (Fetch + sendfile on both). Goal: mq >= 1.5x.
 - end-to-end latency at 1 k and 10 k records/s (100 B, acks=1, linger.ms=0 on both). Goal: mq
-  p50 <= 0.5x Kafka's.
+  p50 <= 0.5x Kafka's. With it, each broker's CPU per record over the run (a record's
+  Produce, and the Fetch that delivers it): the broker's share of the path.
 - broker CPU per GB fetched by 1 and 8 consumers reading the whole topic. Goal: <= Kafka's.
 - each broker's RSS at rest (after start, before load) and its start-up time (exec to a
   listener that answers Metadata).
@@ -28,6 +34,7 @@ import psutil
 from bench import harness
 from bench.harness import KIB, MIB, WorkerError, process_cpu, rotated, run_workers, summary
 from bench.kafka_peer import KAFKA_VERSION, KafkaNode
+from bench.kafka_raw import raw_producer
 from bench.kafka_workers import rdk_consumer, rdk_lat_consumer, rdk_lat_producer, rdk_producer
 
 __all__ = ["run_vs_kafka", "table_rows"]
@@ -93,8 +100,29 @@ def _produce(side: _Side, size: int, acks, producers: int, n: int) -> dict:
         side.drop(topic)
     secs = (max(w["t_end"] for w in results) - min(w["t_first"] for w in results)) / 1e9
     total = share * producers
+    busy = [w["cpu_s_loop"] / ((w["t_end"] - w["t_first"]) / 1e9) for w in results]
     return {"rate": total / secs, "mb_s": total * size / secs / 1e6,
-            "broker_cpu_ms_per_mb": cpu / (total * size / 1e6) * 1e3}
+            "broker_cpu_ms_per_mb": cpu / (total * size / 1e6) * 1e3,
+            "client_busy": sum(busy) / len(busy)}
+
+
+# (label, records per batch, record size): batches just under 1 MB, librdkafka's batch.size
+# and within max.message.bytes (1,048,588), which both brokers enforce.
+INGEST = (("100B", 9_000, 100), ("64KiB", 15, 64 * KIB))
+
+
+def _ingest(side: _Side, records: int, size: int, producers: int, requests: int) -> dict:
+    topic = side.topic()
+    try:
+        results, cpu = _timed(side, [(raw_producer, {
+            "bootstrap": side.bootstrap, "topic": topic, "records": records, "size": size,
+            "requests": requests}) for _ in range(producers)], 300.0)
+    finally:
+        side.drop(topic)
+    secs = (max(w["t_end"] for w in results) - min(w["t_first"] for w in results)) / 1e9
+    mb = sum(w["bytes"] for w in results) / 1e6
+    return {"rate": sum(w["n"] for w in results) / secs, "mb_s": mb / secs,
+            "broker_cpu_ms_per_mb": cpu / mb * 1e3}
 
 
 def _fill(side: _Side, size: int, n: int) -> str:
@@ -123,14 +151,15 @@ def _latency(side: _Side, rate: int, seconds: float, warm_s: float) -> dict:
     n = warm + int(rate * seconds)
     timeout = warm_s + seconds + 15.0
     try:
-        (_, cons), _ = _timed(side, [
+        (_, cons), cpu = _timed(side, [
             (rdk_lat_producer, {"bootstrap": side.bootstrap, "topic": topic, "size": 100,
                                 "rate": rate, "n": n, "linger_ms": 0}),
             (rdk_lat_consumer, {"bootstrap": side.bootstrap, "topic": topic, "n": n,
                                 "warm": warm, "timeout_s": timeout})], timeout + 30)
     finally:
         side.drop(topic)
-    return harness.hist_stats(harness.merge_hists([cons["hist"]]))
+    return {**harness.hist_stats(harness.merge_hists([cons["hist"]])),
+            "broker_cpu_us_per_record": cpu / n * 1e6}
 
 
 def _paired(per: dict, key: str, better_high: bool = True) -> dict:
@@ -181,7 +210,18 @@ def run_vs_kafka(ctx, progress) -> dict:
                     per = _rotation(runs, f"produce {case}", lambda s, size=size, acks=acks,
                                     k=k, n=n: _produce(sides[s], size, acks, k, n), progress)
                     res["produce"][case] = {**_paired(per, "rate"), "runs": per,
-                                            "cpu": _paired(per, "broker_cpu_ms_per_mb")}
+                                            "cpu": _paired(per, "broker_cpu_ms_per_mb"),
+                                            "client_busy": _paired(per, "client_busy")}
+        res["ingest"] = {}
+        for label, records, size in INGEST:
+            for k in PRODUCERS:
+                case = f"{label} acks=1 x{k}"
+                requests = (20 if ctx.quick else 200) // k
+                per = _rotation(runs, f"ingest {case}", lambda s, records=records, size=size,
+                                k=k, requests=requests: _ingest(sides[s], records, size, k,
+                                                                requests), progress)
+                res["ingest"][case] = {**_paired(per, "mb_s"), "runs": per,
+                                       "cpu": _paired(per, "broker_cpu_ms_per_mb")}
         res["consume"] = {}
         for label, size in SIZES:
             n = max(1000, cap // size // (4 if size < 4096 else 1))
@@ -203,7 +243,9 @@ def run_vs_kafka(ctx, progress) -> dict:
                             _latency(sides[s], rate, seconds, warm_s), progress)
             res["latency"][str(rate)] = {
                 s: {"p50_us": summary([x["p50_us"] for x in per[s]]),
-                    "p99_us": summary([x["p99_us"] for x in per[s]])} for s in SIDES}
+                    "p99_us": summary([x["p99_us"] for x in per[s]]),
+                    "cpu_us": summary([x["broker_cpu_us_per_record"] for x in per[s]])}
+                for s in SIDES}
             res["latency"][str(rate)]["p50_ratio"] = summary(
                 [a["p50_us"] / b["p50_us"] for a, b in zip(per["mq"], per["kafka"],
                                                            strict=True)])
@@ -221,8 +263,19 @@ def table_rows(rows, res: dict) -> None:
         return f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})"
     for case, e in res.get("produce", {}).items():
         fs = "mq fsyncs, Kafka does not" if "acks=all" in case else "page cache on both"
+        busy = e.get("client_busy")
+        clients = "" if busy is None else \
+            f"; producers busy mq {med(busy['mq']):.0%}, Kafka {med(busy['kafka']):.0%}"
         rows.add(f"vs Kafka: produce {case} ({fs})",
-                 f"mq {med(e['mq']):,.0f}, Kafka {med(e['kafka']):,.0f}", "rec/s",
+                 f"mq {med(e['mq']):,.0f}, Kafka {med(e['kafka']):,.0f}{clients}", "rec/s",
+                 ratio(e["ratio"]) + " Kafka", ">= 1.5x",
+                 "yes" if med(e["ratio"]) >= 1.5 else "NO")
+    for case, e in res.get("ingest", {}).items():
+        c = e["cpu"]
+        rows.add(f"vs Kafka: broker ingest {case} (raw producer)",
+                 f"mq {med(e['mq']):,.0f}, Kafka {med(e['kafka']):,.0f}; broker CPU mq "
+                 f"{med(c['mq']):.2f}, Kafka {med(c['kafka']):.2f} ms/MB "
+                 f"({ratio(c['ratio'])})", "MB/s",
                  ratio(e["ratio"]) + " Kafka", ">= 1.5x",
                  "yes" if med(e["ratio"]) >= 1.5 else "NO")
     for case, e in res.get("consume", {}).items():
@@ -239,7 +292,9 @@ def table_rows(rows, res: dict) -> None:
         rows.add(f"vs Kafka: e2e latency {int(rate) // 1000} k/s 100 B acks=1 linger 0",
                  f"p50 mq {med(e['mq']['p50_us']):,.0f} / Kafka "
                  f"{med(e['kafka']['p50_us']):,.0f}; p99 mq {med(e['mq']['p99_us']):,.0f} / "
-                 f"Kafka {med(e['kafka']['p99_us']):,.0f}", "us",
+                 f"Kafka {med(e['kafka']['p99_us']):,.0f}; broker CPU/record mq "
+                 f"{med(e['mq']['cpu_us']):.0f} / Kafka {med(e['kafka']['cpu_us']):.0f}",
+                 "us",
                  ratio(e["p50_ratio"]) + " Kafka p50", "<= 0.5x",
                  "yes" if med(e["p50_ratio"]) <= 0.5 else "NO")
     rest = res.get("at_rest")
