@@ -71,6 +71,8 @@ class RequestHeader(NamedTuple):
 _I8, _I16, _I32, _I64 = struct.Struct(">b"), struct.Struct(">h"), struct.Struct(">i"), \
     struct.Struct(">q")
 _U16, _F64 = struct.Struct(">H"), struct.Struct(">d")
+_FIXED = {"int8": _I8, "int16": _I16, "int32": _I32, "int64": _I64, "uint16": _U16,
+          "float64": _F64}
 
 
 class _Reader:
@@ -141,22 +143,25 @@ def _read_bytes(r: _Reader, compact: bool, nullable: bool, what: str) -> memoryv
     return r.take(n, what)
 
 
+def _fixed_reader(st: struct.Struct, what: str) -> Callable[[_Reader], Any]:
+    unpack_from, size = st.unpack_from, st.size
+
+    def read_fixed(r: _Reader) -> Any:
+        pos = r.pos
+        if pos + size > r.end:
+            r.need(size, what)                      # raises, saying where
+        r.pos = pos + size
+        return unpack_from(r.buf, pos)[0]
+    return read_fixed
+
+
 def _scalar_reader(kind: str, compact: bool, nullable: bool, what: str
                    ) -> Callable[[_Reader], Any]:
-    if kind == "int8":
-        return lambda r: r.fixed(_I8, what)
-    if kind == "int16":
-        return lambda r: r.fixed(_I16, what)
-    if kind == "int32":
-        return lambda r: r.fixed(_I32, what)
-    if kind == "int64":
-        return lambda r: r.fixed(_I64, what)
-    if kind == "uint16":
-        return lambda r: r.fixed(_U16, what)
-    if kind == "float64":
-        return lambda r: r.fixed(_F64, what)
+    if kind in _FIXED:
+        return _fixed_reader(_FIXED[kind], what)
     if kind == "bool":
-        return lambda r: r.fixed(_I8, what) != 0
+        read_i8 = _fixed_reader(_I8, what)
+        return lambda r: read_i8(r) != 0
     if kind == "uuid":
         return lambda r: bytes(r.take(16, what))
     if kind == "string":
@@ -240,7 +245,10 @@ def _struct_reader(fields: tuple, version: int, flexible: bool, what: str
         for name, reader in plain:
             out[name] = reader(r)
         if flexible:
-            _read_tags(r, tagged, out, what)
+            if r.pos < r.end and r.buf[r.pos] == 0:     # no tagged fields: the usual case
+                r.pos += 1
+            else:
+                _read_tags(r, tagged, out, what)
         return out
     return read
 
@@ -295,97 +303,136 @@ class _Writer:
         return [p for p in self.parts if not isinstance(p, bytearray) or p]
 
 
-def _write_scalar(w: _Writer, kind: str, value: Any, compact: bool, name: str) -> None:
-    if kind == "int8":
-        w.buf += _I8.pack(value)
-    elif kind == "int16":
-        w.buf += _I16.pack(value)
-    elif kind == "int32":
-        w.buf += _I32.pack(value)
-    elif kind == "int64":
-        w.buf += _I64.pack(value)
-    elif kind == "uint16":
-        w.buf += _U16.pack(value)
-    elif kind == "float64":
-        w.buf += _F64.pack(value)
-    elif kind == "bool":
-        w.buf.append(1 if value else 0)
-    elif kind == "uuid":
-        raw = bytes(16) if value is None else (value.bytes if isinstance(value, uuid.UUID)
-                                                else bytes(value))
-        if len(raw) != 16:
-            raise ValueError(f"{name}: a uuid is 16 bytes, got {len(raw)}")
-        w.buf += raw
-    elif kind in ("string", "string16"):
-        if value is None:
-            w.length(-1, compact and kind == "string", False)
-        else:
-            raw = value.encode()
-            w.length(len(raw), compact and kind == "string", False)
+def _scalar_writer(kind: str, compact: bool, required: bool, name: str, version: int
+                   ) -> Callable[[_Writer, Any], None]:
+    """A function writing one ``kind`` value; ``required``: None raises ``ValueError``."""
+    def missing() -> ValueError:
+        return ValueError(f"{name} is not nullable in version {version}")
+    if kind in _FIXED:
+        pack = _FIXED[kind].pack
+
+        def write_fixed(w: _Writer, value: Any) -> None:
+            w.buf += pack(value)
+        return write_fixed
+    if kind == "bool":
+        return lambda w, value: w.buf.append(1 if value else 0)
+    if kind == "uuid":
+        def write_uuid(w: _Writer, value: Any) -> None:
+            raw = bytes(16) if value is None else (
+                value.bytes if isinstance(value, uuid.UUID) else bytes(value))
+            if len(raw) != 16:
+                raise ValueError(f"{name}: a uuid is 16 bytes, got {len(raw)}")
             w.buf += raw
-    elif kind in ("bytes", "records"):
-        if value is None:
-            w.length(-1, compact, True)
-        elif isinstance(value, FileRegion):
-            w.length(value.length, compact, True)
-            w.region(value)
-        else:
-            w.length(len(value), compact, True)
-            w.buf += value
-    else:
-        raise AssertionError(kind)
+        return write_uuid
+    if kind in ("string", "string16"):
+        compact = compact and kind == "string"
 
-
-def _write_field(w: _Writer, field: tuple, value: Any, version: int, flexible: bool) -> None:
-    name, kind, _, nullable_v, _, _, children = field
-    if kind == "{}":
-        if _in(nullable_v, version):
+        def write_string(w: _Writer, value: Any) -> None:
             if value is None:
-                w.buf += _I8.pack(-1)
+                if required:
+                    raise missing()
+                w.length(-1, compact, False)
                 return
-            w.buf += _I8.pack(1)
-        _write_struct(w, children, value or {}, version, flexible)
-    elif kind.startswith("["):
-        if value is None:
-            if not _in(nullable_v, version):
-                raise ValueError(f"{name} is not nullable in version {version}")
-            w.length(-1, flexible, True)
-            return
-        w.length(len(value), flexible, True)
-        if kind == "[]":
-            for item in value:
-                _write_struct(w, children, item, version, flexible)
-        else:
-            for item in value:
-                _write_scalar(w, kind[2:], item, flexible, name)
-    else:
-        if value is None and kind not in ("uuid",) and not _in(nullable_v, version):
-            raise ValueError(f"{name} is not nullable in version {version}")
-        _write_scalar(w, kind, value, flexible, name)
+            raw = value.encode()
+            w.length(len(raw), compact, False)
+            w.buf += raw
+        return write_string
+    if kind in ("bytes", "records"):
+        def write_bytes(w: _Writer, value: Any) -> None:
+            if value is None:
+                if required:
+                    raise missing()
+                w.length(-1, compact, True)
+            elif isinstance(value, FileRegion):
+                w.length(value.length, compact, True)
+                w.region(value)
+            else:
+                w.length(len(value), compact, True)
+                w.buf += value
+        return write_bytes
+    raise AssertionError(kind)
 
 
-def _write_struct(w: _Writer, fields: tuple, values: dict, version: int, flexible: bool
-                  ) -> None:
+def _field_writer(field: tuple, version: int, flexible: bool
+                  ) -> Callable[[_Writer, Any], None]:
+    name, kind, _, nullable_v, _, _, children = field
+    nullable = _in(nullable_v, version)
+    if kind == "{}":
+        inner = _struct_writer(children, version, flexible)
+        if not nullable:
+            return lambda w, value: inner(w, value or {})
+
+        def write_optional(w: _Writer, value: Any) -> None:
+            if value is None:
+                w.buf += b"\xff"
+                return
+            w.buf += b"\x01"
+            inner(w, value or {})
+        return write_optional
+    if kind.startswith("["):
+        item = (_struct_writer(children, version, flexible) if kind == "[]"
+                else _scalar_writer(kind[2:], flexible, False, name, version))
+
+        def write_array(w: _Writer, value: Any) -> None:
+            if value is None:
+                if not nullable:
+                    raise ValueError(f"{name} is not nullable in version {version}")
+                w.length(-1, flexible, True)
+                return
+            w.length(len(value), flexible, True)
+            for x in value:
+                item(w, x)
+        return write_array
+    return _scalar_writer(kind, flexible, not nullable, name, version)
+
+
+def _struct_writer(fields: tuple, version: int, flexible: bool
+                   ) -> Callable[[_Writer, dict], None]:
+    """A function writing one struct of ``fields`` at ``version`` from a dict: a field the
+    dict lacks is written as its default; a tagged field only when the dict has it with a
+    value other than its default, in ascending tag order."""
+    plain = []
     tagged = []
     for f in fields:
         name, _, versions, _, tag, _, _ = f
         if tag is not None:
-            if flexible and _in(tag[1], version) and name in values and \
-                    values[name] != _default_value(f, version):
-                tagged.append((tag[0], f, values[name]))
-            continue
-        if not _in(versions, version):
-            continue
-        value = values[name] if name in values else _default_value(f, version)
-        _write_field(w, f, value, version, flexible)
-    if flexible:
-        w.uvarint(len(tagged))
-        for tag, f, value in sorted(tagged, key=lambda t: t[0]):
+            if flexible and _in(tag[1], version):
+                tagged.append((tag[0], name, _default_value(f, version),
+                               _field_writer(f, version, flexible)))
+        elif _in(versions, version):
+            plain.append((name, _default_value(f, version),
+                          _field_writer(f, version, flexible)))
+    tagged.sort(key=lambda t: t[0])
+
+    def write(w: _Writer, values: dict) -> None:
+        for name, default, field_writer in plain:
+            field_writer(w, values[name] if name in values else default)
+        if not flexible:
+            return
+        sent = [(tag, field_writer, values[name]) for tag, name, default, field_writer in tagged
+                if name in values and values[name] != default]
+        w.uvarint(len(sent))
+        for tag, field_writer, value in sent:
             sub = _Writer()
-            _write_field(sub, f, value, version, flexible)
+            field_writer(sub, value)
             w.uvarint(tag)
             w.uvarint(len(sub.buf))
             w.buf += sub.buf
+    return write
+
+
+def _write_struct(w: _Writer, fields: tuple, values: dict, version: int, flexible: bool
+                  ) -> None:
+    key = (id(fields), version, flexible)
+    writer = _WRITERS.get(key)
+    if writer is None:
+        writer = _WRITERS[key] = _struct_writer(fields, version, flexible)
+    writer(w, values)
+
+
+# Compiled writers by (the schema tuple's id, version, flexible): the schema tuples are the
+# module-level constants of schemas.py, alive as long as this module.
+_WRITERS: dict[tuple[int, int, bool], Callable[[_Writer, dict], None]] = {}
 
 
 # --- messages -------------------------------------------------------------------------------
