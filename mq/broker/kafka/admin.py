@@ -16,7 +16,9 @@ an unknown topic with ``num_partitions`` partitions when ``auto_create_topics`` 
 Describe when asked for all, and answers TOPIC_AUTHORIZATION_FAILED for a named one it may
 not (or may not Create, when it would be auto-created); CreateTopics needs Create on the
 Cluster or the topic, DeleteTopics and DeleteRecords Delete, CreatePartitions Alter on the
-topic; DescribeCluster needs Describe on the Cluster (CLUSTER_AUTHORIZATION_FAILED).
+topic. DescribeCluster needs no ACL, as in Kafka (whose Describe on the Cluster only gates the
+cluster's authorized operations, which mq does not report): Kafka's admin client (3.9+) asks it
+for the nodes when it describes topics, as Spark's Kafka connector does before every read.
 """
 
 from __future__ import annotations
@@ -252,13 +254,6 @@ class AdminApis:
     # --- DescribeCluster ----------------------------------------------------------------------
     def describe_cluster(self, conn: KafkaConn, version: int, body: dict) -> dict:
         node = self.node(conn)
-        if not self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER):
-            return {"throttle_time_ms": 0,
-                    "error_code": errors.ClusterAuthorizationFailedError.code,
-                    "error_message": "not authorized to describe the cluster",
-                    "endpoint_type": 1, "cluster_id": self.cluster_id, "controller_id": -1,
-                    "brokers": [],
-                    "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
         return {"throttle_time_ms": 0, "error_code": errors.NONE, "error_message": None,
                 "endpoint_type": 1, "cluster_id": self.cluster_id,
                 "controller_id": self.node_id,

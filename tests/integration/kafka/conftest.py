@@ -2,9 +2,10 @@
 
 ``kafka_mq`` starts ``mq broker`` on the test's ``tmp_path`` with the config keys
 ``kafka_listeners = ["127.0.0.1:0"]``, ``auto_create_topics = true`` and ``num_partitions = 1``
-(Kafka's defaults), and yields a ``KafkaBroker``: ``bootstrap`` ("127.0.0.1:PORT", the bound
-address from ``Admin.broker_stats()["broker"]["kafka_listeners"]``), ``socket`` and
-``data_dir`` for the tests that mix in mq's native clients. A broker starts in about 0.2 s, so
+(Kafka's defaults; the ``kafka_config`` fixture, which a conftest below may override), and
+yields a ``KafkaBroker``: ``bootstrap`` ("127.0.0.1:PORT", the bound address from
+``Admin.broker_stats()["broker"]["kafka_listeners"]``), ``socket`` and ``data_dir`` for the
+tests that mix in mq's native clients. A broker starts in about 0.2 s, so
 every test has its own and may use any topic name.
 
 ``mixed`` is ``kafka_mq`` for those tests that use mq's native clients as well.
@@ -50,16 +51,24 @@ class KafkaBroker:
 
 
 @pytest.fixture
-def kafka_mq(tmp_path):
+def kafka_config() -> str:
+    """The config file ``kafka_mq`` starts mq with; a conftest below overrides it for a secured
+    listener (``java/conftest.py``: SASL_SSL)."""
+    return _CONFIG
+
+
+@pytest.fixture
+def kafka_mq(tmp_path, kafka_config):
     """A started broker with a Kafka listener on a free loopback port (see the module doc)."""
     if PEER == "mq":
         conf = tmp_path / "kafka.toml"
-        conf.write_text(_CONFIG)
+        conf.write_text(kafka_config)
         with mq.testing.broker(tmp_path / "data", config_file=str(conf)) as b:
             with Admin(b.socket) as admin:
-                listeners = admin.broker_stats()["broker"]["kafka_listeners"]
-            assert len(listeners) == 1 and listeners[0].startswith("127.0.0.1:"), listeners
-            yield KafkaBroker(listeners[0], b.socket, b.data_dir)
+                [listener] = admin.broker_stats()["broker"]["kafka_listeners"]
+            address = listener.rpartition("://")[2]     # without a PROTOCOL:// prefix
+            assert address.startswith("127.0.0.1:"), listener
+            yield KafkaBroker(address, b.socket, b.data_dir)
     elif PEER == "tansu":
         with _tansu() as bootstrap:
             yield KafkaBroker(bootstrap, None, None, peer="tansu")

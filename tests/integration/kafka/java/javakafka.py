@@ -43,6 +43,9 @@ TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
 GET_OFFSETS = "org.apache.kafka.tools.GetOffsetShell"
 ACL_COMMAND = "org.apache.kafka.tools.AclCommand"
 
+# The listeners the Java tests run against (a test parametrizes the ``security`` fixture).
+SECURITY = ("PLAINTEXT", "SASL_SSL")
+
 
 class JavaUnavailable(Exception):
     """Java, javac or Maven is missing, or Maven could not resolve a pom."""
@@ -167,11 +170,28 @@ class KafkaTarget:
 
     def checks(self, *steps: str, **kw) -> list[list[str]]:
         """``KafkaChecks`` running ``steps`` in one JVM: its output lines, split on tabs."""
-        out = self.java.run("KafkaChecks", self.bootstrap, self.config, *steps, **kw).stdout
+        out = self.run_checks(*steps, **kw).stdout
         return [line.split("\t") for line in out.splitlines()]
+
+    def run_checks(self, *steps: str, **kw) -> subprocess.CompletedProcess:
+        """``KafkaChecks`` running ``steps``: the finished process (``check=False`` for one
+        that is to fail)."""
+        return self.java.run("KafkaChecks", self.bootstrap, self.config, *steps, **kw)
 
     def popen_checks(self, *steps: str) -> subprocess.Popen:
         return self.java.popen("KafkaChecks", self.bootstrap, self.config, *steps)
+
+
+def client_properties(security: str, user: str, password: str, ca: str) -> dict[str, str]:
+    """What a Java client (or Spark's connector, as ``kafka.*`` options) needs to reach a
+    ``security`` listener as ``user``: nothing on PLAINTEXT; on SASL_SSL, SCRAM-SHA-256
+    inside TLS with the CA certificate ``ca`` as a PEM trust store."""
+    if security == "PLAINTEXT":
+        return {}
+    return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+                                f'required username="{user}" password="{password}";',
+            "ssl.truststore.type": "PEM", "ssl.truststore.location": ca}
 
 
 def write_properties(path: Path, props: dict[str, str]) -> str:

@@ -1,7 +1,8 @@
 '''The README's Java, Kafka CLI tools and Spark connector examples (for its "Kafka clients"
 section), as written: test_readme_java.py runs them, in this order, against one broker with its
-address for 127.0.0.1:9092, from a directory where ``tests/`` is the repository's. Kept here
-until the README carries them (then the test reads README.md, as test_readme_examples does).'''
+address for 127.0.0.1:9092, from a directory where ``tests/`` is the repository's; the SASL_SSL
+ones against a SASL_SSL broker with its address for 127.0.0.1:9093. Kept here until the README
+carries them (then the test reads README.md, as test_readme_examples does).'''
 
 ADDRESS = "127.0.0.1:9092"
 
@@ -92,3 +93,39 @@ for row in upper.selectExpr("CAST(key AS STRING) k", "CAST(value AS STRING) v").
 spark.stop()
 """
 SPARK_PRINTS = "order-1 SHIPPED\n"
+
+# Over SASL_SSL: a broker with kafka_listeners = ["SASL_SSL://127.0.0.1:9093"] and the TLS
+# subsection's certificate (ca.pem its CA, in the current directory); libs/ as fetched above.
+SASL_SSL_ADDRESS = "127.0.0.1:9093"
+SASL_SSL = """\
+printf 'alice-secret\\n' | mq users add alice
+mq topics create logins
+mq acls add --allow-principal User:alice --operation Read --operation Write --topic logins
+mq acls add --allow-principal User:alice --operation Read --group login-auditors
+cat > alice.properties <<'EOF'
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-256
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="alice-secret";
+ssl.truststore.type=PEM
+ssl.truststore.location=ca.pem
+EOF
+export CLASSPATH="$PWD/libs/*"
+tools="java org.apache.kafka.tools"
+echo login | $tools.ConsoleProducer --bootstrap-server 127.0.0.1:9093 \\
+    --command-config alice.properties --topic logins
+$tools.consumer.ConsoleConsumer --bootstrap-server 127.0.0.1:9093 \\
+    --command-config alice.properties --topic logins --from-beginning --max-messages 1 \\
+    --group login-auditors
+"""
+SASL_SSL_PRINTS = "login"
+
+# Spark's connector takes the same properties as options prefixed with "kafka.".
+SPARK_SASL_SSL = """\
+kafka = {"kafka.bootstrap.servers": "127.0.0.1:9093",
+         "kafka.security.protocol": "SASL_SSL",
+         "kafka.sasl.mechanism": "SCRAM-SHA-256",
+         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule"
+                                   ' required username="alice" password="alice-secret";',
+         "kafka.ssl.truststore.type": "PEM",
+         "kafka.ssl.truststore.location": "ca.pem"}
+"""

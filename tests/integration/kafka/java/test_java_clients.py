@@ -1,20 +1,33 @@
 """Kafka's Java producer and consumer (kafka-clients 4.3.1) against mq, in one JVM: an idempotent
 producer, a transactional one that commits and aborts, a read_committed consumer, consumers of the
 classic and the KIP-848 (``group.protocol=consumer``) group protocols, each compression codec;
-records cross both ways with ``mq.Producer`` and ``mq.Consumer``."""
+records cross both ways with ``mq.Producer`` and ``mq.Consumer``. Over PLAINTEXT and over SASL_SSL,
+where alice has the ACLs a Java application needs and no more, and bob, without an ACL on the
+topic, is refused it."""
 
 from __future__ import annotations
 
+import pytest
+from javakafka import SECURITY
 from kclients import WAIT, collect
 
+from mq.broker.acls import AclOperation, ResourceType
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer as MqConsumer
 from mq.client.producer import Producer as MqProducer
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+TOPIC, GROUP, TXN_ID = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+READ, WRITE = AclOperation.READ, AclOperation.WRITE
+# Write on a topic lets the producers be idempotent too (KIP-679: no IdempotentWrite needed).
+ALICE = [(TOPIC, "from-mq", READ), (TOPIC, "from-java", WRITE), (TOPIC, "codecs", WRITE),
+         (TOPIC, "txn", WRITE), (TOPIC, "txn", READ), (TXN_ID, "java-txn", WRITE),
+         (GROUP, "classic-g", READ), (GROUP, "kip848-g", READ), (GROUP, "committed-g", READ)]
 
 
-def test_java_clients_and_mq_clients_share_records(kafka_java, mixed):
+@pytest.mark.parametrize("security", SECURITY)
+def test_java_clients_and_mq_clients_share_records(kafka_java, grant, mixed):
+    grant("alice", *ALICE)
     with Admin(mixed.socket) as admin:
         for topic, partitions in (("from-mq", 2), ("from-java", 1), ("txn", 1), ("codecs", 1)):
             admin.create_topic(topic, partitions)
@@ -60,3 +73,17 @@ def test_java_clients_and_mq_clients_share_records(kafka_java, mixed):
             offsets = admin.list_group_offsets(group)
             assert {(tp.topic, tp.partition): o for tp, o in offsets.items()} == {
                 ("from-mq", 0): 2, ("from-mq", 1): 2}, group
+
+
+@pytest.mark.parametrize("security", ["SASL_SSL"])
+def test_a_user_without_an_acl_on_the_topic_is_refused_it(java_client, grant, mixed):
+    """bob may Read his group but has no ACL on the topic: the broker answers
+    TOPIC_AUTHORIZATION_FAILED, which Java's consumer throws as TopicAuthorizationException."""
+    with Admin(mixed.socket) as admin:
+        admin.create_topic("payroll", 1)
+    grant("bob", (GROUP, "bob-g", READ))
+    done = java_client("bob").run_checks("consume:payroll,bob-g,classic,read_uncommitted,1",
+                                         check=False)
+    assert done.returncode == 1, done.stdout
+    assert "org.apache.kafka.common.errors.TopicAuthorizationException" in done.stderr, \
+        done.stderr

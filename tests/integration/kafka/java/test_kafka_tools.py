@@ -5,7 +5,6 @@ each over PLAINTEXT and over SASL_SSL (SCRAM-SHA-256 inside TLS: the tools get
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import subprocess
@@ -20,73 +19,25 @@ from javakafka import (
     CONSOLE_PRODUCER,
     CONSUMER_GROUPS,
     GET_OFFSETS,
+    SECURITY,
     TOPIC_COMMAND,
     TRANSACTIONS,
     table,
 )
 from kclients import WAIT, collect
-from tlscerts import issue, make_ca
-
-import mq.testing
 
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer as MqConsumer
 from mq.client.producer import Producer as MqProducer
 
 
-PASSWORD = "alice-secret"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Broker:                      # what conftest's KafkaBroker has, and the CA of SASL_SSL
-    bootstrap: str
-    socket: str
-    data_dir: str
-    ca: str = ""
-    peer: str = "mq"
-
-
-@pytest.fixture(params=["PLAINTEXT", "SASL_SSL"])
-def security(request) -> str:
-    return request.param
+pytestmark = pytest.mark.parametrize("security", SECURITY)
 
 
 @pytest.fixture
-def kafka_mq(tmp_path, security):
-    """This module's broker: conftest's PLAINTEXT one, or one SASL_SSL listener with user
-    alice (a super user: ACLs are not what these tests are about)."""
-    conf = tmp_path / "kafka.toml"
-    ca = ""
-    if security == "PLAINTEXT":
-        conf.write_text('kafka_listeners = ["127.0.0.1:0"]\n')
-    else:
-        authority = make_ca(tmp_path / "certs", "test-ca")
-        server = issue(authority, tmp_path / "certs", "broker", {"CN": "localhost"},
-                       server=True)
-        ca = authority.cert
-        conf.write_text('kafka_listeners = ["SASL_SSL://127.0.0.1:0"]\n'
-                        f'kafka_ssl_certfile = "{server.cert}"\n'
-                        f'kafka_ssl_keyfile = "{server.key}"\n'
-                        'kafka_super_users = ["alice"]\n')
-    with mq.testing.broker(tmp_path / "data", config_file=str(conf)) as b:
-        if ca:
-            done = subprocess.run([sys.executable, "-m", "mq", "users", "add", "alice",
-                                   "--socket", b.socket], input=PASSWORD + "\n",
-                                  capture_output=True, text=True, timeout=60, check=False)
-            assert done.returncode == 0, done.stderr
-        with Admin(b.socket) as admin:
-            [listener] = admin.broker_stats()["broker"]["kafka_listeners"]
-        yield _Broker(listener.removeprefix("SASL_SSL://"), b.socket, b.data_dir, ca)
-
-
-@pytest.fixture
-def kafka_client_props(security, kafka_mq) -> dict[str, str]:
-    if security == "PLAINTEXT":
-        return {}
-    return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
-            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
-                                f'required username="alice" password="{PASSWORD}";',
-            "ssl.truststore.type": "PEM", "ssl.truststore.location": kafka_mq.ca}
+def kafka_super_users() -> list[str]:
+    """alice is a super user here: ACLs are not what these tests are about."""
+    return ["alice"]
 
 
 def _offsets(admin: Admin, group: str) -> dict[tuple[str, int], int]:

@@ -4,13 +4,22 @@ written, in a directory whose ``tests`` is the repository's, with the test broke
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import readme_java as readme
-from javakafka import SPARK_CONNECTOR, JavaUnavailable, require, resolve, table
+from javakafka import (
+    SPARK_CONNECTOR,
+    JavaUnavailable,
+    client_properties,
+    require,
+    resolve,
+    table,
+)
 
 TESTS = Path(__file__).resolve().parents[3]
 
@@ -46,6 +55,28 @@ def test_java_tools_and_spark_examples(kafka_mq, java_kafka, tmp_path):
     assert (group["CURRENT-OFFSET"], group["LAG"]) == ("1", "0"), out
 
     assert _run([sys.executable, "-c", readme.SPARK], tmp_path, bootstrap) == readme.SPARK_PRINTS
+
+
+@pytest.mark.parametrize("security", ["SASL_SSL"])
+def test_sasl_ssl_example(kafka_mq, test_ca, java_kafka, tmp_path):
+    """The SASL_SSL example: ``mq users`` and ``mq acls`` over the broker's socket, Kafka's
+    tools with alice's properties; Spark's options are those properties (with which
+    test_spark_kafka_connector runs)."""
+    (tmp_path / "libs").symlink_to(resolve("kafka")[0].parent)     # FETCH's libs/, as above
+    shutil.copy(test_ca.cert, tmp_path / "ca.pem")
+    env = {**os.environ, "MQ_SOCKET": kafka_mq.socket,
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    script = readme.SASL_SSL.replace(readme.SASL_SSL_ADDRESS, kafka_mq.bootstrap)
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert done.stdout.splitlines()[-1] == readme.SASL_SSL_PRINTS, done.stdout
+
+    options: dict = {}
+    exec(readme.SPARK_SASL_SSL, options)
+    props = client_properties("SASL_SSL", "alice", "alice-secret", "ca.pem")
+    assert options["kafka"] == {"kafka.bootstrap.servers": readme.SASL_SSL_ADDRESS,
+                                **{f"kafka.{k}": v for k, v in props.items()}}
 
 
 def test_the_readme_shows_these_examples_as_they_run():

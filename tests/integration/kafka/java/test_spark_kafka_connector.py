@@ -1,7 +1,9 @@
 """Spark's own Kafka connector (``spark-sql-kafka-0-10_2.13``, given to local-mode Spark as
 ``spark.jars`` from ``tests/java/spark/pom.xml``: no Ivy download at test time) against mq's
 Kafka listener: a batch read and a streaming read of a topic ``mq.Producer`` wrote, and a batch
-write that ``mq.Consumer`` reads. One SparkSession (``local[1]``) for the module."""
+write that ``mq.Consumer`` reads, over PLAINTEXT and over SASL_SSL (the connector's ``kafka.*``
+options carry alice's client properties; she has Read on the topic read and Write on the one
+written, no more). One SparkSession (``local[1]``) for the module."""
 
 from __future__ import annotations
 
@@ -9,15 +11,15 @@ import os
 import sys
 
 import pytest
-from javakafka import SPARK_CONNECTOR, JavaUnavailable, resolve
+from javakafka import SECURITY, SPARK_CONNECTOR, JavaUnavailable, resolve
 from kclients import WAIT, collect
 
+from mq.broker.acls import AclOperation, ResourceType
 from mq.client.admin import Admin
 from mq.client.consumer import Consumer as MqConsumer
 from mq.client.producer import Producer as MqProducer
 
 pytestmark = pytest.mark.spark
-
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,11 @@ def spark(tmp_path_factory):
     session.stop()
 
 
+@pytest.mark.parametrize("security", SECURITY)
 def test_spark_reads_and_writes_mq_through_its_kafka_connector(spark, mixed, kafka_client_props,
-                                                                tmp_path):
+                                                                grant, tmp_path):
+    grant("alice", (ResourceType.TOPIC, "events", AclOperation.READ),
+          (ResourceType.TOPIC, "scored", AclOperation.WRITE))
     with Admin(mixed.socket) as admin:
         admin.create_topic("events", 2)
         admin.create_topic("scored", 1)
