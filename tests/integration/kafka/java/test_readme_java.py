@@ -83,5 +83,5 @@ def test_the_readme_shows_these_examples_as_they_run():
     """The blocks run above are README.md's, word for word (kept in readme_java.py so that
     the run needs no Markdown parsing)."""
     text = (Path(__file__).resolve().parents[4] / "README.md").read_text()
-    for name in ("FETCH", "JAVA", "JAVA_RUN", "TOOLS", "SPARK"):
+    for name in ("FETCH", "JAVA", "JAVA_RUN", "TOOLS", "SPARK", "SASL_SSL", "SPARK_SASL_SSL"):
         assert getattr(readme, name).strip() in text, f"README.md lacks readme_java.{name}"
