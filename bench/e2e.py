@@ -309,6 +309,14 @@ def one_throughput(ctx: Ctx, system: str, values: list[bytes], n: int) -> dict:
     return out
 
 
+def listener_vs_kafka(per: dict, key: str) -> dict | None:
+    """mq's Kafka listener against Apache Kafka, the same librdkafka workers on both: the
+    ratio of ``key`` (rate, or p50) paired per repetition; None unless both ran."""
+    if "mq-kafka" not in per or "kafka" not in per:
+        return None
+    return summary([a[key] / b[key] for a, b in zip(per["mq-kafka"], per["kafka"], strict=True)])
+
+
 def _kafka_protocol_settings(ctx: Ctx) -> dict:
     """The librdkafka settings and broker versions of the Kafka-protocol peers that run."""
     from bench import kafka_workers
@@ -368,6 +376,7 @@ def run_throughput(ctx: Ctx) -> dict:
                                          for a, b in zip(per["mq"], per[s], strict=True)])
         entry["ratio"]["raw"] = summary([a["mb_s"] / b["mb_s"]
                                          for a, b in zip(per["mq"], per["raw"], strict=True)])
+        entry["listener_vs_kafka"] = listener_vs_kafka(per, "rate")
         res["sizes"][label] = entry
         m = entry["rate"]
         progress(f"throughput {label}: " + ", ".join(f"{s} {m[s]['median']:,.0f}/s"
@@ -672,6 +681,8 @@ def run_latency(ctx: Ctx) -> dict:
         entry["p50_ratio_vs"] = {s: summary([a["stats"]["p50_us"] / b["stats"]["p50_us"]
                                              for a, b in zip(per["mq"], per[s], strict=True)])
                                  for s in others}
+        entry["listener_vs_kafka"] = listener_vs_kafka(
+            {s: [x["stats"] for x in runs] for s, runs in per.items()}, "p50_us")
         res["rates"][str(rate)] = entry
         progress(f"latency {rate}/s: p50 " + ", ".join(
             f"{s} {entry[s]['merged']['p50_us']} us" for s in ["mq", "redis", *others]))
@@ -797,6 +808,9 @@ def build_table(res: dict) -> list[dict]:
                     if label == "100B" and g:
                         goal, met = f"mq >= {g:g}x", yes(r["median"] >= g)
                 row(f"1->1 {label} {names[s]}", fig, "rec/s", ratio, goal, met)
+            if e.get("listener_vs_kafka"):
+                row(f"1->1 {label} mq's Kafka listener / Apache Kafka (same librdkafka workers)",
+                    "-", "ratio", _ratio(e["listener_vs_kafka"], "Kafka's rec/s"))
             r = e["ratio"]["raw"]
             g = label == "64KiB"
             row(f"1->1 {label} raw page-cache write (limit)",
@@ -888,6 +902,12 @@ def build_table(res: dict) -> list[dict]:
                         else _ratio(e["p50_ratio_vs"][s], "(mq p50/this)"))
                 else:
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us")
+            if e.get("listener_vs_kafka"):
+                behind = any(2 * e[s]["saturated_runs"] > len(e["runs"][s])
+                             for s in ("mq-kafka", "kafka"))
+                row(f"e2e {int(rate) // 1000} k/s 100 B mq's Kafka listener / Apache Kafka "
+                    "(same librdkafka workers)", "-", "ratio",
+                    "- (saturated)" if behind else _ratio(e["listener_vs_kafka"], "Kafka's p50"))
     dc = res.get("decode")
     if dc:
         for v in ("poll", "poll+touch"):

@@ -14,6 +14,8 @@ Each plot is drawn only when its section is in the JSON:
   ``mp.Queue``s;
 - ``latency.png`` (``latency``): end-to-end p50 / p99 / p99.9 against the offered rate, with
   saturated points marked;
+- ``latency-kafka.png`` (``latency`` with a Kafka-protocol peer): p50 and p99 of mq, Redis,
+  Apache Kafka, mq's Kafka listener and Tansu, one panel each;
 - ``fanout.png`` (``fanout``): the broker's CPU per record and the slowest consumer's
   delivery rate with 1 and 4 consumers.
 
@@ -52,7 +54,7 @@ STYLE = {
     "sqlite": ("SQLite WAL table (synchronous=NORMAL)", OKABE_ITO["yellow"], "X"),
     # The Kafka-protocol peers, all driven by librdkafka (the palette has eight colours).
     "kafka": ("Apache Kafka (librdkafka, acks=1, page cache)", "#555555", "*"),
-    "mq-kafka": ("mq via its Kafka listener (librdkafka, acks=1)", OKABE_ITO["blue"], "h"),
+    "mq-kafka": ("mq via its Kafka listener (librdkafka, acks=1)", OKABE_ITO["sky"], "h"),
     "tansu": ("Tansu (librdkafka, memory only)", "#999999", "p"),
     "raw": ("raw page-cache write (limit)", OKABE_ITO["black"], None),
 }
@@ -174,8 +176,7 @@ def plot_multi(res: dict, out_dir: str) -> str:
 def plot_latency(res: dict, out_dir: str) -> str:
     lt, meta = res["latency"], res["meta"]
     rates = sorted(int(r) for r in lt["rates"])
-    systems = [s for s in ("mq", "mq-acks0", "redis", "kafka", "mq-kafka", "tansu")
-               if s in lt["rates"][str(rates[0])]]
+    systems = [s for s in ("mq", "mq-acks0", "redis") if s in lt["rates"][str(rates[0])]]
     pcts = [("p50_us", "p50", "-"), ("p99_us", "p99", "--"), ("p99_9_us", "p99.9", ":")]
     fig, ax = plt.subplots(figsize=(9, 5.8))
     for s in systems:
@@ -204,7 +205,7 @@ def plot_latency(res: dict, out_dir: str) -> str:
     ax.set_xlabel("offered load, 100 B messages (open loop, 1 producer -> 1 consumer)")
     ax.set_ylabel("end-to-end latency: receive - intended send (log scale)")
     ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
-    ax.legend(fontsize=8, ncol=min(len(systems), 3), loc="upper center", frameon=False,
+    ax.legend(fontsize=8, ncol=len(systems), loc="upper center", frameon=False,
               bbox_to_anchor=(0.5, -0.13))
     ax.set_title("End-to-end latency percentiles against offered load\n"
                  "(coordinated-omission corrected; histograms of all runs merged)",
@@ -212,6 +213,51 @@ def plot_latency(res: dict, out_dir: str) -> str:
     fig.subplots_adjust(left=0.12, right=0.97, top=0.88, bottom=0.32)
     return _finish(fig, meta, "latency", res["params"]["runs"],
                    os.path.join(out_dir, "latency.png"),
+                   "the {runs} runs' histograms merged per point")
+
+
+KAFKA_PEERS = ("kafka", "mq-kafka", "tansu")
+
+
+def plot_latency_peers(res: dict, out_dir: str) -> str:
+    """p50 and p99 against the offered rate for mq, Redis and the Kafka-protocol peers, one
+    panel each; a point where the system fell behind the offered rate is drawn hollow."""
+    lt, meta = res["latency"], res["meta"]
+    rates = sorted(int(r) for r in lt["rates"])
+    systems = [s for s in ("mq", "redis", *KAFKA_PEERS) if s in lt["rates"][str(rates[0])]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.6), sharey=True)
+    for ax, (key, pname) in zip(axes, (("p50_us", "p50"), ("p99_us", "p99")), strict=True):
+        for s in systems:
+            label, colour, marker = STYLE[s]
+            es = [lt["rates"][str(r)] for r in rates]
+            ys = [e[s]["merged"][key] for e in es]
+            ax.plot(rates, ys, color=colour, marker=marker, markersize=7,
+                    linewidth=2.4 if s == "mq" else 1.4, label=label)
+            for r, e, y in zip(rates, es, ys, strict=True):
+                if 2 * e[s]["saturated_runs"] > len(e["runs"][s]):
+                    ax.plot([r], [y], marker=marker, markersize=12, markerfacecolor="white",
+                            color=colour, linestyle="none")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(rates))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{_si(v)}/s"))
+        ax.set_xlim(rates[0] / 1.6, rates[-1] * 1.6)
+        ax.yaxis.set_major_formatter(FuncFormatter(
+            lambda v, _p: f"{v / 1e6:g} s" if v >= 1e6 else f"{v / 1000:g} ms" if v >= 1000
+            else f"{v:g} µs"))
+        ax.set_title(f"{pname}, histograms of all runs merged", fontsize=10.5)
+        ax.set_xlabel("offered load, 100 B, open loop")
+        ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
+    axes[0].set_ylabel("receive - intended send (log scale)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=8.5, frameon=False,
+               bbox_to_anchor=(0.5, 0.925))
+    fig.suptitle("End-to-end latency: mq, Redis and the Kafka-protocol peers "
+                 "(hollow: fell behind the offered rate)", fontsize=12, y=0.985)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.76, bottom=0.19, wspace=0.08)
+    return _finish(fig, meta, "latency", res["params"]["runs"],
+                   os.path.join(out_dir, "latency-kafka.png"),
                    "the {runs} runs' histograms merged per point")
 
 
@@ -264,7 +310,11 @@ PLOTS = {"throughput": plot_throughput, "multi": plot_multi, "latency": plot_lat
 def draw(res: dict, out_dir: str) -> list[str]:
     """Every plot whose section is in ``res``; returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
-    return [fn(res, out_dir) for name, fn in PLOTS.items() if res.get(name)]
+    paths = [fn(res, out_dir) for name, fn in PLOTS.items() if res.get(name)]
+    lt = res.get("latency")
+    if lt and any(s in e for e in lt["rates"].values() for s in KAFKA_PEERS):
+        paths.append(plot_latency_peers(res, out_dir))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:

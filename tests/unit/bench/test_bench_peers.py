@@ -59,6 +59,13 @@ def test_e2e_systems_are_a_table_with_mq_first():
     assert len(set(labels)) == len(labels)
 
 
+def test_listener_against_kafka_is_paired_per_run_when_both_ran():
+    per = {"kafka": [{"rate": 100.0}, {"rate": 200.0}],
+           "mq-kafka": [{"rate": 150.0}, {"rate": 100.0}], "mq": [{"rate": 1.0}] * 2}
+    assert e2e.listener_vs_kafka(per, "rate")["runs"] == [1.5, 0.5]
+    assert e2e.listener_vs_kafka({"kafka": per["kafka"]}, "rate") is None
+
+
 def _s(median: float) -> dict:
     return {"median": median, "min": median * 0.9, "max": median * 1.1}
 
@@ -66,7 +73,8 @@ def _s(median: float) -> dict:
 def test_e2e_table_shows_a_kafka_peer_beside_mq():
     tp = {"sizes": {"100B": {"rate": {"mq": _s(4e5), "kafka": _s(2e5)},
                              "mb_s": {"mq": _s(40), "kafka": _s(20), "raw": _s(2000)},
-                             "ratio": {"kafka": _s(2.0), "raw": _s(0.02)}}}}
+                             "ratio": {"kafka": _s(2.0), "raw": _s(0.02)},
+                             "listener_vs_kafka": _s(1.25)}}}
     lat = {"runs": {"mq": [{}], "redis": [{}], "kafka": [{}, {}]}, "p50_ratio_vs_redis": _s(1.5),
            "p50_ratio_vs": {"kafka": _s(0.5)}}
     for s in ("mq", "redis", "kafka"):
@@ -76,6 +84,8 @@ def test_e2e_table_shows_a_kafka_peer_beside_mq():
     by_name = {r["benchmark"]: r for r in rows}
     kafka = by_name[f"1->1 100B {e2e_systems.ApacheKafka.label}"]
     assert kafka["ratio"].startswith("2.00x")
+    pair = by_name["1->1 100B mq's Kafka listener / Apache Kafka (same librdkafka workers)"]
+    assert pair["ratio"].startswith("1.25x Kafka's rec/s")
     row = by_name[f"e2e 1 k/s 100 B {e2e_systems.ApacheKafka.label} (acks=1, linger 0)"]
     assert row["ratio"].startswith("0.50x (mq p50/this)")
     assert not any("mq-kafka" in name or "Tansu" in name for name in by_name)
