@@ -184,14 +184,16 @@ class KafkaProtocol(System):
         super().__init__()
         self.bootstrap = ""
 
-    def open(self, base: str, stack: contextlib.ExitStack) -> None:
+    def open(self, base: str, stack: contextlib.ExitStack, warm: bool = True) -> None:
+        """Start the broker and, with ``warm``, put ``warm_up``'s traffic through it."""
         super().open(base, stack)
         from confluent_kafka.admin import AdminClient
         self._start(stack)
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap,
                                   "log.connection.close": False})
         stack.callback(self._close_admin)       # before the broker stops: no reconnect noise
-        self.warm_up()
+        if warm:
+            self.warm_up()
 
     def warm_up(self) -> None:
         """``WARM_UP``'s bulk records, then open-loop rounds at ``WARM_UP_RATE`` until one
