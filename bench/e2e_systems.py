@@ -30,6 +30,7 @@ A peer that cannot run here (no Java, no Maven Central, no Tansu wheel) raises
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import itertools
 import os
 import signal
@@ -352,7 +353,7 @@ def tool_versions(systems: dict[str, System]) -> dict:
     out = {}
     if any(isinstance(s, KafkaProtocol) for s in systems.values()):
         import confluent_kafka
-        out["confluent-kafka"] = confluent_kafka.version()[0]
+        out["confluent-kafka"] = importlib.metadata.version("confluent-kafka")
         out["librdkafka"] = confluent_kafka.libversion()[0]
     if "kafka" in systems:
         out["kafka"] = KAFKA_VERSION
