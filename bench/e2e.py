@@ -211,7 +211,6 @@ class Ctx:
             cls = e2e_systems.PEERS[name]
             if name not in names or not cls.sections & sections:
                 continue
-            progress(f"starting {cls.label}")
             system = cls()
             try:
                 system.open(self.base, stack)

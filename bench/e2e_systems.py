@@ -189,6 +189,7 @@ class KafkaProtocol(System):
         """Start the broker and, with ``warm``, put ``warm_up``'s traffic through it."""
         super().open(base, stack)
         from confluent_kafka.admin import AdminClient
+        harness.progress(f"starting {self.label}" + (" and warming it up" if warm else ""))
         self._start(stack)
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap,
                                   "log.connection.close": False})
