@@ -6,7 +6,9 @@ Small frames are gathered in one buffer per connection and copied out whole. A l
 buffer of its own, sized to it: what came of it so far is copied there once, and the owner of
 the socket receives the rest straight into it (``tail()``, then ``filled(n)``), so a 1 MiB
 Produce is not copied again in user space between the socket and the log (about 40 % of the
-broker's time on produce went to those copies, bench/RESULTS.md).
+broker's time on produce went to those copies, bench/RESULTS.md). The buffer of the last large
+frame is used again for the next one once nothing refers to it any more (the request that read
+it is done): a fresh megabyte costs its page faults and zeroing, as much as the copies did.
 
 Sizing a buffer by a size the peer claims, before its bytes arrive, must not let peers make
 the broker allocate what they never send. Two bounds:
@@ -22,6 +24,7 @@ the broker allocate what they never send. Two bounds:
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 from mq.errors import RemoteProtocolError
@@ -63,6 +66,7 @@ class FrameBuffer:
         self._pos = 0
         self._large: bytearray | None = None     # a large frame's own buffer, being filled
         self._filled = 0
+        self._spare: bytearray | None = None     # the last large frame returned
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Bytes received (copied in); a large frame in progress takes what is its own."""
@@ -97,6 +101,7 @@ class FrameBuffer:
                 return None
             self._large = None
             self._budget.give(len(large))
+            self._spare = large
             return large
         buf, pos = self._buf, self._pos
         if len(buf) - pos >= 4:
@@ -110,7 +115,7 @@ class FrameBuffer:
                 self._pos = pos + 4 + size
                 return buf[pos + 4:self._pos]
             if size >= LARGE_FRAME and self._budget.take(size):
-                large = self._large = bytearray(size)
+                large = self._large = self._large_buffer(size)
                 large[:have] = memoryview(buf)[pos + 4:]
                 self._filled = have
                 del buf[:]
@@ -118,6 +123,22 @@ class FrameBuffer:
                 return None
         self.compact()
         return None
+
+    def _large_buffer(self, size: int) -> bytearray:
+        """``size`` bytes for a large frame: the last one's buffer when nothing else refers to
+        it (no request still reads it: no view of it, no other reference), else a new one."""
+        spare, self._spare = self._spare, None
+        # References: ``spare`` here and getrefcount's argument; any other is a reader's.
+        if spare is not None and sys.getrefcount(spare) == 2:
+            try:                 # a resize also fails while a view of it exists
+                if len(spare) > size:
+                    del spare[size:]
+                elif len(spare) < size:
+                    spare += bytes(size - len(spare))
+                return spare
+            except BufferError:
+                pass
+        return bytearray(size)
 
     def compact(self) -> None:
         if self._pos:

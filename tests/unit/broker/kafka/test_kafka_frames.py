@@ -103,3 +103,29 @@ def test_bytes_fed_past_a_large_frame_start_the_next_one():
     assert buf.next_frame() is None and buf.tail() is not None
     buf.feed(data[100:])              # a TLS read: more than the large frame's rest
     assert drain(buf) == [big, small]
+
+
+def test_a_large_frame_buffer_is_used_again_only_once_nothing_refers_to_it():
+    buf = FrameBuffer(1 << 24, FrameBudget())
+    first, second, third = (bytes([i]) * (2 * LARGE_FRAME + i) for i in (1, 2, 3))
+
+    def arrive(body: bytes) -> bytearray:
+        buf.feed(frame(body)[:100])
+        assert buf.next_frame() is None
+        tail = buf.tail()
+        n = len(tail)
+        tail[:] = body[-n:]
+        tail.release()
+        buf.filled(n)
+        return buf.next_frame()
+
+    held = arrive(first)
+    view = memoryview(held)[10:20]             # a request still reading it
+    got = arrive(second)
+    assert got is not held and held == first and bytes(view) == first[10:20]
+    view.release()
+    del held
+    kept_id = id(got)
+    del got                                    # its request is done
+    again = arrive(third)
+    assert id(again) == kept_id and again == third
