@@ -64,7 +64,10 @@ log = logging.getLogger("mq.broker")
 # response, or a generator driven by ``Exchange`` (exchange.py).
 KafkaHandler = Callable[[KafkaConn, int, dict], Any]
 
-_READ_SIZE = 256 * 1024
+# What one read takes when no large frame is in progress, into one scratch buffer for all
+# connections (the loop is single-threaded): small requests, and the head of a large one, which
+# is copied into its own buffer once its size is known (frames.py).
+_READ_SIZE = 64 * 1024
 _ACCEPT_PAUSE_S = 0.1
 
 
@@ -96,6 +99,7 @@ class KafkaListener:
         self._tls_sockets: set[socket.socket] = set()
         self._handshakes: list[tuple[float, int, KafkaConn]] = []
         self._budget = FrameBudget()       # large frames received in place (frames.py)
+        self._scratch = bytearray(_READ_SIZE)
 
     def set_handlers(self, handlers: Mapping[int, KafkaHandler]) -> None:
         for key in handlers:
@@ -207,11 +211,14 @@ class KafkaListener:
                 with tail:
                     n = conn.sock.recv_into(tail)
                 conn.frames.filled(n)
-            else:
-                data = conn.tls.recv(_READ_SIZE) if conn.tls is not None else \
-                    conn.sock.recv(_READ_SIZE)
+            elif conn.tls is not None:          # decrypted, then copied in
+                data = conn.tls.recv(len(tail) if tail is not None else _READ_SIZE)
                 n = len(data)
                 conn.frames.feed(data)
+            else:
+                n = conn.sock.recv_into(self._scratch)
+                with memoryview(self._scratch) as view:
+                    conn.frames.feed(view[:n])
         except (BlockingIOError, InterruptedError):
             return
         except RemoteProtocolError as err:                      # TLS: a renegotiation, ...
