@@ -1,5 +1,6 @@
 """Kafka's cluster and topic apis on mq's topic component: Metadata, CreateTopics,
-DeleteTopics, CreatePartitions, DeleteRecords, DescribeCluster.
+DeleteTopics, CreatePartitions, DeleteRecords, DescribeCluster, DescribeLogDirs (the data dir
+is the one log dir).
 
 One host is a cluster of one node: every partition's leader, only replica and only in-sync
 replica is node ``node_id``, reached at the address the client connected to (so a client that
@@ -16,13 +17,16 @@ an unknown topic with ``num_partitions`` partitions when ``auto_create_topics`` 
 Describe when asked for all, and answers TOPIC_AUTHORIZATION_FAILED for a named one it may
 not (or may not Create, when it would be auto-created); CreateTopics needs Create on the
 Cluster or the topic, DeleteTopics and DeleteRecords Delete, CreatePartitions Alter on the
-topic. DescribeCluster needs no ACL, as in Kafka (whose Describe on the Cluster only gates the
-cluster's authorized operations, which mq does not report): Kafka's admin client (3.9+) asks it
-for the nodes when it describes topics, as Spark's Kafka connector does before every read.
+topic, DescribeLogDirs Describe on the Cluster. DescribeCluster needs no ACL, as in Kafka
+(whose Describe on the Cluster only gates the cluster's authorized operations, which mq does
+not report): Kafka's admin client (3.9+) asks it for the nodes when it describes topics, as
+Spark's Kafka connector does before every read.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from collections.abc import Mapping
 
@@ -69,8 +73,8 @@ class AdminApis:
 
     def handlers(self) -> Mapping[int, object]:
         return {3: self.metadata, 19: self.create_topics, 20: self.delete_topics,
-                21: self.delete_records, 37: self.create_partitions,
-                60: self.describe_cluster}
+                21: self.delete_records, 35: self.describe_log_dirs,
+                37: self.create_partitions, 60: self.describe_cluster}
 
     def node(self, conn: KafkaConn) -> dict:
         """This node as the client reaches it."""
@@ -250,6 +254,29 @@ class AdminApis:
                  "low_watermark": r[4] if r[2] == errors.NONE else -1})
         return {"throttle_time_ms": 0, "topics": [
             {"name": topic, "partitions": rows} for topic, rows in by_topic.items()]}
+
+    # --- DescribeLogDirs ----------------------------------------------------------------------
+    def describe_log_dirs(self, conn: KafkaConn, version: int, body: dict) -> dict:
+        """The one log dir, the data dir, with the size of each partition asked for (every
+        one when ``topics`` is null) and its file system's size and free space. Needs
+        Describe on the Cluster, as in Kafka (below v3 a refusal is an empty list)."""
+        if not self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER):
+            return {"throttle_time_ms": 0,
+                    "error_code": errors.ClusterAuthorizationFailedError.code, "results": []}
+        wanted = None if body["topics"] is None else \
+            {(t["topic"], p) for t in body["topics"] for p in t["partitions"]}
+        by_topic: dict[str, list[dict]] = {}
+        for part in sorted(self._table, key=lambda p: (p.topic, p.partition)):
+            if wanted is None or (part.topic, part.partition) in wanted:
+                by_topic.setdefault(part.topic, []).append({
+                    "partition_index": part.partition, "partition_size": part.log.size_in_bytes,
+                    "offset_lag": 0, "is_future_key": False})
+        log_dir = os.path.abspath(self._config.data_dir)
+        disk = shutil.disk_usage(log_dir)
+        return {"throttle_time_ms": 0, "error_code": errors.NONE, "results": [{
+            "error_code": errors.NONE, "log_dir": log_dir,
+            "topics": [{"name": name, "partitions": rows} for name, rows in by_topic.items()],
+            "total_bytes": disk.total, "usable_bytes": disk.free, "is_cordoned": False}]}
 
     # --- DescribeCluster ----------------------------------------------------------------------
     def describe_cluster(self, conn: KafkaConn, version: int, body: dict) -> dict:

@@ -1,5 +1,7 @@
-"""Kafka's config apis on mq's topic configs: DescribeConfigs (v1-4) and
-IncrementalAlterConfigs (v0-1).
+"""Kafka's config apis on mq's topic configs: DescribeConfigs (v1-4), IncrementalAlterConfigs
+(v0-1) and the older AlterConfigs (v0-2), which replaces a topic's overrides with the ones it
+lists (those it leaves out are deleted; kafka-python's and confluent-kafka's ``alter_configs``
+send it).
 
 A topic's config is mq's ``LogConfig``: the topic's overrides (kept in the metadata log) over
 the broker's ``[topic_defaults]`` over Kafka's defaults. Both apis go through the native
@@ -287,6 +289,19 @@ def plan_alteration(ops: list[dict], effective: Mapping[str, str]
     return changes, delete
 
 
+def plan_replacement(configs: list[dict], effective: Mapping[str, str],
+                     overrides: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """AlterConfigs' list of (name, value) for a topic as (overrides to set, overrides to
+    delete) (pure): every listed config is set (a null value: not overridden), every current
+    override not listed is deleted. Raises as ``plan_alteration``."""
+    ops = [{"name": c["name"], "config_operation": DELETE if c["value"] is None else SET,
+            "value": c["value"]} for c in configs]
+    listed = {c["name"] for c in configs}
+    ops += [{"name": name, "config_operation": DELETE, "value": None}
+            for name in sorted(overrides) if name not in listed]
+    return plan_alteration(ops, effective)
+
+
 def creatable(config: Mapping[str, str]) -> dict[str, str]:
     """A CreateTopics request's configs as mq's overrides: the ``FIXED`` ones at their only
     value dropped (pure). Raises ``InvalidConfigurationError`` for another value."""
@@ -304,8 +319,8 @@ def creatable(config: Mapping[str, str]) -> dict[str, str]:
 class ConfigApis:
     """The config handlers of the Kafka listener. ACLs (``acls.py``), as Kafka's:
     DescribeConfigs needs DescribeConfigs on the topic (TOPIC_AUTHORIZATION_FAILED) or on the
-    Cluster for the broker (CLUSTER_AUTHORIZATION_FAILED); IncrementalAlterConfigs needs
-    AlterConfigs on them."""
+    Cluster for the broker (CLUSTER_AUTHORIZATION_FAILED); IncrementalAlterConfigs and
+    AlterConfigs need AlterConfigs on them."""
 
     def __init__(self, config: BrokerConfig, authz: Authorizer = OPEN) -> None:
         self._config = config
@@ -320,7 +335,8 @@ class ConfigApis:
             else errors.ClusterAuthorizationFailedError.code
 
     def handlers(self) -> Mapping[int, object]:
-        return {32: self.describe_configs, 44: self.incremental_alter_configs}
+        return {32: self.describe_configs, 33: self.alter_configs,
+                44: self.incremental_alter_configs}
 
     def _is_this_broker(self, name: str) -> bool:
         return name in ("", str(self._config.node_id))
@@ -362,8 +378,20 @@ class ConfigApis:
             results.append(row)
         return {"throttle_time_ms": 0, "results": results}
 
-    # --- IncrementalAlterConfigs --------------------------------------------------------------
+    # --- IncrementalAlterConfigs and AlterConfigs ---------------------------------------------
     def incremental_alter_configs(self, conn: KafkaConn, version: int, body: dict):
+        rows = yield from self._alter(conn, body, lambda r, effective, overrides:
+                                      plan_alteration(r["configs"], effective))
+        return {"throttle_time_ms": 0, "responses": rows}
+
+    def alter_configs(self, conn: KafkaConn, version: int, body: dict):
+        rows = yield from self._alter(conn, body, lambda r, effective, overrides:
+                                      plan_replacement(r["configs"], effective, overrides))
+        return {"throttle_time_ms": 0, "responses": rows}
+
+    def _alter(self, conn: KafkaConn, body: dict, plan):
+        """``yield from``: each resource's response row, its topic altered as ``plan(resource,
+        effective config, overrides)`` says (overrides to set, to delete)."""
         resources = body["resources"]
         rows = [{"error_code": errors.NONE, "error_message": None,
                  "resource_type": r["resource_type"],
@@ -390,7 +418,7 @@ class ConfigApis:
                 row.update(error_code=reply[2], error_message=reply[3])
                 continue
             try:
-                changes, delete = plan_alteration(r["configs"], reply[4])
+                changes, delete = plan(r, reply[4], reply[5])
             except BrokerError as err:
                 row.update(error_code=err.code, error_message=err.message)
                 continue
@@ -403,7 +431,7 @@ class ConfigApis:
             for row, reply in zip(called, replies, strict=True):
                 if reply[2] != errors.NONE:
                     row.update(error_code=reply[2], error_message=reply[3])
-        return {"throttle_time_ms": 0, "responses": rows}
+        return rows
 
 
 def _unsupported(kind: int, name: str, node_id: int) -> str:

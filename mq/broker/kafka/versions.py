@@ -53,6 +53,8 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     30: (1, 3),      # CreateAcls
     31: (1, 3),      # DeleteAcls
     32: (1, 4),      # DescribeConfigs
+    33: (0, 2),      # AlterConfigs
+    35: (1, 4),      # DescribeLogDirs
     36: (0, 2),      # SaslAuthenticate
     37: (0, 3),      # CreatePartitions
     42: (0, 2),      # DeleteGroups

@@ -24,7 +24,7 @@ import zipfile
 # The api keys whose request and response schemas are written (the broker picks the versions
 # it advertises from Kafka's valid ranges; see mq/broker/kafka/versions.py).
 APIS = (0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
-        28, 29, 30, 31, 32, 36, 37, 42, 44, 47, 50, 51, 60, 61, 65, 66, 68, 69)
+        28, 29, 30, 31, 32, 33, 35, 36, 37, 42, 44, 47, 50, 51, 60, 61, 65, 66, 68, 69)
 DATA = ("ConsumerProtocolSubscription", "ConsumerProtocolAssignment")
 HEADERS = ("RequestHeader", "ResponseHeader")
 OPEN_END = 0x7FFF          # "N+": up to any version

@@ -1,8 +1,11 @@
 """Topic and broker configs over Kafka's wire protocol: DescribeConfigs lists every Kafka
 topic config with its value, default and source; IncrementalAlterConfigs sets, deletes,
-appends and subtracts overrides, which mq's own Admin sees and the broker enforces."""
+appends and subtracts overrides, which mq's own Admin sees and the broker enforces; the older
+AlterConfigs replaces them. And DescribeLogDirs: the data dir and its partitions' sizes."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -218,3 +221,59 @@ def test_create_topics_answers_the_new_topics_configs(kafka):
         assert row["error_code"] == 0 and configs["retention.ms"] == ("9000", 1)
         assert configs["retention.bytes"] == ("-1", 5)    # 1 DYNAMIC_TOPIC, 5 DEFAULT
         assert configs["segment.bytes"][0] == KAFKA_TOPIC_DEFAULTS["segment.bytes"]
+
+
+def test_alter_configs_replaces_the_overrides(kafka):
+    """The older AlterConfigs (confluent-kafka's and kafka-python's ``alter_configs``): the
+    topic's overrides become the ones listed; those left out go back to their defaults."""
+    b, address, client = kafka
+    resource = ConfigResource("topic", "t", set_config={"retention.ms": "1000",
+                                                        "cleanup.policy": "compact"})
+    with pytest.warns(DeprecationWarning):        # confluent-kafka prefers the incremental api
+        (future,) = client.alter_configs([resource]).values()
+    future.result(TIMEOUT_S)
+    assert overrides(b) == {"retention.ms": "1000", "cleanup.policy": "compact"}  # segment.bytes
+    # kafka-python, made to use AlterConfigs, lists the topic's other overrides itself (it
+    # reads them first: what is left out is reset).
+    from kafka.admin import ConfigResource as KpResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+    kp = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        kp.alter_configs([KpResource(ConfigResourceType.TOPIC, "t",
+                                     configs={"max.message.bytes": "2000000"})],
+                         incremental=False)
+        assert overrides(b) == {"retention.ms": "1000", "cleanup.policy": "compact",
+                                "max.message.bytes": "2000000"}
+        bad = KpResource(ConfigResourceType.TOPIC, "t", configs={"retention.ms": "soon"})
+        answer = kp.alter_configs([bad], incremental=False)
+        assert "InvalidConfigurationError: retention.ms must be an integer" in \
+            str(answer["topic"]["t"])
+        assert overrides(b)["retention.ms"] == "1000"                 # nothing changed
+    finally:
+        kp.close()
+
+
+def test_describe_log_dirs_reports_the_data_dir_and_partition_sizes(kafka):
+    """DescribeLogDirs (kafka-python's ``describe_log_dirs``): the data dir is the one log dir,
+    each partition's size is its segment files' bytes, the disk's size and free space are
+    given."""
+    b, address, _ = kafka
+    with KafkaProducer({"bootstrap.servers": address, "log.connection.close": False}) as p:
+        for _ in range(100):
+            p.produce("t", b"x" * 100, partition=0)
+        p.flush(TIMEOUT_S)
+    from kafka.admin import KafkaAdminClient
+    kp = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        [answer] = kp.describe_log_dirs(topic_partitions={"t": [0]})
+    finally:
+        kp.close()
+    [log_dir] = answer["log_dirs"]
+    assert log_dir["error_code"] == 0 and log_dir["log_dir"] == b.data_dir
+    [topic] = log_dir["topics"]
+    segments = sum(f.stat().st_size for f in (Path(b.data_dir) / "t-0").glob("*.log"))
+    assert topic == {"name": "t", "partitions": [{
+        "partition_index": 0, "partition_size": segments, "offset_lag": 0,
+        "is_future_key": False}]}
+    assert segments > 100 * 100
+    assert 0 < log_dir["usable_bytes"] <= log_dir["total_bytes"]

@@ -225,6 +225,16 @@ def test_configs_need_describe_configs_and_alter_configs(acls, authz):
             {"resource_type": 2, "resource_name": "orders", "configs": [
                 {"name": "retention.ms", "config_operation": 0, "value": "5"}]}]}))
     assert made == [] and out["responses"][0]["error_code"] == TOPIC_DENIED
+    out, made = drive(configs.alter_configs(conn(), 2, {
+        "validate_only": False, "resources": [
+            {"resource_type": 2, "resource_name": "orders", "configs": [
+                {"name": "retention.ms", "value": "5"}]}]}))
+    assert made == [] and out["responses"][0]["error_code"] == TOPIC_DENIED
+
+
+def test_describe_log_dirs_needs_describe_on_the_cluster(acls, authz, metadata):
+    out = _admin(metadata, authz).describe_log_dirs(conn(), 4, {"topics": None})
+    assert (out["error_code"], out["results"]) == (CLUSTER_DENIED, [])
 
 
 # --- groups -----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from mq.broker.kafka.configs import (APPEND, DEFAULT_CONFIG, DELETE, DYNAMIC_TOP
                                      FIXED, SET,
                                      STATIC_BROKER_CONFIG, SUBTRACT, TOPIC_CONFIGS,
                                      creatable, created_topic, describe_broker, describe_topic,
-                                     plan_alteration)
+                                     plan_alteration, plan_replacement)
 from mq.log.config import DEFAULTS, LogConfig
 from mq.errors import BrokerError
 
@@ -113,4 +113,17 @@ def test_creatable_drops_fixed_configs_at_their_value():
                       "retention.ms": "5"}) == {"retention.ms": "5"}
     with pytest.raises(match="recompress") as info:
         creatable({"compression.type": "lz4"})
+    assert info.value.code == INVALID_CONFIG
+
+
+def test_alter_configs_replaces_the_overrides_with_those_it_lists():
+    effective = LogConfig().to_properties()
+    current = {"retention.ms": "1000", "segment.bytes": "1000000"}
+    changes, delete = plan_replacement(
+        [{"name": "retention.ms", "value": "5"}, {"name": "cleanup.policy", "value": None},
+         {"name": "min.insync.replicas", "value": "1"}], effective, current)
+    assert changes == {"retention.ms": "5"}
+    assert sorted(delete) == ["cleanup.policy", "segment.bytes"]
+    with pytest.raises(BrokerError) as info:
+        plan_replacement([{"name": "min.insync.replicas", "value": "2"}], effective, {})
     assert info.value.code == INVALID_CONFIG
