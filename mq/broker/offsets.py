@@ -8,7 +8,8 @@ Record formats are Kafka's (strings are int16 length + UTF-8, integers big-endia
     a null value (tombstone) deletes the committed offset
 
     key   (version 3)  int16 3 | group string          Kafka's ConsumerGroupMetadataKey
-    value (version 0)  int16 0 | int32 group epoch      present while the group has members
+    value (version 0)  int16 0 | int32 group epoch | uvarint 0 (no tagged fields: the value is
+                       a flexible version)          present while the group has members
 
 The group record says a group had live members: after a crash the broker cannot know who was
 consuming what, so for such groups it withholds unreported partitions for a grace period while
@@ -112,7 +113,9 @@ def encode_group_key(group: str) -> bytes:
 
 
 def encode_group_value(epoch: int) -> bytes:
-    return _I16.pack(0) + _I32.pack(epoch)
+    # Kafka's ConsumerGroupMetadataValue is flexible from version 0: without the tagged-field
+    # count its coordinator (and DumpLogSegments --offsets-decoder) cannot read the value.
+    return _I16.pack(0) + _I32.pack(epoch) + b"\x00"
 
 
 def decode_group_key(data: bytes) -> str | None:
