@@ -52,6 +52,7 @@ SUFFIXES = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX,
 INDEXES = (files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX)
 OFFSETS_TOPIC = "__consumer_offsets"
 TXN_TOPIC = "__transaction_state"
+METADATA_TOPIC = "__cluster_metadata"        # mq's own metadata records, not Kafka's
 
 # flags of each pass
 RECORDS = ("--deep-iteration", "--print-data-log")
@@ -301,3 +302,32 @@ class Judge:
             self._find(path, f"offset {offset}: Kafka's decoder says: {key} {value or ''}")
             return
         self.decoded.append(Decoded(path, offset, key_json, value_json))
+
+
+def judge_data_dir(java: JavaKafka, data_dir: str) -> Judge:
+    """Every pass over a stopped broker's ``data_dir``: the user topics' files with records
+    printed, each coordinator topic's with its decoder, every ``.log`` at batch level and every
+    index with the sanity check, every index verified. (mq's ``__cluster_metadata`` records
+    are not Kafka's metadata records: its ``.log`` files are judged at batch level only.)"""
+    passes: dict[tuple[str, ...], list[str]] = {RECORDS: [], OFFSETS: [], TXN_LOG: [],
+                                                 SANITY: [], VERIFY: []}
+    decoders = {OFFSETS_TOPIC: OFFSETS, TXN_TOPIC: TXN_LOG}
+    partitions = partition_files(data_dir)
+    for name, paths in partitions.items():
+        topic = files.parse_partition_dir(name)[0]
+        for p in paths:
+            if topic in decoders:
+                passes[decoders[topic]].append(p)
+            elif topic != METADATA_TOPIC or not p.endswith(files.LOG_SUFFIX):
+                passes[RECORDS].append(p)
+            if p.endswith((files.LOG_SUFFIX, *INDEXES)):
+                passes[SANITY].append(p)
+            if p.endswith(INDEXES):
+                passes[VERIFY].append(p)
+    result = Judge()
+    for flags, paths in passes.items():
+        if paths:
+            result.judge(run(java, paths, flags), paths)
+    missed = {p for ps in partitions.values() for p in ps} - result.files_judged
+    assert not missed, f"not judged: {sorted(missed)}"
+    return result

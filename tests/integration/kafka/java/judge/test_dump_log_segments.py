@@ -25,19 +25,7 @@ import os
 
 import pytest
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from dumplog import (
-    INDEXES,
-    OFFSETS,
-    OFFSETS_TOPIC,
-    RECORDS,
-    SANITY,
-    TXN_LOG,
-    TXN_TOPIC,
-    VERIFY,
-    Judge,
-    partition_files,
-    run,
-)
+from dumplog import OFFSETS_TOPIC, TXN_TOPIC, Judge, judge_data_dir, partition_files
 from kclients import consumer, create_topic, produce, read
 
 import mq
@@ -50,7 +38,6 @@ from mq.log.txnindex import read_entries
 from mq.testing import wait_for
 
 WAIT = 30.0
-METADATA_TOPIC = "__cluster_metadata"
 # Several segments, each with several offset-index entries.
 SMALL = {"segment.bytes": "4096", "index.interval.bytes": "256"}
 T0 = 1_750_000_000_000                  # record timestamps: fixed, so some can go backwards
@@ -69,33 +56,9 @@ def broker(tmp_path):
 
 
 def judge(java_kafka, b) -> Judge:
-    """Stop the broker, run the tool's passes over its data dir and judge them: the user
-    topics' files with records printed, each coordinator topic's with its decoder, every
-    ``.log`` at batch level and every index with the sanity check and the verification. (mq's
-    own ``__cluster_metadata`` records are not Kafka's metadata records: its ``.log`` files are
-    judged at batch level, the rest as any topic's.)"""
+    """Stop the broker (cleanly: its indexes trimmed), then judge its data dir."""
     b.stop()
-    passes: dict[tuple[str, ...], list[str]] = {RECORDS: [], OFFSETS: [], TXN_LOG: [],
-                                                 SANITY: [], VERIFY: []}
-    by_topic = {OFFSETS_TOPIC: OFFSETS, TXN_TOPIC: TXN_LOG}
-    for name, paths in partition_files(b.data_dir).items():
-        topic = files.parse_partition_dir(name)[0]
-        for p in paths:
-            if topic in by_topic:
-                passes[by_topic[topic]].append(p)
-            elif topic != METADATA_TOPIC or not p.endswith(files.LOG_SUFFIX):
-                passes[RECORDS].append(p)
-            if p.endswith((files.LOG_SUFFIX, *INDEXES)):
-                passes[SANITY].append(p)
-            if p.endswith(INDEXES):
-                passes[VERIFY].append(p)
-    result = Judge()
-    for flags, paths in passes.items():
-        if paths:
-            result.judge(run(java_kafka, paths, flags), paths)
-    every = {p for ps in partition_files(b.data_dir).values() for p in ps}
-    assert every <= result.files_judged, every - result.files_judged
-    return result
+    return judge_data_dir(java_kafka, b.data_dir)
 
 
 def batches(b, topic: str, partition: int = 0) -> list:
