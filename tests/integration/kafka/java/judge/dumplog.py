@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from javakafka import JavaKafka
 
 from mq.cli.dump_log import Dumper
+from mq.errors import MQError
 from mq.log import files
 from mq.log.producer_state import decode_snapshot
 from mq.log.records import iter_batches
@@ -118,9 +119,13 @@ class Decoded:
 
 
 def mq_lines(path: str, deep: bool, print_data: bool) -> list[str]:
-    """What ``mq dump-log`` prints for ``path`` (its ``Dumping`` line left out)."""
+    """What ``mq dump-log`` prints for ``path`` (its ``Dumping`` line left out), and the error
+    it ends with on a file it finds corrupt."""
     out = io.StringIO()
-    Dumper(deep_iteration=deep, print_data=print_data, write=out.write).dump(path)
+    try:
+        Dumper(deep_iteration=deep, print_data=print_data, write=out.write).dump(path)
+    except MQError as err:
+        out.write(f"mq: error: {err}\n")
     return out.getvalue().splitlines()[1:]
 
 

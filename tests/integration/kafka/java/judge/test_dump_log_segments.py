@@ -269,3 +269,30 @@ def test_groups_and_transactions(java_kafka, broker):
     aborted = [e for ps in partition_files(broker.data_dir).values() for p in ps
                if p.endswith(files.TXNINDEX_SUFFIX) for e in read_entries(p)]
     assert any(e.last_stable_offset < e.first_offset for e in aborted), aborted
+
+
+# --- the judge itself -------------------------------------------------------------------------
+
+def _rewrite(path: str, position: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        f.write(data)
+
+
+def test_the_judge_reports_what_kafka_finds_in_damaged_files(java_kafka, broker):
+    """Damage three files of one partition as a bad writer would: a record byte (the CRC
+    fails), an offset-index position (the entry names another batch), a time-index timestamp
+    (out of order). Each is a finding naming its file."""
+    plain(broker)
+    broker.stop()
+    segments = sorted(p for p in partition_files(broker.data_dir)["plain-0"]
+                      if p.endswith(files.LOG_SUFFIX))
+    log, index, timeindex = (segments[0], os.path.splitext(segments[1])[0] + ".index",
+                             os.path.splitext(segments[2])[0] + ".timeindex")
+    _rewrite(log, os.path.getsize(log) - 1, b"!")            # the last record's last byte
+    _rewrite(index, 4, b"\x00\x00\x00\x00")                  # entry 0 -> position 0
+    _rewrite(timeindex, 12, b"\x00" * 8)                      # entry 1 -> timestamp 0
+    findings = judge_data_dir(java_kafka, broker.data_dir).findings
+    for damaged in (log, index, timeindex):
+        name = os.path.relpath(damaged, broker.data_dir)
+        assert any(name in f for f in findings), (name, findings)
