@@ -1,0 +1,187 @@
+"""A real Kafka 4.3.1 broker serves mq's segment files (issue 23; the procedure of
+``../shared/reference/kafka-real-broker.md`` §3.4).
+
+Kafka adopts no foreign partition directory (one whose topic id its metadata lacks is renamed
+"-stray"), so the topic is created in Kafka, written by mq's broker under the same name, and
+with Kafka stopped mq's ``.log``, ``.index``, ``.timeindex``, ``.txnindex``, ``.snapshot`` and
+``leader-epoch-checkpoint`` replace Kafka's in its partition directory, Kafka's
+``partition.metadata`` kept. Kafka then starts twice:
+
+1. with its clean-shutdown marker, so mq's indexes and producer snapshot are served as they
+   are;
+2. without the marker and with the partition's recovery point at 0, so Kafka recovers every
+   batch (CRC, offsets) and rebuilds the indexes and producer state from mq's ``.log`` files.
+
+Each time librdkafka reads the whole partition, read_uncommitted and read_committed, and must
+get what mq's own consumer got from mq (offset, timestamp, key, value, headers); the earliest
+and latest offsets and offsets for sampled timestamps must be mq's; and Kafka's log must not
+mention an invalid or corrupt batch or index, a truncation or a stray log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from kclients import consumer, create_topic, offset_for_time, read
+
+import mq
+import mq.testing
+from mq.client.admin import Admin
+from mq.log import files
+
+TOPIC = "served"
+T0 = 1_750_000_000_000
+SWAPPED = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX, files.TXNINDEX_SUFFIX,
+           files.SNAPSHOT_SUFFIX)
+EPOCHS = "leader-epoch-checkpoint"
+RECOVERY_POINTS = "recovery-point-offset-checkpoint"
+CLEAN_SHUTDOWN = ".kafka_cleanshutdown"
+# What Kafka logs when it finds fault with a log it loads (LogLoader, LogSegment, LogManager:
+# "Found invalid messages in log segment", "Corruption found in segment", "Found a corrupted
+# index file", "Truncated … invalid bytes", "marked stray"), each naming the partition or its
+# directory.
+ALARMS = re.compile(r"invalid|corrupt|truncat|stray|error|exception", re.IGNORECASE)
+
+
+def write_with_mq(tmp_path) -> tuple[str, dict]:
+    """mq's broker writes ``TOPIC``: plain records with keys, null keys, tombstones, headers
+    and timestamps going back now and then; an idempotent lz4 producer; transactions committed
+    and aborted. Returns the partition directory and what mq's consumer reads of it."""
+    with mq.testing.broker(tmp_path / "mq") as b:
+        with Admin(b.socket) as admin:
+            admin.create_topic(TOPIC, 1, {"segment.bytes": "4096",
+                                          "index.interval.bytes": "256"})
+        with mq.Producer(socket=b.socket, acks=1, enable_idempotence=False, linger_ms=0,
+                         batch_size=300) as p:
+            for i in range(200):
+                p.send(TOPIC, partition=0, key=None if i % 5 == 0 else b"key-%d" % (i % 7),
+                       value=None if i % 17 == 0 else b"plain-%04d" % i,
+                       headers=[("h%d" % j, b"%d" % i) for j in range(i % 3)],
+                       timestamp_ms=T0 + i * 10 - (3000 if i % 29 == 0 else 0))
+        with mq.Producer(socket=b.socket, compression_type="lz4", linger_ms=1) as p:
+            for i in range(200):
+                p.send(TOPIC, partition=0, value=b"idempotent-%04d" % i,
+                       timestamp_ms=T0 + 5000 + i)
+        with mq.Producer(socket=b.socket, transactional_id="served") as p:
+            p.init_transactions()
+            for n, commit in enumerate((True, False, True, False, True)):
+                p.begin_transaction()
+                for i in range(20):
+                    p.send(TOPIC, partition=0, value=b"txn-%d-%02d" % (n, i),
+                           timestamp_ms=T0 + 10_000 + n * 100 + i)
+                p.commit_transaction() if commit else p.abort_transaction()
+        expected = {isolation: mq_read(b, isolation)
+                    for isolation in ("read_uncommitted", "read_committed")}
+        with mq.Consumer(socket=b.socket) as c:
+            tp = mq.TopicPartition(TOPIC, 0)
+            c.assign([tp])
+            expected["bounds"] = (c.beginning_offsets([tp])[tp], c.end_offsets([tp])[tp])
+            expected["times"] = {ts: (c.offsets_for_times({tp: ts})[tp] or (-1,))[0]
+                                 for ts in (T0, T0 + 995, T0 + 5100, T0 + 10_250, T0 + 99_999)}
+        return os.path.join(b.data_dir, files.partition_dir_name(TOPIC, 0)), expected
+
+
+def mq_read(b, isolation: str) -> list[tuple]:
+    with mq.Consumer(socket=b.socket, isolation_level=isolation, value_bytes=True) as c:
+        tp = mq.TopicPartition(TOPIC, 0)
+        c.assign([tp])
+        c.seek_to_beginning()
+        end = c.end_offsets([tp])[tp]
+        rows: list[tuple] = []
+        while c.position(tp) < end:
+            for records in c.poll(timeout_ms=200).values():
+                rows += [(r.offset, r.timestamp_ms, _bytes(r.key), _bytes(r.value),
+                          [(k, _bytes(v)) for k, v in r.headers]) for r in records]
+        return rows
+
+
+def _bytes(data) -> bytes | None:
+    return None if data is None else bytes(data)
+
+
+def kafka_read(bootstrap: str, isolation: str, count: int) -> list[tuple]:
+    c = consumer(bootstrap, conf={"isolation.level": isolation})
+    try:
+        c.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
+        return [(m.offset(), m.timestamp()[1], m.key(), m.value(), list(m.headers() or []))
+                for m in read(c, count)]
+    finally:
+        c.close()
+
+
+def kafka_offsets(bootstrap: str, timestamps) -> tuple[tuple[int, int], dict]:
+    c = consumer(bootstrap)
+    try:
+        bounds = c.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=30)
+        # one ListOffsets per timestamp: librdkafka asks once per partition in a call
+        return tuple(bounds), {ts: offset_for_time(c, TOPIC, ts) for ts in timestamps}
+    finally:
+        c.close()
+
+
+def swap_in(mq_dir: str, kafka_dir: str) -> None:
+    """Kafka's segment files and epoch checkpoint out, mq's in; ``partition.metadata`` stays."""
+    for name in os.listdir(kafka_dir):
+        if name.endswith(SWAPPED) or name == EPOCHS:
+            os.unlink(os.path.join(kafka_dir, name))
+    for name in os.listdir(mq_dir):
+        if name.endswith(SWAPPED) or name == EPOCHS:
+            shutil.copy2(os.path.join(mq_dir, name), kafka_dir)
+
+
+def reset_recovery_point(data_dir: str) -> None:
+    """Kafka's checkpoint file (version, count, "topic partition offset" lines) with this
+    partition's recovery point at 0, so that a start without the marker recovers it all."""
+    path = os.path.join(data_dir, RECOVERY_POINTS)
+    with open(path) as f:
+        lines = f.read().splitlines()
+    lines = lines[:2] + [f"{TOPIC} 0 0" if line.startswith(f"{TOPIC} 0 ") else line
+                         for line in lines[2:]]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def log_since(node, start: int) -> str:
+    with open(node.log_path, errors="replace") as f:
+        f.seek(start)
+        return f.read()
+
+
+def assert_kafka_serves(node, expected: dict, log_start: int) -> None:
+    for isolation in ("read_uncommitted", "read_committed"):
+        got = kafka_read(node.bootstrap, isolation, len(expected[isolation]))
+        assert got == expected[isolation], isolation
+    bounds, times = kafka_offsets(node.bootstrap, list(expected["times"]))
+    assert bounds == expected["bounds"]
+    assert times == expected["times"]
+    loaded = log_since(node, log_start)
+    assert f"{TOPIC}-0" in loaded, "Kafka's log does not mention loading the partition"
+    alarms = [line for line in loaded.splitlines()
+              if f"{TOPIC}-0" in line and ALARMS.search(line)]
+    assert not alarms, "\n".join(alarms)
+
+
+def test_kafka_serves_mq_segments_as_they_are_and_recovered(kafka_node, tmp_path):
+    create_topic(kafka_node.bootstrap, TOPIC, 1)
+    mq_dir, expected = write_with_mq(tmp_path)
+    kafka_dir = os.path.join(kafka_node.data_dir, files.partition_dir_name(TOPIC, 0))
+    # 1. mq's indexes and producer snapshot, served as they are.
+    kafka_node.stop()
+    assert os.path.exists(os.path.join(kafka_node.data_dir, CLEAN_SHUTDOWN))
+    swap_in(mq_dir, kafka_dir)
+    log_start = os.path.getsize(kafka_node.log_path)
+    kafka_node.start()
+    assert_kafka_serves(kafka_node, expected, log_start)
+    # 2. Kafka recovers every batch of mq's .log files and rebuilds what goes with them.
+    kafka_node.stop()
+    swap_in(mq_dir, kafka_dir)
+    os.unlink(os.path.join(kafka_node.data_dir, CLEAN_SHUTDOWN))
+    reset_recovery_point(kafka_node.data_dir)
+    log_start = os.path.getsize(kafka_node.log_path)
+    kafka_node.start()
+    assert "Attempting recovery" in log_since(kafka_node, log_start) or \
+        "Recovering unflushed segment" in log_since(kafka_node, log_start)
+    assert_kafka_serves(kafka_node, expected, log_start)
