@@ -14,8 +14,10 @@ with Kafka stopped mq's ``.log``, ``.index``, ``.timeindex``, ``.txnindex``, ``.
 
 Each time librdkafka reads the whole partition, read_uncommitted and read_committed, and must
 get what mq's own consumer got from mq (offset, timestamp, key, value, headers); the earliest
-and latest offsets and offsets for sampled timestamps must be mq's; and Kafka's log must not
-mention an invalid or corrupt batch or index, a truncation or a stray log.
+and latest offsets and offsets for sampled timestamps must be mq's; Kafka's TransactionsCommand
+describe-producers must show the producers of mq's snapshot (id, epoch, coordinator epoch,
+last sequence and timestamp, open transaction); and Kafka's log must not mention an invalid or
+corrupt batch or index, a truncation or a stray log.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import re
 import shutil
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from javakafka import TRANSACTIONS, KafkaTarget, table, write_properties
 from kclients import consumer, create_topic, offset_for_time, read
 
 import mq
 import mq.testing
 from mq.client.admin import Admin
 from mq.log import files
+from mq.log.producer_state import read_snapshot
 
 TOPIC = "served"
 T0 = 1_750_000_000_000
@@ -49,7 +53,9 @@ ALARMS = re.compile(r"invalid|corrupt|truncat|stray|error|exception", re.IGNOREC
 def write_with_mq(tmp_path) -> tuple[str, dict]:
     """mq's broker writes ``TOPIC``: plain records with keys, null keys, tombstones, headers
     and timestamps going back now and then; an idempotent lz4 producer; transactions committed
-    and aborted. Returns the partition directory and what mq's consumer reads of it."""
+    and aborted (both stamped now: Kafka drops a producer whose last timestamp is older than
+    ``producer.id.expiration.ms``, a day, when it loads one). Returns the partition directory
+    and what mq's consumer reads of it."""
     with mq.testing.broker(tmp_path / "mq") as b:
         with Admin(b.socket) as admin:
             admin.create_topic(TOPIC, 1, {"segment.bytes": "4096",
@@ -63,15 +69,13 @@ def write_with_mq(tmp_path) -> tuple[str, dict]:
                        timestamp_ms=T0 + i * 10 - (3000 if i % 29 == 0 else 0))
         with mq.Producer(socket=b.socket, compression_type="lz4", linger_ms=1) as p:
             for i in range(200):
-                p.send(TOPIC, partition=0, value=b"idempotent-%04d" % i,
-                       timestamp_ms=T0 + 5000 + i)
+                p.send(TOPIC, partition=0, value=b"idempotent-%04d" % i)
         with mq.Producer(socket=b.socket, transactional_id="served") as p:
             p.init_transactions()
             for n, commit in enumerate((True, False, True, False, True)):
                 p.begin_transaction()
                 for i in range(20):
-                    p.send(TOPIC, partition=0, value=b"txn-%d-%02d" % (n, i),
-                           timestamp_ms=T0 + 10_000 + n * 100 + i)
+                    p.send(TOPIC, partition=0, value=b"txn-%d-%02d" % (n, i))
                 p.commit_transaction() if commit else p.abort_transaction()
         expected = {isolation: mq_read(b, isolation)
                     for isolation in ("read_uncommitted", "read_committed")}
@@ -79,9 +83,27 @@ def write_with_mq(tmp_path) -> tuple[str, dict]:
             tp = mq.TopicPartition(TOPIC, 0)
             c.assign([tp])
             expected["bounds"] = (c.beginning_offsets([tp])[tp], c.end_offsets([tp])[tp])
+            rows = expected["read_uncommitted"]
+            sampled = [T0, T0 + 995, *(rows[i][1] for i in range(150, len(rows), 70)),
+                       rows[-1][1] + 1]
             expected["times"] = {ts: (c.offsets_for_times({tp: ts})[tp] or (-1,))[0]
-                                 for ts in (T0, T0 + 995, T0 + 5100, T0 + 10_250, T0 + 99_999)}
-        return os.path.join(b.data_dir, files.partition_dir_name(TOPIC, 0)), expected
+                                 for ts in sampled}
+    directory = os.path.join(b.data_dir, files.partition_dir_name(TOPIC, 0))
+    expected["producers"] = mq_producers(directory, expected["bounds"][1])
+    return directory, expected
+
+
+def mq_producers(directory: str, log_end_offset: int) -> list[dict[str, str]]:
+    """The producers of mq's snapshot at the log end offset, as Kafka's TransactionsCommand
+    describe-producers shows them."""
+    return sorted(({"ProducerId": str(e.producer_id), "ProducerEpoch": str(e.epoch),
+                    "LatestCoordinatorEpoch": str(e.coordinator_epoch),
+                    "LastSequence": str(e.last_seq), "LastTimestamp": str(e.last_timestamp),
+                    "CurrentTransactionStartOffset": (str(e.current_txn_first_offset)
+                                                      if e.current_txn_first_offset >= 0
+                                                      else "None")}
+                   for e in read_snapshot(directory, log_end_offset)),
+                  key=lambda row: int(row["ProducerId"]))
 
 
 def mq_read(b, isolation: str) -> list[tuple]:
@@ -150,13 +172,23 @@ def log_since(node, start: int) -> str:
         return f.read()
 
 
-def assert_kafka_serves(node, expected: dict, log_start: int) -> None:
+def kafka_producers(java_kafka, node, tmp_path) -> list[dict[str, str]]:
+    target = KafkaTarget(java_kafka, node.bootstrap,
+                         write_properties(tmp_path / "client.properties", {}))
+    rows = table(target.tool(TRANSACTIONS, "describe-producers", "--topic", TOPIC,
+                             "--partition", "0").stdout)
+    return sorted(({k: v for k, v in row.items() if k} for row in rows),
+                  key=lambda row: int(row["ProducerId"]))
+
+
+def assert_kafka_serves(node, expected: dict, log_start: int, producers: list) -> None:
     for isolation in ("read_uncommitted", "read_committed"):
         got = kafka_read(node.bootstrap, isolation, len(expected[isolation]))
         assert got == expected[isolation], isolation
     bounds, times = kafka_offsets(node.bootstrap, list(expected["times"]))
     assert bounds == expected["bounds"]
     assert times == expected["times"]
+    assert producers == expected["producers"]
     loaded = log_since(node, log_start)
     assert f"{TOPIC}-0" in loaded, "Kafka's log does not mention loading the partition"
     alarms = [line for line in loaded.splitlines()
@@ -164,7 +196,7 @@ def assert_kafka_serves(node, expected: dict, log_start: int) -> None:
     assert not alarms, "\n".join(alarms)
 
 
-def test_kafka_serves_mq_segments_as_they_are_and_recovered(kafka_node, tmp_path):
+def test_kafka_serves_mq_segments_as_they_are_and_recovered(java_kafka, kafka_node, tmp_path):
     create_topic(kafka_node.bootstrap, TOPIC, 1)
     mq_dir, expected = write_with_mq(tmp_path)
     kafka_dir = os.path.join(kafka_node.data_dir, files.partition_dir_name(TOPIC, 0))
@@ -174,7 +206,8 @@ def test_kafka_serves_mq_segments_as_they_are_and_recovered(kafka_node, tmp_path
     swap_in(mq_dir, kafka_dir)
     log_start = os.path.getsize(kafka_node.log_path)
     kafka_node.start()
-    assert_kafka_serves(kafka_node, expected, log_start)
+    assert_kafka_serves(kafka_node, expected, log_start,
+                        kafka_producers(java_kafka, kafka_node, tmp_path))
     # 2. Kafka recovers every batch of mq's .log files and rebuilds what goes with them.
     kafka_node.stop()
     swap_in(mq_dir, kafka_dir)
@@ -184,4 +217,5 @@ def test_kafka_serves_mq_segments_as_they_are_and_recovered(kafka_node, tmp_path
     kafka_node.start()
     assert "Attempting recovery" in log_since(kafka_node, log_start) or \
         "Recovering unflushed segment" in log_since(kafka_node, log_start)
-    assert_kafka_serves(kafka_node, expected, log_start)
+    assert_kafka_serves(kafka_node, expected, log_start,
+                        kafka_producers(java_kafka, kafka_node, tmp_path))
