@@ -18,6 +18,11 @@ and latest offsets and offsets for sampled timestamps must be mq's; Kafka's Tran
 describe-producers must show the producers of mq's snapshot (id, epoch, coordinator epoch,
 last sequence and timestamp, open transaction); and Kafka's log must not mention an invalid or
 corrupt batch or index, a truncation or a stray log.
+
+Then the same for mq's ``__consumer_offsets`` and ``__transaction_state`` (one partition each,
+as the node is configured): Kafka's group and transaction coordinators must load them without
+an error, and ConsumerGroupCommand and TransactionsCommand show mq's offsets and transactional
+ids. (A test starts Kafka again for each swap: the node is the session's, see ``conftest``.)
 """
 
 from __future__ import annotations
