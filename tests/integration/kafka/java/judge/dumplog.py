@@ -16,8 +16,7 @@ The tool exits 0 on most findings, so its output is what is judged (``Judge``):
   header keys, key and payload). With a coordinator decoder the record lines carry the key
   and value as JSON instead (``Decoded``), which must name no unknown record type and no
   error;
-- ``.index``, ``.timeindex`` and ``.txnindex`` lines equal mq's; a ``.snapshot``'s producers
-  equal mq's ``decode_snapshot`` of it, written in Kafka's words;
+- ``.index``, ``.timeindex``, ``.txnindex`` and ``.snapshot`` lines equal mq's;
 - stderr holds the tool's findings ("Mismatches in :", "Found timestamp mismatch in :",
   "Found out of order timestamp in :", "The following indexed offsets are not found in the
   log.") and must be empty but for "Non-consecutive offsets in FILE", which must name exactly
@@ -44,7 +43,6 @@ from javakafka import JavaKafka
 from mq.cli.dump_log import Dumper
 from mq.errors import MQError
 from mq.log import files
-from mq.log.producer_state import decode_snapshot
 from mq.log.records import iter_batches
 
 DUMP_LOG_SEGMENTS = "org.apache.kafka.tools.DumpLogSegments"
@@ -127,29 +125,6 @@ def mq_lines(path: str, deep: bool, print_data: bool) -> list[str]:
     except MQError as err:
         out.write(f"mq: error: {err}\n")
     return out.getvalue().splitlines()[1:]
-
-
-def _optional_long(value: int) -> str:
-    return "OptionalLong.empty" if value < 0 else f"OptionalLong[{value}]"
-
-
-def mq_snapshot_lines(path: str) -> list[str]:
-    """mq's reading of a producer snapshot, in the words of Kafka's tool."""
-    with open(path, "rb") as f:
-        entries = decode_snapshot(f.read(), path)
-    lines = []
-    for e in entries:
-        line = (f"producerId: {e.producer_id} producerEpoch: {e.epoch} "
-                f"coordinatorEpoch: {e.coordinator_epoch} "
-                f"currentTxnFirstOffset: {_optional_long(e.current_txn_first_offset)} "
-                f"lastTimestamp: {e.last_timestamp}")
-        if e.batches:
-            b = e.batches[-1]
-            line += (f" firstSequence: {b.first_seq} lastSequence: {b.last_seq} "
-                     f"lastOffset: {b.last_offset} offsetDelta: {b.offset_delta} "
-                     f"timestamp: {b.timestamp}")
-        lines.append(line)
-    return lines
 
 
 def mq_gaps(path: str) -> set[tuple[int, int]]:
@@ -271,13 +246,10 @@ class Judge:
         elif suffix in INDEXES and "--verify-index-only" in flags:
             if kafka not in ([], empty):
                 self._find(path, f"verify: {kafka}")
-        elif suffix == files.SNAPSHOT_SUFFIX:
-            self._compare(path, kafka, mq_snapshot_lines(path))
         elif suffix == files.LOG_SUFFIX:
             self._log(flags, path, kafka)
         else:
-            self._compare(path, [] if kafka == empty else kafka,
-                          mq_lines(path, deep=False, print_data=False))
+            self._compare(path, kafka, mq_lines(path, deep=False, print_data=False))
         if any("isvalid: false" in line or " invalid bytes " in line for line in kafka):
             self._find(path, "Kafka found an invalid batch or invalid bytes")
 
