@@ -100,6 +100,10 @@ class KafkaNode:
             time.sleep(0.1)
         return self
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def _ready(self) -> bool:
         """Its listener answers and Metadata names a broker."""
         try:

@@ -38,11 +38,8 @@ def test_kafka_node_files_pass_the_judge(java_kafka, kafka_node):
     assert values(got) == [r["value"] for r in sent] + [b"txn"] * 10
 
     kafka_node.stop()                   # clean: Kafka trims the indexes at shutdown
-    try:
-        result = judge_data_dir(java_kafka, kafka_node.data_dir)
-        judged = partition_files(kafka_node.data_dir)
-    finally:
-        kafka_node.start()
+    result = judge_data_dir(java_kafka, kafka_node.data_dir)
+    judged = partition_files(kafka_node.data_dir)
     assert not result.findings, "\n".join(result.findings)
     assert sum(p.endswith(files.LOG_SUFFIX) for p in judged["judged-0"]) >= 3
     assert sum(p.endswith(files.TXNINDEX_SUFFIX) for p in judged["judged-0"]) >= 1
