@@ -4,7 +4,8 @@ mq's own reading of the same files.
 The tool is ``org.apache.kafka.tools.DumpLogSegments`` in kafka-tools since 4.3.0 (KAFKA-14579;
 ``kafka.tools.DumpLogSegments`` of kafka_2.13 before, gone from 4.3.1's jar), on the classpath
 ``javakafka`` resolves. One JVM run takes every file of a *pass* (``--files a,b,…``), a pass
-being one set of flags (``PASSES``), so a data dir costs five short JVM runs.
+being one set of flags (``RECORDS``, ``OFFSETS``, ``TXN_LOG``, ``SANITY``, ``VERIFY``), so a
+data dir costs five short JVM runs (``judge_data_dir``).
 
 The tool exits 0 on most findings, so its output is what is judged (``Judge``):
 
