@@ -8,11 +8,18 @@ Record formats are Kafka's (strings are int16 length + UTF-8, integers big-endia
     a null value (tombstone) deletes the committed offset
 
     key   (version 3)  int16 3 | group string          Kafka's ConsumerGroupMetadataKey
-    value (version 0)  int16 0 | int32 group epoch      present while the group has members
+    value (version 0)  int16 0 | int32 group epoch | uvarint 0 (no tagged fields: the value is
+                       a flexible version)          present while the group has members
+    key   (version 6)  int16 6 | group string          Kafka's
+                       ConsumerGroupTargetAssignmentMetadataKey: only ever a tombstone
 
 The group record says a group had live members: after a crash the broker cannot know who was
 consuming what, so for such groups it withholds unreported partitions for a grace period while
-members rejoin (``apis/groups.py``). It is tombstoned when the last member goes.
+members rejoin (``apis/groups.py``). It is tombstoned when the last member goes, in one batch
+after a tombstone of the group's target-assignment record, the order of Kafka's own deletion:
+Kafka's group coordinator refuses to load a log that deletes a group whose target assignment
+was not deleted first ("Received a tombstone record to delete group … but did not receive
+ConsumerGroupTargetAssignmentMetadataValue tombstone").
 
 The partition of a group is Kafka's ``abs(java_string_hash(group)) % partitions``. The broker
 keeps every committed offset in a dict and rebuilds it by replaying the topic at start, so a
@@ -39,11 +46,12 @@ from mq.log.log import PartitionLog
 from mq.log.records import CONTROL_COMMIT, build_batch
 
 __all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "decode_key",
-           "encode_group_key", "encode_group_value", "decode_group_key",
+           "encode_assignment_key", "encode_group_key", "encode_group_value", "decode_group_key",
            "encode_value", "decode_value", "partition_for_group", "java_string_hash"]
 
 _KEY_VERSION: Final = 1
 _GROUP_KEY_VERSION: Final = 3
+_ASSIGNMENT_KEY_VERSION: Final = 6
 _VALUE_VERSION: Final = 3
 _I16: Final = struct.Struct(">h")
 _I32: Final = struct.Struct(">i")
@@ -111,8 +119,14 @@ def encode_group_key(group: str) -> bytes:
     return _I16.pack(_GROUP_KEY_VERSION) + _string(group)
 
 
+def encode_assignment_key(group: str) -> bytes:
+    return _I16.pack(_ASSIGNMENT_KEY_VERSION) + _string(group)
+
+
 def encode_group_value(epoch: int) -> bytes:
-    return _I16.pack(0) + _I32.pack(epoch)
+    # Kafka's ConsumerGroupMetadataValue is flexible from version 0: without the tagged-field
+    # count its coordinator (and DumpLogSegments --offsets-decoder) cannot read the value.
+    return _I16.pack(0) + _I32.pack(epoch) + b"\x00"
 
 
 def decode_group_key(data: bytes) -> str | None:
@@ -211,8 +225,10 @@ class OffsetStore:
         matters after a broker crash, which leaves the page cache intact."""
         if (group in self.live_groups) == live:
             return None
-        plog = self._append(group, [(now_ms, encode_group_key(group),
-                                     encode_group_value(epoch) if live else None)])
+        records = ([(now_ms, encode_group_key(group), encode_group_value(epoch))] if live else
+                   [(now_ms, encode_assignment_key(group), None),
+                    (now_ms, encode_group_key(group), None)])
+        plog = self._append(group, records)
         if live:
             self.live_groups.add(group)
         else:

@@ -55,13 +55,14 @@ output (text):
                 | offset: 0 CreateTime: 1000 keySize: 2 valueSize: 5 sequence: -1 headerKeys: [h]
               --print-data adds ' key: k0 payload: hello' (transaction markers show
               ' endTxnMarker: COMMIT coordinatorEpoch: 0' instead).
-  .index      offset: N position: P        one line per entry
+  .index      offset: N position: P        one line per entry ('FILE is empty.' if none)
   .timeindex  timestamp: T offset: N       one line per entry
   .txnindex   version: 0 producerId: P firstOffset: F lastOffset: L lastStableOffset: S
               one line per aborted transaction (L is its ABORT marker)
-  .snapshot   producerId: P producerEpoch: E coordinatorEpoch: C currentTxnFirstOffset: O
-              lastTimestamp: T lastSequence: S lastOffset: L offsetDelta: D, one line per
-              producer (O is -1 without an open transaction)
+  .snapshot   producerId: P producerEpoch: E coordinatorEpoch: C currentTxnFirstOffset:
+              OptionalLong[O] (OptionalLong.empty without an open transaction) lastTimestamp:
+              T, then for its last batch firstSequence: F lastSequence: S lastOffset: L
+              offsetDelta: D timestamp: T; one line per producer
 
 output (--json, one object per line):
   per batch   {"baseOffset", "lastOffset", "count", "position", "createTime" (the batch's max
@@ -221,6 +222,21 @@ def batch_json(batch: RecordBatch, valid: bool, records=None) -> dict:
 
 # --- dumping ----------------------------------------------------------------------------------
 
+def _snapshot_line(e) -> str:
+    """Kafka's DumpLogSegments line for one producer of a snapshot."""
+    txn = e.current_txn_first_offset
+    line = (f"producerId: {e.producer_id} producerEpoch: {e.epoch} "
+            f"coordinatorEpoch: {e.coordinator_epoch} currentTxnFirstOffset: "
+            f"{f'OptionalLong[{txn}]' if txn >= 0 else 'OptionalLong.empty'} "
+            f"lastTimestamp: {e.last_timestamp}")
+    if e.batches:
+        b = e.batches[-1]
+        line += (f" firstSequence: {b.first_seq} lastSequence: {b.last_seq} "
+                 f"lastOffset: {b.last_offset} offsetDelta: {b.offset_delta} "
+                 f"timestamp: {b.timestamp}")
+    return line
+
+
 def _segment_file(path: str) -> tuple[str, int, str, str]:
     """(directory, base offset, kind, suffix) of a segment file; raises ``OSError`` or
     ``StorageError`` naming the problem. Anything but a regular file is refused before it is
@@ -290,8 +306,7 @@ class Dumper:
                    "lastSequence": last.last_seq if last else -1,
                    "lastOffset": last.last_offset if last else -1,
                    "offsetDelta": last.offset_delta if last else 0}
-            self.write(json_line(obj) if self.as_json
-                       else " ".join(f"{k}: {v}" for k, v in obj.items()) + "\n")
+            self.write(json_line(obj) if self.as_json else _snapshot_line(e) + "\n")
 
     def _dump_log(self, path: str, directory: str, base: int, suffix: str,
                   max_batches: int | None) -> None:
@@ -333,6 +348,8 @@ class Dumper:
         cls = OffsetIndex if kind == files.INDEX_SUFFIX else TimeIndex
         write = self.write
         with cls(path, base, writable=False) as index:
+            if kind == files.INDEX_SUFFIX and index.entries == 0 and not self.as_json:
+                write(f"{path} is empty.\n")             # Kafka's words
             for slot in range(index_entries(index)):
                 a, b = index.entry(slot)
                 if kind == files.INDEX_SUFFIX:

@@ -814,9 +814,9 @@ def test_dump_txnindex_and_snapshot_text_and_json(tmp_path):
     lines = out.stdout.splitlines()
     assert "version: 0 producerId: 7 firstOffset: 0 lastOffset: 3 lastStableOffset: 1" in lines
     assert any(line.startswith("producerId: 8 producerEpoch: 2 coordinatorEpoch: -1 "
-                               "currentTxnFirstOffset: 1 ") for line in lines)
+                               "currentTxnFirstOffset: OptionalLong[1] ") for line in lines)
     assert any(line.startswith("producerId: 7 producerEpoch: 2 coordinatorEpoch: 4 "
-                               "currentTxnFirstOffset: -1 ") for line in lines)
+                               "currentTxnFirstOffset: OptionalLong.empty ") for line in lines)
     objs = [json.loads(line) for line in mq("dump-log", "--json", txn).stdout.splitlines()]
     assert objs == [{"version": 0, "producerId": 7, "firstOffset": 0, "lastOffset": 3,
                      "lastStableOffset": 1}]

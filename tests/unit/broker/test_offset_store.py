@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mq.broker.offsets import (CommittedOffset, OffsetStore, decode_group_key, decode_key,
-                               decode_value, encode_group_key, encode_group_value, encode_key,
-                               encode_value, java_string_hash, partition_for_group)
+                               decode_value, encode_assignment_key, encode_group_key,
+                               encode_group_value, encode_key, encode_value, java_string_hash,
+                               partition_for_group)
 from mq.log.log import PartitionLog
 
 
@@ -104,9 +105,26 @@ def test_expiry_only_for_empty_groups_past_retention(tmp_path):
 
 def test_group_record_layout_is_kafkas_consumer_group_metadata():
     assert encode_group_key("g") == b"\x00\x03\x00\x01g"
-    assert encode_group_value(7) == b"\x00\x00\x00\x00\x00\x07"
+    # version 0, epoch 7, no tagged fields (the value is flexible: Kafka cannot read it without)
+    assert encode_group_value(7) == b"\x00\x00\x00\x00\x00\x07\x00"
     assert decode_group_key(b"\x00\x03\x00\x01g") == "g"
     assert decode_group_key(encode_key("g", "t", 0)) is None
+    assert encode_assignment_key("g") == b"\x00\x06\x00\x01g"
+
+
+def test_a_group_is_deleted_as_kafka_deletes_one(tmp_path):
+    """Its target assignment's tombstone, then its own, in one batch (Kafka's coordinator
+    loads a group's tombstone only after the other)."""
+    store, logs = open_store(tmp_path, partitions=1)
+    store.mark_group("g", True, 1, now_ms=1)
+    store.mark_group("g", False, 1, now_ms=2)
+    *_, deletion = logs[0].batches()
+    assert [(bytes(r.key), r.value) for r in deletion.records()] == \
+        [(encode_assignment_key("g"), None), (encode_group_key("g"), None)]
+    logs[0].close()
+    store, logs = open_store(tmp_path, partitions=1)
+    assert store.live_groups == set()
+    logs[0].close()
 
 
 def test_group_records_replay_and_are_written_only_on_change(tmp_path):
