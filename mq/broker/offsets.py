@@ -9,17 +9,23 @@ Record formats are Kafka's (strings are int16 length + UTF-8, integers big-endia
 
     key   (version 3)  int16 3 | group string          Kafka's ConsumerGroupMetadataKey
     value (version 0)  int16 0 | int32 group epoch | uvarint 0 (no tagged fields: the value is
-                       a flexible version)          present while the group has members
+                       a flexible version)          present while the group exists
     key   (version 6)  int16 6 | group string          Kafka's
-                       ConsumerGroupTargetAssignmentMetadataKey: only ever a tombstone
+                       ConsumerGroupTargetAssignmentMetadataKey
+    value (version 0)  int16 0 | int32 assignment epoch | uvarint 0
+                                                    present while the group has members
 
-The group record says a group had live members: after a crash the broker cannot know who was
-consuming what, so for such groups it withholds unreported partitions for a grace period while
-members rejoin (``apis/groups.py``). It is tombstoned when the last member goes, in one batch
-after a tombstone of the group's target-assignment record, the order of Kafka's own deletion:
-Kafka's group coordinator refuses to load a log that deletes a group whose target assignment
-was not deleted first ("Received a tombstone record to delete group … but did not receive
-ConsumerGroupTargetAssignmentMetadataValue tombstone").
+The group record (3) says the group exists, as in Kafka: it is written when the group first
+has members and tombstoned only when the group is deleted (DeleteGroups, expired offsets).
+The target-assignment record (6) says the group had live members: after a crash the broker
+cannot know who was consuming what, so for such groups it withholds unreported partitions for
+a grace period while members rejoin (``apis/groups.py``). It is tombstoned when the last
+member goes. So Kafka's own group coordinator, loading these records, sees an empty group with
+its offsets where mq has one, and deletes a group only as Kafka does: the target assignment's
+tombstone, then the group's, in one batch (Kafka refuses to load a log that deletes a group
+whose target assignment was not deleted first). A data dir written before this layout (the
+group record then meant "has members") loses that crash grace once, for the groups live at the
+time.
 
 The partition of a group is Kafka's ``abs(java_string_hash(group)) % partitions``. The broker
 keeps every committed offset in a dict and rebuilds it by replaying the topic at start, so a
@@ -124,20 +130,31 @@ def encode_assignment_key(group: str) -> bytes:
 
 
 def encode_group_value(epoch: int) -> bytes:
-    # Kafka's ConsumerGroupMetadataValue is flexible from version 0: without the tagged-field
-    # count its coordinator (and DumpLogSegments --offsets-decoder) cannot read the value.
+    # Kafka's ConsumerGroupMetadataValue and ConsumerGroupTargetAssignmentMetadataValue are
+    # flexible from version 0: without the tagged-field count its coordinator (and
+    # DumpLogSegments --offsets-decoder) cannot read them. Both are an epoch.
     return _I16.pack(0) + _I32.pack(epoch) + b"\x00"
 
 
-def decode_group_key(data: bytes) -> str | None:
-    """The group of a group record key (version 3); None for other versions."""
+encode_assignment_value = encode_group_value
+
+
+def decode_group_record_key(data: bytes) -> tuple[int, str] | None:
+    """(key version, group) of a group (3) or target-assignment (6) record key; None for
+    other versions."""
     (version,) = _I16.unpack_from(data, 0)
-    if version != _GROUP_KEY_VERSION:
+    if version not in (_GROUP_KEY_VERSION, _ASSIGNMENT_KEY_VERSION):
         return None
     group, pos = _read_string(data, 2)
     if pos != len(data):
         raise ValueError("trailing bytes after the group key")
-    return group
+    return version, group
+
+
+def decode_group_key(data: bytes) -> str | None:
+    """The group of a group record key (version 3); None for other versions."""
+    decoded = decode_group_record_key(data)
+    return decoded[1] if decoded is not None and decoded[0] == _GROUP_KEY_VERSION else None
 
 
 def encode_value(value: CommittedOffset) -> bytes:
@@ -167,7 +184,8 @@ class OffsetStore:
     def __init__(self, logs: list[PartitionLog]) -> None:
         self.logs = logs
         self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
-        self.live_groups: set[str] = set()        # groups whose record says "has members"
+        self.known_groups: set[str] = set()       # groups with a group record (3)
+        self.live_groups: set[str] = set()        # ... and a target assignment (6): members
         # (offsets partition, producer id) -> group -> offsets of its open transaction, not
         # yet applied (the latest commit of a partition wins, as it will in ``offsets``)
         self.pending: dict[tuple[int, int],
@@ -210,13 +228,17 @@ class OffsetStore:
                                              f"bad __consumer_offsets record: {err}") from err
 
     def _replay_group_record(self, key: bytes, present: bool) -> None:
-        group = decode_group_key(key)
-        if group is None:
+        decoded = decode_group_record_key(key)
+        if decoded is None:
             return
+        version, group = decoded
+        held = self.known_groups if version == _GROUP_KEY_VERSION else self.live_groups
         if present:
-            self.live_groups.add(group)
+            held.add(group)
         else:
-            self.live_groups.discard(group)
+            held.discard(group)
+            if version == _GROUP_KEY_VERSION:
+                self.live_groups.discard(group)
 
     def mark_group(self, group: str, live: bool, epoch: int, now_ms: int
                    ) -> PartitionLog | None:
@@ -225,11 +247,13 @@ class OffsetStore:
         matters after a broker crash, which leaves the page cache intact."""
         if (group in self.live_groups) == live:
             return None
-        records = ([(now_ms, encode_group_key(group), encode_group_value(epoch))] if live else
-                   [(now_ms, encode_assignment_key(group), None),
-                    (now_ms, encode_group_key(group), None)])
+        records = [(now_ms, encode_assignment_key(group),
+                    encode_assignment_value(epoch) if live else None)]
+        if live and group not in self.known_groups:
+            records.insert(0, (now_ms, encode_group_key(group), encode_group_value(epoch)))
         plog = self._append(group, records)
         if live:
+            self.known_groups.add(group)
             self.live_groups.add(group)
         else:
             self.live_groups.discard(group)
@@ -283,16 +307,26 @@ class OffsetStore:
 
     def delete(self, group: str, partitions: Iterable[tuple[str, int]] | None = None,
                now_ms: int = 0) -> PartitionLog | None:
-        """Tombstone the group's offsets (all of them by default)."""
+        """Tombstone the group's offsets (``partitions``' only, if given); without
+        ``partitions`` the group goes too: its target assignment's tombstone, then its
+        record's, after the offsets' in the same batch (Kafka's order)."""
         current = self.offsets.get(group, {})
         doomed = list(current) if partitions is None else [tp for tp in partitions
                                                            if tp in current]
-        if not doomed:
+        records = [(now_ms, encode_key(group, topic, partition), None)
+                   for topic, partition in doomed]
+        whole = partitions is None and group in self.known_groups
+        if whole:
+            records += [(now_ms, encode_assignment_key(group), None),
+                        (now_ms, encode_group_key(group), None)]
+        if not records:
             return None
-        plog = self._append(group, [(now_ms, encode_key(group, topic, partition), None)
-                                    for topic, partition in doomed])
+        plog = self._append(group, records)
         for tp in doomed:
             self._forget(group, tp)
+        if whole:
+            self.known_groups.discard(group)
+            self.live_groups.discard(group)
         return plog
 
     def pending_partitions(self, group: str) -> set[tuple[str, int]]:
@@ -310,9 +344,10 @@ class OffsetStore:
     def expired(self, now_ms: int, retention_ms: int, is_empty) -> list[str]:
         """Groups whose offsets expire: ``is_empty(group)`` (no live members) and the newest
         commit older than ``retention_ms`` (Kafka's offsets.retention.minutes rule for
-        groups; the caller tombstones them with ``delete``)."""
+        groups), or no commit at all; the caller deletes them with ``delete``."""
         out = []
-        for group, offsets in self.offsets.items():
+        for group in sorted(set(self.offsets) | self.known_groups):
+            offsets = self.offsets.get(group, {})
             newest = max((o.commit_timestamp_ms for o in offsets.values()), default=-1)
             if is_empty(group) and now_ms - newest > retention_ms:
                 out.append(group)

@@ -409,7 +409,8 @@ class GroupApis:
         if refused is errors.NonEmptyGroupError:
             raise errors.NonEmptyGroupError(f"group {group!r} has {self._live_members(group)} "
                                             "live member(s); stop them first")
-        if refused is errors.GroupIdNotFoundError and group not in self.offsets.offsets:
+        if refused is errors.GroupIdNotFoundError and group not in self.offsets.offsets \
+                and group not in self.offsets.known_groups:
             raise errors.GroupIdNotFoundError(f"group {group!r} does not exist")
         plog = self.offsets.delete(group, now_ms=wall_ms())
         reply = response(req.api, req.request_id, 0, None)

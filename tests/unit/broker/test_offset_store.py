@@ -112,18 +112,45 @@ def test_group_record_layout_is_kafkas_consumer_group_metadata():
     assert encode_assignment_key("g") == b"\x00\x06\x00\x01g"
 
 
-def test_a_group_is_deleted_as_kafka_deletes_one(tmp_path):
-    """Its target assignment's tombstone, then its own, in one batch (Kafka's coordinator
-    loads a group's tombstone only after the other)."""
+def test_a_group_lives_and_is_deleted_as_kafka_records_one(tmp_path):
+    """The group record (3) while the group exists, the target assignment (6) while it has
+    members; deletion tombstones the assignment, then the group, in one batch (Kafka's
+    coordinator loads a group's tombstone only after the other)."""
     store, logs = open_store(tmp_path, partitions=1)
+
+    def last_batch() -> list:
+        *_, batch = logs[0].batches()
+        return [(bytes(r.key), None if r.value is None else bytes(r.value))
+                for r in batch.records()]
     store.mark_group("g", True, 1, now_ms=1)
-    store.mark_group("g", False, 1, now_ms=2)
-    *_, deletion = logs[0].batches()
-    assert [(bytes(r.key), r.value) for r in deletion.records()] == \
-        [(encode_assignment_key("g"), None), (encode_group_key("g"), None)]
+    assert last_batch() == [(encode_group_key("g"), encode_group_value(1)),
+                            (encode_assignment_key("g"), encode_group_value(1))]
+    store.mark_group("g", False, 1, now_ms=2)            # the last member left
+    assert last_batch() == [(encode_assignment_key("g"), None)]
+    store.mark_group("g", True, 2, now_ms=3)             # back: the group record stands
+    assert last_batch() == [(encode_assignment_key("g"), encode_group_value(2))]
+    store.mark_group("g", False, 2, now_ms=4)
+    store.commit("g", [("t", 0, CommittedOffset(5))], now_ms=5)
     logs[0].close()
     store, logs = open_store(tmp_path, partitions=1)
-    assert store.live_groups == set()
+    assert (store.known_groups, store.live_groups) == ({"g"}, set())
+    assert store.expired(10, 1000, lambda g: True) == []
+    assert store.expired(10_000, 1000, lambda g: True) == ["g"]
+    store.delete("g", now_ms=6)
+    assert last_batch() == [(encode_key("g", "t", 0), None),
+                            (encode_assignment_key("g"), None), (encode_group_key("g"), None)]
+    logs[0].close()
+    store, logs = open_store(tmp_path, partitions=1)
+    assert (store.known_groups, store.live_groups, store.offsets) == (set(), set(), {})
+    logs[0].close()
+
+
+def test_a_group_without_offsets_expires_once_empty(tmp_path):
+    store, logs = open_store(tmp_path, partitions=1)
+    store.mark_group("g", True, 1, now_ms=1)
+    assert store.expired(10_000, 1000, lambda g: False) == []     # members: kept
+    store.mark_group("g", False, 1, now_ms=2)
+    assert store.expired(10_000, 1000, lambda g: True) == ["g"]
     logs[0].close()
 
 
@@ -137,7 +164,7 @@ def test_group_records_replay_and_are_written_only_on_change(tmp_path):
     for plog in logs:
         plog.close()
     store, logs = open_store(tmp_path)
-    assert store.live_groups == {"a"}
+    assert store.live_groups == {"a"} and store.known_groups == {"a", "b"}
     assert store.committed("a", "t", 0).offset == 3
     assert sum(len(list(plog.batches())) for plog in logs) == 4
     for plog in logs:

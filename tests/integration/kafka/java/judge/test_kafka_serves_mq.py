@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 
-import pytest
 
 from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from javakafka import CONSUMER_GROUPS, TRANSACTIONS, KafkaTarget, table, write_properties
@@ -346,10 +345,4 @@ def test_kafka_coordinators_load_mq_offsets_and_transactions(java_kafka, kafka_n
     assert {tid: (int(row["ProducerId"]), row["TransactionState"])
             for tid, row in listed.items()} == \
         {tid: (txn["producer_id"], txn["state"]) for tid, txn in txns.items()}
-    seen = kafka_group_offsets(target)
-    if "native" not in seen and seen == {g: o for g, o in offsets.items() if g != "native"}:
-        pytest.xfail("mq tombstones a group's ConsumerGroupMetadata record when its last member "
-                     "leaves (its 'had live members' flag, offsets.py); Kafka's coordinator "
-                     "reads that as the group's deletion and then shows neither the group nor "
-                     "its committed offsets")
-    assert seen == offsets
+    assert kafka_group_offsets(target) == offsets
