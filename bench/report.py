@@ -193,15 +193,7 @@ def plot_latency(res: dict, out_dir: str) -> str:
                             (r, y), textcoords="offset points", xytext=(-175, -22),
                             fontsize=8, color=colour,
                             arrowprops={"arrowstyle": "->", "color": colour})
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.xaxis.set_major_locator(FixedLocator(rates))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{_si(v)}/s"))
-    ax.set_xlim(rates[0] / 1.6, rates[-1] * 1.6)
-    ax.yaxis.set_major_formatter(FuncFormatter(
-        lambda v, _p: f"{v / 1e6:g} s" if v >= 1e6 else f"{v / 1000:g} ms" if v >= 1000
-        else f"{v:g} µs"))
+    _latency_axes(ax, rates)
     ax.set_xlabel("offered load, 100 B messages (open loop, 1 producer -> 1 consumer)")
     ax.set_ylabel("end-to-end latency: receive - intended send (log scale)")
     ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
@@ -214,6 +206,19 @@ def plot_latency(res: dict, out_dir: str) -> str:
     return _finish(fig, meta, "latency", res["params"]["runs"],
                    os.path.join(out_dir, "latency.png"),
                    "the {runs} runs' histograms merged per point")
+
+
+def _latency_axes(ax, rates: list[int]) -> None:
+    """Log-log axes of latency against the offered rates, ticks at the rates."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(rates))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{_si(v)}/s"))
+    ax.set_xlim(rates[0] / 1.6, rates[-1] * 1.6)
+    ax.yaxis.set_major_formatter(FuncFormatter(
+        lambda v, _p: f"{v / 1e6:g} s" if v >= 1e6 else f"{v / 1000:g} ms" if v >= 1000
+        else f"{v:g} µs"))
 
 
 KAFKA_PEERS = ("kafka", "mq-kafka", "tansu")
@@ -237,15 +242,7 @@ def plot_latency_peers(res: dict, out_dir: str) -> str:
                 if 2 * e[s]["saturated_runs"] > len(e["runs"][s]):
                     ax.plot([r], [y], marker=marker, markersize=12, markerfacecolor="white",
                             color=colour, linestyle="none")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.xaxis.set_major_locator(FixedLocator(rates))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{_si(v)}/s"))
-        ax.set_xlim(rates[0] / 1.6, rates[-1] * 1.6)
-        ax.yaxis.set_major_formatter(FuncFormatter(
-            lambda v, _p: f"{v / 1e6:g} s" if v >= 1e6 else f"{v / 1000:g} ms" if v >= 1000
-            else f"{v:g} µs"))
+        _latency_axes(ax, rates)
         ax.set_title(f"{pname}, histograms of all runs merged", fontsize=10.5)
         ax.set_xlabel("offered load, 100 B, open loop")
         ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
