@@ -33,12 +33,12 @@ import contextlib
 import importlib.metadata
 import itertools
 import os
-import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
 
+import mq.testing
 from bench import harness, peers
 from bench.kafka_peer import KAFKA_VERSION, KafkaNode, PeerUnavailable
 from bench.kafka_workers import rdk_consumer, rdk_lat_consumer, rdk_lat_producer, rdk_producer
@@ -315,24 +315,13 @@ class Tansu(KafkaProtocol):
                                  "--storage-engine", "memory://tansu/", "--silent"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        stack.callback(_stop, proc)
+        stack.callback(mq.testing.terminate, proc)
         self.bootstrap, self.pid = f"127.0.0.1:{port}", proc.pid
         deadline = time.monotonic() + 30
         while not _answers(self.bootstrap):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise PeerUnavailable(f"Tansu did not start (exit {proc.poll()})")
             time.sleep(0.1)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _answers(bootstrap: str) -> bool:

@@ -36,11 +36,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+
+import mq.testing
 
 __all__ = ["KAFKA_VERSION", "KafkaNode", "PeerUnavailable", "SaslSsl", "classpath"]
 
@@ -247,14 +248,8 @@ class KafkaNode:
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (Kafka's clean shutdown), then SIGKILL after ``timeout``."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            mq.testing.terminate(self.proc, timeout)
 
     def __enter__(self) -> KafkaNode:
         return self.start()

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 
 from mq.log import datadir
 
-__all__ = ["BrokerProcess", "broker", "broker_ready"]
+__all__ = ["BrokerProcess", "broker", "broker_ready", "terminate", "wait_for"]
 
 _MAX_SOCKET_PATH = 100          # sun_path is 108 bytes on Linux
 
@@ -238,3 +238,16 @@ def wait_for(condition, timeout: float = 10.0, interval: float = 0.005,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def terminate(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
+    """Stop a child process as a service manager does: SIGTERM, then SIGKILL if it has not
+    exited within ``grace_s`` seconds. Returns its exit status."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

@@ -111,3 +111,17 @@ def test_a_killed_broker_leaves_nothing_in_dev_shm(tmp_path):
         assert leftovers(str(data)) == [shm_name(str(data))]
         other.close()
         assert leftovers(str(data)) == [shm_name(str(data))]
+
+
+def test_terminate_asks_then_kills():
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert mq.testing.terminate(polite) == -signal.SIGTERM
+    deaf = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(60)""")], stdout=subprocess.PIPE, text=True)
+    assert deaf.stdout.readline() == "ready\n"          # SIGTERM is ignored from here on
+    assert mq.testing.terminate(deaf, grace_s=0.2) == -signal.SIGKILL
+    deaf.stdout.close()
+    assert mq.testing.terminate(deaf) == -signal.SIGKILL  # gone already: its status

@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import socket
 import subprocess
 
@@ -137,12 +136,7 @@ def _tansu():
         assert proc.poll() is None, f"tansu exited {proc.returncode}"
         yield f"127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        mq.testing.terminate(proc)
 
 
 def _listening(port: int) -> bool:

@@ -22,7 +22,6 @@ Raises ``JavaUnavailable`` (from ``javakafka``) when Java or Maven is missing, a
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from javakafka import JAVA_DIR, require, resolve
+
+import mq.testing
 
 CONFIG_DIR = JAVA_DIR / "kafka-broker"
 # A broker, not a tool: C2 and a heap that holds a test's topics, but no more than that.
@@ -122,11 +123,5 @@ class KafkaNode:
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (Kafka's clean shutdown), SIGKILL after ``timeout`` seconds."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            mq.testing.terminate(self.proc, timeout)
