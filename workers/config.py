@@ -102,15 +102,33 @@ def is_async(handler: Callable) -> bool:
     return inspect.iscoroutinefunction(handler)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolConfig:
-    """Every setting of a pool; see ``workers.run`` for what each means."""
+    """Every setting of a pool, checked at construction (``ValueError`` in one line).
 
-    handler: HandlerRef
+    ``topics`` (a name or names) and ``group_id`` are required: ``processes`` children
+    (default: the CPU count) join ``group_id`` on ``topics``. ``max_retries``,
+    ``retry_backoff_ms``, ``retry_backoff_max_ms``: retries in place with exponential backoff
+    and jitter; then the record goes to ``dead_letter_topic`` (None: it is logged and skipped).
+    ``exactly_once``: outputs and offsets commit in one transaction per child every
+    ``commit_interval_ms``; input read ``read_committed``. ``handler_timeout_s``: a handler
+    running longer has its child killed and restarted (a failed attempt); None: no limit.
+    ``drain_timeout_s``: how long a drain may take. ``concurrency``/``ordering``: records in
+    flight per child for an async handler, keeping the order of each key ("key") or of each
+    partition ("partition"). ``metrics_address``: ``HOST:PORT`` where the supervisor serves
+    the pool's counters as OpenMetrics at ``/metrics`` (port 0: a free one, logged; names in
+    ``workers.metrics``). ``stats_path``: the counter table (None: one in ``/dev/shm`` named
+    after the group). ``workers/README.md`` ("Settings") has the rest.
+
+    ``handler``, ``asynchronous`` and ``sys_path`` are not settings: ``workers.run`` fills
+    them in from its handler and its process, for the children.
+    """
+
+    handler: HandlerRef | None = None
     topics: tuple[str, ...]
     group_id: str
     asynchronous: bool = False
-    processes: int = 1
+    processes: int | None = None             # None: the CPU count, set at construction
     max_retries: int = 3
     retry_backoff_ms: float = 100.0
     retry_backoff_max_ms: float = 10_000.0
@@ -135,6 +153,12 @@ class PoolConfig:
     sys_path: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        topics = (self.topics,) if isinstance(self.topics, str) else tuple(self.topics)
+        object.__setattr__(self, "topics", topics)           # a list, as users write it
+        object.__setattr__(self, "sys_path", tuple(self.sys_path))
+        if self.processes is None:
+            object.__setattr__(self, "processes", os.cpu_count() or 1)
+
         def need(ok: bool, what: str) -> None:
             if not ok:
                 raise ValueError(what)
@@ -190,6 +214,4 @@ class PoolConfig:
     def from_json(cls, text: str) -> PoolConfig:
         raw = json.loads(text)
         raw["handler"] = HandlerRef(**raw["handler"])
-        raw["topics"] = tuple(raw["topics"])
-        raw["sys_path"] = tuple(raw["sys_path"])
         return cls(**raw)
