@@ -64,7 +64,7 @@ from bench.harness import (
     wait_idle,
 )
 
-# --- goals (perf-anchors.md §9, as set for this suite) -----------------------------------------
+# --- goals (as set for this suite: bench/README.md, "End to end") ----------------------------
 GOAL_VS_MPQ_100B = 4.0        # mq 100 B throughput / mp.Queue
 GOAL_VS_REDIS_100B = 5.0      # mq 100 B throughput / Redis Streams (pipelined 100)
 GOAL_VS_RAW_64K = 0.7         # mq 64 KiB MB/s / raw sequential page-cache write of the same bytes
@@ -885,7 +885,7 @@ def build_table(res: dict) -> list[dict]:
                 elif s == "redis":
                     r = e["p50_ratio_vs_redis"]
                     if 2 * sat > len(e["runs"][s]):
-                        # A saturated peer has no latency to compare with (perf-anchors §7):
+                        # A saturated peer has no latency to compare with:
                         # mq keeping the rate is the result, stated in the figure column.
                         ratio, met = "- (Redis saturated)", "n/a"
                     else:

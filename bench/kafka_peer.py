@@ -10,8 +10,8 @@ JVM) from Maven Central's jars, started beside mq and driven by the same clients
 The jars are the closure of ``kafka_2.13`` at ``KAFKA_VERSION`` (the version whose message
 schemas ``mq/protocol/kafka/schemas.py`` is generated from) plus a log4j2 binding for SLF4J
 1.x, resolved by Maven into ``~/.cache/mq-bench/kafka-<version>/`` on first use (nothing is
-committed; ``.ci/run``-style machines reach Maven Central). Facts from
-``../shared/reference/kafka-real-broker.md``: ``kafka.tools.StorageTool format --standalone``
+committed; ``.ci/run``-style machines reach Maven Central). Started as Kafka's quickstart
+does: ``kafka.tools.StorageTool format --standalone``
 then ``kafka.Kafka server.properties``; ready when its listener answers.
 
 **Durability, stated beside every figure:** Kafka's defaults — ``acks=all`` is answered once

@@ -113,7 +113,7 @@ LAT_RATE = 10_000
 LAT_SIDES = {"rdk": ("librdkafka via Kafka listener, linger.ms=5 (default)", 5),
              "rdk0": ("librdkafka via Kafka listener, linger.ms=0", 0),
              "mq": ("mq native, linger_ms=0", 0)}
-LAT_GOAL_P99_US = 10_000           # kafka-wire.md §5: produce p99 <= 10 ms at 10 k msg/s
+LAT_GOAL_P99_US = 10_000           # the goal: produce p99 <= 10 ms at 10 k msg/s
 
 _topics = itertools.count()
 progress = progress_printer("kafka")

@@ -1,6 +1,6 @@
 """mq: a single-host, multi-process, persistent message queue with Kafka's data model.
 
-The public names live here; everything else is private to its module. See API.md.
+The public names live here; everything else is private to its module. See docs/api.md.
 """
 
 from mq import errors

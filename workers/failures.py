@@ -12,7 +12,7 @@ dead letter's headers. Pure functions; the child's engine applies them.
   its child would be redelivered forever (dramatiq#213).
 - After ``max_retries + 1`` failed attempts the record is dead-lettered: produced to the
   dead-letter topic with its key, value and headers, plus the ``mq.dlq.*`` headers below
-  (``API.md``); ``mq workers redrive`` removes them again.
+  (``docs/api.md``, "Worker pools"); ``mq workers redrive`` removes them again.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ __all__ = ["DLQ_HEADERS", "DLQ_PREFIX", "backoff_s", "dead_letter_headers", "dea
            "error_text", "exit_text", "original_headers"]
 
 DLQ_PREFIX = "mq.dlq."
-# API.md's five, then two more a triage wants: the group that gave up and the record's time.
+# Where the record was and why it failed, then what a triage wants: the group that gave up
+# and the record's time.
 DLQ_HEADERS = ("mq.dlq.topic", "mq.dlq.partition", "mq.dlq.offset", "mq.dlq.error",
                "mq.dlq.attempts", "mq.dlq.group", "mq.dlq.timestamp")
 MAX_ERROR_CHARS = 2000

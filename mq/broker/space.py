@@ -3,7 +3,8 @@
 A full disk fails writes the broker cannot refuse: checkpoints, offset commits, metadata,
 compaction output. So produce requests, the one writer that can wait, are refused with a
 retriable ``KAFKA_STORAGE_ERROR`` while free space is below ``min_free_bytes`` (etcd's NOSPACE
-alarm, Redis's MISCONF, JetStream's reservations: ``../shared/reference/write-failures.md``).
+alarm, Redis's MISCONF, JetStream's reservations: ``docs/architecture.md``, "Write
+failures").
 Producers retry with backoff and get through once space returns; reads never stop.
 
 Free space is ``f_bavail * f_frsize`` (what an unprivileged writer may use). ``statvfs`` costs

@@ -3,7 +3,7 @@
 Every subcommand lives in its own module that exposes ``add_parser(subparsers)``; the parser it
 adds carries ``run(args) -> int`` as its ``run`` default. ``mq.cli.main`` lists the modules.
 
-Error contract (shared/design/API.md): expected errors print exactly one line
+Error contract (``docs/api.md``, "The command line"): expected errors print exactly one line
 ``mq: error: ...`` on stderr and exit non-zero (2 for usage errors, 1 otherwise); a traceback
 means a bug in mq. The helpers below are what subcommands use to honour it.
 """

@@ -1,13 +1,13 @@
 """``mq demo``: the README's "run" command — a real broker, producer and consumer processes.
 
-It uses the broker already listening on the default socket (API.md's resolution) or starts one
-(``mq.testing.BrokerProcess``) on the default data dir, (re)creates the topic ``demo``, then runs
-two producer processes (``acks="all"`` and ``acks=1``) and two consumer processes (members of
-the consumer group ``mq-demo``: the broker gives each half of the partitions) at the same time,
-and reports what moved and how fast. A broker it
-started is stopped cleanly (SIGTERM) and its partitions checked with ``mq log check``; a broker
-that was already running is left alone. Processes are forked (``multiprocessing``); the workers
-ignore SIGINT so that Ctrl-C reaches only this process, which stops them and the broker.
+It uses the broker already listening on the default socket (``docs/api.md``, "Finding the
+broker") or starts one (``mq.testing.BrokerProcess``) on the default data dir, (re)creates the
+topic ``demo``, then runs two producer processes (``acks="all"`` and ``acks=1``) and two
+consumer processes (members of the consumer group ``mq-demo``: the broker gives each half of the
+partitions) at the same time, and reports what moved and how fast. A broker it started is
+stopped cleanly (SIGTERM) and its partitions checked with ``mq log check``; a broker that was
+already running is left alone. Processes are forked (``multiprocessing``); the workers ignore
+SIGINT so that Ctrl-C reaches only this process, which stops them and the broker.
 
 The progress line counts what can be compared: "produced" is the records in the log (the
 partitions' end offsets, read from the broker), "consumed" the distinct records the consumers

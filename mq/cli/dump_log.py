@@ -5,7 +5,7 @@ Files are opened read-only and streamed: a ``.log`` is read in 1 MiB chunks thro
 ``LogSegment(read_only=True).batches()``, an index through a read-only map, so a 1 GiB segment
 never sits in memory and nothing on disk changes. Text output follows Kafka's tool line for line
 (field names, order, ``| offset: ...`` record lines); ``--json`` is the contract of
-shared/design/API.md: one object per batch (or index entry) per line.
+``docs/api.md`` ("The command line"): one object per batch (or index entry) per line.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def record_line(batch: RecordBatch, record, print_data: bool) -> str:
 
 
 def batch_json(batch: RecordBatch, valid: bool, records=None) -> dict:
-    """The API.md object for one batch (with ``records`` when given)."""
+    """The ``--json`` object (``docs/api.md``) for one batch (with ``records`` when given)."""
     obj = {"baseOffset": batch.base_offset, "lastOffset": batch.last_offset,
            "count": batch.records_count, "position": batch.position,
            "createTime": batch.max_timestamp, "size": batch.size, "magic": batch.magic,

@@ -11,7 +11,7 @@ can do and where things live:
   sandboxing;
 - user (``~/.config/systemd/user``): data in ``~/.local/state/mq`` and the socket at
   ``~/.local/state/mq/mq.sock`` (``%S/mq/mq.sock``), exactly where clients look by default
-  (API.md, "Finding the broker"), so they need no settings; only the sandboxing that works
+  (``docs/api.md``, "Finding the broker"), so they need no settings; only the sandboxing that works
   without a user namespace (a user manager may not be allowed one).
 
 What no variant may do: give the broker a private ``/dev/shm`` or remove its IPC objects at

@@ -63,7 +63,7 @@ def send_parts(sock: socket.socket, parts, fds: tuple[int, ...] = ()) -> None:
 
 
 def resolve_socket(socket_path: str | None) -> str:
-    """``socket_path``, else ``$MQ_SOCKET``, else ``<data dir>/mq.sock`` (API.md)."""
+    """``socket_path``, else ``$MQ_SOCKET``, else ``<data dir>/mq.sock`` (``docs/api.md``)."""
     return socket_path or default_socket_path()
 
 

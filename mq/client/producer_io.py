@@ -11,9 +11,10 @@ completes futures (so callbacks run on it), closes batches whose ``linger_ms`` r
 must leave within about ``linger_ms`` even if ``send()`` is never called again, which no
 thread-free design can promise — and it retries, reconnects and enforces timeouts. On 2 vCPUs a
 helper thread that needs the GIL while the caller is busy waits up to the 5 ms switch interval
-(see perf-anchors §5), so the design keeps the thread off the hot path: the caller sends its own
-batches, and when ``max_in_flight`` requests are outstanding and ``max_in_flight`` more batches
-are queued, ``send()`` waits on a condition — which hands the GIL to the I/O thread at once.
+(``sys.getswitchinterval()``), so the design keeps the thread off the hot path: the caller
+sends its own batches, and when ``max_in_flight`` requests are outstanding and
+``max_in_flight`` more batches are queued, ``send()`` waits on a condition — which hands the
+GIL to the I/O thread at once.
 With ``linger_ms=0`` a record is due at once, so ``send()`` does not wake the thread for it,
 and when ``max_in_flight`` requests are out it reads the replies waiting on the socket itself
 (at most every 50 µs) and sends the batch they made room for: a caller that keeps the CPU

@@ -1,6 +1,6 @@
 """Kafka's log cleaner for one partition log: keep the latest record of every key.
 
-A compacted log has three sections (reference §5)::
+A compacted log has three sections (as Kafka's LogCleaner divides it)::
 
     log start       first dirty               first uncleanable          log end
         | clean (cleaned before) | cleanable (dirty) | uncleanable           |

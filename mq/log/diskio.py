@@ -5,7 +5,7 @@ a data directory: it calls ``diskio.ops.<op>``. In production ``ops`` is a ``Dis
 pass-through to ``os``. Tests install a ``FaultyDiskIO`` (``with diskio.installed(faulty):``) to
 make any single operation fail the way disks fail — ``ENOSPC``, ``EDQUOT``, ``EIO``, a short
 write, part of a write then an error — on a seeded or counted schedule, as SQLite's test VFS
-and TigerBeetle's simulated storage do (``../shared/reference/write-failures.md`` §3, §5).
+and TigerBeetle's simulated storage do (``docs/architecture.md``, "Write failures").
 
 What callers may rely on, and what the storage engine promises above this layer:
 

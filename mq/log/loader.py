@@ -1,5 +1,5 @@
 """Opening a partition directory: finish interrupted changes, load or recover its segments,
-rebuild its producer state (Kafka's LogLoader, ``../shared/reference/kafka-log-layer.md`` §4).
+rebuild its producer state (Kafka's LogLoader; ``docs/architecture.md``, "Crash safety").
 
 - Leftovers first (``_finish_leftovers``): ``.deleted``, ``.cleaned`` and ``.tmp`` files of
   the names mq gives (``datadir.is_partition_file``) go, and nothing else;
@@ -159,7 +159,7 @@ def _recover_segment(seg: LogSegment, report: RecoveryReport,
 
 
 def _finish_leftovers(directory: str, report: RecoveryReport) -> None:
-    """Finish or undo interrupted multi-file changes (Kafka's rules, §3 of the reference):
+    """Finish or undo interrupted multi-file changes (Kafka's rules, LocalLog's):
     delete ``.deleted``, ``.cleaned`` and ``.tmp`` files; drop ``.swap`` files at or above the
     smallest ``.cleaned`` base (an unfinished split); install the remaining swaps in place of
     the segments they replace."""

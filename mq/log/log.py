@@ -22,7 +22,7 @@ snapshotted at every roll and at close (``<offset>.snapshot``), and at a checkpo
 enough went in since the last snapshot, so that a recovery replays from near its recovery
 point.
 
-Write failures (``../shared/reference/write-failures.md``): every write goes through
+Write failures (``docs/architecture.md``, "Write failures"): every write goes through
 ``diskio``, and a call that fails leaves the files and this object as before it, then raises
 ``LogWriteError``. A space error (``ENOSPC``, ``EDQUOT``) is contained that way and the log
 stays writable: the same append succeeds once space returns. Anything else takes the log

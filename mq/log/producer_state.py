@@ -6,8 +6,7 @@ appended — enough to answer a retried batch with its original offsets instead 
 again (a producer keeps at most five requests in flight).
 
 Rules for a producer's batch (epoch E, first sequence S, last sequence L; Kafka's
-``ProducerAppendInfo``, ``../shared/reference/kafka-log-layer.md`` §6.1), checked before it is
-appended:
+``ProducerAppendInfo``), checked before it is appended:
 
 - same epoch and one of the five cached batches has exactly (S, L): a *duplicate*, answered
   with that batch's offsets, nothing appended;

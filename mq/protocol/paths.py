@@ -1,4 +1,5 @@
-"""Where a broker and its clients meet by default: the data dir and the socket path (API.md).
+"""Where a broker and its clients meet by default: the data dir and the socket path
+(``docs/api.md``, "Finding the broker").
 
 Both sides resolve them the same way, so a client started with no options finds a broker
 started with none: ``$MQ_SOCKET``, else ``<data-dir>/mq.sock``, where the data dir is

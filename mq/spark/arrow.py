@@ -2,7 +2,7 @@
 
 Spark takes ``pyarrow.RecordBatch``es from a Python data source's ``read()`` only if their
 schema *equals* ``to_arrow_schema(schema, timezone="UTC")``, nullability included, and Arrow
-batches cost a fraction of per-row tuples (the reference's measurements: 3-5x). So records are
+batches cost a fraction of per-row tuples (a third to a fifth). So records are
 never turned into rows here: each log batch is decoded once, straight into column buffers
 (``RecordBatch.decode_columns``, the C codec the consumer's decoder lives in), which become
 Arrow arrays without a copy; keys and values are copied once, from the segment map into the

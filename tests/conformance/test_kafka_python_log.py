@@ -3,7 +3,7 @@
 Every segment file mq writes — several codecs, headers, null keys and values, idempotent and
 transactional batches, COMMIT/ABORT markers, LogAppendTime topics, rolled segments — must
 decode with ``kafka.record.MemoryRecords(open(file, 'rb').read())``: each batch's CRC checks
-(``validate_crc()`` before iterating, reference §10), base offsets are the assigned ones and
+(``validate_crc()`` before iterating), base offsets are the assigned ones and
 contiguous across batches and segments, and records are identical. The other way round,
 batches built by kafka-python's ``DefaultRecordBatchBuilder`` with every codec are appended
 through ``PartitionLog.append`` and read back identical through ``PartitionLog.read`` and

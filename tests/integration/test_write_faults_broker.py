@@ -1,6 +1,6 @@
 """Write failures under a running broker: the broker runs in this process (a thread serving
 its real socket, shared memory and semaphores) with a ``FaultyDiskIO`` seam, and real clients
-talk to it. What every test checks (``../shared/reference/write-failures.md``):
+talk to it. What every test checks (``docs/architecture.md``, "Write failures"):
 
 - the broker never exits: its loop is still serving when the test ends;
 - a request whose write failed is answered with ``KAFKA_STORAGE_ERROR`` and stored nothing;

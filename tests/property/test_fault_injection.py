@@ -5,7 +5,7 @@ timestamps) is built once and cleanly closed; every case copies it, damages the 
 active ``.log`` at every byte of its last batches, flipped bytes, a zero-filled tail, garbage or
 missing ``.index``/``.timeindex`` files, random bytes appended, leftovers of an interrupted
 swap — and opens it after an "unclean shutdown" (``recovery_point=0``); the ``*_repaired_by_cli``
-cases repair it with ``mq log check --repair`` instead. The rule checked (reference §4):
+cases repair it with ``mq log check --repair`` instead. The rule checked (Kafka's recovery):
 exactly the batches entirely before the first damaged byte survive, every later segment is
 dropped, every offset and timestamp lookup matches brute force over the survivors, indexes are
 rebuilt identically, and appends continue at the right offset.
@@ -667,7 +667,7 @@ def test_crash_after_a_clean_restart_with_entryless_indexes():
         shutil.rmtree(root, ignore_errors=True)
 
 
-# --- leftovers of an interrupted swap (reference §3 "Startup repair") ------------------------
+# --- leftovers of an interrupted swap (Kafka's startup repair) -------------------------------
 
 def _write_segment(directory: str, base: int, batches: list[bytes], suffix: str) -> None:
     """Cleaner output as it would be written: a real segment (indexes included) at ``base``,

@@ -11,7 +11,7 @@ reads from pseudo-random offsets and timestamp lookups with the model.
 
 Retention deletes whole segments, so the model learns what disappeared from the log's new
 first segment (and log start offset) — but only after checking the number of deleted segments
-against an independent evaluation of Kafka's rules (reference §5) over the model's timestamps
+against an independent evaluation of Kafka's retention rules over the model's timestamps
 and the segment file sizes. ``MQ_STATEFUL_EXAMPLES=1000`` runs a longer search.
 """
 
@@ -200,7 +200,7 @@ class LogMachine(RuleBasedStateMachine):
             assert self.log.log_start_offset == self.lso
 
     def _expected_retention(self, spans, now_ms) -> int:
-        """Kafka's retention rules (reference §5), evaluated on the model's timestamps."""
+        """Kafka's retention rules, evaluated on the model's timestamps."""
         cfg = self.config
         total = sum(size for _, _, size, _ in spans)
         excess = total - cfg.retention_bytes if cfg.retention_bytes >= 0 else None

@@ -12,7 +12,7 @@ until the workload no longer reaches N, in each of these modes:
 - an fsync that fails.
 
 Then the data dir is opened again with the real file system, as the broker's next start would,
-and the model is checked (``../shared/reference/write-failures.md`` §5, §7):
+and the model is checked (``docs/architecture.md``, "Write failures"):
 
 - the workload only ever saw ``LogWriteError`` (never a raw ``OSError``, never anything else);
 - every acknowledged record (its append returned) is readable at its offset with its value,

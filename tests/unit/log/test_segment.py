@@ -1,5 +1,4 @@
-"""One log segment (``mq.log.segment``), modelled on Kafka's LogSegmentTest (checklist items
-1-13 and 15 of the reference, §9)."""
+"""One log segment (``mq.log.segment``), modelled on Kafka's LogSegmentTest."""
 
 from __future__ import annotations
 
