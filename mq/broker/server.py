@@ -1,29 +1,37 @@
-"""The broker's event loop: one thread serving a Unix socket, plus a flusher thread.
+"""The broker's event loop: one thread serving the Unix socket and the Kafka listeners, with a
+flusher thread for fsyncs, a cleaner thread for compaction and, with ``--metrics``, an HTTP one.
 
 The loop thread owns every ``PartitionLog``: it validates and appends whole batches (never
-decoding records), publishes partition state to shared memory and posts the semaphores of
-waiting consumers. The flusher thread only runs ``fdatasync`` on duplicated file descriptors
-(the call releases the GIL) and tells the loop through a pipe when a round is durable, so one
-fsync covers every ``acks="all"`` produce that arrived meanwhile (group commit).
+decoding records), publishes partition state to shared memory and wakes waiting consumers
+(a published slot's futex word, ``mq/protocol/state.py``; the semaphores of WAITs,
+``wakeups.py``). The flusher thread only runs ``fdatasync`` on
+duplicated file descriptors (the call releases the GIL) and tells the loop through a pipe when
+a round is durable, so one fsync covers every ``acks="all"`` produce that arrived meanwhile
+(group commit, ``flushing.py``). The cleaner and metrics threads never touch a log: what they
+need from one (a compaction swap, a stats snapshot) runs on this loop through ``LoopCalls``.
 
 High watermark: by default it follows the *written* offset — a record is visible to consumers
 as soon as it is in the page cache, which survives any process crash (kill -9 of the broker
-included) and keeps end-to-end latency at a semaphore wake-up. With ``high_watermark =
-"durable"`` it follows the fsync'd offset instead, so consumers never see a record that a power
-loss could take back, at the cost of an fsync in every record's latency.
+included) and keeps end-to-end latency at a wake-up. With ``high_watermark = "durable"`` it
+follows the fsync'd offset instead, so consumers never see a record that a power loss could
+take back, at the cost of an fsync in every record's latency.
 
 This module is the loop only: accept, read, write and close connections, dispatch requests,
 signals, housekeeping timers and the broker's lifecycle. What requests do lives in the api
-components (``apis/``); each exposes its ``{Api: handler}`` table and the loop merges them into
-one, so a request costs one dict lookup to dispatch. One loop round::
+components (``apis/``: produce, topics, groups, transactions, ACLs, users); each exposes its
+``{Api: handler}`` table and the loop merges them into one, so a request costs one dict lookup
+to dispatch. The Kafka listener (``kafka/``) calls the same components. One loop round::
 
     select() -> accept | read requests -> handler(conn, request) -> reply queued on the conn
+             | Kafka listener: accept, read frames -> its handlers' native calls
              | flusher done -> GroupCommit.done: recovery points, held replies
-             | cleaner call -> a compaction swap run on this thread
-    background steps: group timers, periodic flush + checkpoint, retention, SIGHUP reload
-    end of round: GroupCommit.submit (one fsync job), publish touched partitions and post
-                  their waiters, write every connection with output; then the systemd
-                  watchdog ping when due (``service.py``: a wedged loop stops the pings)
+             | loop calls -> a compaction swap, a stats snapshot (cleaner, metrics threads)
+    background steps: group, transaction and Kafka timers, periodic flush + checkpoint,
+                      retention, SIGHUP reload (a step that raises is logged; the loop goes on)
+    end of round: GroupCommit.submit (one fsync job), publish touched partitions and wake
+                  their waiters (parked Kafka Fetches too), write every connection with
+                  output; then the systemd watchdog ping when due (``service.py``: a wedged
+                  loop stops the pings)
 
 Under systemd the broker serves the listening socket it was passed (socket activation) and
 leaves its path alone at exit, so clients queue in its backlog while the broker restarts.

@@ -1,4 +1,4 @@
-"""The ``mq`` command line: a thin argparse layer over ``mq.log`` (and later the clients).
+"""The ``mq`` command line: a thin argparse layer over the clients, ``mq.log`` and ``workers``.
 
 Every subcommand lives in its own module that exposes ``add_parser(subparsers)``; the parser it
 adds carries ``run(args) -> int`` as its ``run`` default. ``mq.cli.main`` lists the modules.

@@ -5,6 +5,7 @@
     <dir>/<base offset, 20 digits>.log        batches, appended only, never rewritten
     <dir>/<base offset, 20 digits>.index      (relOffset, position) every index.interval.bytes
     <dir>/<base offset, 20 digits>.timeindex  (maxTimestampSoFar, relOffset), same rhythm
+    <dir>/<base offset, 20 digits>.txnindex   aborted transactions whose ABORT marker is here
 
 Invariants: batches are contiguous from byte 0 and their offsets increase; every index entry
 points at a batch start inside the file; the byte count since the last index entry decides the
@@ -17,13 +18,20 @@ Writes go through ``diskio`` with ``pwrite`` at the tracked end (``size``), neve
 An append either stores the whole batch with its index entries or, on any ``OSError`` (a full
 disk, an I/O error, a short write), truncates the ``.log`` back and leaves every count as it
 was; if even the truncation fails the segment is ``torn`` (bytes past ``size`` are garbage that
-recovery cuts) and its log must take no more writes. Nothing past ``size`` is ever read.
+recovery cuts) and its log must take no more writes. Nothing past ``size`` is ever read. A
+batch another process may still write (a producer's arena) is written with its header from a
+private copy, then checked against it and its CRC through a map of what reached the file; a
+mismatch is cut off again (``CorruptRecordError``).
 
-Reads use ``pread`` (the broker side); client processes read through ``mq.log.reader``'s maps.
+Reads use ``pread`` (the broker side), or ``locate`` for a caller that sends the bytes with
+``sendfile`` (the Kafka listener's Fetch); client processes read through ``mq.log.reader``'s
+maps.
 
 Open files: only the active segment (pinned by its log) keeps its descriptors open between
 calls; any other opens them for a call (``mq.log.segment_files``). Recovery from a recovery
-point is ``mq.log.segment_recovery``. A segment closed for good raises ``EBADF``.
+point (``recover``) and the check of ``mq log check`` (``verify``, which writes nothing) are
+``mq.log.segment_recovery``'s, run with the files open. A segment closed for good raises
+``EBADF``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,27 @@
-"""The data path's apis: Produce, ListOffsets and Wait.
+"""The data path's apis: Produce, ProduceShared and ShareMemory, ListOffsets, Wait.
 
 Produce validates and appends one whole batch per request (never decoding a record), then
 answers at once (``acks=1``), never (``acks=0``), or once an fsync covers the batch
-(``acks="all"``, through group commit). Wait arms a consumer's wake-up: the partition table
-remembers the waiter and the loop posts the consumer's semaphore once the high watermark
-passes its position (``wakeups.py``; ``mq/client/consumer.py`` draws the protocol).
+(``acks="all"``, through group commit). The batch comes inside the request, or as the frame's
+raw tail, stamped in the receive buffer. ShareMemory maps a producer's batch arena (a memfd,
+``mq/client/arena.py``) once per connection, and ProduceShared is Produce for a batch in it:
+the log is written straight from the producer's memory. Wait arms a consumer's wake-up: the
+partition table remembers the waiter and the loop posts the consumer's semaphore once the
+high watermark passes its position (``wakeups.py``; ``mq/client/consumer.py`` draws the
+protocol). The Kafka listener's Produce comes here too (``mq/broker/kafka/data.py``).
 
 Produce is the broker's hot path: one table lookup, one append, one set insertion and the
 response, with no per-record work. The partition log checks an idempotent producer's
 sequence and answers its retries with their first offsets (``PartitionLog.append``); a
 transactional batch is first checked against its producer's open transaction (``verify``, one
 byte of the header tells). Batches are stamped with this broker start's leader epoch.
+
+Invariants: nothing a client wrote is trusted. Internal topics and control batches are
+refused; the free-space guard admits a batch before it is written (``space.py``); an arena
+is mapped only if it is a memfd sealed against shrinking and growing (so the broker's map
+cannot fault), and a shared batch's header is read once, from a private copy, with its CRC
+checked on the bytes that reached the file, so a producer that rewrites it in flight only
+gets its own batch refused.
 """
 
 from __future__ import annotations
