@@ -11,7 +11,7 @@ resolved once by ``javakafka.resolve``; nothing committed), with that directory'
     node.stop()                          # SIGTERM: Kafka's clean shutdown (indexes trimmed)
     node.start()                         # again, on the same directories
 
-Facts from ``../shared/reference/kafka-real-broker.md``: ``kafka.tools.StorageTool random-uuid``
+Started as Kafka's quickstart does: ``kafka.tools.StorageTool random-uuid``
 and ``format --standalone``, then ``kafka.Kafka server.properties``; it is ready when Metadata
 names a broker. Kafka's log goes to ``workdir/logs/server.log`` (INFO).
 

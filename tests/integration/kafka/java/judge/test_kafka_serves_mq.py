@@ -1,5 +1,4 @@
-"""A real Kafka 4.3.1 broker serves mq's segment files (issue 23; the procedure of
-``../shared/reference/kafka-real-broker.md`` §3.4).
+"""A real Kafka 4.3.1 broker serves mq's segment files (issue 23), by the procedure below.
 
 Kafka adopts no foreign partition directory (one whose topic id its metadata lacks is renamed
 "-stray"), so the topic is created in Kafka, written by mq's broker under the same name, and

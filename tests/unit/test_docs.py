@@ -1,5 +1,6 @@
-"""README.md's "Layout of the repository" names every module of ``mq/``, ``workers/`` and
-``bench/``, so a newcomer finds each file there and what it is for.
+"""The project's documentation is in the project: code refers to no document outside the
+repository, and README.md's "Layout of the repository" names every module of ``mq/``,
+``workers/`` and ``bench/``, so a newcomer finds each file there and what it is for.
 
 The rule the layout block follows (and this test reads): an entry line starts with one or more
 names, each ending in ``.py`` (modules) or ``/`` (a directory), then says what they are for;
@@ -15,6 +16,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TOP = ("mq", "workers", "bench")
 SECTION = "## Layout of the repository"
+
+
+# Design and reference documents that lived beside the repository, not in it.
+OUTSIDE = re.compile(r"\.\./shared/|shared/(design|reference)/|perf-anchors|kafka-wire\.md|"
+                     r"kafka-log-layer\.md|write-failures\.md|kafka-real-broker\.md|"
+                     r"pyspark-datasource\.md|\bAPI\.md\b|\breference §")
+
+
+def test_code_refers_to_no_document_outside_the_repository():
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for top in (*TOP, "tests") for path in sorted((ROOT / top).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if OUTSIDE.search(line) and path != Path(__file__).resolve()]
+    assert not found, "point these at docs/ or the README instead:\n" + "\n".join(found)
 
 
 def layout_block(readme: str) -> list[str]:
