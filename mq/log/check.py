@@ -21,8 +21,10 @@ What a clean partition directory satisfies (what the broker relies on after a cl
   segment missing either). Indexes may be created lazily, so one case is clean without them: the
   last segment holding a single batch (rolled into, appended to once, closed) has no
   ``.index``, and no ``.timeindex`` either when that batch carries no timestamp;
-- no leftovers of interrupted multi-file changes (``.deleted``, ``.cleaned``, ``.swap``,
-  ``.tmp``) and no index file without its ``.log``.
+- no leftovers of interrupted multi-file changes (``.cleaned``, ``.swap``, ``.tmp``) and no
+  index file without its ``.log``. A ``.deleted`` file is no fault: it is a segment already out
+  of the log whose unlink waits ``file.delete.delay.ms`` (60 s), which Kafka leaves behind at a
+  clean shutdown (mq unlinks its own at close) and both brokers remove at open.
 
 Every file named as a segment file must be a regular file: a FIFO would block ``open``, and a
 directory or device is no segment. Such a directory is refused (``StorageError``), as is such a
@@ -514,7 +516,7 @@ def _listing(directory: str, result: CheckResult, live: bool) -> tuple[list[int]
             raise StorageError(f"{err}: {directory} is not a partition directory the broker "
                                "could open") from err
         if leftover:
-            if not live:                # a live broker's pending delete or cleaning
+            if not live and not name.endswith(files.DELETED_SUFFIX):   # live: work in progress
                 result.problems.append(Problem(path, "leftover", f"{path}: leftover of an "
                                                "interrupted change (the broker removes or "
                                                "finishes it at open)"))
