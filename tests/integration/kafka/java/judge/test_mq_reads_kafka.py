@@ -36,6 +36,7 @@ import shutil
 import sys
 import time
 
+import pytest
 from cli_run import mq_run
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
@@ -253,17 +254,19 @@ def assert_mq_serves(b, expected: dict) -> None:
 
 def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
     """One batch read of the copied directories by ``format("mq")``, with no broker: every
-    partition from 0 to its end, read_committed."""
+    partition from 0 to its end, read_committed. It runs in the worker's Spark session when
+    one is active (``tests/spark``'s, say: a JVM start costs about 10 s), else in its own."""
     from pyspark.sql import SparkSession
 
     import mq.spark
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = (SparkSession.builder.master("local[1]").appName("mq-reads-kafka")
-               .config("spark.ui.enabled", "false")
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    active = SparkSession.getActiveSession()
+    session = active or (SparkSession.builder.master("local[1]").appName("mq-reads-kafka")
+                         .config("spark.ui.enabled", "false")
+                         .config("spark.driver.memory", "1g")
+                         .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     try:
         session.sparkContext.setLogLevel("ERROR")
         mq.spark.register(session)
@@ -276,11 +279,13 @@ def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
                 .option("endingOffsets", ending).option("includeHeaders", "true")
                 .option("kafka.isolation.level", "read_committed").load().collect())
     finally:
-        session.stop()
+        if active is None:
+            session.stop()
     return sorted((r.topic, r.offset, r.timestampType, r.key, r.value,
                    [(h.key, h.value) for h in r.headers or []]) for r in rows)
 
 
+@pytest.mark.spark
 def test_mq_reads_what_kafka_writes(java_kafka, kafka_node, tmp_path):
     kafka_writes(java_kafka, kafka_node, tmp_path)
     expected = {(topic, isolation): kafka_read(kafka_node.bootstrap, topic, isolation)
