@@ -13,19 +13,23 @@ committed and aborted):
 - ``k-appendtime``: ``message.timestamp.type=LogAppendTime``, compressed batches whose records
   keep their producer's timestamps while the batch header holds the broker's.
 
-librdkafka reads each topic from Kafka (read_uncommitted and read_committed), then Kafka stops
-cleanly and its partition directories are copied. On the copies:
+librdkafka reads each topic from Kafka (read_uncommitted and read_committed) and asks for its
+log start offset, high watermark and offsets for sampled timestamps; then Kafka stops cleanly
+and its partition directories are copied. On the copies:
 
-1. ``mq log check`` is clean and ``mq dump-log --deep-iteration --print-data`` reads every file;
+1. ``mq log check`` is clean; ``mq dump-log --deep-iteration --print-data`` prints librdkafka's
+   records (offset, key, value, headers) and reads every index, ``.txnindex`` and snapshot;
 2. mq's broker serves them: its broker cannot adopt a directory its metadata log does not name
    (see "What mq may touch" in the README), so the topics are created in mq, the broker
    stopped, Kafka's segment files, snapshots and ``leader-epoch-checkpoint`` swapped in (mq's
    ``partition.metadata`` kept, as the other direction keeps Kafka's) and the broker started
    again, with its clean-shutdown marker (Kafka's indexes served as they are) and without it
    (mq recovers every batch). ``mq.Consumer`` must read what librdkafka read from Kafka:
-   offset, timestamp and its type, key, value and headers, both isolation levels;
+   offset, timestamp and its type, key, value and headers, both isolation levels; and find
+   the same bounds and offsets for the sampled timestamps;
 3. Spark's ``format("mq")`` reads the copied directories with no broker at all (the source's
-   offline mode: ``dataDir`` and explicit offsets), read_committed.
+   offline mode: ``dataDir`` and explicit offsets up to Kafka's high watermark),
+   read_committed: the same records, timestamps included.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from cli_run import mq_run
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from javakafka import KafkaTarget, write_properties
-from kclients import WAIT, consumer, create_topic, deliver, producer
+from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, producer
 from kclients import admin as kafka_admin
 
 import mq
@@ -182,6 +186,23 @@ def kafka_read(bootstrap: str, topic: str, isolation: str) -> list[tuple]:
         c.close()
 
 
+def sampled_times(rows: list[tuple]) -> list[int]:
+    """Timestamps to look offsets up by: every 37th record's, one past the largest, and 0."""
+    stamps = [row[2] for row in rows]
+    return sorted({0, *stamps[::37], max(stamps) + 1})
+
+
+def kafka_offsets(bootstrap: str, topic: str, timestamps: list[int]) -> tuple:
+    """(log start offset, high watermark) of ``topic``-0, and ``{timestamp: offset}`` (-1 for
+    none) by ListOffsets, as Kafka answers librdkafka."""
+    c = consumer(bootstrap)
+    try:
+        bounds = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=WAIT)
+        return tuple(bounds), {ts: offset_for_time(c, topic, ts) for ts in timestamps}
+    finally:
+        c.close()
+
+
 # --- mq reads -------------------------------------------------------------------------------
 
 def dumped_records(directory: str) -> list[tuple]:
@@ -244,12 +265,24 @@ def _bytes(data) -> bytes | None:
     return None if data is None else bytes(data)
 
 
-def assert_mq_serves(b, expected: dict) -> None:
+def mq_offsets(b, topic: str, timestamps: list[int]) -> tuple:
+    """``kafka_offsets`` as mq's consumer finds them."""
+    with mq.Consumer(socket=b.socket) as c:
+        tp = mq.TopicPartition(topic, 0)
+        c.assign([tp])
+        bounds = (c.beginning_offsets([tp])[tp], c.end_offsets([tp])[tp])
+        return bounds, {ts: (c.offsets_for_times({tp: ts})[tp] or (-1,))[0]
+                        for ts in timestamps}
+
+
+def assert_mq_serves(b, expected: dict, offsets: dict) -> None:
     for (topic, isolation), rows in expected.items():
         got = mq_read(b, topic, isolation)
         assert len(got) == len(rows), (topic, isolation)
         for mine, kafkas in zip(got, rows):
             assert mine == kafkas, (topic, isolation)
+    for topic, (bounds, times) in offsets.items():
+        assert mq_offsets(b, topic, list(times)) == (bounds, times), topic
 
 
 def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
@@ -270,18 +303,18 @@ def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
     try:
         session.sparkContext.setLogLevel("ERROR")
         mq.spark.register(session)
-        assign = "{" + ",".join(f'"{t}": [0]' for t in ends) + "}"
-        starting = "{" + ",".join(f'"{t}": {{"0": 0}}' for t in ends) + "}"
-        ending = "{" + ",".join(f'"{t}": {{"0": {e}}}' for t, e in ends.items()) + "}"
         rows = (session.read.format("mq").option("dataDir", copied)
                 .option("socket", os.path.join(copied, "nobody.sock"))
-                .option("assign", assign).option("startingOffsets", starting)
-                .option("endingOffsets", ending).option("includeHeaders", "true")
-                .option("kafka.isolation.level", "read_committed").load().collect())
+                .option("assign", json.dumps({t: [0] for t in ends}))
+                .option("startingOffsets", json.dumps({t: {"0": 0} for t in ends}))
+                .option("endingOffsets", json.dumps({t: {"0": e} for t, e in ends.items()}))
+                .option("includeHeaders", "true")
+                .option("kafka.isolation.level", "read_committed").load()
+                .selectExpr("*", "unix_millis(timestamp) AS timestamp_ms").collect())
     finally:
         if active is None:
             session.stop()
-    return sorted((r.topic, r.offset, r.timestampType, r.key, r.value,
+    return sorted((r.topic, r.offset, r.timestampType, r.timestamp_ms, r.key, r.value,
                    [(h.key, h.value) for h in r.headers or []]) for r in rows)
 
 
@@ -294,6 +327,9 @@ def test_mq_reads_what_kafka_writes(java_kafka, kafka_node, tmp_path):
     assert [row[0] for row in expected[(COMPACTED, "read_uncommitted")]] == \
         [*range(37, 48, 2), *range(48, 55)], "Kafka's cleaner did not compact as planned"
     assert {row[1] for row in expected[(APPEND_TIME, "read_uncommitted")]} == {1}
+    offsets = {topic: kafka_offsets(kafka_node.bootstrap, topic,
+                                    sampled_times(expected[(topic, "read_uncommitted")]))
+               for topic in TOPIC_CONFIGS}
     kafka_node.stop()
     copied = copy_partitions(kafka_node.data_dir, tmp_path / "kafka-copy")
     dirs = [os.path.join(copied, files.partition_dir_name(t, 0)) for t in TOPIC_CONFIGS]
@@ -321,11 +357,10 @@ def test_mq_reads_what_kafka_writes(java_kafka, kafka_node, tmp_path):
             if unclean:
                 os.unlink(os.path.join(b.data_dir, CLEAN_SHUTDOWN))
             b.start()
-            assert_mq_serves(b, expected)
+            assert_mq_serves(b, expected, offsets)
 
     # 3. Spark reads the copies with no broker.
-    ends = {t: expected[(t, "read_uncommitted")][-1][0] + 1 for t in TOPIC_CONFIGS}
-    got = spark_read(copied, ends)
-    want = sorted((t, o, kind, k, v, h) for (t, isolation), rows in expected.items()
-                  if isolation == "read_committed" for o, kind, _, k, v, h in rows)
+    got = spark_read(copied, {topic: bounds[1] for topic, (bounds, _) in offsets.items()})
+    want = sorted((t, *row) for (t, isolation), rows in expected.items()
+                  if isolation == "read_committed" for row in rows)
     assert got == want
