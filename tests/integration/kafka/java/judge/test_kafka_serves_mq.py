@@ -35,12 +35,12 @@ from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from javakafka import CONSUMER_GROUPS, TRANSACTIONS, KafkaTarget, table, write_properties
 from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, read
 from kclients import admin as kafka_admin
+from producers import kafka_producers, mq_producers
 
 import mq
 import mq.testing
 from mq.client.admin import Admin
 from mq.log import files
-from mq.log.producer_state import read_snapshot
 from mq.testing import wait_for
 
 TOPIC = "served"
@@ -98,19 +98,6 @@ def write_with_mq(tmp_path) -> tuple[str, dict]:
     directory = os.path.join(b.data_dir, files.partition_dir_name(TOPIC, 0))
     expected["producers"] = mq_producers(directory, expected["bounds"][1])
     return directory, expected
-
-
-def mq_producers(directory: str, log_end_offset: int) -> list[dict[str, str]]:
-    """The producers of mq's snapshot at the log end offset, as Kafka's TransactionsCommand
-    describe-producers shows them."""
-    return sorted(({"ProducerId": str(e.producer_id), "ProducerEpoch": str(e.epoch),
-                    "LatestCoordinatorEpoch": str(e.coordinator_epoch),
-                    "LastSequence": str(e.last_seq), "LastTimestamp": str(e.last_timestamp),
-                    "CurrentTransactionStartOffset": (str(e.current_txn_first_offset)
-                                                      if e.current_txn_first_offset >= 0
-                                                      else "None")}
-                   for e in read_snapshot(directory, log_end_offset)),
-                  key=lambda row: int(row["ProducerId"]))
 
 
 def mq_read(b, isolation: str) -> list[tuple]:
@@ -179,15 +166,6 @@ def log_since(node, start: int) -> str:
         return f.read()
 
 
-def kafka_producers(java_kafka, node, tmp_path) -> list[dict[str, str]]:
-    target = KafkaTarget(java_kafka, node.bootstrap,
-                         write_properties(tmp_path / "client.properties", {}))
-    rows = table(target.tool(TRANSACTIONS, "describe-producers", "--topic", TOPIC,
-                             "--partition", "0").stdout)
-    return sorted(({k: v for k, v in row.items() if k} for row in rows),
-                  key=lambda row: int(row["ProducerId"]))
-
-
 def assert_kafka_serves(node, expected: dict, log_start: int, producers: list) -> None:
     for isolation in ("read_uncommitted", "read_committed"):
         got = kafka_read(node.bootstrap, isolation, len(expected[isolation]))
@@ -207,6 +185,8 @@ def test_kafka_serves_mq_segments_as_they_are_and_recovered(java_kafka, kafka_no
     create_topic(kafka_node.bootstrap, TOPIC, 1)
     mq_dir, expected = write_with_mq(tmp_path)
     kafka_dir = os.path.join(kafka_node.data_dir, files.partition_dir_name(TOPIC, 0))
+    target = KafkaTarget(java_kafka, kafka_node.bootstrap,
+                         write_properties(tmp_path / "client.properties", {}))
     # 1. mq's indexes and producer snapshot, served as they are.
     kafka_node.stop()
     assert os.path.exists(os.path.join(kafka_node.data_dir, CLEAN_SHUTDOWN))
@@ -214,7 +194,7 @@ def test_kafka_serves_mq_segments_as_they_are_and_recovered(java_kafka, kafka_no
     log_start = os.path.getsize(kafka_node.log_path)
     kafka_node.start()
     assert_kafka_serves(kafka_node, expected, log_start,
-                        kafka_producers(java_kafka, kafka_node, tmp_path))
+                        kafka_producers(target, TOPIC))
     # 2. Kafka recovers every batch of mq's .log files and rebuilds what goes with them.
     kafka_node.stop()
     swap_in(mq_dir, kafka_dir)
@@ -225,7 +205,7 @@ def test_kafka_serves_mq_segments_as_they_are_and_recovered(java_kafka, kafka_no
     assert "Attempting recovery" in log_since(kafka_node, log_start) or \
         "Recovering unflushed segment" in log_since(kafka_node, log_start)
     assert_kafka_serves(kafka_node, expected, log_start,
-                        kafka_producers(java_kafka, kafka_node, tmp_path))
+                        kafka_producers(target, TOPIC))
 
 
 # --- __consumer_offsets and __transaction_state ------------------------------------------------

@@ -47,6 +47,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from javakafka import KafkaTarget, write_properties
 from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, producer
 from kclients import admin as kafka_admin
+from producers import kafka_producers, mq_producers
 
 import mq
 import mq.testing
@@ -141,7 +142,7 @@ def cleaner_checkpoint(data_dir: str, topic: str) -> int:
                 if t == topic and p == "0"] or [0])
 
 
-def kafka_writes(java_kafka, node, tmp_path) -> None:
+def kafka_writes(node, target: KafkaTarget) -> None:
     client = kafka_admin(node.bootstrap)
     backoff = ConfigResource(ConfigResource.Type.BROKER, "1", incremental_configs=[
         ConfigEntry("log.cleaner.backoff.ms", CLEANER_BACKOFF_MS,
@@ -151,8 +152,6 @@ def kafka_writes(java_kafka, node, tmp_path) -> None:
     for topic, config in TOPIC_CONFIGS.items():
         create_topic(node.bootstrap, topic, 1, config)
     t0 = int(time.time() * 1000) - 60_000
-    target = KafkaTarget(java_kafka, node.bootstrap,
-                         write_properties(tmp_path / "client.properties", {}))
     target.checks(*(f"produce:{MIXED},40,java-{codec},{codec}" for codec in CODECS),
                   f"txn:{MIXED},java-txn", f"produce:{APPEND_TIME},30,java-lat,gzip",
                   timeout=180)
@@ -320,7 +319,9 @@ def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
 
 @pytest.mark.spark
 def test_mq_reads_what_kafka_writes(java_kafka, kafka_node, tmp_path):
-    kafka_writes(java_kafka, kafka_node, tmp_path)
+    target = KafkaTarget(java_kafka, kafka_node.bootstrap,
+                         write_properties(tmp_path / "client.properties", {}))
+    kafka_writes(kafka_node, target)
     expected = {(topic, isolation): kafka_read(kafka_node.bootstrap, topic, isolation)
                 for topic in TOPIC_CONFIGS for isolation in ("read_uncommitted", "read_committed")}
     assert len(expected[(MIXED, "read_committed")]) < len(expected[(MIXED, "read_uncommitted")])
@@ -330,6 +331,7 @@ def test_mq_reads_what_kafka_writes(java_kafka, kafka_node, tmp_path):
     offsets = {topic: kafka_offsets(kafka_node.bootstrap, topic,
                                     sampled_times(expected[(topic, "read_uncommitted")]))
                for topic in TOPIC_CONFIGS}
+    producers = {topic: kafka_producers(target, topic) for topic in (MIXED, APPEND_TIME)}
     kafka_node.stop()
     copied = copy_partitions(kafka_node.data_dir, tmp_path / "kafka-copy")
     dirs = [os.path.join(copied, files.partition_dir_name(t, 0)) for t in TOPIC_CONFIGS]
@@ -358,6 +360,11 @@ def test_mq_reads_what_kafka_writes(java_kafka, kafka_node, tmp_path):
                 os.unlink(os.path.join(b.data_dir, CLEAN_SHUTDOWN))
             b.start()
             assert_mq_serves(b, expected, offsets)
+            b.stop()                    # mq's snapshot of the producers it loaded or rebuilt
+            for topic, rows in producers.items():
+                end = offsets[topic][0][1]
+                assert mq_producers(os.path.join(b.data_dir, files.partition_dir_name(topic, 0)),
+                                    end) == rows, (topic, "unclean" if unclean else "clean")
 
     # 3. Spark reads the copies with no broker.
     got = spark_read(copied, {topic: bounds[1] for topic, (bounds, _) in offsets.items()})
