@@ -25,8 +25,10 @@ and its partition directories are copied. On the copies:
    ``partition.metadata`` kept, as the other direction keeps Kafka's) and the broker started
    again, with its clean-shutdown marker (Kafka's indexes served as they are) and without it
    (mq recovers every batch). ``mq.Consumer`` must read what librdkafka read from Kafka:
-   offset, timestamp and its type, key, value and headers, both isolation levels; and find
-   the same bounds and offsets for the sampled timestamps;
+   offset, timestamp and its type, key, value and headers, both isolation levels; find the
+   same bounds and offsets for the sampled timestamps; and the producer snapshot mq writes
+   when it stops must hold the producers Kafka's ``TransactionsCommand describe-producers``
+   showed (id, epochs, last sequence and timestamp, open transaction);
 3. Spark's ``format("mq")`` reads the copied directories with no broker at all (the source's
    offline mode: ``dataDir`` and explicit offsets up to Kafka's high watermark),
    read_committed: the same records, timestamps included.
