@@ -14,6 +14,11 @@ group: each member's subscription and assignment encoded as the consumer protoco
 ``ConsumerProtocolSubscription`` and ``ConsumerProtocolAssignment``; a group nobody knows is
 ``Dead`` with no error (versions 0-5).
 
+ConsumerGroupDescribe answers GROUP_ID_NOT_FOUND ("not a consumer group") for a group whose
+live members all use the classic protocol, as Kafka does for a classic group, so that clients
+describe it with DescribeGroups and report its type as classic. An empty group is described
+(mq does not remember which protocol its past members spoke).
+
 **ACLs** (``acls.py``), as Kafka's: OffsetCommit needs Read on the group and on each topic,
 OffsetFetch and DescribeGroups Describe on the group (and OffsetFetch on each topic it
 returns), OffsetDelete and DeleteGroups Delete on the group; ListGroups lists every group to
@@ -248,6 +253,9 @@ class GroupAdminApis:
                 for t, ps in by_topic(map(tuple, partitions)).items()]}
         groups = []
         for name, reply in zip(names, replies, strict=True):
+            if reply[2] == errors.NONE and self._classic_only(name, reply[4]):
+                reply = [*reply[:2], errors.GroupIdNotFoundError.code,
+                         f"Group {name} is not a consumer group."]
             if reply[2] != errors.NONE:
                 groups.append({"error_code": reply[2], "error_message": reply[3],
                                "group_id": name, "group_state": "", "group_epoch": -1,
@@ -271,3 +279,10 @@ class GroupAdminApis:
                     "target_assignment": assignment(m["target"])}
                     for m in desc["members"] if not m["away"]]})
         return {"throttle_time_ms": 0, "groups": groups}
+
+    def _classic_only(self, name: str, desc: dict) -> bool:
+        """Whether every live member of the group is a classic Kafka member: Kafka's
+        ConsumerGroupDescribe answers GROUP_ID_NOT_FOUND for such a group, and clients then
+        describe it with DescribeGroups (as type CLASSIC)."""
+        live = [m["member_id"] for m in desc["members"] if not m["away"]]
+        return bool(live) and all((name, m) in self._members.classic for m in live)

@@ -1,10 +1,12 @@
 """Behaviour Kafka clients' own integration suites expect of a broker, found by running those
-suites against mq (kafka-python 3.0.12's ``test/integration``; Tansu's method), each checked
-here with a real client so it stays fixed."""
+suites against mq (kafka-python 3.0.12's ``test/integration`` and confluent-kafka-python's
+``tests/integration``; Tansu's method), each checked here with a real client so it stays
+fixed."""
 
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import Consumer, ConsumerGroupType
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -12,8 +14,10 @@ from confluent_kafka.admin import (
     ConfigResource,
     ResourceType,
 )
+from kclients import LOGGER, WAIT, admin, create_topic
 
 import mq
+import mq.testing
 
 # kafka-python 3 loads its schemas with importlib.resources' legacy functions (Python 3.11), so
 # it is imported inside the tests, under this filter.
@@ -64,3 +68,42 @@ def test_cleanup_policy_keeps_its_order(mixed):
     order Kafka keeps."""
     assert _alter_cleanup_policy(mixed, "both", AlterConfigOpType.APPEND, "compact") == \
         "delete,compact"
+
+
+def _member(bootstrap: str, protocol: str) -> Consumer:
+    """A member of group "updown" on topic "updown", subscribed, speaking ``protocol``."""
+    c = Consumer({**LOGGER, "bootstrap.servers": bootstrap, "group.id": "updown",
+                  "group.protocol": protocol, "enable.auto.commit": False})
+    c.subscribe(["updown"])
+    return c
+
+
+def _group_type(client: AdminClient, members: list[Consumer]) -> ConsumerGroupType:
+    """The group's type once its members hold all of the topic's 2 partitions."""
+    def settled() -> bool:
+        for c in members:
+            c.poll(0.05)
+        return sum(len(c.assignment()) for c in members) == 2
+    mq.testing.wait_for(settled, WAIT, 0, "the members to share both partitions")
+    return client.describe_consumer_groups(["updown"])["updown"].result(WAIT).type
+
+
+def test_a_group_of_classic_members_is_described_as_classic(kafka_mq):
+    """confluent-kafka's test_consumer_upgrade_downgrade adds a classic member, then a
+    ``group.protocol=consumer`` one, removes the latter and expects the group's type to be
+    CLASSIC whenever only classic members are left. The client describes with
+    ConsumerGroupDescribe and falls back to DescribeGroups on the GROUP_ID_NOT_FOUND that
+    Kafka answers for a classic group."""
+    create_topic(kafka_mq.bootstrap, "updown", 2)
+    client = admin(kafka_mq.bootstrap)
+    classic = _member(kafka_mq.bootstrap, "classic")
+    try:
+        assert _group_type(client, [classic]) == ConsumerGroupType.CLASSIC
+        upgraded = _member(kafka_mq.bootstrap, "consumer")
+        try:
+            assert _group_type(client, [classic, upgraded]) == ConsumerGroupType.CONSUMER
+        finally:
+            upgraded.close()
+        assert _group_type(client, [classic]) == ConsumerGroupType.CLASSIC
+    finally:
+        classic.close()
