@@ -199,7 +199,7 @@ class LogManager:
         # One broker: every start is a new leader epoch, above any a partition recorded.
         self.leader_epoch = 1 + max((lg.leader_epochs.latest_epoch for lg in self.logs.values()),
                                     default=0)
-        if not self.logs:
+        if not self._total:               # no partition on disk at start: a new data dir
             log.info("%s: new data directory", self.data_dir)
         else:
             internal = sum(1 for topic, _ in self.logs if topic.startswith("__"))

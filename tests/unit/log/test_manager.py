@@ -5,6 +5,7 @@ checkpoints, shutdown marker, partition create/delete)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 
@@ -390,6 +391,17 @@ def test_open_creates_meta_and_removes_marker(tmp_path):
     assert mgr.clean_shutdown
     assert not marker.exists()                               # deleted at once
     mgr.close()
+
+
+def test_a_new_data_dir_is_logged_as_new_even_with_partitions_made_at_start(tmp_path, caplog):
+    """The broker makes its internal topics before ``finish_loading``: a first start is still
+    a new data directory, not a start "after an unclean shutdown"."""
+    caplog.set_level(logging.INFO, logger="mq.log")
+    mgr = LogManager.open(str(tmp_path / "data"), small, load_all=False)
+    mgr.create("__consumer_offsets", 0)
+    mgr.finish_loading()
+    mgr.close()
+    assert "new data directory" in caplog.text and "unclean" not in caplog.text
 
 
 def test_crash_during_load_counts_as_unclean(tmp_path):
