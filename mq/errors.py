@@ -2,8 +2,10 @@
 
 One root, ``MQError``. Storage errors name the file, the byte position and what was wrong with
 it, so a message read in a log is enough to find the bytes. Broker errors carry Kafka's numeric
-error code and a ``retriable`` flag; ``ERRORS_BY_CODE`` is the one table of those codes (the
-broker answers with them, clients raise by them, the group coordinator returns them).
+error code and a ``retriable`` flag: one class written out per code, and ``ERRORS_BY_CODE``
+built from those classes is the one table of the codes (the broker answers with them, clients
+raise by them, the group coordinator returns them). A code the table lacks stays on the
+``UnknownServerError`` raised for it.
 """
 
 from __future__ import annotations
@@ -12,23 +14,35 @@ import os
 from typing import Final
 
 __all__ = [
-    "MQError",
-    "StorageError",
-    "CorruptRecordError",
-    "CorruptIndexError",
-    "UnsupportedCodecError",
-    "InvalidOffsetError",
-    "IndexFullError",
-    "OffsetOutOfRangeError",
-    "NoOffsetForPartitionError",
-    "DataLossError",
-    "ClosedError",
-    "ConfigError",
-    "LogDirLockedError",
-    "DataDirError",
-    "FileLimitError",
-    "LogWriteError",
-    "CheckpointError",
+    "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
+    "UnsupportedCodecError", "InvalidOffsetError", "IndexFullError", "OffsetOutOfRangeError",
+    "NoOffsetForPartitionError", "DataLossError", "ClosedError", "ConfigError",
+    "LogDirLockedError", "DataDirError", "FileLimitError", "LogWriteError", "CheckpointError",
+    "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
+    "BrokerUnavailableError", "NONE", "BrokerError", "ERRORS_BY_CODE", "error_for_code",
+    # broker errors, one Kafka error code each
+    "UnknownServerError", "BrokerOffsetOutOfRangeError", "CorruptMessageError",
+    "UnknownTopicOrPartitionError", "RequestTimedOutError", "MessageTooLargeError",
+    "OffsetMetadataTooLargeError", "InvalidTopicError", "RecordListTooLargeError",
+    "InvalidTimestampError", "UnsupportedVersionError", "TopicAlreadyExistsError",
+    "InvalidPartitionsError", "InvalidConfigurationError", "InvalidRequestError",
+    "InvalidReplicationFactorError", "FencedLeaderEpochError", "UnknownLeaderEpochError",
+    "TopicAuthorizationFailedError", "GroupAuthorizationFailedError",
+    "ClusterAuthorizationFailedError", "TransactionalIdAuthorizationFailedError",
+    "PolicyViolationError", "KafkaStorageError", "UnsupportedCompressionTypeError",
+    "InvalidRecordError", "OutOfOrderSequenceError", "DuplicateSequenceError",
+    "InvalidProducerEpochError", "InvalidTxnStateError", "InvalidProducerIdMappingError",
+    "InvalidTransactionTimeoutError", "ConcurrentTransactionsError",
+    "TransactionCoordinatorFencedError", "UnknownProducerIdError", "ProducerFencedError",
+    "OperationNotAttemptedError", "TransactionalIdNotFoundError", "UnstableOffsetCommitError",
+    "IllegalGenerationError", "InconsistentGroupProtocolError", "InvalidGroupIdError",
+    "UnknownMemberIdError", "InvalidSessionTimeoutError", "RebalanceInProgressError",
+    "MemberIdRequiredError", "NonEmptyGroupError", "GroupIdNotFoundError",
+    "GroupSubscribedToTopicError", "GroupMaxSizeReachedError", "FencedInstanceIdError",
+    "FencedMemberEpochError", "UnreleasedInstanceIdError", "UnsupportedAssignorError",
+    "StaleMemberEpochError", "InvalidRegularExpressionError", "UnsupportedSaslMechanismError",
+    "IllegalSaslStateError", "SaslAuthenticationFailedError", "ResourceNotFoundError",
+    "DuplicateResourceError", "UnacceptableCredentialError", "BrokerShuttingDownError",
 ]
 
 
@@ -206,106 +220,472 @@ class BrokerError(MQError):
 NONE: Final = 0             # Kafka's error code for success
 
 
-def _broker_error(name: str, code: int, retriable: bool = False, doc: str = "") -> type:
-    cls = type(name, (BrokerError,), {"code": code, "retriable": retriable, "__doc__": doc})
-    globals()[name] = cls
-    __all__.append(name)
-    return cls
+class UnknownServerError(BrokerError):
+    """The broker hit an unexpected error."""
+
+    code = -1
+    retriable = False
+
+    # An error code this client does not know is kept here, so it is not lost: the
+    # exception's ``code`` is the broker's number (``error_for_code``).
+    def __init__(self, message: str = "", code: int = -1) -> None:
+        super().__init__(message or (f"error code {code}" if code != -1 else ""))
+        self.code = code
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.code))
 
 
-_ERROR_TABLE = [
-    ("UnknownServerError", -1, False, "The broker hit an unexpected error."),
-    ("BrokerOffsetOutOfRangeError", 1, False, "The offset is outside the partition's log."),
-    ("CorruptMessageError", 2, True, "The batch failed validation (CRC, size, structure)."),
-    ("UnknownTopicOrPartitionError", 3, False, "No such topic or partition."),
-    ("RequestTimedOutError", 7, True, "The request did not complete in time."),
-    ("MessageTooLargeError", 10, False, "The batch is larger than max.message.bytes."),
-    ("OffsetMetadataTooLargeError", 12, False, "The commit's metadata string is too long."),
-    ("InvalidTopicError", 17, False, "The topic name is not valid."),
-    ("RecordListTooLargeError", 18, False, "The request is larger than the broker accepts."),
-    ("InvalidTimestampError", 32, False, "A timestamp is outside the accepted range."),
-    ("UnsupportedVersionError", 35, False, "The peer speaks a protocol version we do not."),
-    ("TopicAlreadyExistsError", 36, False, "The topic exists already."),
-    ("InvalidPartitionsError", 37, False, "The partition count is not valid."),
-    ("InvalidConfigurationError", 40, False, "A config key or value is not valid."),
-    ("InvalidRequestError", 42, False, "The request is malformed."),
-    ("InvalidReplicationFactorError", 38, False, "The replication factor is not valid (mq "
-                                                 "keeps one replica)."),
-    ("FencedLeaderEpochError", 74, False, "The client's leader epoch is older than the "
-                                          "broker's."),
-    ("UnknownLeaderEpochError", 75, True, "The client's leader epoch is newer than the "
-                                          "broker's."),
-    # ACLs (mq/broker/acls.py): the principal lacks a matching ALLOW binding, or a DENY matched
-    ("TopicAuthorizationFailedError", 29, False, "Not authorized to access the topic."),
-    ("GroupAuthorizationFailedError", 30, False, "Not authorized to access the group."),
-    ("ClusterAuthorizationFailedError", 31, False, "Not authorized for the cluster operation."),
-    ("TransactionalIdAuthorizationFailedError", 53, False, "Not authorized to use the "
-                                                           "transactional id."),
-    ("PolicyViolationError", 44, False, "The request breaks a broker policy."),
-    ("KafkaStorageError", 56, True, "The broker could not read or write its log."),
-    ("UnsupportedCompressionTypeError", 76, False, "The batch uses a codec the broker refuses."),
-    ("InvalidRecordError", 87, False, "A record is not valid for this topic."),
-    # idempotent and transactional producers
-    ("OutOfOrderSequenceError", 45, False, "A batch's sequence number does not follow the "
-                                           "producer's last one on this partition."),
-    ("DuplicateSequenceError", 46, False, "The batch was appended before (a retried send)."),
-    ("InvalidProducerEpochError", 47, False, "The producer's epoch is older than the "
-                                             "partition's: a newer producer took over."),
-    ("InvalidTxnStateError", 48, False, "The request does not fit the transaction's state."),
-    ("InvalidProducerIdMappingError", 49, False, "The producer id does not belong to this "
-                                                 "transactional id."),
-    ("InvalidTransactionTimeoutError", 50, False, "transaction_timeout_ms is outside the "
-                                                  "broker's limits."),
-    ("ConcurrentTransactionsError", 51, True, "The transaction is completing; retry."),
-    ("TransactionCoordinatorFencedError", 52, False, "A marker from an older coordinator."),
-    ("UnknownProducerIdError", 59, False, "The partition has no state for this producer."),
-    ("ProducerFencedError", 90, False, "A newer producer with the same transactional id "
-                                       "fenced this one."),
-    ("OperationNotAttemptedError", 55, False, "Not attempted: another part of the request "
-                                              "failed."),
-    ("TransactionalIdNotFoundError", 105, False, "No such transactional id."),
-    ("UnstableOffsetCommitError", 88, True, "An open transaction holds newer offsets for the "
-                                            "partition; retry once it ends."),
-    # consumer groups
-    ("IllegalGenerationError", 22, False, "A classic member's generation is not its current "
-                                          "one (rejoin)."),
-    ("InconsistentGroupProtocolError", 23, False, "The member's protocol does not match "
-                                                  "the group's."),
-    ("InvalidGroupIdError", 24, False, "The group id is not valid."),
-    ("UnknownMemberIdError", 25, False, "The group does not know this member (rejoin)."),
-    ("InvalidSessionTimeoutError", 26, False, "The session timeout is outside the broker's "
-                                              "limits."),
-    ("RebalanceInProgressError", 27, False, "The group is rebalancing (rejoin)."),
-    ("MemberIdRequiredError", 79, False, "A classic member must rejoin with the member id "
-                                         "it was given."),
-    ("NonEmptyGroupError", 68, False, "The group has live members."),
-    ("GroupIdNotFoundError", 69, False, "No such group."),
-    ("GroupSubscribedToTopicError", 86, False, "A member of the group subscribes to the "
-                                               "topic, so its offsets stay."),
-    ("GroupMaxSizeReachedError", 81, False, "The group has as many members as allowed."),
-    ("FencedInstanceIdError", 82, False, "Another process took over this static member."),
-    ("FencedMemberEpochError", 110, False, "The member's epoch is fenced (rejoin)."),
-    ("UnreleasedInstanceIdError", 111, False, "The static member is still in use."),
-    ("UnsupportedAssignorError", 112, False, "No such partition assignor."),
-    ("StaleMemberEpochError", 113, True, "The member epoch is stale (heartbeat, then retry)."),
-    ("InvalidRegularExpressionError", 128, False, "The subscription pattern is not valid."),
-    # Kafka's SASL and SCRAM credential errors (KIP-43, KIP-152, KIP-554)
-    ("UnsupportedSaslMechanismError", 33, False, "The broker does not offer that SASL "
-     "mechanism."),
-    ("IllegalSaslStateError", 34, False, "A SASL request out of order."),
-    ("SaslAuthenticationFailedError", 58, False, "Wrong user name or password."),
-    ("ResourceNotFoundError", 91, False, "No such resource (a user's SCRAM credential)."),
-    ("DuplicateResourceError", 92, False, "The request names a resource twice."),
-    ("UnacceptableCredentialError", 93, False, "The credential breaks the broker's rules "
-     "(an empty user name, iterations out of range)."),
-    ("BrokerShuttingDownError", 1001, True, "The broker is stopping; retry after restart."),
-]
-ERRORS_BY_CODE: dict[int, type] = {code: _broker_error(name, code, retriable, doc)
-                                   for name, code, retriable, doc in _ERROR_TABLE}
-__all__ += ["NONE", "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
-            "BrokerUnavailableError", "BrokerError", "ERRORS_BY_CODE", "error_for_code"]
+class BrokerOffsetOutOfRangeError(BrokerError):
+    """The offset is outside the partition's log."""
+
+    code = 1
+    retriable = False
+
+
+class CorruptMessageError(BrokerError):
+    """The batch failed validation (CRC, size, structure)."""
+
+    code = 2
+    retriable = True
+
+
+class UnknownTopicOrPartitionError(BrokerError):
+    """No such topic or partition."""
+
+    code = 3
+    retriable = False
+
+
+class RequestTimedOutError(BrokerError):
+    """The request did not complete in time."""
+
+    code = 7
+    retriable = True
+
+
+class MessageTooLargeError(BrokerError):
+    """The batch is larger than max.message.bytes."""
+
+    code = 10
+    retriable = False
+
+
+class OffsetMetadataTooLargeError(BrokerError):
+    """The commit's metadata string is too long."""
+
+    code = 12
+    retriable = False
+
+
+class InvalidTopicError(BrokerError):
+    """The topic name is not valid."""
+
+    code = 17
+    retriable = False
+
+
+class RecordListTooLargeError(BrokerError):
+    """The request is larger than the broker accepts."""
+
+    code = 18
+    retriable = False
+
+
+class InvalidTimestampError(BrokerError):
+    """A timestamp is outside the accepted range."""
+
+    code = 32
+    retriable = False
+
+
+class UnsupportedVersionError(BrokerError):
+    """The peer speaks a protocol version we do not."""
+
+    code = 35
+    retriable = False
+
+
+class TopicAlreadyExistsError(BrokerError):
+    """The topic exists already."""
+
+    code = 36
+    retriable = False
+
+
+class InvalidPartitionsError(BrokerError):
+    """The partition count is not valid."""
+
+    code = 37
+    retriable = False
+
+
+class InvalidConfigurationError(BrokerError):
+    """A config key or value is not valid."""
+
+    code = 40
+    retriable = False
+
+
+class InvalidRequestError(BrokerError):
+    """The request is malformed."""
+
+    code = 42
+    retriable = False
+
+
+class InvalidReplicationFactorError(BrokerError):
+    """The replication factor is not valid (mq keeps one replica)."""
+
+    code = 38
+    retriable = False
+
+
+class FencedLeaderEpochError(BrokerError):
+    """The client's leader epoch is older than the broker's."""
+
+    code = 74
+    retriable = False
+
+
+class UnknownLeaderEpochError(BrokerError):
+    """The client's leader epoch is newer than the broker's."""
+
+    code = 75
+    retriable = True
+
+
+# ACLs (mq/broker/acls.py): the principal lacks a matching ALLOW binding, or a DENY matched
+
+class TopicAuthorizationFailedError(BrokerError):
+    """Not authorized to access the topic."""
+
+    code = 29
+    retriable = False
+
+
+class GroupAuthorizationFailedError(BrokerError):
+    """Not authorized to access the group."""
+
+    code = 30
+    retriable = False
+
+
+class ClusterAuthorizationFailedError(BrokerError):
+    """Not authorized for the cluster operation."""
+
+    code = 31
+    retriable = False
+
+
+class TransactionalIdAuthorizationFailedError(BrokerError):
+    """Not authorized to use the transactional id."""
+
+    code = 53
+    retriable = False
+
+
+class PolicyViolationError(BrokerError):
+    """The request breaks a broker policy."""
+
+    code = 44
+    retriable = False
+
+
+class KafkaStorageError(BrokerError):
+    """The broker could not read or write its log."""
+
+    code = 56
+    retriable = True
+
+
+class UnsupportedCompressionTypeError(BrokerError):
+    """The batch uses a codec the broker refuses."""
+
+    code = 76
+    retriable = False
+
+
+class InvalidRecordError(BrokerError):
+    """A record is not valid for this topic."""
+
+    code = 87
+    retriable = False
+
+
+# idempotent and transactional producers
+
+class OutOfOrderSequenceError(BrokerError):
+    """A batch's sequence number does not follow the producer's last one on this partition."""
+
+    code = 45
+    retriable = False
+
+
+class DuplicateSequenceError(BrokerError):
+    """The batch was appended before (a retried send)."""
+
+    code = 46
+    retriable = False
+
+
+class InvalidProducerEpochError(BrokerError):
+    """The producer's epoch is older than the partition's: a newer producer took over."""
+
+    code = 47
+    retriable = False
+
+
+class InvalidTxnStateError(BrokerError):
+    """The request does not fit the transaction's state."""
+
+    code = 48
+    retriable = False
+
+
+class InvalidProducerIdMappingError(BrokerError):
+    """The producer id does not belong to this transactional id."""
+
+    code = 49
+    retriable = False
+
+
+class InvalidTransactionTimeoutError(BrokerError):
+    """transaction_timeout_ms is outside the broker's limits."""
+
+    code = 50
+    retriable = False
+
+
+class ConcurrentTransactionsError(BrokerError):
+    """The transaction is completing; retry."""
+
+    code = 51
+    retriable = True
+
+
+class TransactionCoordinatorFencedError(BrokerError):
+    """A marker from an older coordinator."""
+
+    code = 52
+    retriable = False
+
+
+class UnknownProducerIdError(BrokerError):
+    """The partition has no state for this producer."""
+
+    code = 59
+    retriable = False
+
+
+class ProducerFencedError(BrokerError):
+    """A newer producer with the same transactional id fenced this one."""
+
+    code = 90
+    retriable = False
+
+
+class OperationNotAttemptedError(BrokerError):
+    """Not attempted: another part of the request failed."""
+
+    code = 55
+    retriable = False
+
+
+class TransactionalIdNotFoundError(BrokerError):
+    """No such transactional id."""
+
+    code = 105
+    retriable = False
+
+
+class UnstableOffsetCommitError(BrokerError):
+    """An open transaction holds newer offsets for the partition; retry once it ends."""
+
+    code = 88
+    retriable = True
+
+
+# consumer groups
+
+class IllegalGenerationError(BrokerError):
+    """A classic member's generation is not its current one (rejoin)."""
+
+    code = 22
+    retriable = False
+
+
+class InconsistentGroupProtocolError(BrokerError):
+    """The member's protocol does not match the group's."""
+
+    code = 23
+    retriable = False
+
+
+class InvalidGroupIdError(BrokerError):
+    """The group id is not valid."""
+
+    code = 24
+    retriable = False
+
+
+class UnknownMemberIdError(BrokerError):
+    """The group does not know this member (rejoin)."""
+
+    code = 25
+    retriable = False
+
+
+class InvalidSessionTimeoutError(BrokerError):
+    """The session timeout is outside the broker's limits."""
+
+    code = 26
+    retriable = False
+
+
+class RebalanceInProgressError(BrokerError):
+    """The group is rebalancing (rejoin)."""
+
+    code = 27
+    retriable = False
+
+
+class MemberIdRequiredError(BrokerError):
+    """A classic member must rejoin with the member id it was given."""
+
+    code = 79
+    retriable = False
+
+
+class NonEmptyGroupError(BrokerError):
+    """The group has live members."""
+
+    code = 68
+    retriable = False
+
+
+class GroupIdNotFoundError(BrokerError):
+    """No such group."""
+
+    code = 69
+    retriable = False
+
+
+class GroupSubscribedToTopicError(BrokerError):
+    """A member of the group subscribes to the topic, so its offsets stay."""
+
+    code = 86
+    retriable = False
+
+
+class GroupMaxSizeReachedError(BrokerError):
+    """The group has as many members as allowed."""
+
+    code = 81
+    retriable = False
+
+
+class FencedInstanceIdError(BrokerError):
+    """Another process took over this static member."""
+
+    code = 82
+    retriable = False
+
+
+class FencedMemberEpochError(BrokerError):
+    """The member's epoch is fenced (rejoin)."""
+
+    code = 110
+    retriable = False
+
+
+class UnreleasedInstanceIdError(BrokerError):
+    """The static member is still in use."""
+
+    code = 111
+    retriable = False
+
+
+class UnsupportedAssignorError(BrokerError):
+    """No such partition assignor."""
+
+    code = 112
+    retriable = False
+
+
+class StaleMemberEpochError(BrokerError):
+    """The member epoch is stale (heartbeat, then retry)."""
+
+    code = 113
+    retriable = True
+
+
+class InvalidRegularExpressionError(BrokerError):
+    """The subscription pattern is not valid."""
+
+    code = 128
+    retriable = False
+
+
+# Kafka's SASL and SCRAM credential errors (KIP-43, KIP-152, KIP-554)
+
+class UnsupportedSaslMechanismError(BrokerError):
+    """The broker does not offer that SASL mechanism."""
+
+    code = 33
+    retriable = False
+
+
+class IllegalSaslStateError(BrokerError):
+    """A SASL request out of order."""
+
+    code = 34
+    retriable = False
+
+
+class SaslAuthenticationFailedError(BrokerError):
+    """Wrong user name or password."""
+
+    code = 58
+    retriable = False
+
+
+class ResourceNotFoundError(BrokerError):
+    """No such resource (a user's SCRAM credential)."""
+
+    code = 91
+    retriable = False
+
+
+class DuplicateResourceError(BrokerError):
+    """The request names a resource twice."""
+
+    code = 92
+    retriable = False
+
+
+class UnacceptableCredentialError(BrokerError):
+    """The credential breaks the broker's rules (an empty user name, iterations out of range)."""
+
+    code = 93
+    retriable = False
+
+
+class BrokerShuttingDownError(BrokerError):
+    """The broker is stopping; retry after restart."""
+
+    code = 1001
+    retriable = True
+
+
+# Every broker error class above, by its code: built from the classes, so a class written out
+# is in the table (tests/unit/test_errors.py checks the codes are unique).
+ERRORS_BY_CODE: dict[int, type[BrokerError]] = {
+    cls.code: cls for cls in BrokerError.__subclasses__()}
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:
-    """The exception for a broker error code (``UnknownServerError`` for unknown codes)."""
-    return ERRORS_BY_CODE.get(code, ERRORS_BY_CODE[-1])(message)
+    """The exception for a broker error code: an ``UnknownServerError`` that keeps the
+    code for a code this table lacks (a newer broker's)."""
+    cls = ERRORS_BY_CODE.get(code)
+    return UnknownServerError(message, code) if cls is None else cls(message)

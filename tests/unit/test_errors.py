@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pickle
 import pkgutil
 
 import mq
@@ -44,3 +45,34 @@ def test_one_class_per_error_code():
     codes = [cls.code for cls in errors.ERRORS_BY_CODE.values()]
     assert len(codes) == len(set(codes))
     assert all(errors.ERRORS_BY_CODE[cls.code] is cls for cls in errors.ERRORS_BY_CODE.values())
+
+
+def test_every_broker_error_class_is_in_the_table_and_exported():
+    defined = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(cls, errors.BrokerError) and cls is not errors.BrokerError]
+    assert len(defined) == len(errors.ERRORS_BY_CODE)       # no two classes share a code
+    assert set(defined) == set(errors.ERRORS_BY_CODE.values())
+    assert {cls.__name__ for cls in defined} <= set(errors.__all__)
+    assert all(isinstance(cls.retriable, bool) and cls.__doc__ for cls in defined)
+
+
+def test_error_for_code_gives_the_class_of_a_known_code():
+    err = errors.error_for_code(3, "no topic 't'")
+    assert type(err) is errors.UnknownTopicOrPartitionError
+    assert (err.code, err.message, err.retriable) == (3, "no topic 't'", False)
+    assert errors.error_for_code(56).retriable
+
+
+def test_an_unknown_code_is_kept_on_the_exception():
+    err = errors.error_for_code(9999, "from a newer broker")
+    assert isinstance(err, errors.UnknownServerError)
+    assert (err.code, str(err)) == (9999, "from a newer broker")
+    assert errors.error_for_code(9999).message == "error code 9999"
+    assert errors.error_for_code(-1).code == errors.UnknownServerError.code == -1
+
+
+def test_broker_errors_pickle_with_their_code():
+    for err in (errors.error_for_code(9999, "x"), errors.InvalidRequestError("bad"),
+                errors.UnknownServerError()):
+        copy = pickle.loads(pickle.dumps(err))
+        assert (type(copy), copy.code, copy.message) == (type(err), err.code, err.message)
