@@ -116,7 +116,7 @@ _OPTIONS = frozenset(field.name for field in dataclasses.fields(PoolConfig)) - {
 
 
 def _check_topics(config: PoolConfig) -> None:
-    from mq.client.admin import Admin
+    from mq import Admin
     from mq.errors import UnknownTopicOrPartitionError
     with Admin(config.socket) as admin:
         existing = set(admin.list_topics())

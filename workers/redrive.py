@@ -29,7 +29,7 @@ def redrive(dead_letter_topic: str, to: str | None = None, group_id: str | None 
     topic, or a target), ``ValueError`` for a dead letter without ``mq.dlq.topic`` when
     ``to`` is not given, ``mq.BrokerUnavailableError``."""
     import mq
-    from mq.client.consumer import Consumer
+    from mq import Consumer
     from mq.errors import UnknownTopicOrPartitionError
     from workers.failures import original_headers
 
