@@ -1,5 +1,6 @@
-"""The broker's internal topics: their names, the one rule that tells them from user topics,
-and their fixed configs.
+"""The broker's internal topics: their names, the one rule that tells them from user topics
+(``is_internal``, from ``mq/protocol/limits.py``: the clients apply it too), and their
+fixed configs.
 
 A topic whose name starts with ``__`` belongs to the broker: users cannot create it, produce to
 it or commit offsets of it, and a pattern subscription never matches it (as Kafka's regexes
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from typing import Final
 
+from mq.protocol.limits import INTERNAL_PREFIX, is_internal
+
 __all__ = ["INTERNAL_CONFIG", "INTERNAL_PREFIX", "INTERNAL_TOPICS", "METADATA_TOPIC",
            "OFFSETS_TOPIC", "TRANSACTION_STATE_TOPIC", "is_internal"]
 
-INTERNAL_PREFIX: Final = "__"
 METADATA_TOPIC: Final = "__cluster_metadata"      # topic metadata records (metadata.py)
 OFFSETS_TOPIC: Final = "__consumer_offsets"       # committed offsets (offsets.py)
 TRANSACTION_STATE_TOPIC: Final = "__transaction_state"   # the transaction coordinator's
@@ -28,8 +30,3 @@ INTERNAL_CONFIG: Final[dict[str, dict[str, str]]] = {
     TRANSACTION_STATE_TOPIC: {"cleanup.policy": "compact",
                               "segment.bytes": str(100 * 1024 * 1024)},
 }
-
-
-def is_internal(topic: str) -> bool:
-    """Is ``topic`` one of the broker's own (``__`` prefix)?"""
-    return topic.startswith(INTERNAL_PREFIX)

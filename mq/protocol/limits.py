@@ -1,5 +1,5 @@
-"""The limits both ends of the protocol check: how many partitions a topic may have, and what
-an offset may be.
+"""The limits both ends of the protocol check: how many partitions a topic may have, what
+an offset may be, and which topic names are the broker's own.
 
 Each is checked by the client before a request is sent (``mq.Admin``, the CLI's flags) and by
 the broker when the request arrives (another client may skip the first check), with the same
@@ -12,6 +12,11 @@ validator, so the two say the same thing. A message names the value and the limi
 - An offset is an integer from 0 to ``MAX_OFFSET`` (Kafka's int64). A larger one cannot even
   be encoded (msgpack's integers end at 64 bits): without the check the message would be
   ``cannot encode message: Integer value out of range``.
+- A topic whose name starts with ``INTERNAL_PREFIX`` (``__``) is one of the broker's internal
+  topics (``mq/broker/internal_topics.py`` names them): users cannot create, produce to or
+  commit offsets of it, and a pattern subscription never matches one (as Kafka's regexes never
+  match ``__consumer_offsets``): the broker's group coordinator and the Spark source's
+  subscribe pattern apply the same ``is_internal``.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from typing import Final
 
 from mq.errors import InvalidPartitionsError
 
-__all__ = ["MAX_OFFSET", "MAX_PARTITIONS_PER_TOPIC", "check_offset", "check_partition_count"]
+__all__ = ["INTERNAL_PREFIX", "MAX_OFFSET", "MAX_PARTITIONS_PER_TOPIC", "check_offset",
+           "check_partition_count", "is_internal"]
 
 MAX_PARTITIONS_PER_TOPIC: Final = 10_000
 MAX_OFFSET: Final = (1 << 63) - 1
+INTERNAL_PREFIX: Final = "__"
 
 
 def check_partition_count(count: object, current: int = 0, topic: str | None = None) -> int:
@@ -65,3 +72,8 @@ def _integer(value: object) -> int:
     if isinstance(value, bool):
         raise TypeError(value)
     return operator.index(value)
+
+
+def is_internal(topic: str) -> bool:
+    """Is ``topic`` one of the broker's own (``__`` prefix)?"""
+    return topic.startswith(INTERNAL_PREFIX)

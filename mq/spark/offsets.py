@@ -27,8 +27,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from mq.broker.internal_topics import is_internal
 from mq.errors import ConfigError, UnknownTopicOrPartitionError
+from mq.protocol.limits import is_internal
 from mq.spark.options import (
     EARLIEST,
     LATEST,
