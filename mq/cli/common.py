@@ -1,6 +1,7 @@
 """What the commands share: the client commands' ``--socket`` option (also before a subcommand:
 ``mq topics --socket S list``), the partitions of a topic, ``key=value`` parsing, ISO 8601
-datetimes and integer argument types, tables; the offline tools' one-error-per-item loop.
+datetimes and integer argument types, tables; the offline tools' one-error-per-item loop; the
+broker ``mq demo`` starts (with or without ``--spark``).
 
 Parsers raise ``ValueError`` with a one-line message; ``mq.cli.main`` prints it as
 ``mq: error: ...`` and exits 2 (a bad argument).
@@ -30,6 +31,7 @@ __all__ = [
     "positive_int",
     "run_each",
     "socket_of",
+    "start_broker",
     "table",
     "topic_partitions",
 ]
@@ -170,3 +172,19 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     return _int(text, 0, "0 or more")
+
+
+def start_broker(data_dir: str, socket_path: str | None = None):
+    """A ``BrokerProcess`` started on ``data_dir`` for a demo; ``MQError`` naming the broker's
+    last line of output and its log when it cannot start."""
+    from mq.testing import BrokerProcess
+
+    broker = BrokerProcess(data_dir, socket_path=socket_path, log_level="WARNING")
+    try:
+        broker.start(timeout=30)
+    except RuntimeError as err:
+        lines = [line for line in broker.stderr().splitlines() if line.strip()]
+        raise MQError(f"could not start a broker on {data_dir}: "
+                      f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
+                      ) from err
+    return broker

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 
-from mq.cli.common import formatter
+from mq.cli.common import formatter, start_broker
 from mq.protocol.paths import path_argument
 
 __all__ = ["DistinctCount", "add_parser", "run"]
@@ -263,23 +263,6 @@ class _Progress:
 def _default_socket() -> str:
     from mq.protocol.paths import default_socket_path
     return default_socket_path()
-
-
-def start_broker(data_dir: str, socket_path: str | None = None):
-    """A ``BrokerProcess`` started on ``data_dir`` for a demo; ``MQError`` naming the broker's
-    last line of output and its log when it cannot start."""
-    from mq.errors import MQError
-    from mq.testing import BrokerProcess
-
-    broker = BrokerProcess(data_dir, socket_path=socket_path, log_level="WARNING")
-    try:
-        broker.start(timeout=30)
-    except RuntimeError as err:
-        lines = [line for line in broker.stderr().splitlines() if line.strip()]
-        raise MQError(f"could not start a broker on {data_dir}: "
-                      f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
-                      ) from err
-    return broker
 
 
 def _start_broker(args: argparse.Namespace, progress: _Progress):

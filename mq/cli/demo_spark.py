@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 
+from mq.cli.common import start_broker
 from mq.cli.demo_spark_orders import Producers, iso_ms
 from mq.errors import MQError
 
@@ -125,7 +126,6 @@ def _step(text: str) -> None:
 
 def _broker(args: argparse.Namespace, temp: str):
     """(socket, the broker process started here or None, data dir)."""
-    from mq.cli.demo import start_broker
     from mq.client.admin import Admin
     from mq.errors import BrokerUnavailableError
 
