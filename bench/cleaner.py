@@ -40,6 +40,7 @@ from bench.harness import (
     add_run_arguments,
     format_table,
     machine_facts,
+    make_values,
     mm,
     rotated,
     summary,
@@ -47,7 +48,7 @@ from bench.harness import (
     warn_if_busy,
     write_json,
 )
-from bench.storage import T0_MS, hot_loop, make_values, progress
+from bench.storage import T0_MS, hot_loop, progress
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog

@@ -24,6 +24,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import platform
+import random
 import secrets
 import statistics
 import subprocess
@@ -378,10 +379,36 @@ def hist_stats(h) -> dict:
 
 # --- payloads -------------------------------------------------------------------------------
 
+_WORDS = None
+
+
+def make_values(size: int, count: int, seed: int) -> list[bytes]:
+    """``count`` distinct JSON-like values of exactly ``size`` bytes: log-event text, so gzip
+    and lz4 see a realistic ratio (about 3-5x), not all-zero or random bytes."""
+    global _WORDS
+    rnd = random.Random(seed)
+    if _WORDS is None:
+        w = random.Random(12345)
+        _WORDS = ["".join(w.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(w.randint(3, 9)))
+                  for _ in range(300)]
+    out = []
+    for i in range(count):
+        head = (f'{{"id":{seed * 1_000_000 + i},"user":"{rnd.choice(_WORDS)}",'
+                f'"event":"{rnd.choice(_WORDS)}","ms":{rnd.randint(0, 99999)},"text":"')
+        body = []
+        n = len(head) + 2
+        while n < size:
+            word = rnd.choice(_WORDS)
+            body.append(word)
+            n += len(word) + 1
+        text = (head + " ".join(body))[:size - 2] + '"}'
+        out.append(text.encode()[:size].ljust(size, b" "))
+    return out
+
+
 def payloads(size: int, count: int, seed: int = 1) -> list[bytes]:
     """``count`` distinct values of exactly ``size`` bytes (JSON-like text; the same bytes are
     given to every system)."""
-    from bench.storage import make_values
     if size <= 4096:
         return make_values(size, count, seed)
     base = make_values(4096, count * (size // 4096 + 1), seed)

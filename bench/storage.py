@@ -41,6 +41,7 @@ from bench.harness import (
     fdatasync_ns,
     format_table,
     machine_facts,
+    make_values,
     mm,
     print_contention,
     progress_printer,
@@ -84,33 +85,6 @@ def hot_loop():
 
 
 # --- record payloads ------------------------------------------------------------------------
-
-_WORDS = None
-
-
-def make_values(size: int, count: int, seed: int) -> list[bytes]:
-    """``count`` distinct JSON-like values of exactly ``size`` bytes: log-event text, so gzip
-    and lz4 see a realistic ratio (about 3-5x), not all-zero or random bytes."""
-    global _WORDS
-    rnd = random.Random(seed)
-    if _WORDS is None:
-        w = random.Random(12345)
-        _WORDS = ["".join(w.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(w.randint(3, 9)))
-                  for _ in range(300)]
-    out = []
-    for i in range(count):
-        head = (f'{{"id":{seed * 1_000_000 + i},"user":"{rnd.choice(_WORDS)}",'
-                f'"event":"{rnd.choice(_WORDS)}","ms":{rnd.randint(0, 99999)},"text":"')
-        body = []
-        n = len(head) + 2
-        while n < size:
-            word = rnd.choice(_WORDS)
-            body.append(word)
-            n += len(word) + 1
-        text = (head + " ".join(body))[:size - 2] + '"}'
-        out.append(text.encode()[:size].ljust(size, b" "))
-    return out
-
 
 def build_batch(values: list[bytes], codec: int = NONE, ts0: int = T0_MS) -> bytearray:
     builder = BatchBuilder(compression=codec)
