@@ -1,73 +1,144 @@
-"""The package's layering, read from the source: which layer may import which, no module
-imports another's private names, and no import circle (STYLE.md, "Layout shows the
-architecture" and "Composition, not mixins").
+"""The tree's layering, read from the source: which layer may import which, no module imports
+another's private names, ``workers`` uses only mq's public names, and no import circle
+(STYLE.md, "Layout shows the architecture" and "Composition, not mixins").
 
-Imports inside functions are left out: they are lazy on purpose (the CLI and ``mq.__init__``
-import clients on first use). Imports under ``if TYPE_CHECKING:`` count: a circle through
-them is still a circle for a reader.
+Every module of ``mq``, ``workers``, ``bench`` and ``pyspark_mq.py`` is read, and every import
+in it counts: at module level, under ``if TYPE_CHECKING:`` and inside functions (a lazy
+import is still a dependency, and a circle through one is still a circle for a reader).
+``from mq import Name`` counts as an import of the module ``mq`` takes the name from (its
+``_LAZY`` table). A layer is a module name and everything below it on the dot: ``mq.log``
+holds ``mq.log.records``, not ``mq.logformat``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import mq
+from mq import errors
 
-ROOT = pathlib.Path(mq.__file__).parent
+TOP = pathlib.Path(mq.__file__).parent.parent
+PACKAGES = ("mq", "workers", "bench")
+FILES = ("pyspark_mq.py",)
 
-# What each layer may import (besides itself and mq.errors, which every layer may use).
+# Process plumbing below the broker and the worker pools: systemd's protocols, log formats,
+# the /metrics endpoint.
+PLUMBING = {"mq.systemd", "mq.logformat", "mq.metrics"}
+
+# What each layer may import besides itself, mq.errors and ``mq`` (whose own imports are
+# mq.errors only). The most specific layer of a module applies.
 ALLOWED = {
+    "mq": set(),
     "mq.log": set(),
     "mq.protocol": set(),
+    **{name: set() for name in PLUMBING},
     "mq.client": {"mq.protocol", "mq.log"},
-    "mq.broker": {"mq.protocol", "mq.log", "mq.systemd", "mq.logformat", "mq.metrics"},
-    # Process plumbing below the broker and worker pools: systemd's protocols, log formats,
-    # the /metrics endpoint.
-    "mq.systemd": set(),
-    "mq.logformat": set(),
-    "mq.metrics": set(),
+    "mq.broker": {"mq.protocol", "mq.log", *PLUMBING},
+    "mq.spark": {"mq.client", "mq.protocol", "mq.log"},
+    "mq.testing": {"mq.protocol", "mq.log"},
+    # the mq command: over the clients and the log; it also starts a broker (mq broker,
+    # mq demo), a worker pool (mq workers) and Spark (mq demo --spark)
+    "mq.cli": {"mq.client", "mq.protocol", "mq.log", "mq.broker", "mq.spark", "mq.testing",
+               "workers", *PLUMBING},
+    "mq.__main__": {"mq.cli"},
+    "pyspark_mq": {"mq.spark"},
+    # public names only (test_workers_use_only_public_names)
+    "workers": {"mq.client", "mq.protocol", *PLUMBING},
+    "bench": {"mq.client", "mq.protocol", "mq.log", "mq.broker", "mq.spark", "mq.testing",
+              "workers", *PLUMBING},
 }
+
+# What ``workers`` may import from mq: the public package's names, the public errors, and
+# the plumbing modules (any of their names).
+PUBLIC = {"mq": set(mq.__all__) | {name.removeprefix("mq.") for name in PLUMBING},
+          "mq.errors": set(errors.__all__), **{name: None for name in PLUMBING}}
+
+# Known, to be fixed where they are: bench/e2e.py is being reworked on another branch, and
+# these helpers of its become public there.
+KNOWN_PRIVATE = {"bench.kafka_wire: from bench.e2e import _json_default",
+                 "bench.kafka_wire: from bench.e2e import _rate",
+                 "bench.kafka_wire: from bench.e2e import _ratio"}
 
 
 def _module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    parts = path.relative_to(TOP).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(tree: ast.Module):
-    """(module, names) of imports at module level, including ``if TYPE_CHECKING:`` blocks."""
-    nodes = list(tree.body)
-    while nodes:
-        node = nodes.pop(0)
-        if isinstance(node, ast.If):
-            nodes[:0] = node.body + node.orelse
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module, [alias.name for alias in node.names]
+def _paths() -> list[pathlib.Path]:
+    return sorted([p for package in PACKAGES for p in (TOP / package).rglob("*.py")]
+                  + [TOP / name for name in FILES])
+
+
+def _imports(tree: ast.Module, module: str, is_package: bool):
+    """(module, names) of every import in the file, lazy ones included; relative imports
+    resolved."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[:len(module.split(".")) - node.level + is_package]
+                base = ".".join(package + ([base] if base else []))
+            yield base, [alias.name for alias in node.names]
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, []
 
 
+@functools.cache
+def _lazy_names() -> dict[str, str]:
+    """``mq/__init__.py``'s ``_LAZY``: the module each public name is imported from."""
+    tree = ast.parse((TOP / "mq" / "__init__.py").read_text())
+    return next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and node.targets[0].id == "_LAZY")
+
+
+@functools.cache
 def _graph() -> dict[str, list[tuple[str, list[str]]]]:
     graph = {}
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in _paths():
         tree = ast.parse(path.read_text(), str(path))
-        graph[_module_name(path)] = [
-            (module, names) for module, names in _top_level_imports(tree)
-            if module == "mq" or module.startswith("mq.")]
+        module = _module_name(path)
+        graph[module] = [(imported, names) for imported, names in
+                         _imports(tree, module, path.name == "__init__.py")
+                         if imported.partition(".")[0] in (*PACKAGES, "pyspark_mq")]
     return graph
 
 
-def _target(module: str, name: str, graph) -> str:
-    """``from module import name``: the module imported, or the module it comes from."""
-    candidate = f"{module}.{name}"
-    return candidate if candidate in graph else module
+def _targets(imported: str, names: list[str], graph) -> set[str]:
+    """The modules an import loads: ``from module import name`` is the module ``name`` if
+    there is one, else ``module``; ``from mq import Name`` is where ``mq`` takes it from."""
+    lazy = _lazy_names()
+    out = set()
+    for name in names or [""]:
+        candidate = f"{imported}.{name}"
+        if candidate in graph:
+            out.add(candidate)
+        elif imported == "mq" and name in lazy:
+            out.add(lazy[name])
+        else:
+            out.add(imported)
+    return out
 
 
 def _layer(module: str) -> str | None:
-    return next((layer for layer in ALLOWED if module == layer or
-                 module.startswith(layer + ".")), None)
+    """The most specific layer ``module`` is in (on the dot)."""
+    return max((layer for layer in ALLOWED if module == layer or
+                module.startswith(layer + ".")), key=len, default=None)
+
+
+def test_every_module_is_in_a_layer():
+    assert [m for m in _graph() if _layer(m) is None] == []
+
+
+def test_layer_matches_on_the_dot():
+    assert _layer("mq.logformat") == "mq.logformat"
+    assert _layer("mq.log.records") == "mq.log"
+    assert _layer("mq.spark.offsets") == "mq.spark"
+    assert _layer("mq.broker.kafka.data") == "mq.broker"
+    assert _layer("workers.engine") == "workers"
 
 
 def test_layers_import_only_what_is_below_them():
@@ -75,14 +146,26 @@ def test_layers_import_only_what_is_below_them():
     wrong = []
     for module, imports in graph.items():
         layer = _layer(module)
-        if layer is None:
-            continue                          # mq.cli, mq.testing, mq/__init__: the top
         for imported, names in imports:
-            for target in {_target(imported, n, graph) for n in names} or {imported}:
-                if target in ("mq", "mq.errors") or target.startswith(layer):
+            for target in _targets(imported, names, graph):
+                if target in ("mq", "mq.errors") or _layer(target) == layer:
                     continue
                 if _layer(target) not in ALLOWED[layer]:
                     wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_workers_use_only_public_names():
+    wrong = []
+    for module, imports in _graph().items():
+        if _layer(module) != "workers":
+            continue
+        for imported, names in imports:
+            if imported.partition(".")[0] != "mq":
+                continue
+            public = PUBLIC.get(imported, set())        # None: any of its names
+            if imported not in PUBLIC or public is not None and not set(names) <= public:
+                wrong.append(f"{module}: from {imported} import {', '.join(names) or '*'}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -90,16 +173,14 @@ def test_no_module_imports_private_names_of_another():
     wrong = [f"{module}: from {imported} import {name}"
              for module, imports in _graph().items() for imported, names in imports
              for name in names if name.startswith("_") and not name.startswith("__")]
-    assert not wrong, "\n".join(wrong)
+    assert set(wrong) == KNOWN_PRIVATE, "\n".join(sorted(set(wrong) - KNOWN_PRIVATE))
 
 
 def test_no_import_circle():
     graph = _graph()
-    edges = {module: {_target(imported, n, graph) for imported, names in imports
-                      for n in (names or [""])} - {module}
+    edges = {module: {t for imported, names in imports
+                      for t in _targets(imported, names, graph) if t in graph} - {module}
              for module, imports in graph.items()}
-    edges = {m: {t.rstrip(".") for t in targets if t.rstrip(".") in graph}
-             for m, targets in edges.items()}
     done: set[str] = set()
     path: list[str] = []
 
@@ -110,9 +191,8 @@ def test_no_import_circle():
         if module in done:
             return
         path.append(module)
-        for target in sorted(edges.get(module, ())):
-            if target != "mq":                  # the package's __init__ imports lazily
-                visit(target)
+        for target in sorted(edges[module]):
+            visit(target)
         path.pop()
         done.add(module)
     for module in sorted(graph):
