@@ -190,6 +190,20 @@ def test_bad_requests_get_error_responses(broker, message, code):
     assert records_in_broker(broker) == []
 
 
+@pytest.mark.parametrize("suffix", ["\x00x", "/x", "x" * 300])
+def test_a_wait_on_a_semaphore_name_posix_ipc_refuses_is_the_clients_error(broker, suffix):
+    """posix_ipc crashes the process on a name with a NUL byte, and raises ValueError for one
+    with a '/' inside or too long: the client's mistake, answered INVALID_REQUEST."""
+    with raw_socket(broker) as s:
+        prefix = greet(s)[5]["semaphore_prefix"]
+        s.sendall(encode_frame([int(Api.WAIT), 7, prefix + suffix, [["t", 0, 0]]]))
+        reply = read_reply(s)
+        assert reply is not None and reply[1] == 7, reply
+        assert reply[2] == InvalidRequestError.code, reply
+    assert_alive(broker)
+    assert "Traceback" not in broker.stderr()
+
+
 def records_in_broker(b):
     with Connection(b.socket) as c:
         return [c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0] for p in (0, 1) if

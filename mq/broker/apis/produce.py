@@ -181,13 +181,14 @@ class ProduceApis:
         """Post the named semaphore once one of the positions has data (at once if one has
         already). The semaphore is opened once per connection and closed with it."""
         name = req["semaphore"]
-        if not name.startswith(self._semaphore_prefix):
+        if not name.startswith(self._semaphore_prefix) or "\0" in name:
+            # posix_ipc crashes the process on a name with a NUL byte (posix_ipc 1.3.2)
             raise InvalidRequestError(f"semaphore {name!r} is not one of this broker's")
         sem = conn.semaphores.get(name)
         if sem is None:
             try:
                 sem = posix_ipc.Semaphore(name)
-            except posix_ipc.Error as err:
+            except (posix_ipc.Error, ValueError) as err:   # ValueError: a '/' inside, too long
                 raise InvalidRequestError(f"cannot open semaphore {name!r}: {err}") from err
             conn.semaphores[name] = sem
         if self._table.arm(conn, sem, req["positions"]):
