@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator
 from typing import Final
 
 from mq.broker.internal_topics import OFFSETS_TOPIC
-from mq.errors import CorruptRecordError
+from mq.errors import CorruptRecordError, InvalidRequestError
 from mq.log.log import PartitionLog
 from mq.log.records import CONTROL_COMMIT, build_batch
 
@@ -91,7 +91,8 @@ def partition_for_group(group: str, partitions: int) -> int:
 def _string(text: str) -> bytes:
     data = text.encode("utf-8")
     if len(data) > 0x7FFF:
-        raise ValueError(f"string of {len(data)} bytes is too long for an int16 length")
+        raise InvalidRequestError(f"string of {len(data)} bytes is too long for an int16 "
+                                  "length")
     return _I16.pack(len(data)) + data
 
 

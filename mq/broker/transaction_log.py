@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from mq.broker.internal_topics import TRANSACTION_STATE_TOPIC
+from mq.errors import InvalidRequestError
 
 __all__ = ["TRANSACTION_STATE_TOPIC", "TxnMetadata", "TxnState", "decode_key", "decode_value",
            "encode_key", "encode_value"]
@@ -64,7 +65,8 @@ class TxnMetadata:
 def _string(text: str) -> bytes:
     data = text.encode("utf-8")
     if len(data) > 0x7FFF:
-        raise ValueError(f"string of {len(data)} bytes is too long for an int16 length")
+        raise InvalidRequestError(f"string of {len(data)} bytes is too long for an int16 "
+                                  "length")
     return _I16.pack(len(data)) + data
 
 

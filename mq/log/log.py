@@ -47,7 +47,9 @@ from mq.errors import (
     ClosedError,
     CorruptRecordError,
     InvalidRecordError,
+    InvalidRequestError,
     LogWriteError,
+    MessageTooLargeError,
     OffsetOutOfRangeError,
 )
 from mq.log import diskio, files, loader, producer_state
@@ -217,10 +219,12 @@ class PartitionLog:
         place — neither it nor the leader epoch is covered by the CRC — in ``batch`` itself
         when it is a bytearray or a writable memoryview, else in a copy). Without it (recovery
         tools, tests of replicated appends) the batch keeps its offsets, which must be >= the
-        log end offset. Raises ``CorruptRecordError`` for an invalid batch, ``ValueError``
-        for one that breaks the topic's limits, ``InvalidTimestampError`` for a client's
-        batch whose timestamps the topic refuses at the wall clock (``mq.log.timestamps``)
-        and ``LogWriteError`` when it could not be stored (then nothing of it was). A
+        log end offset. Raises ``CorruptRecordError`` for an invalid batch,
+        ``InvalidRequestError`` for bytes that are more than one batch,
+        ``MessageTooLargeError`` for a batch over ``max.message.bytes``, ``ValueError`` for
+        offsets below the log end (without ``assign_offsets``: a bug of the caller),
+        ``InvalidTimestampError`` for a client's batch whose timestamps the topic refuses at
+        the wall clock (``mq.log.timestamps``) and ``LogWriteError`` when it could not be stored (then nothing of it was). A
         client's batch with a producer id is checked against the producer table
         (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
         ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
@@ -250,11 +254,11 @@ class PartitionLog:
             parsed = RecordBatch(buf)
             parsed.validate()
         if len(buf) != parsed.size:
-            raise ValueError(f"append takes exactly one batch: {len(buf)} bytes given, "
-                             f"the batch is {parsed.size} bytes")
+            raise InvalidRequestError(f"append takes exactly one batch: {len(buf)} bytes "
+                                      f"given, the batch is {parsed.size} bytes")
         if parsed.size > self.config.max_message_bytes:
-            raise ValueError(f"batch of {parsed.size} bytes exceeds max.message.bytes "
-                             f"{self.config.max_message_bytes}")
+            raise MessageTooLargeError(f"batch of {parsed.size} bytes exceeds "
+                                       f"max.message.bytes {self.config.max_message_bytes}")
         if assign_offsets:
             if parsed.records_count <= 0 or parsed.last_offset_delta + 1 != parsed.records_count:
                 raise CorruptRecordError(None, 0, f"record count {parsed.records_count} does "
@@ -564,7 +568,8 @@ class PartitionLog:
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """Kafka's ListOffsets: the earliest ``(offset, timestamp)`` whose timestamp is >=
         ``timestamp``; special values -1 (latest), -2 (earliest), -3 (max timestamp). None when
-        no record qualifies or the hit is at/after the high watermark."""
+        no record qualifies or the hit is at/after the high watermark. Raises
+        ``InvalidRequestError`` for another negative timestamp."""
         self._check_open()
         if timestamp == EARLIEST_TIMESTAMP:
             return self.log_start_offset, -1
@@ -575,7 +580,7 @@ class PartitionLog:
             found = self._max_timestamp_offset()
             return found if found is not None and found[0] < self.high_watermark else None
         if timestamp < 0:
-            raise ValueError(f"invalid timestamp {timestamp}")
+            raise InvalidRequestError(f"invalid timestamp {timestamp}")
         for seg in self.segments:
             if seg.next_offset <= self.log_start_offset or seg.size == 0:
                 continue

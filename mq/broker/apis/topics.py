@@ -299,7 +299,10 @@ class TopicApis:
 
     def delete_records(self, conn: Conn, req: Request) -> list:
         part = self._table.partition(req["topic"], req["partition"])
-        offset = check_offset(req["offset"], "the offset to delete records before")
+        try:
+            offset = check_offset(req["offset"], "the offset to delete records before")
+        except ValueError as err:
+            raise errors.InvalidRequestError(str(err)) from err
         start = part.log.delete_records_before(offset)
         self._table.touch(part)
         return response(req.api, req.request_id, 0, None, start)

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from builders import batch_bases, empty_batch, make_batch, offsets_of
-from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
+from mq.errors import (ClosedError, CorruptRecordError, InvalidRequestError, MessageTooLargeError,
+                       OffsetOutOfRangeError)
 from mq.log import files
 from mq.log.config import LogConfig
 from mq.log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, PartitionLog
@@ -90,10 +91,10 @@ def test_append_validates(open_log):
     bad[-1] ^= 0xFF
     with pytest.raises(CorruptRecordError):
         plog.append(bad)
-    with pytest.raises(ValueError, match="exactly one batch"):
+    with pytest.raises(InvalidRequestError, match="exactly one batch"):
         plog.append(make_batch() + make_batch())
     plog.append(ok)                                   # exactly max.message.bytes: accepted
-    with pytest.raises(ValueError, match="max.message.bytes"):
+    with pytest.raises(MessageTooLargeError, match="max.message.bytes"):
         plog.append(make_batch(value=b"x" * 101))
     assert plog.log_end_offset == 1
 
@@ -222,7 +223,7 @@ def test_offset_for_timestamp_earliest_with_ts_at_least_target(open_log):
         assert plog.offset_for_timestamp(1_000 + 10 * k - 5) == (k, 1_000 + 10 * k)
     assert plog.offset_for_timestamp(0) == (0, 1_000)
     assert plog.offset_for_timestamp(1_291) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidRequestError, match="invalid timestamp -7"):
         plog.offset_for_timestamp(-7)
 
 
