@@ -52,7 +52,7 @@ import time
 from collections.abc import Iterable
 
 from mq import errors
-from mq.broker.apis import ApiComponent, Handler
+from mq.broker.apis import ApiComponent, Handler, answer_for
 from mq.broker.apis.acls import AclApis
 from mq.broker.apis.groups import GroupApis
 from mq.broker.apis.produce import ProduceApis
@@ -76,7 +76,7 @@ from mq.broker.service import ServiceNotifier, status_line
 from mq.broker.space import FreeSpaceGuard, format_bytes
 from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
-from mq.errors import BrokerError, ConfigError, InvalidRequestError, RemoteProtocolError
+from mq.errors import ConfigError, InvalidRequestError, RemoteProtocolError
 from mq.log import diskio, files
 from mq.log.cleaner import CleanerConfig
 from mq.log.log import PartitionLog
@@ -502,31 +502,20 @@ class Broker:
 
     def call(self, conn: Conn, req: Request) -> list | None:
         """Run a request's handler: its reply now, or None (sent later, or one-way). What
-        the handler raises is answered as an error reply with Kafka's code; anything else
-        than mq's own errors is a bug in mq, logged with its traceback."""
+        the handler raises is answered as an error reply with Kafka's code (``answer_for``);
+        anything else than mq's own errors is a bug in mq: answered UNKNOWN_SERVER_ERROR and
+        logged with its traceback."""
         try:
             handler = self._handlers.get(req.api)
             if handler is None:
                 raise InvalidRequestError(f"this broker does not serve {req.api.name}")
             return handler(conn, req)
-        except BrokerError as err:
-            return response(req.api, req.request_id, err.code, err.message)
-        except (ConfigError, ValueError) as err:      # ConfigError first: it is a ValueError
-            code = errors.InvalidConfigurationError.code if isinstance(err, ConfigError) \
-                else InvalidRequestError.code
-            return response(req.api, req.request_id, code, str(err))
-        except errors.LogWriteError as err:
-            return response(req.api, req.request_id, errors.KafkaStorageError.code, str(err))
-        except errors.CorruptRecordError as err:
-            return response(req.api, req.request_id, errors.CorruptMessageError.code,
-                            err.reason)
-        except errors.OffsetOutOfRangeError as err:
-            return response(req.api, req.request_id, errors.BrokerOffsetOutOfRangeError.code,
-                            str(err))
-        except Exception as err:   # a bug in mq: answer, log, keep serving everyone else
-            log.exception("error handling %s from %s", req.api.name, _peer(conn))
-            return response(req.api, req.request_id, errors.UnknownServerError.code,
-                            f"{type(err).__name__}: {err}")
+        except Exception as err:
+            answer = answer_for(err)
+            if answer is None:      # a bug in mq: answer, log, keep serving everyone else
+                log.exception("error handling %s from %s", req.api.name, _peer(conn))
+                answer = (errors.UnknownServerError.code, f"{type(err).__name__}: {err}")
+            return response(req.api, req.request_id, *answer)
 
     def _handshake(self, conn: Conn, req: Request) -> list | None:
         version = req["protocol_version"]

@@ -178,6 +178,10 @@ def test_broken_frames_close_only_that_connection(broker, frame):
     ([int(Api.PRODUCE), 7, "nope", 0, 1, batch(b"x")], UnknownTopicOrPartitionError.code),
     ([int(Api.PRODUCE), 7, "t", 9, 1, batch(b"x")], UnknownTopicOrPartitionError.code),
     ([int(Api.PRODUCE), 7, "t", 0, 5, batch(b"x")], InvalidRequestError.code),
+    # found below the handler (the log, the limits), still the client's error
+    ([int(Api.PRODUCE), 7, "t", 0, 1, batch(b"x") + batch(b"y")], InvalidRequestError.code),
+    ([int(Api.LIST_OFFSETS), 7, "t", 0, -7], InvalidRequestError.code),
+    ([int(Api.DELETE_RECORDS), 7, "t", 0, -7], InvalidRequestError.code),
 ])
 def test_bad_requests_get_error_responses(broker, message, code):
     with raw_socket(broker) as s:
@@ -188,6 +192,7 @@ def test_bad_requests_get_error_responses(broker, message, code):
         s.sendall(encode_frame([int(Api.METADATA), 8, None]))     # the connection still works
         assert read_reply(s)[2] == 0
     assert records_in_broker(broker) == []
+    assert "Traceback" not in broker.stderr()             # a client's error, not a bug
 
 
 @pytest.mark.parametrize("suffix", ["\x00x", "/x", "x" * 300])
