@@ -37,7 +37,6 @@ import itertools
 import os
 import shutil
 import signal
-import struct
 import sys
 import tempfile
 import time
@@ -49,7 +48,10 @@ from bench.harness import (
     Rows,
     WorkerError,
     add_run_arguments,
+    fmt_rate,
+    fmt_ratio,
     hist_stats,
+    json_bytes,
     machine_facts,
     merge_hists,
     mm,
@@ -63,6 +65,17 @@ from bench.harness import (
     summary,
     wait_idle,
 )
+from bench.mq_workers import (
+    MQ_LATENCY,
+    MQ_LATENCY_ACKS0,
+    MQ_MAX_RECORDS,
+    MQ_THROUGHPUT,
+    mq_consumer,
+    mq_lat_consumer,
+    mq_lat_producer,
+    mq_paced_producer,
+    mq_producer,
+)
 
 # --- goals (as set for this suite: bench/README.md, "End to end") ----------------------------
 GOAL_VS_MPQ_100B = 4.0        # mq 100 B throughput / mp.Queue
@@ -74,12 +87,6 @@ GOAL_P50_VS_REDIS = 0.3       # e2e p50 / Redis Streams e2e p50, same offered ra
 GOAL_ACKS_ALL = 0.5           # 4 producers acks="all" ingest / acks=1 ingest
 GOAL_FANOUT_CPU = 1.0         # broker CPU with 4 consumers / with 1 consumer
 
-# --- mq settings (stated in the README and the JSON) -----------------------------------------
-MQ_THROUGHPUT = {"acks": 1, "linger_ms": 10, "batch_size": 1 << 20}   # 1 MiB batches
-MQ_LATENCY = {"acks": 1, "linger_ms": 0}      # default batch_size: sent as soon as possible
-MQ_LATENCY_ACKS0 = {"acks": 0, "linger_ms": 0}  # extra row: no acks to read in the producer
-MQ_MAX_RECORDS = 10_000       # consumer poll(max_records=); the default is 500
-
 SIZES = [("100B", 100), ("1KiB", KIB), ("64KiB", 64 * KIB)]
 SYSTEMS = ["mq", *e2e_systems.PEERS]           # the order of the table's rows
 PEERS = SYSTEMS[1:]
@@ -87,102 +94,6 @@ KAFKA_PROTOCOL = [s for s, c in e2e_systems.PEERS.items()
                   if issubclass(c, e2e_systems.KafkaProtocol)]
 
 _topics = itertools.count()
-
-
-# --- mq workers ---------------------------------------------------------------------------------
-
-def mq_producer(start, socket: str, topic: str, values: list[bytes], n: int, acks,
-                linger_ms: float, batch_size: int, partition: int | None = None,
-                shared_batches: bool = True) -> dict:
-    import mq
-    p = mq.Producer(socket=socket, acks=acks, linger_ms=linger_ms, batch_size=batch_size,
-                    shared_batches=shared_batches)
-    p.partitions_for(topic)                   # metadata before the clock starts
-    send, k = p.send, len(values)
-    quiet_gc()
-    start()
-    t0 = time.perf_counter_ns()
-    for i in range(n):
-        send(topic, values[i % k], partition=partition)
-    p.flush()
-    t1 = time.perf_counter_ns()
-    cpu = harness.cpu_seconds()
-    p.close()
-    return {"t_first": t0, "t_end": t1, "n": n, "cpu_s": cpu}
-
-
-def mq_consumer(start, socket: str, topic: str, partitions: list[int], n: int,
-                touch: bool = True, timeout_s: float = 120.0) -> dict:
-    import mq
-    c = mq.Consumer(socket=socket)
-    c.assign([mq.TopicPartition(topic, p) for p in partitions])
-    poll = c.poll
-    got = nbytes = 0
-    quiet_gc()
-    start()
-    t_start = time.perf_counter_ns()
-    deadline = time.monotonic() + timeout_s
-    while got < n and time.monotonic() < deadline:
-        for recs in poll(1000, MQ_MAX_RECORDS).values():
-            got += len(recs)
-            if touch:
-                for r in recs:
-                    nbytes += len(r.value)
-    t_last = time.perf_counter_ns()
-    cpu = harness.cpu_seconds()
-    c.close()
-    return {"t_start": t_start, "t_last": t_last, "n": got, "bytes": nbytes, "cpu_s": cpu}
-
-
-def mq_lat_producer(start, socket: str, topic: str, size: int, rate: float, n: int,
-                    acks, linger_ms: float) -> dict:
-    import mq
-    p = mq.Producer(socket=socket, acks=acks, linger_ms=linger_ms)
-    p.partitions_for(topic)
-    send = p.send
-    buf = bytearray(b"x" * size)
-    pack = struct.Struct("<q").pack_into
-
-    def one(t_i: int) -> None:
-        pack(buf, 0, t_i)
-        send(topic, bytes(buf), partition=0)
-    quiet_gc()
-    start()
-    res = peers.paced_loop(one, rate, n)
-    p.flush()
-    res["cpu_s"] = harness.cpu_seconds()
-    p.close()
-    return res
-
-
-def mq_lat_consumer(start, socket: str, topic: str, n: int, warm: int,
-                    timeout_s: float) -> dict:
-    import mq
-    c = mq.Consumer(socket=socket)
-    c.assign([mq.TopicPartition(topic, 0)])
-    return consume_latencies(c, start, n, warm, timeout_s)
-
-
-def consume_latencies(c, start, n: int, warm: int, timeout_s: float) -> dict:
-    """The consumer side of a latency run: start the producer (``start()``), then poll ``c``
-    until ``n`` records (``warm`` of them discarded) carried their send time to us; closes
-    ``c``. Shared with ``bench.spark_latency``."""
-    rec = peers.LatencyRecorder(n, warm)
-    add, poll, clock = rec.add, c.poll, time.perf_counter_ns
-    quiet_gc()
-    start()
-    cpu0 = harness.cpu_seconds()
-    deadline = time.monotonic() + timeout_s
-    while rec.got < n and time.monotonic() < deadline:
-        out = poll(100)
-        now = clock()
-        for recs in out.values():
-            for r in recs:
-                add(now, r.value)
-    res = rec.result()
-    res["cpu_s"] = harness.cpu_seconds() - cpu0
-    c.close()
-    return res
 
 
 # --- the run context ----------------------------------------------------------------------------
@@ -547,34 +458,6 @@ def one_fanout(ctx: Ctx, consumers: int, values: list[bytes], n: int) -> dict:
             "producer_cpu_s": prod["cpu_s"], "consumer_cpu_s": [c["cpu_s"] for c in cons]}
 
 
-def mq_paced_producer(start, socket: str, topic: str, values: list[bytes], rate: float,
-                      n: int, tick_s: float) -> dict:
-    """``n`` records at ``rate``/s: every ``tick_s`` the records due so far, with
-    ``send_many``, sleeping in between (no spinning: the CPU stays free for the others)."""
-    import mq
-    p = mq.Producer(socket=socket, acks=1, linger_ms=0)
-    p.partitions_for(topic)
-    k = len(values)
-    quiet_gc()
-    start()
-    t0 = time.perf_counter_ns()
-    sent = tick = 0
-    while sent < n:
-        tick += 1
-        delay = t0 / 1e9 + tick * tick_s - time.perf_counter_ns() / 1e9
-        if delay > 0:
-            time.sleep(delay)
-        due = min(n, int(tick * tick_s * rate))
-        if due > sent:
-            p.send_many(topic, [values[i % k] for i in range(sent, due)], partition=0)
-            sent = due
-    p.flush()
-    t1 = time.perf_counter_ns()
-    cpu = harness.cpu_seconds()
-    p.close()
-    return {"t_first": t0, "t_end": t1, "n": n, "cpu_s": cpu}
-
-
 FANOUT_PACED = {"rate": 20_000, "tick_s": 0.002}   # 100 B records; a send_many every 2 ms
 
 
@@ -772,15 +655,6 @@ def _spread(runs: list[list[float]]) -> dict:
 
 # --- table --------------------------------------------------------------------------------------
 
-def _rate(v: float) -> str:
-    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k" if v >= 1e4 \
-        else f"{v / 1e3:.1f} k"
-
-
-def _ratio(s: dict, what: str) -> str:
-    return f"{s['median']:.2f}x {what} ({s['min']:.2f}-{s['max']:.2f})"
-
-
 def _us(v: float) -> str:
     return f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
@@ -798,30 +672,30 @@ def build_table(res: dict) -> list[dict]:
         names = {"mq": Mq.label, **{k: c.label for k, c in e2e_systems.PEERS.items()}}
         for label, e in tp["sizes"].items():
             for s in [s for s in SYSTEMS if s in e["rate"]]:
-                fig = mm(e["rate"][s], _rate) + f" = {e['mb_s'][s]['median']:.0f} MB/s"
+                fig = mm(e["rate"][s], fmt_rate) + f" = {e['mb_s'][s]['median']:.0f} MB/s"
                 ratio = goal = met = "-"
                 if s != "mq":
                     r = e["ratio"][s]
-                    ratio = _ratio(r, "(mq/this)")
+                    ratio = fmt_ratio(r, "(mq/this)")
                     g = {"mp.Queue": GOAL_VS_MPQ_100B, "redis": GOAL_VS_REDIS_100B}.get(s)
                     if label == "100B" and g:
                         goal, met = f"mq >= {g:g}x", yes(r["median"] >= g)
                 row(f"1->1 {label} {names[s]}", fig, "rec/s", ratio, goal, met)
             if e.get("listener_vs_kafka"):
                 row(f"1->1 {label} mq's Kafka listener / Apache Kafka (same librdkafka workers)",
-                    "-", "ratio", _ratio(e["listener_vs_kafka"], "Kafka's rec/s"))
+                    "-", "ratio", fmt_ratio(e["listener_vs_kafka"], "Kafka's rec/s"))
             r = e["ratio"]["raw"]
             g = label == "64KiB"
             row(f"1->1 {label} raw page-cache write (limit)",
                 mm(e["mb_s"]["raw"], "{:.0f}".format), "MB/s",
-                _ratio(r, "(mq MB/s / this)"),
+                fmt_ratio(r, "(mq MB/s / this)"),
                 f"mq >= {GOAL_VS_RAW_64K:g}x" if g else "-",
                 yes(r["median"] >= GOAL_VS_RAW_64K) if g else "-")
     ak = res.get("acks")
     if ak:
-        row("4 producers acks=1 ingest, 100 B", mm(ak["rate"]["1"], _rate), "rec/s")
-        row('4 producers acks="all" ingest, 100 B', mm(ak["rate"]["all"], _rate), "rec/s",
-            _ratio(ak["ratio"], "acks=1"), f">= {GOAL_ACKS_ALL:g}x acks=1",
+        row("4 producers acks=1 ingest, 100 B", mm(ak["rate"]["1"], fmt_rate), "rec/s")
+        row('4 producers acks="all" ingest, 100 B', mm(ak["rate"]["all"], fmt_rate), "rec/s",
+            fmt_ratio(ak["ratio"], "acks=1"), f">= {GOAL_ACKS_ALL:g}x acks=1",
             yes(ak["ratio"]["median"] >= GOAL_ACKS_ALL))
     mu = res.get("multi")
     if mu:
@@ -829,22 +703,22 @@ def build_table(res: dict) -> list[dict]:
             for side, name, key in (("mq", "mq acks=1", "mq_vs_mpq"),
                                     ("mq-all", 'mq acks="all"', "mq_all_vs_mpq"),
                                     ("mp.Queue", "4 x mp.Queue", None)):
-                extra = f"; {_ratio(e['ratio']['all_vs_1'], 'acks=1')}" \
+                extra = f"; {fmt_ratio(e['ratio']['all_vs_1'], 'acks=1')}" \
                     if side == "mq-all" else ""
                 row(f"4->4 {label} {name}",
-                    mm(e["rate"][side], _rate) + f" = {e['mb_s'][side]['median']:.0f} MB/s",
-                    "rec/s", (_ratio(e["ratio"][key], "mp.Queue") if key else "-") + extra)
+                    mm(e["rate"][side], fmt_rate) + f" = {e['mb_s'][side]['median']:.0f} MB/s",
+                    "rec/s", (fmt_ratio(e["ratio"][key], "mp.Queue") if key else "-") + extra)
     fo = res.get("fanout")
     if fo:
         for k in ("1", "4"):
             row(f"fan-out 1->{k} delivery per consumer (slowest)",
-                mm(fo["delivery_min"][k], _rate), "rec/s")
+                mm(fo["delivery_min"][k], fmt_rate), "rec/s")
         def cpu_rows(label: str, part: dict) -> None:
             for k in ("1", "4"):
                 per_rec = summary([x["broker_cpu_us_per_record"] for x in part["runs"][k]])
                 ratio = goal = met = "-"
                 if k == "4":
-                    ratio = _ratio(part["cpu_ratio"], "1 consumer")
+                    ratio = fmt_ratio(part["cpu_ratio"], "1 consumer")
                     goal = f"<= {GOAL_FANOUT_CPU:g}x 1 consumer"
                     met = yes(part["cpu_ratio"]["median"] <= GOAL_FANOUT_CPU)
                 row(f"fan-out 1->{k} broker CPU{label} ({part['n'] / 1e3:.0f} k records)",
@@ -865,7 +739,7 @@ def build_table(res: dict) -> list[dict]:
                 fig = (f"p50 {_us(m['p50_us'])} / p99 {_us(m['p99_us'])} / p99.9 "
                        f"{_us(m['p99_9_us'])} / max {_us(m['max_us'])}")
                 ach = e[s]["achieved_rate"]["median"]
-                fig += f"; achieved {_rate(ach)}/s" + (f" SATURATED in {sat} run(s)"
+                fig += f"; achieved {fmt_rate(ach)}/s" + (f" SATURATED in {sat} run(s)"
                                                        if sat else "")
                 name = {"mq": "mq (acks=1, linger 0)", "redis": "Redis XADD",
                         "mq-acks0": "mq (acks=0, linger 0)"}.get(s) or \
@@ -881,7 +755,7 @@ def build_table(res: dict) -> list[dict]:
                     r = e["p50_ratio_acks0_vs_redis"]
                     redis_sat = 2 * e["redis"]["saturated_runs"] > len(e["runs"]["redis"])
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us",
-                        "-" if redis_sat else _ratio(r, "Redis p50"))
+                        "-" if redis_sat else fmt_ratio(r, "Redis p50"))
                 elif s == "redis":
                     r = e["p50_ratio_vs_redis"]
                     if 2 * sat > len(e["runs"][s]):
@@ -889,7 +763,7 @@ def build_table(res: dict) -> list[dict]:
                         # mq keeping the rate is the result, stated in the figure column.
                         ratio, met = "- (Redis saturated)", "n/a"
                     else:
-                        ratio = _ratio(r, "(mq p50/this)")
+                        ratio = fmt_ratio(r, "(mq p50/this)")
                         met = yes(r["median"] <= GOAL_P50_VS_REDIS
                                   and not e["mq"]["saturated_runs"])
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us", ratio,
@@ -898,7 +772,7 @@ def build_table(res: dict) -> list[dict]:
                     saturated = 2 * sat > len(e["runs"][s])
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us",
                         "- (saturated)" if saturated
-                        else _ratio(e["p50_ratio_vs"][s], "(mq p50/this)"))
+                        else fmt_ratio(e["p50_ratio_vs"][s], "(mq p50/this)"))
                 else:
                     row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us")
             if e.get("listener_vs_kafka"):
@@ -906,13 +780,13 @@ def build_table(res: dict) -> list[dict]:
                              for s in ("mq-kafka", "kafka"))
                 row(f"e2e {int(rate) // 1000} k/s 100 B mq's Kafka listener / Apache Kafka "
                     "(same librdkafka workers)", "-", "ratio",
-                    "- (saturated)" if behind else _ratio(e["listener_vs_kafka"], "Kafka's p50"))
+                    "- (saturated)" if behind else fmt_ratio(e["listener_vs_kafka"], "Kafka's p50"))
     dc = res.get("decode")
     if dc:
         for v in ("poll", "poll+touch"):
             s = dc["rate"][v]
             g = v == "poll"
-            row(f"consume from map, 100 B, {dc['n'] / 1e6:g} M records ({v})", mm(s, _rate),
+            row(f"consume from map, 100 B, {dc['n'] / 1e6:g} M records ({v})", mm(s, fmt_rate),
                 "rec/s", f"{s['median'] / GOAL_DECODE:.2f}x goal" if g else "-",
                 ">= 2 M rec/s" if g else "-", yes(s["median"] >= GOAL_DECODE) if g else "-")
     if lim:
@@ -1007,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         harness.finish_run("mq end-to-end benchmarks", res, build_table, args.out,
                            time.perf_counter() - t_start,
                            f"{args.runs} runs{' (quick)' if args.quick else ''}",
-                           default=_json_default)
+                           default=json_bytes)
         if args.plots:
             from bench import report
             report.main(["--in", args.out, "--out-dir", args.plots])
@@ -1016,12 +890,6 @@ def main(argv: list[str] | None = None) -> int:
             broker.kill()
         shutil.rmtree(base, ignore_errors=True)
     return 0
-
-
-def _json_default(o):
-    if isinstance(o, bytes):
-        return o.decode("ascii")
-    raise TypeError(type(o).__name__)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from bench.harness import (
     WorkerError,
     add_run_arguments,
     finish_run,
+    fmt_ratio,
     machine_facts,
     mm,
     process_cpu,
@@ -473,10 +474,6 @@ def _fmt_rate(v: float) -> str:
     return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
 
 
-def _ratio(s: dict, what: str) -> str:
-    return f"{s['median']:.2f}x {what} ({s['min']:.2f}-{s['max']:.2f})"
-
-
 def _cpu(sec: dict, side: str) -> str:
     """The medians of the worker's and the broker's CPU per record: steadier than the rate
     when neighbours come and go."""
@@ -506,12 +503,12 @@ def build_table(res: dict) -> list[dict]:
             ratio = goal = met = "-"
             if s == "idempotent" and "idempotent_vs_plain" in rt:
                 r = rt["idempotent_vs_plain"]
-                ratio = _ratio(r, "non-idempotent") + _cpu_ratio(pr, "idempotent_vs_plain")
+                ratio = fmt_ratio(r, "non-idempotent") + _cpu_ratio(pr, "idempotent_vs_plain")
                 goal = f">= {GOAL_IDEMPOTENT:g}x"
                 met = yes(r["median"] >= GOAL_IDEMPOTENT)
             elif s == "transactional":
                 r = rt["transactional_vs_idempotent"]
-                ratio = (_ratio(r, "non-transactional")
+                ratio = (fmt_ratio(r, "non-transactional")
                          + _cpu_ratio(pr, "transactional_vs_idempotent"))
                 goal = f">= {GOAL_TRANSACTIONAL:g}x"
                 met = yes(r["median"] >= GOAL_TRANSACTIONAL)
@@ -525,7 +522,7 @@ def build_table(res: dict) -> list[dict]:
             + _cpu(pl, "alo"), "rec/s")
         row(f"pipeline 100 B, exactly once (read_committed + transactional producer; "
             f"outputs + offsets in one txn every {ms:g} ms)", mm(pl["rate"]["eos"], _fmt_rate)
-            + _cpu(pl, "eos"), "rec/s", _ratio(pl["ratio"]["eos_vs_alo"], "at least once")
+            + _cpu(pl, "eos"), "rec/s", fmt_ratio(pl["ratio"]["eos_vs_alo"], "at least once")
             + _cpu_ratio(pl, "eos_vs_alo"))
     rd = res.get("read_committed")
     if rd:
@@ -535,7 +532,7 @@ def build_table(res: dict) -> list[dict]:
         r = rd["ratio"]["committed_vs_uncommitted"]
         row(f"{what}, read_committed", mm(rd["rate"]["read_committed"], _fmt_rate)
             + _cpu(rd, "read_committed"), "rec/s",
-            _ratio(r, "read_uncommitted") + _cpu_ratio(rd, "committed_vs_uncommitted"),
+            fmt_ratio(r, "read_uncommitted") + _cpu_ratio(rd, "committed_vs_uncommitted"),
             f">= {GOAL_READ_COMMITTED:g}x",
             yes(r["median"] >= GOAL_READ_COMMITTED))
     return rows

@@ -654,6 +654,24 @@ def mm(s: dict, fmt: Callable[[float], str]) -> str:
     return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
 
 
+def fmt_rate(v: float) -> str:
+    """A rate for the table: ``1.23 M``, ``456 k``, ``7.8 k``."""
+    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k" if v >= 1e4 \
+        else f"{v / 1e3:.1f} k"
+
+
+def fmt_ratio(s: dict, what: str) -> str:
+    """A ``summary`` of ratios for the table: ``1.23x what (1.01-1.40)``."""
+    return f"{s['median']:.2f}x {what} ({s['min']:.2f}-{s['max']:.2f})"
+
+
+def json_bytes(o: Any) -> str:
+    """``json.dump``'s ``default`` for results holding ASCII bytes (names, ids)."""
+    if isinstance(o, bytes):
+        return o.decode("ascii")
+    raise TypeError(type(o).__name__)
+
+
 def format_table(rows: list[dict]) -> str:
     widths = [max(len(title), *(len(r[key]) for r in rows)) for key, title in COLUMNS]
     lines = ["| " + " | ".join(t.ljust(w) for (_, t), w in zip(COLUMNS, widths, strict=True))

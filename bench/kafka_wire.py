@@ -33,7 +33,7 @@ Sections (``--only``):
    With ``sendfile`` the broker's work is per Fetch request, not per byte.
 4. ``latency``: open loop at 10,000 records/s of 100 B (``peers.paced_loop``: the value carries
    its intended send time), acks=1, linger 0, for a few seconds: librdkafka producer ->
-   listener -> librdkafka consumer, against ``mq.Producer`` -> ``mq.Consumer`` (bench.e2e's
+   listener -> librdkafka consumer, against ``mq.Producer`` -> ``mq.Consumer`` (bench.mq_workers'
    latency workers). p50/p99/p99.9/max of receive time - intended time.
 
 The sides of a ratio alternate in each repetition, in an order rotated run by run; ratios are
@@ -57,14 +57,6 @@ import tempfile
 import time
 
 from bench import harness, kafka_vs
-from bench.e2e import (
-    _json_default,
-    _rate,
-    _ratio,
-    mq_consumer,
-    mq_lat_consumer,
-    mq_lat_producer,
-)
 from bench.harness import (
     KIB,
     MIB,
@@ -72,7 +64,10 @@ from bench.harness import (
     WorkerError,
     add_run_arguments,
     finish_run,
+    fmt_rate,
+    fmt_ratio,
     hist_stats,
+    json_bytes,
     machine_facts,
     merge_hists,
     mm,
@@ -99,6 +94,7 @@ from bench.kafka_workers import (
     rdk_lat_producer,
     rdk_producer,
 )
+from bench.mq_workers import mq_consumer, mq_lat_consumer, mq_lat_producer
 
 SECTIONS = ["produce", "consume", "fanout", "latency", "kafka"]   # kafka: bench/kafka_vs.py
 SIZES = [("100B", 100), ("64KiB", 64 * KIB)]
@@ -390,22 +386,22 @@ def build_table(res: dict) -> Rows:
         acks = case.split("acks=")[1]
         for s, name in SIDES.items():
             rows.add(f"produce {case} ({durability[acks]}), {name}",
-                     mm(e["rate"][s], _rate) + f"; {e['mb_s'][s]['median']:.0f} MB/s",
-                     "rec/s", _ratio(e["ratio"], "native") if s == "rdk" else "-")
+                     mm(e["rate"][s], fmt_rate) + f"; {e['mb_s'][s]['median']:.0f} MB/s",
+                     "rec/s", fmt_ratio(e["ratio"], "native") if s == "rdk" else "-")
     for label, e in res.get("consume", {}).get("cases", {}).items():
         for s in SIDES:
             how = "Fetch + sendfile" if s == "rdk" else "mq.Consumer, read-only map"
             rows.add(f"consume {label} from offset 0, {how}",
-                     mm(e["rate"][s], _rate) + f"; {e['mb_s'][s]['median']:.0f} MB/s; broker "
+                     mm(e["rate"][s], fmt_rate) + f"; {e['mb_s'][s]['median']:.0f} MB/s; broker "
                      f"{e['broker_cpu_s'][s]['median'] * 1e3:.0f} ms CPU", "rec/s",
-                     _ratio(e["ratio"], "native") if s == "rdk" else "-")
+                     fmt_ratio(e["ratio"], "native") if s == "rdk" else "-")
     for label, e in res.get("fanout", {}).get("cases", {}).items():
         for k in FANOUT:
             rows.add(f"broker CPU per GB fetched, {label} records, {k} librdkafka consumer(s) "
                      f"x {e['log_bytes'] / MIB:.0f} MiB",
                      mm(e["cpu_s_per_gb"][k], lambda v: f"{v:.2f}")
                      + f"; {e['aggregate_mb_s'][k]['median']:.0f} MB/s in all",
-                     "CPU-s/GB", _ratio(e["ratio"], f"{FANOUT[0]} consumer") if k != FANOUT[0]
+                     "CPU-s/GB", fmt_ratio(e["ratio"], f"{FANOUT[0]} consumer") if k != FANOUT[0]
                      else "-", "flat (<= ~1x)" if k != FANOUT[0] else "-")
     lat = res.get("latency")
     if lat:
@@ -417,7 +413,7 @@ def build_table(res: dict) -> Rows:
                      f"{m['p50_us']:,} / {m['p99_us']:,} / {m['p99_9_us']:,} / {m['max_us']:,}"
                      f"; broker {lat[s]['broker_cpu_us_per_record']['median']:.0f} us/rec"
                      + sat, "us p50/p99/p99.9/max",
-                     _ratio(lat[s]["p50_ratio"], "native p50") if kafka else "-",
+                     fmt_ratio(lat[s]["p50_ratio"], "native p50") if kafka else "-",
                      f"p99 <= {LAT_GOAL_P99_US // 1000} ms" if kafka else "-",
                      ("yes" if m["p99_us"] <= LAT_GOAL_P99_US else "NO") if kafka else "-")
     kafka_vs.table_rows(rows, res.get("kafka", {}))
@@ -495,7 +491,7 @@ def run(args: argparse.Namespace) -> dict:
                    time.perf_counter() - t_start,
                    f"{args.runs} runs{' (quick)' if args.quick else ''}; confluent-kafka "
                    f"{versions['confluent-kafka']} (librdkafka {versions['librdkafka']})",
-                   default=_json_default)
+                   default=json_bytes)
     finally:
         if broker is not None:
             broker.close()

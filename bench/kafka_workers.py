@@ -86,7 +86,7 @@ def mq_producer(start, socket: str, topic: str, values: list[bytes], n: int, ack
 
 def rdk_consumer(start, bootstrap: str, topic: str, n: int, timeout_s: float = 120.0) -> dict:
     """Reads partition 0 of ``topic`` from the beginning until ``n`` records came, taking the
-    length of every value (as ``e2e.mq_consumer`` does)."""
+    length of every value (as ``mq_workers.mq_consumer`` does)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{os.getpid()}",
                   **RDK_CONSUMER})

@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 from bench import harness, peers
-from bench.e2e import MQ_THROUGHPUT, mq_consumer, mq_producer
+from bench.mq_workers import MQ_THROUGHPUT, mq_consumer, mq_producer
 from bench.harness import MIB, run_workers, summary
 
 

@@ -30,7 +30,7 @@ import statistics
 import time
 
 from bench import harness
-from bench.e2e import MQ_LATENCY, consume_latencies, mq_lat_producer
+from bench.mq_workers import MQ_LATENCY, consume_latencies, mq_lat_producer
 from bench.harness import hist_stats, merge_hists, run_percentiles, run_workers, summary
 
 SIDES = ("spark, exactly once", "spark, at least once", "no spark")

@@ -55,11 +55,6 @@ ALLOWED = {
 PUBLIC = {"mq": set(mq.__all__) | {name.removeprefix("mq.") for name in PLUMBING},
           "mq.errors": set(errors.__all__), **{name: None for name in PLUMBING}}
 
-# Known, to be fixed where they are: bench/e2e.py is being reworked on another branch, and
-# these helpers of its become public there.
-KNOWN_PRIVATE = {"bench.kafka_wire: from bench.e2e import _json_default",
-                 "bench.kafka_wire: from bench.e2e import _rate",
-                 "bench.kafka_wire: from bench.e2e import _ratio"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -173,7 +168,7 @@ def test_no_module_imports_private_names_of_another():
     wrong = [f"{module}: from {imported} import {name}"
              for module, imports in _graph().items() for imported, names in imports
              for name in names if name.startswith("_") and not name.startswith("__")]
-    assert set(wrong) == KNOWN_PRIVATE, "\n".join(sorted(set(wrong) - KNOWN_PRIVATE))
+    assert not wrong, "\n".join(sorted(wrong))
 
 
 def test_no_import_circle():
