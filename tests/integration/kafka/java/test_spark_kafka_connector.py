@@ -3,7 +3,7 @@
 Kafka listener: a batch read and a streaming read of a topic ``mq.Producer`` wrote, and a batch
 write that ``mq.Consumer`` reads, over PLAINTEXT and over SASL_SSL (the connector's ``kafka.*``
 options carry alice's client properties; she has Read on the topic read and Write on the one
-written, no more). One SparkSession (``local[1]``) for the module."""
+written, no more). One SparkSession (``local[1]``) for the module, or the worker's."""
 
 from __future__ import annotations
 
@@ -24,12 +24,22 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
+    """The worker's SparkSession when it has one (``tests/spark``'s, built with the connector
+    too: a process has one SparkContext, so its jars are fixed when it starts), else one of
+    this module's, stopped after it."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
     try:
         jars = resolve("spark", SPARK_CONNECTOR)
     except JavaUnavailable as err:
         pytest.fail(str(err))
     assert sorted(j.name.rsplit("-", 1)[0] for j in jars) == sorted(SPARK_CONNECTOR), jars
+    if SparkContext._active_spark_context is not None:
+        session = SparkSession.builder.getOrCreate()
+        assert all(str(j) in session.conf.get("spark.jars", "") for j in jars), \
+            "the worker's SparkSession was started without Spark's Kafka connector"
+        yield session
+        return
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     session = (SparkSession.builder.master("local[1]")
