@@ -18,6 +18,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -106,6 +107,28 @@ def resolve(name: str, include: tuple[str, ...] = ()) -> list[Path]:
     key = hashlib.sha256(",".join(include).encode()).hexdigest()[:8]
     libs = _publish(build, CACHE / f"{name}-{_digest(pom)}-{key}")
     return sorted(libs.glob("*.jar"))
+
+
+def spark_session(app: str, master: str = "local[1]", **conf: str):
+    """A local-mode SparkSession for this process, with Spark's Kafka connector on its class
+    path: every in-process session of the suite starts here. A process's first SparkContext
+    launches the JVM, whose class path then holds for every later context in the process (one
+    started later with more ``spark.jars`` still cannot load their data sources), so the
+    sessions must agree, whichever test of the worker runs first. ``conf``: more settings
+    (dots as in Spark's names)."""
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.jars", ",".join(map(str, resolve("spark", SPARK_CONNECTOR))))
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.memory", "1g")
+               .config("spark.sql.session.timeZone", "UTC"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def compile_checks(jars: list[Path]) -> Path:

@@ -7,11 +7,9 @@ written, no more). One SparkSession (``local[1]``) for the module, or the worker
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
-from javakafka import SECURITY, SPARK_CONNECTOR, JavaUnavailable, resolve
+from javakafka import SECURITY, SPARK_CONNECTOR, JavaUnavailable, resolve, spark_session
 from kclients import WAIT, collect
 
 from mq.broker.acls import AclOperation, ResourceType
@@ -24,36 +22,22 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    """The worker's SparkSession when it has one (``tests/spark``'s, built with the connector
-    too: a process has one SparkContext, so its jars are fixed when it starts), else one of
-    this module's, stopped after it."""
+    """The worker's SparkSession when it has one (``tests/spark``'s: every session of the suite
+    starts with the connector, ``javakafka.spark_session``), else one of this module's,
+    stopped after it."""
     from pyspark import SparkContext
-    from pyspark.sql import SparkSession
     try:
         jars = resolve("spark", SPARK_CONNECTOR)
     except JavaUnavailable as err:
         pytest.fail(str(err))
     assert sorted(j.name.rsplit("-", 1)[0] for j in jars) == sorted(SPARK_CONNECTOR), jars
-    if SparkContext._active_spark_context is not None:
-        session = SparkSession.builder.getOrCreate()
-        assert all(str(j) in session.conf.get("spark.jars", "") for j in jars), \
-            "the worker's SparkSession was started without Spark's Kafka connector"
-        yield session
-        return
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = (SparkSession.builder.master("local[1]")
-               .appName("mq-spark-kafka-connector")
-               .config("spark.jars", ",".join(map(str, jars)))
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "1")
-               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    shared = SparkContext._active_spark_context is not None
+    session = spark_session("mq-spark-kafka-connector", **{
+        "spark.sql.shuffle.partitions": "1",
+        "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse"))})
     yield session
-    session.stop()
+    if not shared:
+        session.stop()
 
 
 @pytest.mark.parametrize("security", SECURITY)

@@ -39,14 +39,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 
 import pytest
 from cli_run import mq_run
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-from javakafka import KafkaTarget, write_properties
+from javakafka import KafkaTarget, spark_session, write_properties
 from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, producer
 from kclients import admin as kafka_admin
 from producers import kafka_producers, mq_producers
@@ -290,19 +289,13 @@ def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
     """One batch read of the copied directories by ``format("mq")``, with no broker: every
     partition from 0 to its end, read_committed. It runs in the worker's Spark session when
     one is active (``tests/spark``'s, say: a JVM start costs about 10 s), else in its own."""
-    from pyspark.sql import SparkSession
+    from pyspark import SparkContext
 
     import mq.spark
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    active = SparkSession.getActiveSession()
-    session = active or (SparkSession.builder.master("local[1]").appName("mq-reads-kafka")
-                         .config("spark.ui.enabled", "false")
-                         .config("spark.driver.memory", "1g")
-                         .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    shared = SparkContext._active_spark_context is not None
+    session = spark_session("mq-reads-kafka")
     try:
-        session.sparkContext.setLogLevel("ERROR")
         mq.spark.register(session)
         rows = (session.read.format("mq").option("dataDir", copied)
                 .option("socket", os.path.join(copied, "nobody.sock"))
@@ -313,7 +306,7 @@ def spark_read(copied: str, ends: dict[str, int]) -> list[tuple]:
                 .option("kafka.isolation.level", "read_committed").load()
                 .selectExpr("*", "unix_millis(timestamp) AS timestamp_ms").collect())
     finally:
-        if active is None:
+        if not shared:
             session.stop()
     return sorted((r.topic, r.offset, r.timestampType, r.timestamp_ms, r.key, r.value,
                    [(h.key, h.value) for h in r.headers or []]) for r in rows)
