@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from wk_pool import ENV, Pool, caught_up, mq_run, produce, read_events
+from wk_pool import ENV, Pool, caught_up, mq_run, produce, read_events, run_pool_script
 
 import mq
 import mq.testing
@@ -197,18 +196,7 @@ def test_workers_run_from_a_script_with_its_own_handler(broker, tmp_path):
                                          socket={broker.socket!r},
                                          stats_path={str(tmp_path / 's.stats')!r}))
         """))
-    proc = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=tmp_path,
-                            stderr=subprocess.PIPE)
-    try:
-        mq.testing.wait_for(lambda: caught_up(broker.socket, "s", "jobs"), timeout=30,
-                            message="the script's pool to catch up")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err.decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run_pool_script(script, broker.socket, "s", "jobs", tmp_path)
     lines = events.read_text().split("\n")[:-1]
     assert len(lines) == 20 and all(line.endswith(" __mp_main__") for line in lines)
     assert read_events(tmp_path / "none") == []

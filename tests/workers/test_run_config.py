@@ -5,13 +5,10 @@ then runs a real pool from a script, as the keyword form does in ``test_parts``.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from wk_pool import ENV, caught_up, produce
+from wk_pool import produce, run_pool_script
 
 import mq
 import mq.testing
@@ -76,17 +73,6 @@ def test_workers_run_with_a_pool_config(broker, tmp_path):
                                         stats_path={str(tmp_path / 'c.stats')!r})
             raise SystemExit(workers.run(handle, config))
         """))
-    proc = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=tmp_path,
-                            stderr=subprocess.PIPE)
-    try:
-        mq.testing.wait_for(lambda: caught_up(broker.socket, "c", "jobs"), timeout=30,
-                            message="the script's pool to catch up")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err.decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run_pool_script(script, broker.socket, "c", "jobs", tmp_path)
     lines = events.read_text().split("\n")[:-1]
     assert sorted(lines) == sorted(f"{i % 2} {i // 2}" for i in range(20))

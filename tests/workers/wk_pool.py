@@ -208,6 +208,23 @@ def caught_up(socket: str, group: str, topic: str) -> bool:
     return all(done.get(tp, 0) == end for tp, end in ends(socket, topic).items())
 
 
+def run_pool_script(script, socket: str, group: str, topic: str, cwd) -> None:
+    """Run ``script``, a program that starts a pool of its own, until its ``group`` has
+    consumed ``topic``; then SIGTERM (the pool drains) and check that it exited 0."""
+    proc = subprocess.Popen([sys.executable, str(script)], env=ENV, cwd=cwd,
+                            stderr=subprocess.PIPE)
+    try:
+        mq.testing.wait_for(lambda: caught_up(socket, group, topic), timeout=30,
+                            message="the script's pool to catch up")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def read_all(socket: str, topic: str, isolation: str = "read_uncommitted") -> list:
     """Every record of ``topic`` up to its end as it is now."""
     out: list = []
