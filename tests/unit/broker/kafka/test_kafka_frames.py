@@ -129,3 +129,11 @@ def test_a_large_frame_buffer_is_used_again_only_once_nothing_refers_to_it():
     del got                                    # its request is done
     again = arrive(third)
     assert id(again) == kept_id and again == third
+
+
+def test_a_buffer_larger_than_spare_max_is_not_kept():
+    from mq.broker.kafka.frames import SPARE_MAX
+    buf = FrameBuffer(1 << 24, FrameBudget(1 << 24))
+    big = b"z" * (SPARE_MAX + 1)
+    got = receive(buf, frame(big), 1 << 20)
+    assert got == [big] and buf._spare is None
