@@ -60,8 +60,14 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict], conf: dict | No
     """Produce ``records`` (keyword arguments of ``Producer.produce``: value, key, partition,
     headers, timestamp) with one producer, flush, and return the delivered messages in the
     order of their delivery reports (each partition's in the order given); raises
-    ``KafkaException`` with the first delivery error."""
+    ``KafkaException`` with the first delivery error.
+
+    The producer learns the topic's metadata before the first record: a record produced while
+    the partition is unknown waits in librdkafka's unassigned queue, and when the metadata
+    arrives during ``flush()`` the records move one by one to a partition whose linger is
+    already over, so each may leave as a batch of its own (seen in CI on a loaded box)."""
     with producer(bootstrap, conf) as p:
+        p.list_topics(topic, timeout=WAIT)
         return deliver(p, topic, records)
 
 
