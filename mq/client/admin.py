@@ -27,7 +27,7 @@ def fetch_committed(conn: Connection, group: str, partitions: Iterable[TopicPart
     unfinished transaction holds (no offset given for them: ask again once it ends). (Shared
     with the group consumer.)"""
     wanted = None if partitions is None else [[tp.topic, tp.partition] for tp in partitions]
-    rows = conn.call(Api.OFFSET_FETCH, group, wanted, int(require_stable)).fields[0]
+    rows = conn.call(Api.OFFSET_FETCH, group, wanted, int(require_stable))["rows"]
     offsets: dict[TopicPartition, int] = {}
     unstable: set[TopicPartition] = set()
     for t, p, offset, _epoch, _metadata, _ts, error_code in rows:
@@ -56,27 +56,28 @@ class Admin:
         ``InvalidConfigurationError`` or ``InvalidTopicError``."""
         count = check_partition_count(partitions)
         cfg = {str(k): str(v) for k, v in (config or {}).items()}
-        return self._conn.call(Api.CREATE_TOPICS, name, count, cfg).fields[0]
+        return self._conn.call(Api.CREATE_TOPICS, name, count, cfg)["metadata"]
 
     def delete_topic(self, name: str) -> None:
         self._conn.call(Api.DELETE_TOPICS, name)
 
     def list_topics(self) -> list[str]:
-        return sorted(self._conn.call(Api.METADATA, None).fields[0])
+        return sorted(self._conn.call(Api.METADATA, None)["topics"])
 
     def describe_topic(self, name: str) -> dict:
         """``{"name", "id", "partitions", "config" (effective), "overrides", "offsets":
         [(start, end), ...], "size_bytes": [bytes of each partition's segments on disk],
         "offline": [None, or why the partition takes no writes]}``."""
         conn = self._conn
-        meta = conn.call(Api.METADATA, [name]).fields[0][name]
+        meta = conn.call(Api.METADATA, [name])["topics"][name]
         # The rest in one round trip, not 1 + 2 per partition: requests pipeline and replies
         # are matched by id (after an error, the replies left unread are never looked at).
         configs = conn.send(Api.DESCRIBE_CONFIGS, name)
         bounds = [conn.send(Api.LIST_OFFSETS, name, p, which)
                   for p in range(meta["partitions"]) for which in (-2, -1)]
-        effective, overrides = conn.wait(configs).fields
-        ends = [conn.wait(rid).fields[0] for rid in bounds]
+        reply = conn.wait(configs)
+        effective, overrides = reply["config"], reply["overrides"]
+        ends = [conn.wait(rid)["offset"] for rid in bounds]
         offsets = list(zip(ends[::2], ends[1::2]))
         count = meta["partitions"]
         return {"name": name, "id": meta["id"], "partitions": count,
@@ -88,24 +89,24 @@ class Admin:
         """Grow the topic to ``total`` partitions. Raises ``InvalidPartitionsError`` (before
         sending for a count no topic may have), ``UnknownTopicOrPartitionError``."""
         total = check_partition_count(total)
-        return self._conn.call(Api.CREATE_PARTITIONS, name, total).fields[0]
+        return self._conn.call(Api.CREATE_PARTITIONS, name, total)["metadata"]
 
     def alter_config(self, name: str, config: dict[str, Any]) -> dict:
         cfg = {str(k): str(v) for k, v in config.items()}
-        return self._conn.call(Api.ALTER_CONFIGS, name, cfg).fields[0]
+        return self._conn.call(Api.ALTER_CONFIGS, name, cfg)["config"]
 
     def delete_records(self, name: str, partition: int, before_offset: int) -> int:
         """Kafka's DeleteRecords: records below ``before_offset`` become unreadable. Raises
         ``ValueError`` (before sending) for an offset out of 0..2**63-1,
         ``BrokerOffsetOutOfRangeError`` for one above the high watermark."""
         offset = check_offset(before_offset, "before_offset")
-        return self._conn.call(Api.DELETE_RECORDS, name, partition, offset).fields[0]
+        return self._conn.call(Api.DELETE_RECORDS, name, partition, offset)["log_start_offset"]
 
     # --- consumer groups ------------------------------------------------------------------------
     def list_groups(self) -> list[dict]:
         """``[{"group", "state", "members"}]``: groups with live members or committed
         offsets. ``state``: Kafka's Empty, Reconciling or Stable."""
-        rows = self._conn.call(Api.LIST_GROUPS).fields[0]
+        rows = self._conn.call(Api.LIST_GROUPS)["rows"]
         return [{"group": g, "state": state, "members": n} for g, state, n in rows]
 
     def describe_group(self, group: str) -> dict:
@@ -114,7 +115,7 @@ class Admin:
         "offsets": [{"topic", "partition", "committed_offset", "metadata", "end_offset", "lag",
         "lag_ms", "member_id", "pid"}]}`` — ``lag_ms`` is the age of the oldest unconsumed
         record. Raises ``GroupIdNotFoundError``."""
-        return self._conn.call(Api.CONSUMER_GROUP_DESCRIBE, group).fields[0]
+        return self._conn.call(Api.CONSUMER_GROUP_DESCRIBE, group)["description"]
 
     def delete_group(self, group: str) -> None:
         """Delete a group's committed offsets. Raises ``NonEmptyGroupError`` while it has live
@@ -139,13 +140,13 @@ class Admin:
         """One snapshot of the broker's figures: ``broker``, ``partitions``, ``groups``,
         ``fsync`` and ``cleaner`` (``mq/broker/stats.py`` lists the fields). What ``mq top``
         shows and ``--metrics`` exports."""
-        return self._conn.call(Api.BROKER_STATS).fields[0]
+        return self._conn.call(Api.BROKER_STATS)["stats"]
 
     def list_transactions(self) -> list[dict]:
         """``[{"transactional_id", "producer_id", "state"}]``, every transactional id the
         coordinator knows, sorted. ``state`` is Kafka's: Empty, Ongoing, PrepareCommit,
         PrepareAbort, CompleteCommit, CompleteAbort (PrepareEpochFence while fencing)."""
-        rows = self._conn.call(Api.LIST_TRANSACTIONS).fields[0]
+        rows = self._conn.call(Api.LIST_TRANSACTIONS)["rows"]
         return [{"transactional_id": tid, "producer_id": pid, "state": state}
                 for tid, pid, state in rows]
 
@@ -154,7 +155,7 @@ class Admin:
         """``describe_transaction`` for several ids (None: every one). Raises
         ``TransactionalIdNotFoundError`` naming the first unknown id."""
         ids = None if transactional_ids is None else [str(t) for t in transactional_ids]
-        return self._conn.call(Api.DESCRIBE_TRANSACTIONS, ids).fields[0]
+        return self._conn.call(Api.DESCRIBE_TRANSACTIONS, ids)["rows"]
 
     def describe_transaction(self, transactional_id: str) -> dict:
         """The coordinator's state of a transactional id, as the broker sends it:
@@ -170,18 +171,18 @@ class Admin:
     def create_acls(self, bindings: Iterable[list]) -> None:
         """Add the bindings (one record, fsync'd before the reply). Raises the error of the
         first one the broker refuses (``InvalidRequestError``); the valid ones are added."""
-        results = self._conn.call(Api.CREATE_ACLS, [list(b) for b in bindings]).fields[0]
+        results = self._conn.call(Api.CREATE_ACLS, [list(b) for b in bindings])["results"]
         for code, message in results:
             if code:
                 raise error_for_code(code, message)
 
     def describe_acls(self, acl_filter: list) -> list[list]:
         """The bindings ``acl_filter`` matches."""
-        return self._conn.call(Api.DESCRIBE_ACLS, list(acl_filter)).fields[0]
+        return self._conn.call(Api.DESCRIBE_ACLS, list(acl_filter))["bindings"]
 
     def delete_acls(self, filters: Iterable[list]) -> list[list]:
         """Remove the bindings any of ``filters`` matches; the ones removed."""
-        results = self._conn.call(Api.DELETE_ACLS, [list(f) for f in filters]).fields[0]
+        results = self._conn.call(Api.DELETE_ACLS, [list(f) for f in filters])["results"]
         removed: dict[tuple, list] = {}
         for _code, _message, found in results:
             for b in found:
@@ -194,7 +195,7 @@ class Admin:
         """``{user: [(mechanism, iterations), ...]}`` for ``users`` (None: every user).
         Raises ``ResourceNotFoundError`` naming the first unknown user."""
         wanted = None if users is None else [str(u) for u in users]
-        rows = self._conn.call(Api.DESCRIBE_USER_SCRAM_CREDENTIALS, wanted).fields[0]
+        rows = self._conn.call(Api.DESCRIBE_USER_SCRAM_CREDENTIALS, wanted)["rows"]
         out: dict[str, list[tuple[str, int]]] = {}
         for user, code, message, infos in rows:
             if code:
@@ -210,7 +211,7 @@ class Admin:
         ``ResourceNotFoundError``...)."""
         rows = self._conn.call(Api.ALTER_USER_SCRAM_CREDENTIALS,
                                [list(d) for d in deletions],
-                               [list(u) for u in upsertions]).fields[0]
+                               [list(u) for u in upsertions])["results"]
         for user, code, message in rows:
             if code:
                 raise error_for_code(code, f"user {user!r}: {message}")

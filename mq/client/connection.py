@@ -124,7 +124,7 @@ class Connection:
             sock.close()                  # the broker went away between accept and reply
             self._sock = None
             raise
-        self.broker_info = reply.fields[1]
+        self.broker_info = reply["info"]
         self._tails = bool(self.broker_info.get("frame_tail"))
 
     def _ensure(self) -> socket.socket:

@@ -244,7 +244,7 @@ class Consumer(Fetcher, GroupConsumer):
     def _refresh_metadata(self) -> None:
         session = self._require_session()
         version = session.state.metadata_version     # before the call: never miss a change
-        self._topics = session.conn.call(Api.METADATA, None).fields[0]
+        self._topics = session.conn.call(Api.METADATA, None)["topics"]
         self._meta_version = version
         for f in self._order:
             info = self._topics.get(f.tp.topic)
@@ -421,8 +421,8 @@ class Consumer(Fetcher, GroupConsumer):
             if not isinstance(ts, int) or ts < 0:
                 raise ValueError(f"timestamp must be a non-negative integer, got {ts!r}")
             tp = TopicPartition(*tp)
-            offset, found_ts = session.conn.call(Api.LIST_OFFSETS, tp.topic, tp.partition,
-                                                 ts).fields[:2]
+            reply = session.conn.call(Api.LIST_OFFSETS, tp.topic, tp.partition, ts)
+            offset, found_ts = reply["offset"], reply["timestamp"]
             out[tp] = None if offset < 0 else (offset, found_ts)
         return out
 

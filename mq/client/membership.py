@@ -316,7 +316,8 @@ class Membership(threading.Thread):
         if reply.error_code:
             self._heartbeat_error(reply.error_code, reply.error_message or "")
             return
-        member_id, epoch, interval_ms, assignment = reply.fields
+        member_id, epoch = reply["member_id"], reply["member_epoch"]
+        interval_ms, assignment = reply["heartbeat_interval_ms"], reply["assignment"]
         target = frozenset(TopicPartition(t, p) for t, p in assignment)
         with self.lock:
             self.member_id, self.epoch = member_id, epoch

@@ -796,8 +796,8 @@ class Producer(Sender):
         with self._lock:
             while True:
                 try:
-                    meta = self._request(deadline, Api.METADATA, [topic]).fields[0][topic]
-                    effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic).fields[0]
+                    meta = self._request(deadline, Api.METADATA, [topic])["topics"][topic]
+                    effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic)["config"]
                     break
                 except UnknownTopicOrPartitionError as err:
                     raise UnknownTopicOrPartitionError(

@@ -470,7 +470,7 @@ class Sender:
                 self._conn.arena.release(batch.slot)
                 batch.slot = -1
             if not reply.error_code:
-                self._done(batch, reply.fields[0], reply.fields[1], None, finished)
+                self._done(batch, reply["first_offset"], reply["log_append_time"], None, finished)
                 continue
             err = error_for_code(reply.error_code, reply.error_message or "")
             if err.retriable:
@@ -577,7 +577,7 @@ class Sender:
             self._pid_pending = True              # batches wait for it (_renew_producer_id)
             return
         assert self._ids is not None
-        self._ids.set(reply.fields[0], reply.fields[1])
+        self._ids.set(reply["producer_id"], reply["producer_epoch"])
 
     def _earlier_pending(self, batch: Batch) -> bool:
         """Whether a batch sealed before ``batch`` for its partition, with the same producer id
@@ -643,7 +643,7 @@ class Sender:
                 self._disconnected(conn, failure, finished)
             return
         ids = self._ids
-        ids.set(reply.fields[0], reply.fields[1])
+        ids.set(reply["producer_id"], reply["producer_epoch"])
         self._pid_pending = False
         self._pid_backoff = self._backoff_s
         for batch in self._ready:

@@ -204,7 +204,7 @@ class Transactions:
     def _init_producer_id(self, what: str) -> None:
         reply = self._call(what, Api.INIT_PRODUCER_ID, self.manager.transactional_id,
                            self.manager.timeout_ms)
-        self.ids.set(reply.fields[0], reply.fields[1])
+        self.ids.set(reply["producer_id"], reply["producer_epoch"])
 
     def _txn_call(self, what: str, api: Api, *fields: Any, no_retry: tuple = ()):
         """``_call`` for a request of the open transaction: its failure may make the producer

@@ -1,88 +1,13 @@
-"""Requests and responses: api numbers, field schemas and their validation.
+"""Requests and responses of mq's native protocol: api numbers, one schema table, validation.
 
 A request is ``[api, request_id, *fields]``; ``check_request`` checks it against the api's
-schema so that the broker never acts on a field of the wrong type — it answers
+request schema, so the broker never acts on a field of the wrong type: it answers
 ``InvalidRequest`` instead. A response is ``[api, request_id, error_code, error_message,
-*fields]``.
+*fields]``: the api's reply fields when the error code is 0, none otherwise. ``Response``
+reads them by name (``reply["first_offset"]``).
 
-Schemas (fields after ``request_id``)::
-
-    Handshake       18  protocol_version int, client_name str, pid int    (Kafka's ApiVersions)
-    Produce          0  topic str, partition int, acks int (0, 1, -1 = all), batch bin
-                        (or the frame's raw tail, to a broker whose Handshake info says
-                        ``frame_tail``: see frames.py)
-    ListOffsets      2  topic str, partition int, timestamp int (-1 latest, -2 earliest, -3 max)
-    Metadata         3  topics [str] | nil (nil: all)
-    CreateTopics    19  topic str, partitions int, config {str: str}
-    DeleteTopics    20  topic str
-    DeleteRecords   21  topic str, partition int, offset int
-    DescribeConfigs 32  topic str ("": the broker's topic defaults, with no overrides)
-                        -> effective config {str: str}, the topic's overrides {str: str}
-    AlterConfigs    33  topic str, config {str: str} (merged into the topic's overrides)
-    IncrementalAlterConfigs 44  topic str, set {str: str}, delete [str] | nil (overrides
-                        removed: the broker default applies again), validate_only int (1:
-                        check, change nothing) -> effective config {str: str}
-    CreatePartitions 37 topic str, total int
-    Wait          1000  semaphore str, [[topic str, partition int, offset int], ...]   (no reply)
-    BrokerStats   1001  (no fields) -> {broker, partitions, groups, fsync, cleaner}: one
-                        snapshot of the broker's figures (mq/broker/stats.py documents it)
-    ShareMemory   1002  size int, with a sealed memfd of that size passed in the same
-                        sendmsg (SCM_RIGHTS): the connection's batch arena (to a broker whose
-                        Handshake info says ``shared_batches``; see mq/client/arena.py)
-    ProduceShared 1003  topic str, partition int, acks int (1 or -1), offset int, length int:
-                        Produce for the batch at [offset, offset + length) of the arena;
-                        the reply is Produce's
-
-    OffsetCommit     8  group str, member_id str, member_epoch int,
-                        [[topic str, partition int, offset int, leader_epoch int, metadata str]]
-    OffsetFetch      9  group str, [[topic str, partition int], ...] | nil (nil: all),
-                        require_stable int (1: a partition whose offsets an open transaction
-                        holds answers UNSTABLE_OFFSET_COMMIT in its row)
-                        -> [[topic, partition, offset (-1: none), leader_epoch, metadata,
-                             commit_timestamp_ms, error_code int], ...]
-    ListGroups      16  (no fields)
-    DeleteGroups    42  group str
-    OffsetDelete    47  group str, [[topic str, partition int], ...]
-                        -> [[topic, partition, error_code int], ...] (GROUP_SUBSCRIBED_TO_TOPIC
-                        for a topic a member subscribes to: those offsets stay)
-    ConsumerGroupHeartbeat 68  group str, member_id str|nil, member_epoch int,
-                        instance_id str|nil, rebalance_timeout_ms int, session_timeout_ms int
-                        (-1: broker default), topics [str]|nil, pattern str|nil,
-                        assignor str|nil, owned [[topic str, partition int]]|nil
-    ConsumerGroupDescribe 69  group str
-
-    InitProducerId  22  transactional_id str|nil, transaction_timeout_ms int
-                        -> producer_id int, producer_epoch int
-    AddPartitionsToTxn 24  transactional_id str, producer_id int, producer_epoch int,
-                        [[topic str, partition int], ...]
-    AddOffsetsToTxn 25  transactional_id str, producer_id int, producer_epoch int, group str
-    EndTxn          26  transactional_id str, producer_id int, producer_epoch int,
-                        commit int (1 commit, 0 abort)
-    TxnOffsetCommit 28  transactional_id str, group str, producer_id int, producer_epoch int,
-                        member_id str, member_epoch int (-1: no group member),
-                        [[topic str, partition int, offset int, leader_epoch int, metadata str]]
-    DescribeTransactions 65  [transactional_id str, ...]
-                        -> [{transactional_id, state, producer_id, producer_epoch, timeout_ms,
-                             start_ms, last_update_ms, partitions [[topic, partition]]}, ...]
-    ListTransactions 66  (no fields) -> [[transactional_id, producer_id, state], ...]
-
-    CreateAcls      30  [[resource_type int, resource_name str, pattern_type int,
-                        principal str, host str, operation int, permission int], ...]
-                        (Kafka's codes: mq/broker/acls.py) -> [[error_code, message], ...]
-    DescribeAcls    29  filter [the same seven, name, principal and host nil: any]
-                        -> [binding, ...]
-    DeleteAcls      31  [filter, ...] -> [[error_code, message, [binding, ...]], ...]
-    DescribeUserScramCredentials 50  users [str] | nil (nil: all)
-                        -> [[user, error_code int, error_message, [[mechanism str,
-                             iterations int], ...]], ...]
-    AlterUserScramCredentials 51  deletions [[user str, mechanism str], ...],
-                        upsertions [[user str, mechanism str, iterations int, salt bin,
-                        salted_password bin], ...] (KIP-554's fields: the password itself
-                        never crosses the socket) -> [[user, error_code int, error_message]]
-
-A Produce reply is ``first_offset, log_append_time, log_start_offset``; for a batch an
-idempotent producer sent again (a retry the partition has), the first offset is the one the
-batch got the first time, and nothing is appended.
+``SCHEMAS`` is the protocol's one description: per api, its request fields with their types,
+its reply fields, and what each means where the name does not say it.
 
 The broker also *pushes* ``[68, 0, 0, nil]`` (request id 0, never used by a request) on a
 member's heartbeat connection when the member should heartbeat now: its assignment changed.
@@ -98,7 +23,8 @@ from typing import Any, Final
 from mq.errors import RemoteProtocolError
 
 __all__ = ["PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Api", "Request", "Response", "ARENA_SEALS",
-           "check_request", "request", "response", "ACKS_ALL", "PUSH_REQUEST_ID", "TAIL_APIS"]
+           "SCHEMAS", "Schema", "check_request", "request", "response", "ACKS_ALL",
+           "PUSH_REQUEST_ID", "TAIL_APIS"]
 
 PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({1})
@@ -158,55 +84,123 @@ _SCRAM_DELETIONS = ("scram_deletions",)
 _SCRAM_UPSERTIONS = ("scram_upsertions",)
 PUSH_REQUEST_ID: Final = 0
 
-_SCHEMAS: Final[dict[Api, tuple[tuple[str, Any], ...]]] = {
-    Api.HANDSHAKE: (("protocol_version", int), ("client_name", str), ("pid", int)),
-    Api.PRODUCE: (("topic", str), ("partition", int), ("acks", int), ("batch", bytes)),
-    Api.LIST_OFFSETS: (("topic", str), ("partition", int), ("timestamp", int)),
-    Api.METADATA: (("topics", _OPT_STR_LIST),),
-    Api.CREATE_TOPICS: (("topic", str), ("partitions", int), ("config", _STR_MAP)),
-    Api.DELETE_TOPICS: (("topic", str),),
-    Api.DELETE_RECORDS: (("topic", str), ("partition", int), ("offset", int)),
-    Api.DESCRIBE_CONFIGS: (("topic", str),),
-    Api.ALTER_CONFIGS: (("topic", str), ("config", _STR_MAP)),
-    Api.INCREMENTAL_ALTER_CONFIGS: (("topic", str), ("set", _STR_MAP),
-                                    ("delete", _OPT_STR_LIST), ("validate_only", int)),
-    Api.CREATE_PARTITIONS: (("topic", str), ("total", int)),
-    Api.WAIT: (("semaphore", str), ("positions", _WAIT_LIST)),
-    Api.BROKER_STATS: (),
-    Api.SHARE_MEMORY: (("size", int),),
-    Api.PRODUCE_SHARED: (("topic", str), ("partition", int), ("acks", int), ("offset", int),
-                         ("length", int)),
-    Api.OFFSET_COMMIT: (("group", str), ("member_id", str), ("member_epoch", int),
-                        ("offsets", _COMMIT_LIST)),
-    Api.OFFSET_FETCH: (("group", str), ("partitions", _OPT_TP_LIST), ("require_stable", int)),
-    Api.LIST_GROUPS: (),
-    Api.DELETE_GROUPS: (("group", str),),
-    Api.OFFSET_DELETE: (("group", str), ("partitions", _OPT_TP_LIST)),
-    Api.CONSUMER_GROUP_HEARTBEAT: (
-        ("group", str), ("member_id", _OPT_STR), ("member_epoch", int),
-        ("instance_id", _OPT_STR), ("rebalance_timeout_ms", int), ("session_timeout_ms", int),
-        ("topics", _OPT_STR_LIST), ("pattern", _OPT_STR), ("assignor", _OPT_STR),
-        ("owned", _OPT_TP_LIST)),
-    Api.CONSUMER_GROUP_DESCRIBE: (("group", str),),
-    Api.INIT_PRODUCER_ID: (("transactional_id", _OPT_STR), ("transaction_timeout_ms", int)),
-    Api.ADD_PARTITIONS_TO_TXN: (("transactional_id", str), ("producer_id", int),
-                                ("producer_epoch", int), ("partitions", _OPT_TP_LIST)),
-    Api.ADD_OFFSETS_TO_TXN: (("transactional_id", str), ("producer_id", int),
-                             ("producer_epoch", int), ("group", str)),
-    Api.END_TXN: (("transactional_id", str), ("producer_id", int), ("producer_epoch", int),
-                  ("commit", int)),
-    Api.TXN_OFFSET_COMMIT: (("transactional_id", str), ("group", str), ("producer_id", int),
-                            ("producer_epoch", int), ("member_id", str), ("member_epoch", int),
-                            ("offsets", _COMMIT_LIST)),
-    Api.DESCRIBE_TRANSACTIONS: (("transactional_ids", _OPT_STR_LIST),),
-    Api.LIST_TRANSACTIONS: (),
-    Api.CREATE_ACLS: (("bindings", _ACL_LIST),),
-    Api.DESCRIBE_ACLS: (("filter", _ACL_FILTER),),
-    Api.DELETE_ACLS: (("filters", _ACL_FILTER_LIST),),
-    Api.DESCRIBE_USER_SCRAM_CREDENTIALS: (("users", _OPT_STR_LIST),),
-    Api.ALTER_USER_SCRAM_CREDENTIALS: (("deletions", _SCRAM_DELETIONS),
-                                       ("upsertions", _SCRAM_UPSERTIONS)),
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schema:
+    """One api: its request fields (name, type) after ``request_id`` and its reply's field
+    names after ``error_message``."""
+    request: tuple[tuple[str, Any], ...]
+    reply: tuple[str, ...] = ()
+
+
+SCHEMAS: Final[dict[Api, Schema]] = {
+    # Kafka's ApiVersions. info: {data_dir, generation, pid, gid, semaphore_prefix, shm,
+    # max_request_bytes, frame_tail, shared_batches, futex_wake} (server.py says each).
+    Api.HANDSHAKE: Schema((("protocol_version", int), ("client_name", str), ("pid", int)),
+                          ("protocol_version", "info")),
+    # acks: 0, 1 or -1 (all; acks=0 has no reply). batch: or the frame's raw tail, to a broker
+    # whose Handshake info says frame_tail (frames.py). For a batch an idempotent producer
+    # sent again (a retry the partition has), first_offset is the one the batch got the first
+    # time, and nothing is appended.
+    Api.PRODUCE: Schema((("topic", str), ("partition", int), ("acks", int), ("batch", bytes)),
+                        ("first_offset", "log_append_time", "log_start_offset")),
+    # timestamp: -1 latest, -2 earliest, -3 max timestamp; offset and timestamp -1: none.
+    Api.LIST_OFFSETS: Schema((("topic", str), ("partition", int), ("timestamp", int)),
+                             ("offset", "timestamp")),
+    # topics nil: all; the reply's topics: {name: metadata}.
+    Api.METADATA: Schema((("topics", _OPT_STR_LIST),), ("topics",)),
+    Api.CREATE_TOPICS: Schema((("topic", str), ("partitions", int), ("config", _STR_MAP)),
+                              ("metadata",)),
+    Api.DELETE_TOPICS: Schema((("topic", str),)),
+    Api.DELETE_RECORDS: Schema((("topic", str), ("partition", int), ("offset", int)),
+                               ("log_start_offset",)),
+    # topic "": the broker's topic defaults, with no overrides. config: effective
+    # {str: str}; overrides: the topic's own {str: str}.
+    Api.DESCRIBE_CONFIGS: Schema((("topic", str),), ("config", "overrides")),
+    # config: merged into the topic's overrides.
+    Api.ALTER_CONFIGS: Schema((("topic", str), ("config", _STR_MAP)), ("config",)),
+    # delete: overrides removed (the broker default applies again); validate_only 1: check,
+    # change nothing.
+    Api.INCREMENTAL_ALTER_CONFIGS: Schema((("topic", str), ("set", _STR_MAP),
+                                           ("delete", _OPT_STR_LIST), ("validate_only", int)),
+                                          ("config",)),
+    Api.CREATE_PARTITIONS: Schema((("topic", str), ("total", int)), ("metadata",)),
+    # Arm a wake-up: post my semaphore when data passes these [[topic, partition, offset]].
+    # One way: no reply.
+    Api.WAIT: Schema((("semaphore", str), ("positions", _WAIT_LIST))),
+    # stats: {broker, partitions, groups, fsync, cleaner}, mq/broker/stats.py says each.
+    Api.BROKER_STATS: Schema((), ("stats",)),
+    # A sealed memfd of ``size`` passed in the same sendmsg (SCM_RIGHTS): the connection's
+    # batch arena, to a broker whose Handshake info says shared_batches (mq/client/arena.py).
+    Api.SHARE_MEMORY: Schema((("size", int),)),
+    # Produce for the batch at [offset, offset + length) of the arena; acks 1 or -1.
+    Api.PRODUCE_SHARED: Schema((("topic", str), ("partition", int), ("acks", int),
+                                ("offset", int), ("length", int)),
+                               ("first_offset", "log_append_time", "log_start_offset")),
+    # offsets: [[topic str, partition int, offset int, leader_epoch int, metadata str], ...]
+    Api.OFFSET_COMMIT: Schema((("group", str), ("member_id", str), ("member_epoch", int),
+                               ("offsets", _COMMIT_LIST))),
+    # partitions nil: all; require_stable 1: a partition whose offsets an open transaction
+    # holds answers UNSTABLE_OFFSET_COMMIT in its row. rows: [[topic, partition, offset (-1:
+    # none), leader_epoch, metadata, commit_timestamp_ms, error_code], ...]
+    Api.OFFSET_FETCH: Schema((("group", str), ("partitions", _OPT_TP_LIST),
+                              ("require_stable", int)), ("rows",)),
+    # rows: [[group, state, live members], ...]
+    Api.LIST_GROUPS: Schema((), ("rows",)),
+    Api.DELETE_GROUPS: Schema((("group", str),)),
+    # rows: [[topic, partition, error_code], ...] (GROUP_SUBSCRIBED_TO_TOPIC for a topic a
+    # member subscribes to: those offsets stay).
+    Api.OFFSET_DELETE: Schema((("group", str), ("partitions", _OPT_TP_LIST)), ("rows",)),
+    # session_timeout_ms -1: the broker's default. assignment: [[topic, partition], ...]
+    Api.CONSUMER_GROUP_HEARTBEAT: Schema(
+        (("group", str), ("member_id", _OPT_STR), ("member_epoch", int),
+         ("instance_id", _OPT_STR), ("rebalance_timeout_ms", int), ("session_timeout_ms", int),
+         ("topics", _OPT_STR_LIST), ("pattern", _OPT_STR), ("assignor", _OPT_STR),
+         ("owned", _OPT_TP_LIST)),
+        ("member_id", "member_epoch", "heartbeat_interval_ms", "assignment")),
+    # description: {group, state, group_epoch, assignment_epoch, assignor, members, offsets}
+    Api.CONSUMER_GROUP_DESCRIBE: Schema((("group", str),), ("description",)),
+    # transactional_id nil: an idempotent producer's id, epoch 0.
+    Api.INIT_PRODUCER_ID: Schema((("transactional_id", _OPT_STR),
+                                  ("transaction_timeout_ms", int)),
+                                 ("producer_id", "producer_epoch")),
+    Api.ADD_PARTITIONS_TO_TXN: Schema((("transactional_id", str), ("producer_id", int),
+                                       ("producer_epoch", int), ("partitions", _OPT_TP_LIST))),
+    Api.ADD_OFFSETS_TO_TXN: Schema((("transactional_id", str), ("producer_id", int),
+                                    ("producer_epoch", int), ("group", str))),
+    # commit: 1 commit, 0 abort.
+    Api.END_TXN: Schema((("transactional_id", str), ("producer_id", int),
+                         ("producer_epoch", int), ("commit", int))),
+    # member_epoch -1: no group member.
+    Api.TXN_OFFSET_COMMIT: Schema((("transactional_id", str), ("group", str),
+                                   ("producer_id", int), ("producer_epoch", int),
+                                   ("member_id", str), ("member_epoch", int),
+                                   ("offsets", _COMMIT_LIST))),
+    # rows: [{transactional_id, state, producer_id, producer_epoch, timeout_ms, start_ms,
+    # last_update_ms, partitions [[topic, partition]]}, ...]
+    Api.DESCRIBE_TRANSACTIONS: Schema((("transactional_ids", _OPT_STR_LIST),), ("rows",)),
+    # rows: [[transactional_id, producer_id, state], ...]
+    Api.LIST_TRANSACTIONS: Schema((), ("rows",)),
+    # A binding: [resource_type int, resource_name str, pattern_type int, principal str,
+    # host str, operation int, permission int] (Kafka's codes: mq/broker/acls.py); a filter
+    # the same seven with name, principal and host nil: any. results: [[error_code,
+    # message], ...] per binding; DeleteAcls's: [[error_code, message, [binding, ...]], ...]
+    # per filter.
+    Api.CREATE_ACLS: Schema((("bindings", _ACL_LIST),), ("results",)),
+    Api.DESCRIBE_ACLS: Schema((("filter", _ACL_FILTER),), ("bindings",)),
+    Api.DELETE_ACLS: Schema((("filters", _ACL_FILTER_LIST),), ("results",)),
+    # users nil: all. rows: [[user, error_code, error_message, [[mechanism, iterations],
+    # ...]], ...]
+    Api.DESCRIBE_USER_SCRAM_CREDENTIALS: Schema((("users", _OPT_STR_LIST),), ("rows",)),
+    # deletions: [[user, mechanism], ...]; upsertions: [[user, mechanism, iterations, salt
+    # bin, salted_password bin], ...] (KIP-554's fields: the password itself never crosses
+    # the socket). results: [[user, error_code, error_message], ...]
+    Api.ALTER_USER_SCRAM_CREDENTIALS: Schema((("deletions", _SCRAM_DELETIONS),
+                                              ("upsertions", _SCRAM_UPSERTIONS)),
+                                             ("results",)),
 }
+# A reply field's position after error_message, by api number.
+_REPLY_POSITIONS: Final[dict[int, dict[str, int]]] = {
+    int(api): {name: i for i, name in enumerate(schema.reply)} for api, schema in SCHEMAS.items()}
 
 ONE_WAY: Final = frozenset({Api.WAIT})
 # Apis whose last field, a record batch, a client may send as a tail frame's tail.
@@ -230,6 +224,16 @@ class Response:
     error_code: int
     error_message: str | None
     fields: list[Any]
+
+    def __getitem__(self, name: str) -> Any:
+        """The reply field ``name`` (``SCHEMAS``); ``KeyError`` for a name the api's reply does
+        not have, ``IndexError`` for an error reply, which has no fields."""
+        return self.fields[_REPLY_POSITIONS[self.api][name]]
+
+    @classmethod
+    def refused(cls, error_code: int, error_message: str | None) -> Response:
+        """An error reply for a request never sent (a Kafka handler's denied resource)."""
+        return cls(-1, -1, error_code, error_message, [])
 
     @classmethod
     def from_message(cls, message: list) -> Response:
@@ -309,7 +313,7 @@ def check_request(message: list) -> Request:
         api = Api(raw_api)
     except (ValueError, TypeError) as err:
         raise RemoteProtocolError(f"unknown api {raw_api!r:.40}") from err
-    schema = _SCHEMAS[api]
+    schema = SCHEMAS[api].request
     values = message[2:]
     if len(values) != len(schema):
         raise RemoteProtocolError(f"{api.name} takes {len(schema)} fields, got {len(values)}")
@@ -327,4 +331,7 @@ def request(api: Api, request_id: int, *fields: Any) -> list:
 
 def response(api: int, request_id: int, error_code: int = 0, error_message: str | None = None,
              *fields: Any) -> list:
+    """The message for a reply: none of the fields, or all of the api's reply fields in the
+    order of ``SCHEMAS`` (checked where asserts run, as in the test suite)."""
+    assert not fields or len(fields) == len(_REPLY_POSITIONS[api]), (api, len(fields))
     return [int(api), request_id, error_code, error_message, *fields]

@@ -115,7 +115,7 @@ class BrokerMetadata:
                    for tp, ts in timestamps.items()}
             out: dict[TP, int | None] = {}
             for tp, rid in ids.items():
-                offset = conn.wait(rid).fields[0]
+                offset = conn.wait(rid)["offset"]
                 out[tp] = None if offset < 0 else offset
             return out
         if not timestamps:
@@ -155,7 +155,7 @@ class BrokerMetadata:
     def _metadata(self, conn: Connection, state: StateReader) -> dict[str, dict]:
         version = state.metadata_version         # read first: never miss a change
         if version != self._version:
-            self._topics = conn.call(Api.METADATA, None).fields[0]
+            self._topics = conn.call(Api.METADATA, None)["topics"]
             self._version = version
         return self._topics
 

@@ -82,11 +82,11 @@ def assert_alive(b):
 
 def test_produce_then_list_offsets(broker):
     with Connection(broker.socket) as c:
-        first = c.call(Api.PRODUCE, "t", 0, 1, batch(b"a", b"b")).fields[0]
-        second = c.call(Api.PRODUCE, "t", 0, -1, batch(b"c")).fields[0]
+        first = c.call(Api.PRODUCE, "t", 0, 1, batch(b"a", b"b"))["first_offset"]
+        second = c.call(Api.PRODUCE, "t", 0, -1, batch(b"c"))["first_offset"]
         assert (first, second) == (0, 2)
-        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 3
-        assert c.call(Api.LIST_OFFSETS, "t", 0, -2).fields[0] == 0
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1)["offset"] == 3
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -2)["offset"] == 0
 
 
 def test_socket_mode_is_0660(broker):
@@ -211,8 +211,8 @@ def test_a_wait_on_a_semaphore_name_posix_ipc_refuses_is_the_clients_error(broke
 
 def records_in_broker(b):
     with Connection(b.socket) as c:
-        return [c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0] for p in (0, 1) if
-                c.call(Api.LIST_OFFSETS, "t", p, -1).fields[0]]
+        return [c.call(Api.LIST_OFFSETS, "t", p, -1)["offset"] for p in (0, 1) if
+                c.call(Api.LIST_OFFSETS, "t", p, -1)["offset"]]
 
 
 def tail_frame(message):
@@ -240,7 +240,7 @@ def test_bad_crc_never_reaches_the_log(broker):
     with Connection(broker.socket) as c:
         with pytest.raises(CorruptMessageError):
             c.call(Api.PRODUCE, "t", 0, 1, bytes(good))
-        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 0
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1)["offset"] == 0
 
 
 def test_oversized_batch_is_refused(broker):
@@ -256,7 +256,7 @@ def test_client_dying_mid_request_leaves_no_trace(broker):
         s.sendall(frame[: len(frame) // 2])
     assert_alive(broker)
     with Connection(broker.socket) as c:
-        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 0
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1)["offset"] == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -370,7 +370,7 @@ def test_kill_9_under_acks_all_loses_nothing_acknowledged(tmp_path):
         acked = [line for line in acked_path.read_bytes().split(b"\n") if line]
         b.start()
         with Connection(b.socket) as c:
-            end = c.call(Api.LIST_OFFSETS, "d", 0, -1).fields[0]
+            end = c.call(Api.LIST_OFFSETS, "d", 0, -1)["offset"]
         b.stop()
         stored = records_in(b.data_dir, "d", 0)
         assert len(stored) == end

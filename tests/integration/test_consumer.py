@@ -67,7 +67,8 @@ def produce(conn: Connection, tp: TopicPartition, values, *, key=None, headers=(
     for i, value in enumerate(values):
         ts = 1_000 + i if timestamps is None else timestamps[i]
         builder.append(ts, key, value, headers)
-    return conn.call(Api.PRODUCE, tp.topic, tp.partition, 1, bytes(builder.build())).fields[0]
+    reply = conn.call(Api.PRODUCE, tp.topic, tp.partition, 1, bytes(builder.build()))
+    return reply["first_offset"]
 
 
 def drain(consumer: Consumer, count: int, timeout_s: float = 30.0, **kwargs

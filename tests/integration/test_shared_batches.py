@@ -124,7 +124,7 @@ def test_share_then_produce_shared(broker):
             slot, offset = arena.put(batch(b"a", b"b"))
             reply = c.call(Api.PRODUCE_SHARED, "t", 0, 1, offset, len(batch(b"a", b"b")))
             arena.release(slot)
-            assert reply.fields[0] == expected
+            assert reply["first_offset"] == expected
     assert log_batches(broker) == [[b"a", b"b"], [b"a", b"b"]]
 
 
@@ -174,7 +174,7 @@ def test_produce_shared_refuses_bad_descriptors(broker):
         arena.put(bad)
         with pytest.raises(CorruptMessageError):
             c.call(Api.PRODUCE_SHARED, "t", 0, 1, 0, len(bad))
-        assert c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0] == 0
+        assert c.call(Api.LIST_OFFSETS, "t", 0, -1)["offset"] == 0
     assert_alive(broker)
 
 
@@ -213,7 +213,7 @@ def test_a_client_rewriting_its_arena_in_flight_only_loses_its_own_batches(broke
             t.join()
             view.release()
         assert acked + refused == 200
-        end = c.call(Api.LIST_OFFSETS, "t", 0, -1).fields[0]
+        end = c.call(Api.LIST_OFFSETS, "t", 0, -1)["offset"]
     assert end == 64 * acked
     broker.stop()
     stored = log_batches(broker)

@@ -148,7 +148,7 @@ def test_clients_wait_in_the_backlog_across_a_restart(tmp_path, procs, stop):
         listener.expect(lambda m: m.startswith("READY=1"), what="the second READY=1")
         reply = _read_reply(raw)
         assert reply.request_id == 1 and reply.error_code == 0
-        assert reply.fields[1]["pid"] == second.pid
+        assert reply["info"]["pid"] == second.pid
         raw.close()
         client.join(WAIT)
         assert not client.is_alive() and "error" not in late, late

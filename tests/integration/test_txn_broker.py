@@ -52,7 +52,7 @@ def batch(pid: int, epoch: int, seq: int, values, *, txn: bool = False) -> bytes
 
 
 def produce(conn: Connection, data: bytes, partition: int = 0) -> int:
-    return conn.call(Api.PRODUCE, "t", partition, -1, data).fields[0]
+    return conn.call(Api.PRODUCE, "t", partition, -1, data)["first_offset"]
 
 
 def read(b, isolation: str, partitions=(0,)) -> list[bytes]:
@@ -97,7 +97,7 @@ def slot_lso(b, partition: int = 0) -> tuple[int, int]:
 
 
 def describe_on(conn: Connection, tid: str) -> dict:
-    [row] = conn.call(Api.DESCRIBE_TRANSACTIONS, [tid]).fields[0]
+    [row] = conn.call(Api.DESCRIBE_TRANSACTIONS, [tid])["rows"]
     return row
 
 
@@ -153,7 +153,7 @@ def test_commit_and_abort_with_the_last_stable_offset_and_the_txnindex(broker):
     row = describe(broker, "billing")
     assert row["state"] == "CompleteAbort" and row["producer_id"] == pid
     with Connection(broker.socket) as conn:
-        assert conn.call(Api.LIST_TRANSACTIONS).fields[0] == [["billing", pid, "CompleteAbort"]]
+        assert conn.call(Api.LIST_TRANSACTIONS)["rows"] == [["billing", pid, "CompleteAbort"]]
 
 
 def test_transactional_batches_only_on_partitions_of_the_open_transaction(broker):
@@ -213,14 +213,14 @@ def test_offsets_sent_to_a_transaction_count_only_when_it_commits(broker):
             conn.call(Api.ADD_OFFSETS_TO_TXN, "etl", pid, epoch, "g")
             group_tp[0][2] = offset
             conn.call(Api.TXN_OFFSET_COMMIT, "etl", "g", pid, epoch, "", -1, group_tp)
-            fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 0).fields[0]
+            fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 0)["rows"]
             assert fetched[0][2] == -1                  # pending until the marker
             # A read_committed consumer is told to wait instead (KIP-447).
-            stable = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 1).fields[0]
+            stable = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 1)["rows"]
             assert stable[0][2] == -1 and stable[0][6] == UnstableOffsetCommitError.code
             conn.call(Api.END_TXN, "etl", pid, epoch, commit)
             for require_stable in (0, 1):
-                fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], require_stable).fields[0]
+                fetched = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], require_stable)["rows"]
                 assert fetched[0][2] == (-1 if not commit else 7) and fetched[0][6] == 0
         with pytest.raises(InvalidTxnStateError):
             conn.call(Api.TXN_OFFSET_COMMIT, "etl", "g", pid, epoch, "", -1, group_tp)
@@ -229,8 +229,8 @@ def test_offsets_sent_to_a_transaction_count_only_when_it_commits(broker):
     broker.kill()                   # replayed from __consumer_offsets, the open one pending
     broker.start()
     with Connection(broker.socket) as conn:
-        assert conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 0).fields[0][0][2] == 7
-        stable = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 1).fields[0]
+        assert conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 0)["rows"][0][2] == 7
+        stable = conn.call(Api.OFFSET_FETCH, "g", [["t", 0]], 1)["rows"]
         assert stable[0][6] == UnstableOffsetCommitError.code
 
 

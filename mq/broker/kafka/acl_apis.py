@@ -44,11 +44,12 @@ class AclWireApis:
                      c["principal"], c["host"], c["operation"], c["permission_type"]]
                     for c in creations]
         (reply,) = yield Calls([Call(Api.CREATE_ACLS, {"bindings": bindings})])
-        if reply[2]:
-            results = [{"error_code": reply[2], "error_message": reply[3]} for _ in creations]
+        if reply.error_code:
+            results = [{"error_code": reply.error_code, "error_message": reply.error_message}
+                       for _ in creations]
         else:
             results = [{"error_code": code, "error_message": message}
-                       for code, message in reply[4]]
+                       for code, message in reply["results"]]
         return {"throttle_time_ms": 0, "results": results}
 
     def describe_acls(self, conn: KafkaConn, version: int, body: dict):
@@ -56,11 +57,12 @@ class AclWireApis:
             return {"throttle_time_ms": 0, "error_code": _DENIED,
                     "error_message": _DENIED_MESSAGE, "resources": []}
         (reply,) = yield Calls([Call(Api.DESCRIBE_ACLS, {"filter": _filter(body)})])
-        if reply[2]:
-            return {"throttle_time_ms": 0, "error_code": reply[2], "error_message": reply[3],
+        if reply.error_code:
+            return {"throttle_time_ms": 0, "error_code": reply.error_code,
+                    "error_message": reply.error_message,
                     "resources": []}
         return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
-                "resources": _by_resource(reply[4])}
+                "resources": _by_resource(reply["bindings"])}
 
     def delete_acls(self, conn: KafkaConn, version: int, body: dict):
         filters = body["filters"]
@@ -70,16 +72,17 @@ class AclWireApis:
                 for _ in filters]}
         (reply,) = yield Calls([Call(Api.DELETE_ACLS,
                                      {"filters": [_filter(f) for f in filters]})])
-        if reply[2]:
+        if reply.error_code:
             return {"throttle_time_ms": 0, "filter_results": [
-                {"error_code": reply[2], "error_message": reply[3], "matching_acls": []}
+                {"error_code": reply.error_code, "error_message": reply.error_message,
+                 "matching_acls": []}
                 for _ in filters]}
         return {"throttle_time_ms": 0, "filter_results": [
             {"error_code": code, "error_message": message, "matching_acls": [
                 {"error_code": 0, "error_message": None, "resource_type": b[0],
                  "resource_name": b[1], "pattern_type": b[2], "principal": b[3],
                  "host": b[4], "operation": b[5], "permission_type": b[6]} for b in found]}
-            for code, message, found in reply[4]]}
+            for code, message, found in reply["results"]]}
 
 
 def _by_resource(bindings: list[list]) -> list[dict]:

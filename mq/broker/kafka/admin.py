@@ -40,7 +40,7 @@ from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.errors import BrokerError
 from mq.broker.metadata import MetadataStore
 from mq.broker.partitions import PartitionTable
-from mq.protocol.messages import Api
+from mq.protocol.messages import Api, Response
 
 __all__ = ["AdminApis", "topic_id_bytes"]
 
@@ -105,7 +105,7 @@ class AdminApis:
         created: dict[str, int] = {}
         if missing and allow and self._config.auto_create_topics:
             replies = yield Calls([self.create_call(n) for n in missing])
-            created = {n: r[2] for n, r in zip(missing, replies, strict=True)}
+            created = {n: r.error_code for n, r in zip(missing, replies, strict=True)}
         topics = []
         for name in names:
             info = self._metadata.topics.get(name)
@@ -186,19 +186,19 @@ class AdminApis:
         if calls:
             replies = yield Calls(calls)
             for row, reply in zip(called, replies, strict=True):
-                if reply[2] != errors.NONE:
-                    row.update(error_code=reply[2], error_message=reply[3])
+                if reply.error_code != errors.NONE:
+                    row.update(error_code=reply.error_code, error_message=reply.error_message)
                 else:
-                    row["topic_id"] = topic_id_bytes(reply[4]["id"])
+                    row["topic_id"] = topic_id_bytes(reply["metadata"]["id"])
         created = [row for row in called if row["error_code"] == errors.NONE]
         if version >= 5 and (created or validated):     # configs are in the response from v5
             replies = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": ""})] +
                                   [Call(Api.DESCRIBE_CONFIGS, {"topic": row["name"]})
                                    for row in created])
-            defaults = replies[0][4]
+            defaults = replies[0]["config"]
             for row, reply in zip(created, replies[1:], strict=True):
-                if reply[2] == errors.NONE:
-                    row["configs"] = created_topic(reply[4], reply[5], defaults)
+                if reply.error_code == errors.NONE:
+                    row["configs"] = created_topic(reply["config"], reply["overrides"], defaults)
             for row, config in validated:
                 row["configs"] = created_topic({**defaults, **config}, config, defaults)
         return {"throttle_time_ms": 0, "topics": rows}
@@ -209,8 +209,8 @@ class AdminApis:
         replies = yield from call_each({n: Call(Api.DELETE_TOPICS, {"topic": n})
                                         for n in allowed})
         return {"throttle_time_ms": 0, "responses": [
-            {"name": n, "topic_id": None, "error_code": r[2],
-             "error_message": r[3] if r[2] else None}
+            {"name": n, "topic_id": None, "error_code": r.error_code,
+             "error_message": r.error_message if r.error_code else None}
             for n, r in ((n, replies.get(n, _denied(n))) for n in names)]}
 
     def create_partitions(self, conn: KafkaConn, version: int, body: dict):
@@ -219,15 +219,17 @@ class AdminApis:
                    if self._topic_allowed(conn, AclOperation.ALTER, t["name"])]
         if body["validate_only"]:
             unknown = errors.UnknownTopicOrPartitionError.code
-            replies = {t["name"]: [None, None, errors.NONE if t["name"] in self._metadata.topics
-                                   else unknown, None] for t in allowed}
+            replies = {t["name"]: Response.refused(
+                errors.NONE if t["name"] in self._metadata.topics else unknown, None)
+                for t in allowed}
         else:
             replies = yield from call_each({
                 t["name"]: Call(Api.CREATE_PARTITIONS, {"topic": t["name"],
                                                         "total": t["count"]})
                 for t in allowed})
         return {"throttle_time_ms": 0, "results": [
-            {"name": n, "error_code": r[2], "error_message": r[3] if r[2] else None}
+            {"name": n, "error_code": r.error_code,
+             "error_message": r.error_message if r.error_code else None}
             for n, r in ((t["name"], replies.get(t["name"], _denied(t["name"])))
                          for t in topics)]}
 
@@ -250,8 +252,8 @@ class AdminApis:
         by_topic: dict[str, list[dict]] = {}
         for (topic, index, _), r in zip(where, replies, strict=True):
             by_topic.setdefault(topic, []).append(
-                {"partition_index": index, "error_code": r[2],
-                 "low_watermark": r[4] if r[2] == errors.NONE else -1})
+                {"partition_index": index, "error_code": r.error_code,
+                 "low_watermark": r["log_start_offset"] if r.error_code == errors.NONE else -1})
         return {"throttle_time_ms": 0, "topics": [
             {"name": topic, "partitions": rows} for topic, rows in by_topic.items()]}
 
@@ -289,7 +291,7 @@ class AdminApis:
                 "cluster_authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
 
 
-def _denied(topic: str) -> list:
-    """A native-reply-shaped TOPIC_AUTHORIZATION_FAILED for a call not made."""
-    return [None, None, errors.TopicAuthorizationFailedError.code,
-            f"not authorized for topic {topic!r}"]
+def _denied(topic: str) -> Response:
+    """TOPIC_AUTHORIZATION_FAILED for a call not made."""
+    return Response.refused(errors.TopicAuthorizationFailedError.code,
+                            f"not authorized for topic {topic!r}")

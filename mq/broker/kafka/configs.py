@@ -348,7 +348,7 @@ class ConfigApis:
         topics = [r["resource_name"] for r in resources if r["resource_type"] == TOPIC]
         replies = yield Calls([Call(Api.DESCRIBE_CONFIGS, {"topic": ""})] +
                               [Call(Api.DESCRIBE_CONFIGS, {"topic": t}) for t in topics])
-        defaults, by_topic = replies[0][4], dict(zip(topics, replies[1:], strict=True))
+        defaults, by_topic = replies[0]["config"], dict(zip(topics, replies[1:], strict=True))
         synonyms = body["include_synonyms"]
         documentation = body["include_documentation"]
         results = []
@@ -361,10 +361,10 @@ class ConfigApis:
                 row.update(error_code=denied, error_message="not authorized")
             elif kind == TOPIC:
                 reply = by_topic[name]
-                if reply[2] != errors.NONE:
-                    row.update(error_code=reply[2], error_message=reply[3])
+                if reply.error_code != errors.NONE:
+                    row.update(error_code=reply.error_code, error_message=reply.error_message)
                 else:
-                    row["configs"] = describe_topic(reply[4], reply[5], defaults,
+                    row["configs"] = describe_topic(reply["config"], reply["overrides"], defaults,
                                                     synonyms=synonyms,
                                                     documentation=documentation)
             elif kind == BROKER and self._is_this_broker(name):
@@ -414,11 +414,11 @@ class ConfigApis:
                                for _, r in topics])
         calls, called = [], []
         for (row, r), reply in zip(topics, current, strict=True):
-            if reply[2] != errors.NONE:
-                row.update(error_code=reply[2], error_message=reply[3])
+            if reply.error_code != errors.NONE:
+                row.update(error_code=reply.error_code, error_message=reply.error_message)
                 continue
             try:
-                changes, delete = plan(r, reply[4], reply[5])
+                changes, delete = plan(r, reply["config"], reply["overrides"])
             except BrokerError as err:
                 row.update(error_code=err.code, error_message=err.message)
                 continue
@@ -429,8 +429,8 @@ class ConfigApis:
         if calls:
             replies = yield Calls(calls)
             for row, reply in zip(called, replies, strict=True):
-                if reply[2] != errors.NONE:
-                    row.update(error_code=reply[2], error_message=reply[3])
+                if reply.error_code != errors.NONE:
+                    row.update(error_code=reply.error_code, error_message=reply.error_message)
         return rows
 
 

@@ -81,15 +81,15 @@ class CoordinationApis:
         if tid is not None and pid >= 0:
             (held,) = yield Calls([Call(Api.DESCRIBE_TRANSACTIONS,
                                         {"transactional_ids": [tid]})])
-            current = held[4][0] if held[2] == errors.NONE else None
+            current = held["rows"][0] if held.error_code == errors.NONE else None
             if current is None or current["producer_id"] != pid or \
                     epoch not in (current["producer_epoch"], current["producer_epoch"] - 1):
                 return _init_answer(fenced_error(22, version, errors.ProducerFencedError.code))
         (reply,) = yield Calls([Call(Api.INIT_PRODUCER_ID, {
             "transactional_id": tid, "transaction_timeout_ms": body["transaction_timeout_ms"]})])
-        if reply[2] != errors.NONE:
-            return _init_answer(fenced_error(22, version, reply[2]))
-        return _init_answer(errors.NONE, reply[4], reply[5])
+        if reply.error_code != errors.NONE:
+            return _init_answer(fenced_error(22, version, reply.error_code))
+        return _init_answer(errors.NONE, reply["producer_id"], reply["producer_epoch"])
 
 
 def _init_answer(code: int, producer_id: int = -1, producer_epoch: int = -1) -> dict:

@@ -42,7 +42,7 @@ from mq.broker.kafka.exchange import Call, CloseConnection, Park, call_each
 from mq.broker.partitions import Partition, PartitionTable
 from mq.log.log import PartitionLog
 from mq.protocol.kafka.codec import FileRegion
-from mq.protocol.messages import Api
+from mq.protocol.messages import Api, Response
 
 __all__ = ["DataApis", "epoch_end_offset"]
 
@@ -104,19 +104,21 @@ class DataApis:
             for i, (t, p) in enumerate((t, p) for t in body["topic_data"]
                                        for p in t["partition_data"])
             if t["name"] not in denied})
-        replies = [[None, None, denied[topic], "not authorized"] if topic in denied
+        replies = [Response.refused(denied[topic], "not authorized") if topic in denied
                    else made[i] for i, (topic, _) in enumerate(where)]
         if acks == 0:
-            failed = [r for r in replies if r is not None and r[2] != errors.NONE]
+            failed = [r for r in replies if r is not None and r.error_code != errors.NONE]
             if failed:       # no response can carry it: Kafka closes the connection
-                return CloseConnection(f"a Produce with acks=0 failed: {failed[0][3]}")
+                return CloseConnection(f"a Produce with acks=0 failed: {failed[0].error_message}")
             return None
         by_topic: dict[str, list[dict]] = {}
         for (topic, partition), reply in zip(where, replies, strict=True):
-            code, message = reply[2], reply[3]
+            code, message = reply.error_code, reply.error_message
             if code == errors.NONE:
-                row = {"index": partition, "error_code": errors.NONE, "base_offset": reply[4],
-                       "log_append_time_ms": reply[5], "log_start_offset": reply[6]}
+                row = {"index": partition, "error_code": errors.NONE,
+                       "base_offset": reply["first_offset"],
+                       "log_append_time_ms": reply["log_append_time"],
+                       "log_start_offset": reply["log_start_offset"]}
             else:
                 row = {"index": partition, "error_code": code, "base_offset": -1,
                        "log_append_time_ms": -1, "log_start_offset": -1,

@@ -10,9 +10,9 @@ components, is a generator that yields what it waits for and returns the body::
 
 The components answer native requests exactly as they answer mq's own clients (one set of
 logs, coordinators, free-space guard and group commit for both protocols); the handler turns
-their replies into Kafka's response. A native reply is ``[api, request_id, error_code,
-error_message, *fields]``; a call marked ``one_way`` (a Produce with acks=0) gets None unless
-it failed at once.
+their replies into Kafka's response. A handler gets each native reply as a ``Response``
+(``reply.error_code``, ``reply["first_offset"]``: the fields ``SCHEMAS`` names); a call marked
+``one_way`` (a Produce with acks=0) gets None unless it failed at once.
 
 Nothing here does I/O: ``Exchange`` asks its ``Runner`` (the listener) to dispatch a native
 request, to park, and to finish the connection's slot.
@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from mq.broker.kafka.conn import KafkaConn, Slot
 from mq.protocol.kafka.schemas import APIS
-from mq.protocol.messages import Api, Request
+from mq.protocol.messages import Api, Request, Response
 
 __all__ = ["Call", "Calls", "CloseConnection", "Exchange", "Park", "Runner", "call_each"]
 
@@ -51,7 +51,7 @@ class Calls:
 K = TypeVar("K")
 
 
-def call_each(calls: dict[K, Call]) -> Generator[Calls, Any, dict[K, list]]:
+def call_each(calls: dict[K, Call]) -> Generator[Calls, Any, dict[K, Response]]:
     """In a handler, ``replies = yield from call_each({key: call})``: each call's reply by
     its key, with no wait when there is none to make (every resource of a request denied)."""
     if not calls:
@@ -145,7 +145,7 @@ class Exchange:
             if value is None:
                 return                     # waiting for deferred replies
 
-    def _call(self, calls: Sequence[Call]) -> list | None:
+    def _call(self, calls: Sequence[Call]) -> list[Response | None] | None:
         """Dispatch the calls; their replies if all came at once, else None (``reply``
         resumes the handler when the last one arrives). A call is awaited before it is
         dispatched: a component may send its reply from inside the call."""
@@ -164,7 +164,7 @@ class Exchange:
                 if (reply is not None or call.one_way) and rid in self._missing:
                     del self._missing[rid]
                     conn.awaiting.pop(rid, None)
-                    self._replies[i] = reply
+                    self._replies[i] = None if reply is None else Response.from_message(reply)
         finally:
             self._dispatching = False
         return None if self._missing else self._replies
@@ -174,7 +174,7 @@ class Exchange:
         i = self._missing.pop(message[1], None)
         if i is None:
             return
-        self._replies[i] = message
+        self._replies[i] = Response.from_message(message)
         if not self._missing and not self.done and not self._dispatching:
             self._advance(self._replies)
 

@@ -39,7 +39,7 @@ from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.broker.kafka.groups import PROTOCOL_TYPE, GroupWireApis, assignment_bytes, by_topic
 from mq.broker.metadata import MetadataStore
 from mq.protocol.kafka.codec import encode_data
-from mq.protocol.messages import Api
+from mq.protocol.messages import Api, Response
 
 __all__ = ["GroupAdminApis", "commit_offsets", "fetch_rows"]
 
@@ -84,9 +84,9 @@ class GroupAdminApis:
     def _topic(self, conn: KafkaConn, op: AclOperation, topic: str) -> bool:
         return self._authz.allows(conn, op, ResourceType.TOPIC, topic)
 
-    def _denied_reply(self, name: str) -> list:
-        return [None, None, errors.GroupAuthorizationFailedError.code,
-                f"not authorized for group {name!r}"]
+    def _denied_reply(self, name: str) -> Response:
+        return Response.refused(errors.GroupAuthorizationFailedError.code,
+                                f"not authorized for group {name!r}")
 
     # --- offsets ------------------------------------------------------------------------------
     def offset_commit(self, conn: KafkaConn, version: int, body: dict):
@@ -101,7 +101,7 @@ class GroupAdminApis:
                 "member_epoch": body["generation_id_or_member_epoch"],
                 "offsets": commit_offsets([t for t in body["topics"]
                                            if t["name"] not in denied])})])
-            code = reply[2]
+            code = reply.error_code
         if (code == errors.StaleMemberEpochError.code
                 and (group, member_id) in self._members.classic):
             code = errors.IllegalGenerationError.code
@@ -127,8 +127,8 @@ class GroupAdminApis:
             if self._may(conn, AclOperation.DESCRIBE, group)})
         replies = [made.get(i) or self._denied_reply(group)
                    for i, (group, _) in enumerate(wanted)]
-        results = [(reply[2], fetch_rows(self._visible(conn, reply[4], topics is None)
-                                         if reply[2] == errors.NONE else [], version))
+        results = [(reply.error_code, fetch_rows(self._visible(conn, reply["rows"], topics is None)
+                                         if reply.error_code == errors.NONE else [], version))
                    for reply, (_, topics) in zip(replies, wanted, strict=True)]
         if version >= 8:
             return {"throttle_time_ms": 0, "groups": [
@@ -158,9 +158,9 @@ class GroupAdminApis:
             "group": body["group_id"],
             "partitions": [[t["name"], p["partition_index"]] for t in body["topics"]
                            if t["name"] not in denied for p in t["partitions"]]})])
-        if reply[2] != errors.NONE:
-            return {"error_code": reply[2], "throttle_time_ms": 0, "topics": []}
-        codes = {(topic, partition): code for topic, partition, code in reply[4]}
+        if reply.error_code != errors.NONE:
+            return {"error_code": reply.error_code, "throttle_time_ms": 0, "topics": []}
+        codes = {(topic, partition): code for topic, partition, code in reply["rows"]}
         codes.update({(t["name"], p["partition_index"]): errors.TopicAuthorizationFailedError.code
                       for t in body["topics"] if t["name"] in denied for p in t["partitions"]})
         return {"error_code": errors.NONE, "throttle_time_ms": 0, "topics": [
@@ -174,9 +174,9 @@ class GroupAdminApis:
         (reply,) = yield Calls([Call(Api.LIST_GROUPS, {})])
         states = {s.lower() for s in body["states_filter"]} if version >= 4 else set()
         every = self._authz.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER)
-        return {"throttle_time_ms": 0, "error_code": reply[2], "groups": [
+        return {"throttle_time_ms": 0, "error_code": reply.error_code, "groups": [
             {"group_id": name, "protocol_type": PROTOCOL_TYPE, "group_state": state}
-            for name, state, _ in (reply[4] if reply[2] == errors.NONE else [])
+            for name, state, _ in (reply["rows"] if reply.error_code == errors.NONE else [])
             if (not states or state.lower() in states)
             and (every or self._may(conn, AclOperation.DESCRIBE, name))]}
 
@@ -194,15 +194,15 @@ class GroupAdminApis:
                                      if self._may(conn, op, g)})
         return [made.get(i) or self._denied_reply(g) for i, g in enumerate(names)]
 
-    def _described(self, name: str, reply: list) -> dict:
+    def _described(self, name: str, reply: Response) -> dict:
         row = {"error_code": errors.NONE, "error_message": None, "group_id": name,
                "group_state": "Dead", "protocol_type": "", "protocol_data": "",
                "members": [], "authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN}
-        if reply[2] == errors.GroupIdNotFoundError.code:
+        if reply.error_code == errors.GroupIdNotFoundError.code:
             return row
-        if reply[2] != errors.NONE:
-            return {**row, "error_code": reply[2], "error_message": reply[3]}
-        desc = reply[4]
+        if reply.error_code != errors.NONE:
+            return {**row, "error_code": reply.error_code, "error_message": reply.error_message}
+        desc = reply["description"]
         members = []
         protocol = desc["assignor"]
         for m in desc["members"]:
@@ -238,7 +238,8 @@ class GroupAdminApis:
         replies = yield from self._each_group(conn, AclOperation.DELETE, names,
                                               Api.DELETE_GROUPS)
         return {"throttle_time_ms": 0, "results": [
-            {"group_id": g, "error_code": r[2]} for g, r in zip(names, replies, strict=True)]}
+            {"group_id": g, "error_code": r.error_code}
+            for g, r in zip(names, replies, strict=True)]}
 
     def consumer_group_describe(self, conn: KafkaConn, version: int, body: dict):
         names = body["group_ids"]
@@ -253,16 +254,16 @@ class GroupAdminApis:
                 for t, ps in by_topic(map(tuple, partitions)).items()]}
         groups = []
         for name, reply in zip(names, replies, strict=True):
-            if reply[2] == errors.NONE and self._classic_only(name, reply[4]):
-                reply = [*reply[:2], errors.GroupIdNotFoundError.code,
-                         f"Group {name} is not a consumer group."]
-            if reply[2] != errors.NONE:
-                groups.append({"error_code": reply[2], "error_message": reply[3],
+            if reply.error_code == errors.NONE and self._classic_only(name, reply["description"]):
+                reply = Response.refused(errors.GroupIdNotFoundError.code,
+                                         f"Group {name} is not a consumer group.")
+            if reply.error_code != errors.NONE:
+                groups.append({"error_code": reply.error_code, "error_message": reply.error_message,
                                "group_id": name, "group_state": "", "group_epoch": -1,
                                "assignment_epoch": -1, "assignor_name": "", "members": [],
                                "authorized_operations": _AUTHORIZED_OPERATIONS_UNKNOWN})
                 continue
-            desc = reply[4]
+            desc = reply["description"]
             groups.append({
                 "error_code": errors.NONE, "error_message": None, "group_id": name,
                 "group_state": desc["state"], "group_epoch": desc["group_epoch"],

@@ -39,7 +39,7 @@ from mq.broker.apis.groups import wall_ms
 from mq.broker.kafka.conn import KafkaConn
 from mq.broker.kafka.exchange import Call, Calls, call_each
 from mq.broker.partitions import PartitionTable
-from mq.protocol.messages import Api
+from mq.protocol.messages import Api, Response
 
 __all__ = ["TransactionWireApis", "fenced_error"]
 
@@ -112,7 +112,7 @@ class TransactionWireApis:
                 "producer_id": body["v3_and_below_producer_id"],
                 "producer_epoch": body["v3_and_below_producer_epoch"],
                 "partitions": [list(tp) for tp in wanted]})])
-            code = _coordinator_error(24, version, reply[2])
+            code = _coordinator_error(24, version, reply.error_code)
             codes = dict.fromkeys(wanted, code)
         by_topic: dict[str, list[dict]] = {}
         for (topic, partition), code in codes.items():
@@ -132,7 +132,8 @@ class TransactionWireApis:
         (reply,) = yield Calls([Call(Api.ADD_OFFSETS_TO_TXN, {
             "transactional_id": body["transactional_id"], "producer_id": body["producer_id"],
             "producer_epoch": body["producer_epoch"], "group": body["group_id"]})])
-        return {"throttle_time_ms": 0, "error_code": _coordinator_error(25, version, reply[2])}
+        return {"throttle_time_ms": 0,
+                "error_code": _coordinator_error(25, version, reply.error_code)}
 
     def end_txn(self, conn: KafkaConn, version: int, body: dict):
         if not self._may(conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
@@ -143,7 +144,8 @@ class TransactionWireApis:
         (reply,) = yield Calls([Call(Api.END_TXN, {
             "transactional_id": body["transactional_id"], "producer_id": body["producer_id"],
             "producer_epoch": body["producer_epoch"], "commit": int(body["committed"])})])
-        return {"throttle_time_ms": 0, "error_code": _coordinator_error(26, version, reply[2]),
+        return {"throttle_time_ms": 0,
+                "error_code": _coordinator_error(26, version, reply.error_code),
                 "producer_id": -1, "producer_epoch": -1}
 
     # --- TxnOffsetCommit ----------------------------------------------------------------------
@@ -159,7 +161,7 @@ class TransactionWireApis:
             "producer_id": body["producer_id"], "producer_epoch": body["producer_epoch"],
             "member_id": body["member_id"], "member_epoch": body["generation_id"],
             "offsets": offsets})])
-        return _txn_commit_answer(body, fenced_error(28, version, reply[2]))
+        return _txn_commit_answer(body, fenced_error(28, version, reply.error_code))
 
     # --- DescribeProducers --------------------------------------------------------------------
     def describe_producers(self, conn: KafkaConn, version: int, body: dict) -> dict:
@@ -198,14 +200,14 @@ class TransactionWireApis:
         states = []
         for tid in ids:
             reply = replies.get(
-                tid, [None, None, errors.TransactionalIdAuthorizationFailedError.code, None])
-            if reply[2] != errors.NONE:
-                states.append({"error_code": reply[2], "transactional_id": tid,
+                tid, Response.refused(errors.TransactionalIdAuthorizationFailedError.code, None))
+            if reply.error_code != errors.NONE:
+                states.append({"error_code": reply.error_code, "transactional_id": tid,
                                "transaction_state": "", "transaction_timeout_ms": 0,
                                "transaction_start_time_ms": -1, "producer_id": -1,
                                "producer_epoch": -1, "topics": []})
                 continue
-            (row,) = reply[4]
+            (row,) = reply["rows"]
             by_topic: dict[str, list[int]] = {}
             for topic, partition in row["partitions"]:
                 by_topic.setdefault(topic, []).append(partition)
@@ -221,15 +223,15 @@ class TransactionWireApis:
 
     def list_transactions(self, conn: KafkaConn, version: int, body: dict):
         (reply,) = yield Calls([Call(Api.DESCRIBE_TRANSACTIONS, {"transactional_ids": None})])
-        if reply[2] != errors.NONE:
-            return {"throttle_time_ms": 0, "error_code": reply[2],
+        if reply.error_code != errors.NONE:
+            return {"throttle_time_ms": 0, "error_code": reply.error_code,
                     "unknown_state_filters": [], "transaction_states": []}
         states = set(body["state_filters"])
         pids = set(body["producer_id_filters"])
         duration = body["duration_filter"]
         now = wall_ms()
         rows = [{"transactional_id": r["transactional_id"], "producer_id": r["producer_id"],
-                 "transaction_state": r["state"]} for r in reply[4]
+                 "transaction_state": r["state"]} for r in reply["rows"]
                 if self._may(conn, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
                              r["transactional_id"])
                 and (not states or r["state"] in states)

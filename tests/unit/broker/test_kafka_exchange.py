@@ -113,9 +113,9 @@ def test_an_exchange_waits_for_deferred_replies_then_answers(conn):
     Exchange(runner, conn, slot, handler()).start()
     assert not slot.done and len(conn.awaiting) == 1
     rid = next(iter(conn.awaiting))
-    conn.enqueue(response(Api.PRODUCE, rid, 0, None, 42))
+    conn.enqueue(response(Api.PRODUCE, rid, 0, None, 42, -1, 0))
     assert slot.done and _output(conn) == [5]
-    assert seen[0][0][4] == 42 and seen[0][1][2] == 0
+    assert seen[0][0]["first_offset"] == 42 and seen[0][1].error_code == 0
 
 
 def test_a_one_way_call_is_not_waited_for(conn):
@@ -180,7 +180,7 @@ def test_a_reply_sent_from_inside_the_call_is_not_lost(conn):
     (an offset commit with nothing left to flush)."""
     class Eager(FakeRunner):
         def dispatch(self, conn, req):
-            conn.enqueue(response(req.api, req.request_id, 0, None, "early"))
+            conn.enqueue(response(req.api, req.request_id, 5, "early"))
             return None
     seen = []
 
@@ -189,7 +189,7 @@ def test_a_reply_sent_from_inside_the_call_is_not_lost(conn):
         return _metadata_body()
     slot = conn.open_slot(3, 3, 0)
     Exchange(Eager({}), conn, slot, handler()).start()
-    assert slot.done and [r[4] for r in seen[0]] == ["early", "early"]
+    assert slot.done and [r.error_message for r in seen[0]] == ["early", "early"]
     assert not conn.awaiting
 
 

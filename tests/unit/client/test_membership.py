@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
 from mq.broker.group_coordinator import GroupCoordinator
 from mq.client.membership import Membership
 from mq.client.types import TopicPartition
+from mq.protocol.messages import Api, Response, response
 
 
 def tps(spec: str) -> frozenset[TopicPartition]:
@@ -36,10 +36,9 @@ class CoordinatorConnection:
             subscribed_pattern=pattern, assignor=assignor, owned_partitions=owned, now_ms=0,
             rebalance_timeout_ms=rebalance_timeout_ms, session_timeout_ms=session_timeout_ms)
         assert r.error is None, r
-        self.reply = SimpleNamespace(
-            error_code=0, error_message=None,
-            fields=[r.member_id, r.member_epoch, r.heartbeat_interval_ms,
-                    sorted(map(list, r.assignment))])
+        self.reply = Response.from_message(response(
+            Api.CONSUMER_GROUP_HEARTBEAT, 1, 0, None, r.member_id, r.member_epoch,
+            r.heartbeat_interval_ms, sorted(map(list, r.assignment))))
         return 1
 
     def wait_raw(self, request_id: int):

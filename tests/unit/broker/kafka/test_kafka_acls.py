@@ -25,7 +25,7 @@ from mq.broker.kafka.groups import GroupWireApis
 from mq.broker.kafka.transactions import TransactionWireApis
 from mq.broker.metadata import MetadataStore
 from mq.log.log import PartitionLog
-from mq.protocol.messages import Api
+from mq.protocol.messages import Api, Response
 
 TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED, TXN_DENIED = 29, 30, 31, 53
 
@@ -54,7 +54,8 @@ def drive(out, answer=None):
         while True:
             wanted = out.send(value)
             made.extend(wanted.calls)
-            value = [(answer or (lambda c: [c.api, 1, 0, None]))(c) for c in wanted.calls]
+            value = [Response.from_message((answer or (lambda c: [c.api, 1, 0, None]))(c))
+                     for c in wanted.calls]
     except StopIteration as stop:
         return stop.value, made
 

@@ -22,6 +22,7 @@ from mq.broker.kafka.groups import (
     parse_subscription_metadata,
 )
 from mq.protocol.kafka.codec import decode_data, encode_data
+from mq.protocol.messages import Response
 
 ALL = frozenset(("t", p) for p in range(4))
 
@@ -355,7 +356,7 @@ def run(gen, *replies):
         wanted = next(gen)
         for reply in replies:
             calls.append(wanted.calls)
-            wanted = gen.send(reply)
+            wanted = gen.send([Response.from_message(r) for r in reply])
     except StopIteration as stop:
         return calls, stop.value
     raise AssertionError("the handler wanted more calls")

@@ -4,6 +4,7 @@ ListTransactions filters, DescribeTransactions per id."""
 from __future__ import annotations
 
 from mq.broker.kafka.transactions import fenced_error
+from mq.protocol.messages import Response
 
 INVALID_PRODUCER_EPOCH, PRODUCER_FENCED = 47, 90      # Kafka's numbers, pinned here
 
@@ -20,7 +21,7 @@ def run(gen, *replies):
     wanted = next(gen)
     try:
         for reply in replies:
-            wanted = gen.send(reply)
+            wanted = gen.send([Response.from_message(r) for r in reply])
     except StopIteration as stop:
         return stop.value, wanted
     raise AssertionError(f"the handler wants more: {wanted}")
