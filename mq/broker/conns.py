@@ -17,17 +17,41 @@ import logging
 import mmap
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import posix_ipc
 
 from mq.protocol.frames import FrameReader, encode_frame
+from mq.protocol.messages import PUSH_REQUEST_ID, Api, response
 
-__all__ = ["Conn", "Connections", "MAX_PASSED_FDS"]
+__all__ = ["Conn", "Connections", "MAX_PASSED_FDS", "SocketWake"]
 
 log = logging.getLogger("mq.broker")
 
 MAX_PASSED_FDS = 4
+WAKE_PUSH = response(Api.WAIT, PUSH_REQUEST_ID)
+
+
+class SocketWake:
+    """A WAIT whose semaphore name is ``""``: its wake-up is pushed on the connection itself,
+    ``[1000, 0, 0, nil]``, for a client whose event loop watches its socket (``mq.aio``). It
+    stands where a semaphore stands (``release``, ``value``, ``close``) and, like a nudged
+    semaphore, fires once: ``value`` stays 1 until the client's next WAIT arms it again."""
+
+    __slots__ = ("_conn", "_send", "value")
+
+    def __init__(self, conn: Conn, send: Callable[[Conn, list], None]) -> None:
+        self._conn = conn
+        self._send = send
+        self.value = 0
+
+    def release(self) -> None:
+        if not self.value:
+            self.value = 1
+            self._send(self._conn, WAKE_PUSH)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclasses.dataclass(eq=False)
@@ -42,8 +66,10 @@ class Conn:
     out: bytearray = dataclasses.field(default_factory=bytearray)
     greeted: bool = False              # its Handshake was accepted
     closing: bool = False
-    # Wake-up semaphores the peer named in WAIT requests, opened once per connection.
-    semaphores: dict[str, posix_ipc.Semaphore] = dataclasses.field(default_factory=dict)
+    # Wake-up semaphores the peer named in WAIT requests, opened once per connection ("": a
+    # SocketWake).
+    semaphores: dict[str, posix_ipc.Semaphore | SocketWake] = dataclasses.field(
+        default_factory=dict)
     # Descriptors the peer passed (SCM_RIGHTS) that no request took yet, and the producer's
     # batch arena that ShareMemory mapped from one (apis/produce.py).
     fds: list[int] = dataclasses.field(default_factory=list)

@@ -225,7 +225,7 @@ class Broker:
             coordinator_epoch=self.logs.leader_epoch,
             max_timeout_ms=self.config.transaction_max_timeout_ms)
         produce = ProduceApis(self.partitions, self._commit, self._space, self._sem_prefix,
-                              leader_epoch=self.logs.leader_epoch,
+                              self.conns.send, leader_epoch=self.logs.leader_epoch,
                               verify_transaction=self.transactions.verify)
         self.stats = BrokerStats(self.partitions, self.conns, self.groups, self._commit,
                                  self._cleaner, data_dir=self.data_dir,

@@ -125,7 +125,8 @@ SCHEMAS: Final[dict[Api, Schema]] = {
                                           ("config",)),
     Api.CREATE_PARTITIONS: Schema((("topic", str), ("total", int)), ("metadata",)),
     # Arm a wake-up: post my semaphore when data passes these [[topic, partition, offset]].
-    # One way: no reply.
+    # One way: no reply. Semaphore "": push [1000, 0, 0, nil] on this connection instead,
+    # once until the next Wait (a client whose event loop watches its socket).
     Api.WAIT: Schema((("semaphore", str), ("positions", _WAIT_LIST))),
     # stats: {broker, partitions, groups, fsync, cleaner}, mq/broker/stats.py says each.
     Api.BROKER_STATS: Schema((), ("stats",)),

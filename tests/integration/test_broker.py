@@ -209,6 +209,27 @@ def test_a_wait_on_a_semaphore_name_posix_ipc_refuses_is_the_clients_error(broke
     assert "Traceback" not in broker.stderr()
 
 
+def test_a_wait_without_a_semaphore_is_answered_by_a_push_once_per_arming(broker):
+    """WAIT naming no semaphore: the wake-up is ``[1000, 0, 0, nil]`` on the connection (an
+    event loop's consumer), pushed once when data passes the position, and again only after
+    the next WAIT."""
+    wake = [int(Api.WAIT), 0, 0, None]
+    with raw_socket(broker) as s, Connection(broker.socket) as producer:
+        greet(s)
+        s.sendall(encode_frame([int(Api.WAIT), 2, "", [["t", 0, 0]]]))
+        producer.call(Api.PRODUCE, "t", 0, 1, batch(b"a"))
+        assert read_reply(s) == wake
+        producer.call(Api.PRODUCE, "t", 0, 1, batch(b"b"))      # fired: nothing more
+        s.sendall(encode_frame([int(Api.LIST_OFFSETS), 3, "t", 0, -1]))
+        assert read_reply(s)[:5] == [int(Api.LIST_OFFSETS), 3, 0, None, 2]
+        s.sendall(encode_frame([int(Api.WAIT), 4, "", [["t", 0, 2]]]))   # armed again
+        producer.call(Api.PRODUCE, "t", 0, 1, batch(b"c"))
+        assert read_reply(s) == wake
+        s.sendall(encode_frame([int(Api.WAIT), 5, "", [["t", 0, 1]]]))   # data there: at once
+        assert read_reply(s) == wake
+    assert_alive(broker)
+
+
 def records_in_broker(b):
     with Connection(b.socket) as c:
         return [c.call(Api.LIST_OFFSETS, "t", p, -1)["offset"] for p in (0, 1) if

@@ -36,7 +36,7 @@ import posix_ipc
 
 from mq import errors
 from mq.broker.apis import Handler
-from mq.broker.conns import Conn
+from mq.broker.conns import Conn, SocketWake
 from mq.broker.flushing import GroupCommit
 from mq.broker.internal_topics import is_internal
 from mq.broker.partitions import PartitionTable
@@ -62,10 +62,12 @@ class ProduceApis:
     """Produce, ListOffsets and Wait over the partition table."""
 
     def __init__(self, table: PartitionTable, commit: GroupCommit, space: FreeSpaceGuard,
-                 semaphore_prefix: str, *, leader_epoch: int = 0,
+                 semaphore_prefix: str, push: Callable[[Conn, list], None], *,
+                 leader_epoch: int = 0,
                  verify_transaction: Callable[[str, int, int, int], None] | None = None
                  ) -> None:
         self._table = table
+        self._push = push
         self._space = space
         self._semaphore_prefix = semaphore_prefix
         self._epoch = leader_epoch
@@ -179,17 +181,24 @@ class ProduceApis:
 
     def wait(self, conn: Conn, req: Request) -> None:
         """Post the named semaphore once one of the positions has data (at once if one has
-        already). The semaphore is opened once per connection and closed with it."""
+        already). The semaphore is opened once per connection and closed with it. The name
+        ``""`` asks for the wake-up as a push on this connection (``conns.SocketWake``)."""
         name = req["semaphore"]
-        if not name.startswith(self._semaphore_prefix) or "\0" in name:
+        if not name:
+            sem = conn.semaphores.get(name)
+            if sem is None:
+                sem = conn.semaphores[name] = SocketWake(conn, self._push)
+            sem.value = 0                       # armed again: the next advance pushes
+        elif not name.startswith(self._semaphore_prefix) or "\0" in name:
             # posix_ipc crashes the process on a name with a NUL byte (posix_ipc 1.3.2)
             raise InvalidRequestError(f"semaphore {name!r} is not one of this broker's")
-        sem = conn.semaphores.get(name)
-        if sem is None:
-            try:
-                sem = posix_ipc.Semaphore(name)
-            except (posix_ipc.Error, ValueError) as err:   # ValueError: a '/' inside, too long
-                raise InvalidRequestError(f"cannot open semaphore {name!r}: {err}") from err
-            conn.semaphores[name] = sem
+        else:
+            sem = conn.semaphores.get(name)
+            if sem is None:
+                try:
+                    sem = posix_ipc.Semaphore(name)
+                except (posix_ipc.Error, ValueError) as err:   # ValueError: '/' inside, too long
+                    raise InvalidRequestError(f"cannot open semaphore {name!r}: {err}") from err
+                conn.semaphores[name] = sem
         if self._table.arm(conn, sem, req["positions"]):
             post(sem)
