@@ -96,6 +96,7 @@ class PartitionCopy:
     names: tuple[str, ...]
     size: int
     summary: str            # the check's: segments, batches, records, offsets, bytes
+    max_epoch: int | None = None    # leader epochs above it are stamped down to it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,7 +108,6 @@ class TopicCopy:
     destination: LogDir
     topic_id: str           # the destination's, 32 hex digits
     partitions: tuple[PartitionCopy, ...]
-    max_epoch: int | None   # leader epochs above it are stamped down to it (export only)
 
     @property
     def size(self) -> int:
@@ -268,21 +268,20 @@ def plan(topic: str, source: LogDir, destination: LogDir, *, stamp_epochs: bool,
     for p in sorted(targets):
         _require_empty(destination, topic, p, targets[p])
         one = _source_files(source, topic, p, sources[p])
-        copies.append(dataclasses.replace(one, destination=targets[p]))
-    max_epoch = None
-    if stamp_epochs:
-        max_epoch = max(0, max(epochs.LeaderEpochCache(t).latest_epoch
-                               for t in targets.values()))
-    return TopicCopy(topic, source, destination, topic_id, tuple(copies), max_epoch)
+        # the destination partition's latest epoch (its broker's, as it last led it)
+        latest = max(0, epochs.LeaderEpochCache(targets[p]).latest_epoch)
+        copies.append(dataclasses.replace(one, destination=targets[p],
+                                          max_epoch=latest if stamp_epochs else None))
+    return TopicCopy(topic, source, destination, topic_id, tuple(copies))
 
 
 # --- copying ----------------------------------------------------------------------------------
 
-def copy_topic(plan_: TopicCopy, progress: Progress | None = None) -> None:
-    """Write every partition of ``plan_`` beside its destination, then swap each in (see the
-    module docstring). On any error the directories written so far are removed and the
-    destination is as it was. Raises ``OSError``."""
-    total, done = plan_.size, [0]
+def copy_topic(copy: TopicCopy, progress: Progress | None = None) -> None:
+    """Write every partition of ``copy`` (``plan``'s) beside its destination, then swap each
+    in (see the module docstring). On any error while writing, the directories written so far
+    are removed and the destination is as it was. Raises ``OSError``."""
+    total, done = copy.size, [0]
 
     def moved(n: int) -> None:
         done[0] += n
@@ -291,10 +290,10 @@ def copy_topic(plan_: TopicCopy, progress: Progress | None = None) -> None:
 
     written: list[tuple[str, str]] = []
     try:
-        for part in plan_.partitions:
+        for part in copy.partitions:
             tmp = datadir.renamed(part.destination, datadir.DELETE_SUFFIX)
             written.append((tmp, part.destination))
-            _write_partition(part, tmp, plan_.max_epoch, moved)
+            _write_partition(part, tmp, moved)
     except BaseException:
         for tmp, _ in written:
             if os.path.isdir(tmp):
@@ -302,14 +301,13 @@ def copy_topic(plan_: TopicCopy, progress: Progress | None = None) -> None:
         raise
     for tmp, dest in written:
         _exchange(tmp, dest)
-    files.fsync_dir(plan_.destination.path)
+    files.fsync_dir(copy.destination.path)
     for tmp, _ in written:
         datadir.remove_partition_dir(tmp)
-    files.fsync_dir(plan_.destination.path)
+    files.fsync_dir(copy.destination.path)
 
 
-def _write_partition(part: PartitionCopy, tmp: str, max_epoch: int | None,
-                     moved: Callable[[int], None]) -> None:
+def _write_partition(part: PartitionCopy, tmp: str, moved: Callable[[int], None]) -> None:
     """The new partition directory, whole and fsynced: the source's files, the destination's
     ``partition.metadata``, and a leader-epoch checkpoint of the batches as written."""
     modes = os.stat(os.path.join(part.destination, partition_metadata.PARTITION_METADATA))
@@ -323,7 +321,7 @@ def _write_partition(part: PartitionCopy, tmp: str, max_epoch: int | None,
         with open(src, "rb") as f:
             _write_file(dst, iter(lambda: f.read(CHUNK), b""), modes.st_mode, moved)
         if name.endswith(files.LOG_SUFFIX):
-            _stamp_epochs(dst, max_epoch, epoch_starts)
+            _stamp_epochs(dst, part.max_epoch, epoch_starts)
     lines = ["0", str(len(epoch_starts)), *(f"{e} {o}" for e, o in epoch_starts)]
     _write_file(os.path.join(tmp, epochs.LEADER_EPOCH_CHECKPOINT),
                 [("\n".join(lines) + "\n").encode()], modes.st_mode)

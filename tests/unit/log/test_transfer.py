@@ -94,14 +94,16 @@ def test_a_topic_is_copied_under_the_destinations_topic_id(tmp_path):
 def test_epochs_above_the_destinations_are_stamped_down(tmp_path):
     source = make_dir(tmp_path / "a", records=6, epochs=(0, 3, 5))
     dest = make_dir(tmp_path / "b", records=0)
-    for p in (0, 1):    # as a new Kafka topic's partition after two restarts
-        LeaderEpochCache(os.path.join(dest.path, f"{TOPIC}-{p}")).assign(2, 0)
+    # as a new Kafka topic's partitions: one led since its creation, one after two restarts
+    LeaderEpochCache(os.path.join(dest.path, f"{TOPIC}-1")).assign(2, 0)
     done = copy(source, dest, stamp=True)
-    assert done.max_epoch == 2
-    dst = os.path.join(dest.path, f"{TOPIC}-0")
-    assert batch_epochs(dst) == [0, 0, 2, 2, 2, 2]
-    assert LeaderEpochCache(dst).entries == [(0, 0), (2, 2)]
-    assert batch_epochs(os.path.join(source.path, f"{TOPIC}-0")) == [0, 0, 3, 3, 5, 5]
+    assert [p.max_epoch for p in done.partitions] == [0, 2]
+    zero, one = (os.path.join(dest.path, f"{TOPIC}-{p}") for p in (0, 1))
+    assert batch_epochs(zero) == [0] * 6
+    assert LeaderEpochCache(zero).entries == [(0, 0)]
+    assert batch_epochs(one) == [0, 0, 2, 2, 2, 2]
+    assert LeaderEpochCache(one).entries == [(0, 0), (2, 2)]
+    assert batch_epochs(os.path.join(source.path, f"{TOPIC}-1")) == [0, 0, 3, 3, 5, 5]
 
 
 def hold_lock(path: str, kind: str) -> subprocess.Popen:
