@@ -2,9 +2,10 @@
 data dir and a stopped Apache Kafka broker's log dir, without re-producing it.
 
 The checks and the copy live in ``mq.log.transfer``; this module parses arguments and prints:
-one line per partition and a summary on stdout, progress on stderr (a line that rewrites
-itself on a terminal, a line every few seconds otherwise), and a refusal as one ``mq: error:``
-line (exit status 1, nothing changed).
+one line per partition and a summary on stdout; on stderr, the partition being checked and
+the bytes copied (a line that rewrites itself on a terminal; off a terminal, a line every few
+seconds, and large partitions only); a refusal as one ``mq: error:`` line (exit status 1,
+nothing changed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mq.protocol.paths import default_data_dir, path_argument
 __all__ = ["add_commands"]
 
 PROGRESS_S = (0.2, 5.0)         # seconds between progress lines: on a terminal, otherwise
+LARGE = 1 << 30                 # bytes: a partition whose check is announced off a terminal
 
 COMMON = """\
 Both brokers must be stopped: a broker's .lock (mq's flock, Kafka's fcntl lock) held means a
@@ -127,7 +129,7 @@ def _run(args: argparse.Namespace, source: LogDir, destination: LogDir, hint: st
          stamp_epochs: bool) -> int:
     with held(source, destination):
         topic = plan(args.topic, source, destination, stamp_epochs=stamp_epochs,
-                     source_hint=hint)
+                     source_hint=hint, checking=_checking)
         if not args.dry_run:
             progress = _Progress()
             try:
@@ -147,6 +149,14 @@ def _report(topic: TopicCopy, dry_run: bool) -> None:
     line = (f"{verb} {topic.topic} ({plural(len(topic.partitions), 'partition')}, "
             f"{_size(topic.size)}) from {topic.source} to {topic.destination}")
     write(line + ("\n" if dry_run else f"; start {topic.destination.broker} to serve it\n"))
+
+
+def _checking(directory: str, size: int) -> None:
+    """Say which partition is being read whole (CRCs, indexes) before the copy: on a
+    terminal, and for a large one otherwise."""
+    if sys.stderr.isatty() or size >= LARGE:
+        sys.stderr.write(f"checking {directory} ({_size(size)})\n")
+        sys.stderr.flush()
 
 
 def _size(n: int) -> str:

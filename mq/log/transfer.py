@@ -73,6 +73,7 @@ _AT_FDCWD: Final = -100
 _RENAME_EXCHANGE: Final = 2
 
 Progress = Callable[[int, int], None]   # (bytes copied, bytes in all)
+Checking = Callable[[str, int], None]   # (partition directory, bytes) about to be checked
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -216,8 +217,12 @@ def _source_files(d: LogDir, topic: str, p: int, path: str) -> PartitionCopy:
                                f"segment (from offset {first_base}, records deleted by "
                                "DeleteRecords): a copy would bring them back; wait until "
                                "retention removes that segment")
-    size = sum(os.path.getsize(os.path.join(path, n)) for n in names)
-    return PartitionCopy(p, path, "", tuple(names), size, result.summary())
+    return PartitionCopy(p, path, "", tuple(names), _du(path), result.summary())
+
+
+def _du(path: str) -> int:
+    """Bytes in the files of a partition directory that a copy copies."""
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if _copied(n))
 
 
 def _copied(name: str) -> bool:
@@ -243,10 +248,10 @@ def _require_empty(d: LogDir, topic: str, p: int, path: str) -> None:
 
 
 def plan(topic: str, source: LogDir, destination: LogDir, *, stamp_epochs: bool,
-         source_hint: str) -> TopicCopy:
-    """Check everything ``copy_topic`` needs (with both log dirs ``held``). Raises
-    ``LogTransferError`` for every refusal the module docstring lists, ``OSError`` when a
-    file cannot be read."""
+         source_hint: str, checking: Checking | None = None) -> TopicCopy:
+    """Check everything ``copy_topic`` needs (with both log dirs ``held``); ``checking``
+    hears of each source partition before it is read whole. Raises ``LogTransferError`` for
+    every refusal the module docstring lists, ``OSError`` when a file cannot be read."""
     files.validate_topic_name(topic)
     if topic.startswith("__"):
         raise LogTransferError(f"{topic} is an internal topic of its broker: only user topics "
@@ -267,6 +272,8 @@ def plan(topic: str, source: LogDir, destination: LogDir, *, stamp_epochs: bool,
     copies = []
     for p in sorted(targets):
         _require_empty(destination, topic, p, targets[p])
+        if checking is not None:
+            checking(sources[p], _du(sources[p]))
         one = _source_files(source, topic, p, sources[p])
         # the destination partition's latest epoch (its broker's, as it last led it)
         latest = max(0, epochs.LeaderEpochCache(targets[p]).latest_epoch)
