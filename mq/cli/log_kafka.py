@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 
+from mq.broker.space import format_bytes
 from mq.cli.common import formatter, plural
 from mq.log.transfer import LogDir, TopicCopy, copy_topic, held, plan
 from mq.protocol.paths import default_data_dir, path_argument
@@ -147,7 +148,7 @@ def _report(topic: TopicCopy, dry_run: bool) -> None:
         write(f"{topic.topic}-{part.partition}: {part.summary}: {verb} to "
               f"{part.destination}\n")
     line = (f"{verb} {topic.topic} ({plural(len(topic.partitions), 'partition')}, "
-            f"{_size(topic.size)}) from {topic.source} to {topic.destination}")
+            f"{format_bytes(topic.size)}) from {topic.source} to {topic.destination}")
     write(line + ("\n" if dry_run else f"; start {topic.destination.broker} to serve it\n"))
 
 
@@ -155,16 +156,8 @@ def _checking(directory: str, size: int) -> None:
     """Say which partition is being read whole (CRCs, indexes) before the copy: on a
     terminal, and for a large one otherwise."""
     if sys.stderr.isatty() or size >= LARGE:
-        sys.stderr.write(f"checking {directory} ({_size(size)})\n")
+        sys.stderr.write(f"checking {directory} ({format_bytes(size)})\n")
         sys.stderr.flush()
-
-
-def _size(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} bytes"
 
 
 class _Progress:
@@ -182,8 +175,8 @@ class _Progress:
             return
         self.last = now
         rate = done / max(now - self.start, 1e-3)
-        line = (f"copying: {_size(done)} of {_size(total)} ({100 * done // max(total, 1)}%, "
-                f"{_size(int(rate))}/s)")
+        line = (f"copying: {format_bytes(done)} of {format_bytes(total)} ({100 * done // max(total, 1)}%, "
+                f"{format_bytes(int(rate))}/s)")
         sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
         sys.stderr.flush()
         self.shown = True
