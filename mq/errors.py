@@ -17,7 +17,8 @@ __all__ = [
     "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "InvalidOffsetError", "IndexFullError", "OffsetOutOfRangeError",
     "NoOffsetForPartitionError", "DataLossError", "ClosedError", "ConfigError",
-    "LogDirLockedError", "DataDirError", "FileLimitError", "LogWriteError", "CheckpointError",
+    "LogDirLockedError", "DataDirError", "LogTransferError", "FileLimitError", "LogWriteError",
+    "CheckpointError",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
     "BrokerUnavailableError", "NONE", "BrokerError", "ERRORS_BY_CODE", "error_for_code",
     # broker errors, one Kafka error code each
@@ -148,6 +149,12 @@ class LogDirLockedError(StorageError):
 class DataDirError(StorageError):
     """A path given as a data directory is not one mq may use (empty, a file, a dangling
     symlink, a directory holding something else): refused with nothing changed."""
+
+
+class LogTransferError(StorageError):
+    """``mq log export-kafka`` or ``import-kafka`` refused to copy a topic between mq's and
+    Kafka's log dirs (a live broker, an unclean source, a topic-id mismatch, a destination
+    that holds data, ...): the message says why; nothing was changed."""
 
 
 class FileLimitError(MQError):

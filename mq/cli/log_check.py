@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from mq.cli import json_line, print_error
+from mq.cli import json_line, log_kafka, print_error
 from mq.cli.common import plural, run_each
 from mq.log.check import CheckResult, RepairResult, check_partition, repair_partition
 
@@ -20,7 +20,8 @@ __all__ = ["add_parser", "run"]
 
 LOG_DESCRIPTION = """\
 Offline tools for partition directories (<data-dir>/<topic>-<partition>), run without a
-broker."""
+broker: check (and repair) them, and copy a topic between mq's data dir and a stopped Apache
+Kafka broker's log dir."""
 
 CHECK_DESCRIPTION = """\
 Verify partition directories without a broker and without changing anything: every batch
@@ -60,9 +61,12 @@ examples:
 
 def add_parser(subparsers) -> None:
     log_parser = subparsers.add_parser(
-        "log", help="offline tools for partition directories (log check)",
+        "log", help="offline tools for partition directories (check, export-kafka, "
+                    "import-kafka)",
         description=LOG_DESCRIPTION,
-        epilog="examples:\n  mq log check DIR/orders-0\n  mq log check --repair DIR/orders-0",
+        epilog="examples:\n  mq log check DIR/orders-0\n  mq log check --repair DIR/orders-0\n"
+               "  mq log export-kafka orders --kafka-log-dir /var/lib/kafka/data\n"
+               "  mq log import-kafka orders --kafka-log-dir /var/lib/kafka/data",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     log_commands = log_parser.add_subparsers(title="commands", metavar="COMMAND",
                                              dest="log_command")
@@ -79,6 +83,7 @@ def add_parser(subparsers) -> None:
     check.add_argument("--json", action="store_true",
                        help="one JSON object per problem (per directory with --repair)")
     check.set_defaults(run=run)
+    log_kafka.add_commands(log_commands)
 
 
 def run(args: argparse.Namespace) -> int:
