@@ -23,11 +23,12 @@ _LAZY = {
     "RecordMetadata": "mq.client.types",
     "ConsumerGroupMetadata": "mq.client.types",
     "testing": "mq.testing",
+    "aio": "mq.aio",
 }
 
 __all__ = [
     "Producer", "FutureRecordMetadata", "Consumer", "Admin", "TopicPartition", "Record",
-    "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing",
+    "RecordMetadata", "NoOffsetForPartitionError", "ConsumerRebalanceListener", "testing", "aio",
     "errors", "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "OffsetOutOfRangeError", "ClosedError", "BrokerError",
     "BrokerUnavailableError", "KafkaStorageError", "ProducerFencedError",
@@ -43,7 +44,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'mq' has no attribute {name!r}")
     import importlib
     mod = importlib.import_module(module)
-    value = mod if name == "testing" else getattr(mod, name)
+    value = mod if name in ("testing", "aio") else getattr(mod, name)
     globals()[name] = value
     return value
 

@@ -31,7 +31,7 @@ from mq.protocol.frames import FrameReader, encode_frame, encode_tail_frame
 from mq.protocol.messages import PROTOCOL_VERSION, TAIL_APIS, Api, Response, request
 from mq.protocol.paths import check_socket_path, default_socket_path
 
-__all__ = ["Connection", "poll_ms", "resolve_socket", "send_parts"]
+__all__ = ["Connection", "connect_error", "poll_ms", "resolve_socket", "send_parts"]
 
 _RECV_BYTES = 1 << 16
 # The socket's send buffer (the kernel caps it at net.core.wmem_max; Linux's default buffer is
@@ -67,6 +67,14 @@ def resolve_socket(socket_path: str | None) -> str:
     return socket_path or default_socket_path()
 
 
+def connect_error(socket_path: str, err: OSError) -> BrokerUnavailableError:
+    """What a failed ``connect`` to ``socket_path`` tells the user."""
+    if isinstance(err, (FileNotFoundError, ConnectionRefusedError)):
+        return BrokerUnavailableError(f"no broker at {socket_path} ({err.strerror}); start one "
+                                      "with `mq broker` or pass --socket")
+    return BrokerUnavailableError(f"cannot connect to {socket_path}: {err.strerror or err}")
+
+
 class Connection:
     def __init__(self, socket_path: str | None = None, client_name: str = "mq",
                  timeout: float = 30.0) -> None:
@@ -100,15 +108,9 @@ class Connection:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
         try:
             sock.connect(self.socket_path)
-        except (FileNotFoundError, ConnectionRefusedError) as err:
-            sock.close()
-            raise BrokerUnavailableError(
-                f"no broker at {self.socket_path} ({err.strerror}); start one with "
-                "`mq broker` or pass --socket") from err
         except OSError as err:
             sock.close()
-            raise BrokerUnavailableError(f"cannot connect to {self.socket_path}: "
-                                         f"{err.strerror or err}") from err
+            raise connect_error(self.socket_path, err) from err
         self._sock = sock
         # poll, not select: select() fails for a descriptor >= 1024 (FD_SETSIZE), which any
         # socket of a process with many open files has. One poller per socket, used under

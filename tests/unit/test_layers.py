@@ -36,6 +36,7 @@ ALLOWED = {
     **{name: set() for name in PLUMBING},
     "mq.client": {"mq.protocol", "mq.log"},
     "mq.broker": {"mq.protocol", "mq.log", *PLUMBING},
+    "mq.aio": {"mq.client", "mq.protocol", "mq.log"},
     "mq.spark": {"mq.client", "mq.protocol", "mq.log"},
     "mq.testing": {"mq.protocol", "mq.log"},
     # the mq command: over the clients and the log; it also starts a broker (mq broker,
