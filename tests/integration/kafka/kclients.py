@@ -15,7 +15,8 @@ import struct
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
+                             TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mq.testing import wait_for
@@ -129,6 +130,31 @@ def read_partitions(bootstrap: str, topic: str, count: int, partitions: Iterable
     try:
         c.assign([TopicPartition(topic, p, offset) for p in partitions])
         return read(c, count)
+    finally:
+        c.close()
+
+
+def read_to_end(bootstrap: str, topic: str, partition: int = 0, conf: dict | None = None
+                ) -> list:
+    """Every record of ``topic``-``partition`` from its start to its end (librdkafka's
+    partition EOF), assigned without a group; ``conf`` adds consumer settings
+    (``isolation.level``, say)."""
+    c = consumer(bootstrap, conf={**(conf or {}), "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        rows: list = []
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return rows
+                raise KafkaException(msg.error())
+            rows.append(msg)
+        raise AssertionError(f"no end of {topic}-{partition} within {WAIT}s "
+                             f"({len(rows)} records)")
     finally:
         c.close()
 

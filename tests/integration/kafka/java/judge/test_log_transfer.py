@@ -26,9 +26,9 @@ import os
 import time
 
 from cli_run import mq_run
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from javakafka import KafkaTarget, write_properties
-from kclients import WAIT, consumer, create_topic, deliver, producer, read
+from kclients import WAIT, consumer, create_topic, deliver, producer, read, read_to_end
 from test_kafka_serves_mq import ALARMS, log_since
 
 import mq
@@ -317,20 +317,4 @@ def test_import_kafka_topic_into_mq(kafka_node, tmp_path):
 
 def kafka_read_all(bootstrap: str, partition: int, isolation: str) -> list:
     """Every record of a partition of ``IMPORTED``, read to its end."""
-    c = consumer(bootstrap, conf={"isolation.level": isolation, "enable.partition.eof": True})
-    try:
-        c.assign([TopicPartition(IMPORTED, partition, OFFSET_BEGINNING)])
-        rows = []
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return rows
-                raise KafkaException(msg.error())
-            rows.append(msg)
-        raise AssertionError(f"no end of {IMPORTED}-{partition} within {WAIT}s")
-    finally:
-        c.close()
+    return read_to_end(bootstrap, IMPORTED, partition, {"isolation.level": isolation})

@@ -43,10 +43,11 @@ import time
 
 import pytest
 from cli_run import mq_run
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from javakafka import KafkaTarget, spark_session, write_properties
-from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, producer
+from kclients import (WAIT, consumer, create_topic, deliver, offset_for_time, producer,
+                      read_to_end)
 from kclients import admin as kafka_admin
 from producers import kafka_producers, mq_producers
 
@@ -165,25 +166,12 @@ def kafka_writes(node, target: KafkaTarget) -> None:
 def kafka_read(bootstrap: str, topic: str, isolation: str) -> list[tuple]:
     """Every record of ``topic``-0 as librdkafka reads it from Kafka, to the partition's end:
     (offset, timestamp type as mq numbers it, timestamp, key, value, headers)."""
-    c = consumer(bootstrap, conf={"isolation.level": isolation, "enable.partition.eof": True})
-    try:
-        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        rows: list[tuple] = []
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return rows
-                raise KafkaException(msg.error())
-            kind, timestamp = msg.timestamp()
-            rows.append((msg.offset(), kind - 1, timestamp, msg.key(), msg.value(),
-                         list(msg.headers() or [])))
-        raise AssertionError(f"no end of {topic} within {WAIT}s ({len(rows)} records)")
-    finally:
-        c.close()
+    rows = []
+    for msg in read_to_end(bootstrap, topic, 0, {"isolation.level": isolation}):
+        kind, timestamp = msg.timestamp()
+        rows.append((msg.offset(), kind - 1, timestamp, msg.key(), msg.value(),
+                     list(msg.headers() or [])))
+    return rows
 
 
 def sampled_times(rows: list[tuple]) -> list[int]:
