@@ -1,7 +1,7 @@
 """Builds the optional C extensions; all project metadata lives in pyproject.toml.
 
 ``optional=True``: without a C compiler the build of ``mq.log._crecords`` is skipped with a
-warning and mq falls back to the pure-Python codec in ``mq/log/records.py``; without
+warning and mq falls back to its pure-Python references (``mq/log/native.py``); without
 ``mq.protocol._futex`` (or off Linux) consumers sleep on their POSIX semaphore.
 """
 

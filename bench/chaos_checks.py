@@ -17,14 +17,12 @@ import collections
 import dataclasses
 import json
 import os
-import struct
 from array import array
 from collections.abc import Callable
 
 from mq.errors import CorruptRecordError
-from mq.log.records import LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RECORD_BATCH_OVERHEAD, RecordBatch
-
-_FRAME = struct.Struct(">qiib")             # baseOffset, batchLength, leaderEpoch, magic
+from mq.log.batch import RecordBatch
+from mq.log.layout import FRAME, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RECORD_BATCH_OVERHEAD
 
 
 def make_value(producer: int, seq: int) -> bytes:
@@ -263,8 +261,8 @@ class PartitionScan:
         mv = memoryview(data)
         pos, end = 0, len(data)
         codes = self.codes
-        while end - pos >= _FRAME.size:
-            offset, length, _, magic = _FRAME.unpack_from(mv, pos)
+        while end - pos >= FRAME.size:
+            offset, length, _, magic = FRAME.unpack_from(mv, pos)
             at = self.pos + pos
             if offset == 0 and length == 0 and magic == 0:
                 break                         # zeros: a preallocated tail, the end of data
@@ -304,14 +302,14 @@ class PartitionScan:
         try:
             with open(self._path(base), "rb") as f:
                 rest = os.fstat(f.fileno()).st_size - self.pos
-                head = os.pread(f.fileno(), _FRAME.size, self.pos)
+                head = os.pread(f.fileno(), FRAME.size, self.pos)
         except FileNotFoundError:
             return f"the log ends at offset {len(self.codes)}: {where}: the file is gone"
         if rest <= 0:
             return f"the log ends at offset {len(self.codes)}, {where} (end of file)"
-        if len(head) < _FRAME.size:
+        if len(head) < FRAME.size:
             return f"the log ends at offset {len(self.codes)}, {where}: {rest} bytes follow"
-        offset, length, _, magic = _FRAME.unpack(head)
+        offset, length, _, magic = FRAME.unpack(head)
         return (f"the log ends at offset {len(self.codes)}, {where}: a batch header there "
                 f"(base offset {offset}, magic {magic}) claims {LOG_OVERHEAD + length} bytes, "
                 f"{rest} follow")

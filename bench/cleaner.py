@@ -50,9 +50,9 @@ from bench.harness import (
 )
 from bench.storage import T0_MS, hot_loop, progress
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 
 VALUE_BYTES = 256
 BATCH_BYTES = 16 * 1024

@@ -38,7 +38,7 @@ from typing import Any
 import posix_ipc
 import psutil
 
-from mq.log import records as _records
+from mq.log import native
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -588,16 +588,16 @@ def _git(*args: str) -> str | None:
 
 
 def decoder_state() -> dict:
-    """Which codec paths this process uses: the optional C decoder (``_decode_records_c``) and,
-    where records.py has one, the C record encoder (``_encode_record_c``)."""
+    """Which codec paths this process uses (``mq.log.native``): the optional C decoder
+    (``decode_records``) and the C record encoder (``RecordAccumulator``)."""
     try:
         importlib.import_module("mq.log._crecords")
         present = True
     except ImportError:
         present = False
     return {"crecords_importable": present,
-            "c_decoder_active": getattr(_records, "_decode_records_c", None) is not None,
-            "c_encoder_active": getattr(_records, "_encode_record_c", None) is not None,
+            "c_decoder_active": native.decode_records is not None,
+            "c_encoder_active": native.RecordAccumulator is not None,
             "MQ_PURE_PYTHON": os.environ.get("MQ_PURE_PYTHON")}
 
 

@@ -25,7 +25,7 @@ import struct
 import time
 
 from bench.harness import WorkerError
-from mq.log.records import BatchBuilder
+from mq.log.builder import BatchBuilder
 from mq.protocol.kafka.codec import decode_response, encode_request
 
 __all__ = ["produce_frame", "raw_producer"]

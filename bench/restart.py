@@ -75,7 +75,7 @@ os._exit(0)
 
 
 def _batch(records: int, value_bytes: int) -> bytearray:
-    from mq.log.records import BatchBuilder
+    from mq.log.builder import BatchBuilder
     builder = BatchBuilder()
     value = (b"0123456789abcdef" * (value_bytes // 16 + 1))[:value_bytes]
     for i in range(records):
@@ -85,9 +85,9 @@ def _batch(records: int, value_bytes: int) -> bytearray:
 
 def _stamp_producer(buf: bytearray, producer_id: int, sequence: int) -> None:
     """Make ``buf`` a batch of an idempotent producer (id, epoch 0, ``sequence``), CRC anew."""
-    from mq.log.records import crc32c
-    struct.pack_into(">qhi", buf, 43, producer_id, 0, sequence)
-    struct.pack_into(">I", buf, 17, crc32c(memoryview(buf)[21:]))
+    from mq.log.layout import ATTRIBUTES_OFFSET, CRC_OFFSET, PRODUCER_ID_OFFSET, crc32c, field
+    struct.pack_into(">qhi", buf, PRODUCER_ID_OFFSET, producer_id, 0, sequence)
+    field("crc").pack_into(buf, CRC_OFFSET, crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]))
 
 
 def _build(data: str, case: dict) -> None:

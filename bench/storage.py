@@ -52,9 +52,12 @@ from bench.harness import (
     wait_idle,
     write_json,
 )
+from mq.log.batch import RecordBatch
+from mq.log.builder import BatchBuilder
+from mq.log.compression import GZIP, LZ4, NONE
 from mq.log.config import LogConfig
+from mq.log.layout import ATTRIBUTES_OFFSET, BASE_TIMESTAMP_OFFSET, CRC_OFFSET, crc32c, field
 from mq.log.log import PartitionLog
-from mq.log.records import GZIP, LZ4, NONE, BatchBuilder, RecordBatch, crc32c
 
 try:  # HdrHistogram (pip install hdrhistogram); sorted lists otherwise
     from hdrh.histogram import HdrHistogram
@@ -370,8 +373,8 @@ def _lookup_template(per_ms: int = 4) -> tuple[bytes, int]:
     return bytes(batch), (n - 1) // per_ms + 1
 
 
-_TS2 = struct.Struct(">qq")   # baseTimestamp (27), maxTimestamp (35)
-_CRC = struct.Struct(">I")    # crc (17) of bytes [21, end)
+_TS2 = struct.Struct(">qq")   # baseTimestamp, maxTimestamp (adjacent)
+_CRC = field("crc")           # of bytes [ATTRIBUTES_OFFSET, end)
 
 
 def build_lookup_log(directory: str, total: int, segment_bytes: int) -> tuple[PartitionLog, dict]:
@@ -385,8 +388,9 @@ def build_lookup_log(directory: str, total: int, segment_bytes: int) -> tuple[Pa
     for k in range(count):
         buf = bytearray(template)
         base_ts = T0_MS + k * span_ms             # timestamps increase batch after batch
-        _TS2.pack_into(buf, 27, base_ts, base_ts + (first.max_timestamp - first.base_timestamp))
-        _CRC.pack_into(buf, 17, crc32c(memoryview(buf)[21:]))
+        _TS2.pack_into(buf, BASE_TIMESTAMP_OFFSET, base_ts,
+                       base_ts + (first.max_timestamp - first.base_timestamp))
+        _CRC.pack_into(buf, CRC_OFFSET, crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]))
         log.append(buf)
         if (k + 1) % step == 0:
             progress(f"lookup: building log {100 * (k + 1) // count}% "

@@ -64,8 +64,8 @@ from mq.log.cleaner import (
     should_clean,
     write_cleaner_checkpoint,
 )
+from mq.log.layout import NO_TIMESTAMP
 from mq.log.log import PartitionLog
-from mq.log.records import NO_TIMESTAMP
 from mq.log.segment import LogSegment
 
 __all__ = ["ABORT_POLL_S", "FAILED_LOG_RETRY_MS", "BackgroundCleaner", "CleanerTotals",

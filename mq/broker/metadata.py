@@ -32,9 +32,9 @@ import msgpack
 
 from mq.broker.acls import AclBinding, AclIndex
 from mq.broker.internal_topics import INTERNAL_CONFIG, METADATA_TOPIC
+from mq.log.builder import build_batch
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import build_batch
 from mq.protocol.kafka.sasl import ScramCredential
 
 __all__ = ["ACL_KEY_PREFIX", "METADATA_TOPIC", "PRODUCER_IDS_KEY", "PRODUCER_ID_BLOCK",

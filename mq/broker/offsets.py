@@ -48,8 +48,9 @@ from typing import Final
 
 from mq.broker.internal_topics import OFFSETS_TOPIC
 from mq.errors import CorruptRecordError, InvalidRequestError
+from mq.log.builder import build_batch
+from mq.log.layout import CONTROL_COMMIT
 from mq.log.log import PartitionLog
-from mq.log.records import CONTROL_COMMIT, build_batch
 
 __all__ = ["OFFSETS_TOPIC", "CommittedOffset", "OffsetStore", "encode_key", "decode_key",
            "encode_assignment_key", "encode_group_key", "encode_group_value", "decode_group_key",

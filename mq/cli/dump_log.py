@@ -20,11 +20,12 @@ from mq.cli import json_line
 from mq.cli.common import run_each
 from mq.errors import CorruptIndexError, CorruptRecordError, StorageError
 from mq.log import files
+from mq.log.batch import RecordBatch
 from mq.log.check import Problem, index_entries, require_regular_file, scan_segment
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
+from mq.log.layout import CONTROL_KEY, END_TXN_VALUE, LOG_APPEND_TIME
 from mq.log.producer_state import decode_snapshot
-from mq.log.records import CONTROL_KEY, END_TXN_VALUE, LOG_APPEND_TIME, RecordBatch
 from mq.log.segment import LogSegment
 from mq.log.txnindex import read_entries
 

@@ -77,7 +77,8 @@ from mq.errors import (
     MQError,
     UnknownTopicOrPartitionError,
 )
-from mq.log.records import RECORD_BATCH_OVERHEAD, available_codecs, codec_from_name
+from mq.log.compression import available_codecs, codec_from_name
+from mq.log.layout import MAX_RECORD_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mq.protocol.messages import ACKS_ALL, Api
 from mq.protocol.state import StateReader
 
@@ -437,7 +438,8 @@ class Producer(Sender):
                     self._admit(topic, partition)
                 sticky = False                    # stay on the partition the txn has
             batch = info.open[partition]
-            fits = info.batch_limit - 21 - size   # a batch this big takes the record
+            # a batch this big takes the record
+            fits = info.batch_limit - MAX_RECORD_OVERHEAD - size
             if batch is not None and batch.records.size <= fits:
                 fut = batch.add(timestamp_ms, key, value, headers)     # None: now, in C
                 if batch.records.size <= fits and self._linger_s:
@@ -447,7 +449,8 @@ class Producer(Sender):
                 closed = False
                 while batch is not None and batch.records.size > fits and \
                         batch.records.size > RECORD_BATCH_OVERHEAD:
-                    if batch.records.size + size + 21 <= info.grow_limit and self._acks and \
+                    if batch.records.size + size + MAX_RECORD_OVERHEAD <= info.grow_limit and \
+                            self._acks and \
                             len(self._in_flight) + len(self._ready) >= self._max_in_flight:
                         break                     # nowhere to send it yet: let it grow
                     self._close_batch(batch)      # the record does not fit: close, start anew
@@ -461,7 +464,8 @@ class Producer(Sender):
                 if batch is None:
                     batch = self._new_batch(info, partition)
                 fut = batch.add(timestamp_ms, key, value, headers)
-            if self._settle(batch, info, batch.records.size + size + 21) or closed:
+            if self._settle(batch, info, batch.records.size + size + MAX_RECORD_OVERHEAD) or \
+                    closed:
                 finished: list = []
                 self._pump(finished)
                 conn = None
@@ -617,7 +621,8 @@ class Producer(Sender):
                                      info.grow_limit if busy else info.batch_limit, futs)
             if i < len(values):                   # full
                 self._close_batch(batch)
-            elif not self._settle(batch, info, batch.records.size + size + 21):
+            elif not self._settle(batch, info,
+                                  batch.records.size + size + MAX_RECORD_OVERHEAD):
                 continue
             self._pump(finished)
 

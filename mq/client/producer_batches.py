@@ -15,8 +15,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mq.client.accumulator import FutureBase
+from mq.client.accumulator import ProducerBatchBuilder as BatchBuilder
 from mq.client.types import RecordMetadata
-from mq.log.records import BatchBuilder, FutureBase
 
 __all__ = ["Batch", "FutureRecordMetadata", "TopicState", "finish_batch"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mq.errors import MessageTooLargeError, RecordListTooLargeError
-from mq.log.records import BatchBuilder
+from mq.log.builder import BatchBuilder
 
 __all__ = ["as_bytes", "check_headers", "check_record_size", "check_timestamp"]
 

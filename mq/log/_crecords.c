@@ -1,13 +1,14 @@
 /* mq.log._crecords -- optional C codec for the records section of a Kafka RecordBatch v2.
  *
  * decode_records() mirrors the pure-Python reference loop of RecordBatch.records() in
- * mq/log/records.py (which stays authoritative and runs when this module is not built, or when
- * MQ_PURE_PYTHON=1): the same input is accepted, the same values come out, the same input is
- * rejected. Keys, values and header values are zero-copy memoryview slices of the payload.
- * Malformed input raises ValueError whose message is the reason; records.py turns it into
- * CorruptRecordError. encode_record() produces one record's bytes; RecordAccumulator, the
- * records of a batch being built (BatchBuilder's, and through add()/extend() the producer's
- * whole per-record step, future included), mirrors records.RecordAccumulator byte for byte.
+ * mq/log/batch.py (which stays authoritative and runs when this module is not built, or when
+ * MQ_PURE_PYTHON=1; mq/log/native.py loads this module): the same input is accepted, the same
+ * values come out, the same input is rejected. Keys, values and header values are zero-copy
+ * memoryview slices of the payload. Malformed input raises ValueError whose message is the
+ * reason; batch.py turns it into CorruptRecordError. encode_record() produces one record's
+ * bytes; RecordAccumulator, the records of a batch being built (BatchBuilder's, and through
+ * add()/extend() the producer's whole per-record step, future included), mirrors
+ * mq.log.builder.RecordEncoder and mq.client.accumulator.RecordAccumulator byte for byte.
  *
  * Bounds invariant: a byte is only read at an index i with i < lim, where lim is len(payload)
  * for a record's length varint and the record's end (<= len(payload)) for everything inside
@@ -22,7 +23,7 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- Record: what decode_records returns (same attributes as records.BatchRecord) ---- */
+/* ---- Record: what decode_records returns (same attributes as batch.BatchRecord) ---- */
 
 /* All five fields are owned references. `headers` may be NULL, meaning an empty list not
  * created yet: most records have no headers, and one GC-tracked list fewer per record is
@@ -215,7 +216,7 @@ Record_repr(RecordObject *r)
 }
 
 /* Equal to any object with the same five attributes when offsets and timestamps are equal and
- * keys, values and header values hold the same bytes (so records.BatchRecord == Record works:
+ * keys, values and header values hold the same bytes (so batch.BatchRecord == Record works:
  * its __eq__ returns NotImplemented and Python asks this one). Not the hot path: a copy is ok. */
 static PyObject *
 Record_richcompare(PyObject *self, PyObject *other, int op)
@@ -242,7 +243,7 @@ Record_richcompare(PyObject *self, PyObject *other, int op)
 static PyTypeObject RecordType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mq.log._crecords.Record",
-    .tp_doc = "One decoded record (C twin of mq.log.records.BatchRecord).",
+    .tp_doc = "One decoded record (C twin of mq.log.batch.BatchRecord).",
     .tp_basicsize = sizeof(RecordObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Record_new,
@@ -805,7 +806,7 @@ zigzag(int64_t v)
     return ((uint64_t)v << 1) ^ (v < 0 ? UINT64_MAX : 0);
 }
 
-/* zigzag of a Python int as records._encode_varint_slow computes it,
+/* zigzag of a Python int as varints.encode_varint_uncached computes it,
  * ((v << 1) ^ (v >> 63)) & (2**64 - 1), so that ints beyond int64 wrap the same way. */
 static int
 zigzag_obj(PyObject *v, uint64_t *out)
@@ -943,7 +944,7 @@ encode_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* ---- RecordAccumulator: the records section of one batch being built ---- */
 
-/* BatchBuilder's record state in C (records.RecordAccumulator is the reference it mirrors):
+/* BatchBuilder's record state in C (accumulator.RecordAccumulator is the reference it mirrors):
  * records are encoded straight into one growing buffer, so a record costs one C call and no
  * Python object but its future. RecordFuture is the base of the producer's per-record future
  * (owner batch, offset delta, timestamp); add() allocates one without running Python code. */
@@ -1002,7 +1003,7 @@ Future_dealloc(FutureObject *f)
 static PyTypeObject FutureType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mq.log._crecords.RecordFuture",
-    .tp_doc = "Base of a record's future: _batch, _delta, _ts (records.RecordFuture in C).",
+    .tp_doc = "Base of a record's future: _batch, _delta, _ts (accumulator.RecordFuture in C).",
     .tp_basicsize = sizeof(FutureObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -1448,7 +1449,8 @@ static PyTypeObject AccType = {
     .tp_name = "mq.log._crecords.RecordAccumulator",
     .tp_doc = "RecordAccumulator(delete_horizon_ms=-1, future_type=None, owner=None, "
               "capacity=0, buffer=None)\n\n"
-              "The records of one batch being built (records.RecordAccumulator in C); capacity:\n"
+              "The records of one batch being built (accumulator.RecordAccumulator in C);\n"
+              "capacity: "
               "the bytes of a full batch, header included, when known (sizes its buffer);\n"
               "buffer: a bytearray nothing else holds, to build the batch in.",
     .tp_basicsize = sizeof(AccObject),
@@ -1473,7 +1475,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mq.log._crecords",
-    "Optional C codec for mq.log.records (records.py holds the reference implementation).",
+    "Optional C codec for mq.log (batch.py, builder.py and client/accumulator.py hold "
+    "the references).",
     -1, methods,
 };
 

@@ -9,6 +9,8 @@ lets a segment find offsets and timestamps with one 43-byte ``pread`` a batch.
            23  lastOffsetDelta  int32
            35  maxTimestamp     int64   (43 bytes in all; only these fields are read)
 
+(the whole header, and these offsets as constants: ``mq.log.layout``)
+
 Pure over a descriptor or bytes: nothing is written, nothing past ``end`` is read, and a torn or
 malformed tail ends a scan quietly (recovery deals with those).
 """
@@ -20,21 +22,33 @@ import struct
 from collections.abc import Iterator
 from typing import Final
 
-from mq.log.records import HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH
+from mq.log.layout import (
+    FRAME,
+    HEADER,
+    HEADER_SIZE_UP_TO_MAGIC,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
+    MIN_BATCH_LENGTH,
+    PRODUCER_ID_OFFSET,
+    field,
+)
 
 __all__ = ["SCAN_BYTES", "header_max_timestamp", "read_frame_length", "scan_headers"]
 
-_FRAME: Final = struct.Struct(">qiib")
-# Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp.
-SCAN_BYTES: Final = 43
-_SCAN: Final = struct.Struct(">qi")
-_LAST_DELTA: Final = struct.Struct(">i")
-_MAX_TS: Final = struct.Struct(">q")
+# Batch header fields a scan needs: baseOffset, batchLength, lastOffsetDelta, maxTimestamp —
+# the header up to the end of maxTimestamp (where producerId starts), 43 bytes.
+SCAN_BYTES: Final = PRODUCER_ID_OFFSET
+_SCAN: Final = struct.Struct(HEADER.format[:3])     # baseOffset, batchLength
+_LAST_DELTA: Final = field("lastOffsetDelta")
+_MAX_TS: Final = field("maxTimestamp")
 
 
 def header_max_timestamp(head: bytes) -> int:
     """The maxTimestamp of the batch whose first ``SCAN_BYTES`` bytes are ``head``."""
-    return _MAX_TS.unpack_from(head, 35)[0]
+    return _MAX_TS.unpack_from(head, MAX_TIMESTAMP_OFFSET)[0]
 
 
 def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
@@ -47,10 +61,12 @@ def scan_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, int, int,
         if len(head) < SCAN_BYTES:
             return
         base, length = _SCAN.unpack_from(head)
-        if length < MIN_BATCH_LENGTH or head[16] != MAGIC or pos + LOG_OVERHEAD + length > end:
+        if length < MIN_BATCH_LENGTH or head[MAGIC_OFFSET] != MAGIC or \
+                pos + LOG_OVERHEAD + length > end:
             return
         size = LOG_OVERHEAD + length
-        yield base, size, _LAST_DELTA.unpack_from(head, 23)[0], _MAX_TS.unpack_from(head, 35)[0]
+        yield (base, size, _LAST_DELTA.unpack_from(head, LAST_OFFSET_DELTA_OFFSET)[0],
+               _MAX_TS.unpack_from(head, MAX_TIMESTAMP_OFFSET)[0])
         pos += size
 
 
@@ -58,7 +74,7 @@ def read_frame_length(head: bytes) -> int | None:
     """Batch size from its first 17 bytes, or None if they cannot start a v2 batch."""
     if len(head) < HEADER_SIZE_UP_TO_MAGIC:
         return None
-    _, length, _, magic = _FRAME.unpack_from(head)
+    _, length, _, magic = FRAME.unpack_from(head)
     if length < MIN_BATCH_LENGTH or magic != MAGIC:
         return None
     return LOG_OVERHEAD + length

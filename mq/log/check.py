@@ -59,11 +59,11 @@ from mq.errors import (
     UnsupportedCodecError,
 )
 from mq.log import datadir, files
+from mq.log.batch import RecordBatch
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
 from mq.log.log import PartitionLog, RecoveryReport
 from mq.log.producer_state import decode_snapshot
-from mq.log.records import RecordBatch
 from mq.log.segment import LogSegment
 from mq.log.txnindex import ENTRY_SIZE as TXN_ENTRY_SIZE
 from mq.log.txnindex import TransactionIndex

@@ -80,6 +80,8 @@ from hashlib import md5
 from typing import Final
 
 from mq.log import files
+from mq.log.batch import RecordBatch
+from mq.log.builder import BatchBuilder
 from mq.log.cleaner_policy import (
     CleanableRange,
     cleanable_range,
@@ -90,19 +92,22 @@ from mq.log.cleaner_policy import (
     resolve_first_dirty_offset,
     should_clean,
 )
-from mq.log.log import PartitionLog
-from mq.log.policy import SegmentMeta
-from mq.log.records import (
+from mq.log.layout import (
     ATTRIBUTES_OFFSET,
+    CONTROL_MASK,
     CRC_OFFSET,
     HEADER,
     MAGIC,
+    MIN_BATCH_LENGTH,
     NO_TIMESTAMP,
     RECORD_BATCH_OVERHEAD,
-    BatchBuilder,
-    RecordBatch,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_MASK,
     crc32c,
+    field,
 )
+from mq.log.log import PartitionLog
+from mq.log.policy import SegmentMeta
 from mq.log.segment import LogSegment
 from mq.log.txnindex import AbortedTxn, AbortedTxnFilter, collect_aborted
 
@@ -131,6 +136,7 @@ CLEANER_OFFSET_CHECKPOINT: Final = "cleaner-offset-checkpoint"
 # (a key under 16 bytes, or its 16-byte MD5), 32 bytes of int. Kafka's SkimpyOffsetMap
 # charges 24 (16-byte MD5 + 8-byte offset); ours is the honest figure for this process.
 BYTES_PER_MAP_ENTRY: Final = 136
+_CRC: Final = field("crc")
 _RAW_KEY_MAX: Final = 16       # shorter keys are stored as they are: they never equal an MD5
 
 Swap = Callable[[LogSegment, list[LogSegment], int], None]
@@ -246,14 +252,13 @@ def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_un
 def _empty_header(batch: RecordBatch) -> bytearray:
     """Kafka's ``writeEmptyHeader``: the batch's offsets, producer fields and max timestamp,
     no records, no codec."""
-    attrs = batch.attributes & 0x38     # timestamp type, transactional, control
+    attrs = batch.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_MASK | CONTROL_MASK)
     out = bytearray(RECORD_BATCH_OVERHEAD)
-    HEADER.pack_into(out, 0, batch.base_offset, RECORD_BATCH_OVERHEAD - 12,
+    HEADER.pack_into(out, 0, batch.base_offset, MIN_BATCH_LENGTH,
                      batch.partition_leader_epoch, MAGIC, 0, attrs, batch.last_offset_delta,
                      NO_TIMESTAMP, batch.max_timestamp, batch.producer_id, batch.producer_epoch,
                      batch.base_sequence, 0)
-    crc = crc32c(memoryview(out)[ATTRIBUTES_OFFSET:])
-    out[CRC_OFFSET:CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+    _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return out
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from typing import Final, TypeVar
 
 from mq.log.config import LogConfig
+from mq.log.layout import RECORD_BATCH_OVERHEAD
 from mq.log.policy import SegmentMeta
-from mq.log.records import RECORD_BATCH_OVERHEAD
 
 __all__ = ["CleanableRange", "cleanable_range", "dirty_ratio", "filthiest", "group_segments",
            "max_compaction_delay_ms", "resolve_first_dirty_offset", "should_clean"]

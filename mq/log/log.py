@@ -53,19 +53,15 @@ from mq.errors import (
     OffsetOutOfRangeError,
 )
 from mq.log import diskio, files, loader, producer_state
+from mq.log.batch import RecordBatch
+from mq.log.builder import control_batch
+from mq.log.columns import decode_columns
 from mq.log.config import LogConfig
 from mq.log.epochs import LeaderEpochCache
+from mq.log.layout import CONTROL_ABORT, CONTROL_COMMIT, set_log_append_time, stamp_batch
 from mq.log.loader import RecoveryReport
 from mq.log.policy import retention_deletable, roll_reason
 from mq.log.producer_state import ProducerStateManager
-from mq.log.records import (
-    CONTROL_ABORT,
-    CONTROL_COMMIT,
-    RecordBatch,
-    control_batch,
-    set_log_append_time,
-    stamp_batch,
-)
 from mq.log.segment import FetchSlice, LogSegment
 from mq.log.timestamps import check_timestamps
 from mq.log.txnindex import AbortedTxn
@@ -559,8 +555,8 @@ class PartitionLog:
             batch = next(seg.batches(found.position, found.position + found.size), None)
             if batch is None:
                 return None
-            if not batch.is_control and batch.decode_columns(columns, offset,
-                                                             batch.last_offset + 1):
+            if not batch.is_control and decode_columns(batch, columns, offset,
+                                                       batch.last_offset + 1):
                 return int.from_bytes(columns[1][:8], sys.byteorder, signed=True)
             offset = batch.last_offset + 1
         return None

@@ -51,7 +51,8 @@ from crc32c import crc32c
 
 from mq import errors
 from mq.log import files
-from mq.log.records import CONTROL_ABORT, RecordBatch
+from mq.log.batch import RecordBatch
+from mq.log.layout import CONTROL_ABORT
 from mq.log.txnindex import AbortedTxn
 
 __all__ = ["BATCHES_TO_RETAIN", "BatchInfo", "CompletedTxn", "ProducerEntry",

@@ -55,15 +55,17 @@ from typing import Final
 
 from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
 from mq.log import files
+from mq.log.batch import RecordBatch
 from mq.log.index import OFFSET_ENTRY, floor_slot
-from mq.log.records import (
+from mq.log.layout import (
+    BASE_TIMESTAMP_OFFSET,
+    FRAME,
     HEADER,
     HEADER_SIZE_UP_TO_MAGIC,
     LOG_OVERHEAD,
     MAGIC,
     MIN_BATCH_LENGTH,
     RECORD_BATCH_OVERHEAD,
-    RecordBatch,
 )
 from mq.log.txnindex import AbortedTxn, read_entries
 
@@ -72,12 +74,11 @@ __all__ = ["PartitionReader", "DEFAULT_REMAP_BYTES", "DEFAULT_MAX_MAPPED_SEGMENT
 DEFAULT_REMAP_BYTES: Final = 1 << 20
 DEFAULT_MAX_MAPPED_SEGMENTS: Final = 16
 
-# Leading fields of ``records.HEADER`` (the one definition of the batch header). A scan needs
+# Leading fields of ``layout.HEADER`` (the one definition of the batch header). A scan needs
 # the first seven, 27 bytes: baseOffset, batchLength, partitionLeaderEpoch, magic, crc,
-# attributes, lastOffsetDelta; a tail too short for a header only its first four (17 bytes).
+# attributes, lastOffsetDelta; a tail too short for a header only the frame (17 bytes).
 _SCAN: Final = struct.Struct(HEADER.format[:8])
-_FRAME: Final = struct.Struct(HEADER.format[:5])
-assert _SCAN.size == 27 and _FRAME.size == HEADER_SIZE_UP_TO_MAGIC
+assert _SCAN.size == BASE_TIMESTAMP_OFFSET
 # ``.index`` slots that cannot be used sort after every offset: the entries are a prefix of
 # increasing (offset, position) pairs followed by preallocated zeros.
 _PAST_END: Final = 1 << 63
@@ -200,7 +201,7 @@ class _Segment:
             if len(buf) < need:
                 return None
         if need < _SCAN.size:
-            _, length, _, magic = _FRAME.unpack_from(buf, at)
+            _, length, _, magic = FRAME.unpack_from(buf, at)
             if length < MIN_BATCH_LENGTH or magic != MAGIC:
                 raise _bad_frame(self.path, pos, length, magic)
             return None

@@ -47,12 +47,13 @@ from typing import Final
 
 from mq.errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError
 from mq.log import diskio, files, segment_recovery
+from mq.log.batch import RecordBatch, iter_batches
 from mq.log.batch_headers import (SCAN_BYTES, header_max_timestamp, read_frame_length,
                                   scan_headers)
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
+from mq.log.layout import HEADER_SIZE_UP_TO_MAGIC
 from mq.log.policy import SegmentMeta
-from mq.log.records import HEADER_SIZE_UP_TO_MAGIC, RecordBatch, iter_batches
 from mq.log.segment_files import SegmentFiles
 from mq.log.segment_recovery import SegmentRecovery
 from mq.log.txnindex import AbortedTxn, TransactionIndex

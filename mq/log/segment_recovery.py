@@ -22,7 +22,7 @@ from typing import Final
 
 from mq.errors import CorruptIndexError, CorruptRecordError
 from mq.log import files
-from mq.log.records import RecordBatch
+from mq.log.batch import RecordBatch
 
 __all__ = ["recover", "SegmentRecovery"]
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import Final
 
 from mq.errors import InvalidTimestampError
+from mq.log.batch import RecordBatch
 from mq.log.config import LogConfig
-from mq.log.records import NO_TIMESTAMP, RecordBatch
+from mq.log.layout import NO_TIMESTAMP
 
 __all__ = ["check_timestamps"]
 

@@ -59,16 +59,22 @@ from typing import Final
 from mq.errors import LogTransferError
 from mq.log import datadir, diskio, epochs, files, partition_metadata
 from mq.log.check import check_partition
-from mq.log.records import LOG_OVERHEAD, MIN_BATCH_LENGTH
+from mq.log.layout import (
+    HEADER,
+    LOG_OVERHEAD,
+    MIN_BATCH_LENGTH,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    field,
+)
 
 __all__ = ["LogDir", "PartitionCopy", "TopicCopy", "copy_topic", "held"]
 
 COPIED_SUFFIXES: Final = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX,
                           files.TXNINDEX_SUFFIX, files.SNAPSHOT_SUFFIX)
 CHUNK: Final = 1 << 20                  # bytes a copy moves between progress reports
-# A batch's first fields: baseOffset int64, batchLength int32, partitionLeaderEpoch int32.
-_HEAD: Final = struct.Struct(">qii")
-_EPOCH_AT: Final = 12
+# A batch's first fields (mq.log.layout): baseOffset, batchLength, partitionLeaderEpoch.
+_HEAD: Final = struct.Struct(HEADER.format[:4])
+_EPOCH: Final = field("partitionLeaderEpoch")
 _AT_FDCWD: Final = -100
 _RENAME_EXCHANGE: Final = 2
 
@@ -361,7 +367,7 @@ def _stamp_epochs(path: str, max_epoch: int | None, starts: list[tuple[int, int]
         while end - pos >= _HEAD.size:
             base, length, epoch = _HEAD.unpack(os.pread(fd, _HEAD.size, pos))
             if max_epoch is not None and epoch > max_epoch:
-                diskio.write_fully(fd, struct.pack(">i", max_epoch), pos + _EPOCH_AT)
+                diskio.write_fully(fd, _EPOCH.pack(max_epoch), pos + PARTITION_LEADER_EPOCH_OFFSET)
                 epoch, stamped = max_epoch, True
             if epoch >= 0 and (not starts or epoch > starts[-1][0]):
                 starts.append((epoch, base))

@@ -31,7 +31,8 @@ from typing import Final
 
 from mq.errors import CorruptIndexError
 from mq.log import diskio, files
-from mq.log.records import CONTROL_ABORT, CONTROL_COMMIT, RecordBatch
+from mq.log.batch import RecordBatch
+from mq.log.layout import CONTROL_ABORT, CONTROL_COMMIT
 
 __all__ = ["ENTRY_SIZE", "AbortedTxn", "AbortedTxnFilter", "TransactionIndex", "collect_aborted",
            "decode_entries", "read_entries"]

@@ -4,7 +4,7 @@ Spark takes ``pyarrow.RecordBatch``es from a Python data source's ``read()`` onl
 schema *equals* ``to_arrow_schema(schema, timezone="UTC")``, nullability included, and Arrow
 batches cost a fraction of per-row tuples (a third to a fifth). So records are
 never turned into rows here: each log batch is decoded once, straight into column buffers
-(``RecordBatch.decode_columns``, the C codec the consumer's decoder lives in), which become
+(``mq.log.columns.decode_columns``, the C codec the consumer's decoder lives in), which become
 Arrow arrays without a copy; keys and values are copied once, from the segment map into the
 column. Per-record Python objects cost ~0.5 us a record; this is ~0.02 us.
 
@@ -36,7 +36,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from mq.log.records import RecordBatch
+from mq.log.batch import RecordBatch
+from mq.log.columns import decode_columns
 
 __all__ = ["spark_schema", "arrow_schema", "ColumnBuilder", "TARGET_ROWS"]
 
@@ -84,7 +85,7 @@ class ColumnBuilder:
     or end inside a batch); ``take`` builds a batch of what was added and starts afresh.
 
     Without headers the records are decoded straight into column buffers
-    (``RecordBatch.decode_columns``, in C when the codec is built: no object per record), and
+    (``mq.log.columns.decode_columns``, in C when the codec is built: no object per record), and
     ``take`` wraps those buffers as Arrow arrays without copying. With headers they go
     through ``RecordBatch.records()`` and are gathered column by column."""
 
@@ -115,7 +116,7 @@ class ColumnBuilder:
             self._records += records
             n = len(records)
         else:
-            n = batch.decode_columns(self._columns, start, end)
+            n = decode_columns(batch, self._columns, start, end)
         if not n:
             return
         tt = batch.timestamp_type

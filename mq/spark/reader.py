@@ -44,8 +44,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from mq.errors import BrokerUnavailableError, ConfigError, OffsetOutOfRangeError
+from mq.log.batch import RecordBatch
 from mq.log.reader import PartitionReader
-from mq.log.records import RecordBatch
 from mq.log.txnindex import AbortedTxnFilter
 from mq.protocol.paths import default_data_dir, default_socket_path
 from mq.spark.arrow import TARGET_ROWS, ColumnBuilder, spark_schema

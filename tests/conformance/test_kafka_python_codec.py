@@ -9,9 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mq.log.records import (
-    CONTROL_ABORT, CONTROL_COMMIT, CREATE_TIME, GZIP, LOG_APPEND_TIME, LZ4, NONE, SNAPPY, ZSTD,
-    BatchBuilder, RecordBatch, control_batch, iter_batches, set_log_append_time, stamp_batch,
+from mq.log.batch import RecordBatch, iter_batches
+from mq.log.builder import BatchBuilder, control_batch
+from mq.log.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD
+from mq.log.layout import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    CREATE_TIME,
+    LOG_APPEND_TIME,
+    set_log_append_time,
+    stamp_batch,
 )
 
 with warnings.catch_warnings():

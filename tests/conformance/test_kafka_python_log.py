@@ -23,10 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mq.log import files
+from mq.log.batch import iter_batches
+from mq.log.builder import BatchBuilder, control_batch
+from mq.log.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD
 from mq.log.config import LogConfig
+from mq.log.layout import CONTROL_ABORT, CONTROL_COMMIT
 from mq.log.log import PartitionLog
-from mq.log.records import (CONTROL_ABORT, CONTROL_COMMIT, GZIP, LZ4, NONE, SNAPPY, ZSTD,
-                            BatchBuilder, control_batch, iter_batches)
 
 with warnings.catch_warnings():
     # importing the kafka package loads protocol schemas through a deprecated importlib API

@@ -25,7 +25,7 @@ from collections import Counter, defaultdict, deque
 
 import pytest
 
-from mq.log.records import RecordBatch
+from mq.log.batch import RecordBatch
 from mq.protocol.frames import FrameReader, encode_frame
 from mq.protocol.messages import PROTOCOL_VERSION, Api, response
 

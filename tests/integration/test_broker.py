@@ -20,8 +20,8 @@ from mq.client.admin import Admin
 from mq.client.connection import Connection
 from mq.errors import (BrokerUnavailableError, CorruptMessageError, InvalidPartitionsError,
                        InvalidRequestError, MessageTooLargeError, UnknownTopicOrPartitionError)
+from mq.log.builder import BatchBuilder
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 from mq.protocol.frames import TAIL_FLAG, encode_frame, encode_tail_frame
 from mq.protocol.messages import PROTOCOL_VERSION, Api
 
@@ -403,7 +403,7 @@ _ACKS_ALL_PRODUCER = r"""
 import sys
 from mq.client.connection import Connection
 from mq.errors import BrokerUnavailableError
-from mq.log.records import BatchBuilder
+from mq.log.builder import BatchBuilder
 from mq.protocol.messages import Api
 sock, out = sys.argv[1], sys.argv[2]
 c = Connection(sock)

@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:                 # bench/ is not an installed packa
 
 from bench import chaos
 from bench.chaos_checks import CommitLedger, PartitionScan, Violations, make_value, value_code
-from mq.log.records import build_batch
+from mq.log.builder import build_batch
 
 # --- the bookkeeping alone ----------------------------------------------------------------------
 

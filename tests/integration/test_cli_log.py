@@ -21,18 +21,13 @@ import pytest
 from cli_run import json_value
 
 from mq.cli.main import main
+from mq.log.batch import iter_batches
+from mq.log.builder import BatchBuilder, control_batch
+from mq.log.compression import GZIP, LZ4, NONE
 from mq.log.config import LogConfig
 from mq.log.index import OffsetIndex, TimeIndex
+from mq.log.layout import CONTROL_COMMIT
 from mq.log.log import PartitionLog
-from mq.log.records import (
-    CONTROL_COMMIT,
-    GZIP,
-    LZ4,
-    NONE,
-    BatchBuilder,
-    control_batch,
-    iter_batches,
-)
 from mq.log.segment import LogSegment
 
 # Small segments so the partition rolls; an index entry after every batch but a segment's first.

@@ -35,7 +35,9 @@ from mq.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from mq.log.records import CONTROL_COMMIT, GZIP, LOG_APPEND_TIME, BatchBuilder, control_batch
+from mq.log.builder import BatchBuilder, control_batch
+from mq.log.compression import GZIP
+from mq.log.layout import CONTROL_COMMIT, LOG_APPEND_TIME
 from mq.protocol.messages import Api
 from mq.protocol.state import PartitionState, StateReader, semaphore_prefix
 

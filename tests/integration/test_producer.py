@@ -33,8 +33,8 @@ from mq.errors import (
     RecordListTooLargeError,
     UnknownTopicOrPartitionError,
 )
+from mq.log.compression import GZIP, LZ4, NONE, available_codecs
 from mq.log.log import PartitionLog
-from mq.log.records import GZIP, LZ4, NONE, available_codecs
 
 fake_broker = fakes.fake_broker        # the fixture (fake_broker.py)
 WAIT = 30        # seconds: generous bound for any single wait on a loaded 2-core box
@@ -490,9 +490,9 @@ def test_send_many_in_a_transaction(broker):
 
 _PURE_SCRIPT = """
 import sys
-import mq.log.records as R
+import mq.client.accumulator as A
 from mq.client.producer import Producer
-assert R.FutureBase is R.RecordFuture, "not the pure-Python accumulator"
+assert A.FutureBase is A.RecordFuture, "not the pure-Python accumulator"
 with Producer(socket=sys.argv[1], acks=1, batch_size=2000, linger_ms=1) as p:
     one = [p.send("pure", value=b"s%d" % i, key=None if i % 2 else b"k") for i in range(50)]
     many = p.send_many("pure", [b"m%d" % i for i in range(300)], partition=0,
@@ -507,7 +507,7 @@ print("ok")
 
 
 def test_send_paths_with_the_pure_python_accumulator(broker):
-    """``MQ_PURE_PYTHON=1``: the same producer on ``records.RecordAccumulator``."""
+    """``MQ_PURE_PYTHON=1``: the same producer on ``accumulator.RecordAccumulator``."""
     create_topic(broker, "pure", 2)
     out = subprocess.run([sys.executable, "-c", _PURE_SCRIPT, broker.socket],
                          capture_output=True, text=True, timeout=WAIT * 2,

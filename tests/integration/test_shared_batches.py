@@ -20,8 +20,8 @@ from mq.client.consumer import Consumer
 from mq.client.producer import Producer
 from mq.client.types import TopicPartition
 from mq.errors import CorruptMessageError, InvalidRequestError
+from mq.log.builder import BatchBuilder
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 from mq.protocol.messages import Api
 
 WAIT = 30        # seconds: generous bound for any single wait on a loaded 2-core box

@@ -28,9 +28,9 @@ from mq.errors import (
     UnstableOffsetCommitError,
 )
 from mq.log import diskio
+from mq.log.builder import BatchBuilder
 from mq.log.diskio import Fault, FaultyDiskIO
 from mq.log.reader import PartitionReader
-from mq.log.records import BatchBuilder
 from mq.protocol.messages import Api
 
 TP = TopicPartition("t", 0)

@@ -26,10 +26,11 @@ import tempfile
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from mq.log.builder import BatchBuilder
 from mq.log.cleaner import CleanerConfig, clean, cleanable_range, resolve_first_dirty_offset
+from mq.log.compression import GZIP, NONE
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import GZIP, NONE, BatchBuilder
 
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 T0 = 1_000_000

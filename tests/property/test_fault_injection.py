@@ -27,9 +27,11 @@ from hypothesis import strategies as st
 
 from mq.errors import OffsetOutOfRangeError
 from mq.log import files
+from mq.log.batch import iter_batches
+from mq.log.builder import BatchBuilder
+from mq.log.compression import GZIP, LZ4, NONE
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import GZIP, LZ4, NONE, BatchBuilder, iter_batches
 from mq.log.segment import LogSegment
 
 CFG = LogConfig(segment_bytes=700, index_interval_bytes=90, segment_index_bytes=4096)

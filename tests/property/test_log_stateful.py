@@ -28,9 +28,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from mq.errors import OffsetOutOfRangeError
+from mq.log.batch import iter_batches
+from mq.log.builder import BatchBuilder
+from mq.log.compression import GZIP, LZ4, NONE
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import GZIP, LZ4, NONE, BatchBuilder, iter_batches
 
 DAY_MS = 24 * 60 * 60 * 1000
 # Examples live on tmpfs when there is one: every close and roll fsyncs, and durability is not

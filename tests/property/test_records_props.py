@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mq.errors import CorruptRecordError
-from mq.log.records import (
-    CODEC_NAMES, CREATE_TIME, GZIP, HEADER, LOG_APPEND_TIME, NONE, BatchBuilder, RecordBatch,
-    crc32c, iter_batches,
-)
+from mq.log.batch import RecordBatch, iter_batches
+from mq.log.builder import BatchBuilder
+from mq.log.compression import CODEC_NAMES, GZIP, NONE
+from mq.log.layout import CREATE_TIME, HEADER, LOG_APPEND_TIME, crc32c
 
 INT32_MAX = (1 << 31) - 1
 TS_BOUND = 1 << 62          # any two timestamps in [-2**62, 2**62] differ by a valid int64

@@ -41,12 +41,12 @@ from hypothesis import strategies as st
 
 from mq.errors import LogWriteError
 from mq.log import cleaner, diskio, files
+from mq.log.builder import build_batch
 from mq.log.check import check_partition
 from mq.log.config import LogConfig
 from mq.log.diskio import ALLOCATING_OPS, Fault, FaultyDiskIO
 from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
-from mq.log.records import build_batch
 
 CFG = LogConfig(segment_bytes=900, index_interval_bytes=150, segment_index_bytes=120,
                 file_delete_delay_ms=0)

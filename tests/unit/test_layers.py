@@ -7,7 +7,7 @@ in it counts: at module level, under ``if TYPE_CHECKING:`` and inside functions 
 import is still a dependency, and a circle through one is still a circle for a reader).
 ``from mq import Name`` counts as an import of the module ``mq`` takes the name from (its
 ``_LAZY`` table). A layer is a module name and everything below it on the dot: ``mq.log``
-holds ``mq.log.records``, not ``mq.logformat``.
+holds ``mq.log.batch``, not ``mq.logformat``.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_every_module_is_in_a_layer():
 
 def test_layer_matches_on_the_dot():
     assert _layer("mq.logformat") == "mq.logformat"
-    assert _layer("mq.log.records") == "mq.log"
+    assert _layer("mq.log.batch") == "mq.log"
     assert _layer("mq.spark.offsets") == "mq.spark"
     assert _layer("mq.broker.kafka.data") == "mq.broker"
     assert _layer("workers.engine") == "workers"

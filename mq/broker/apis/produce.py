@@ -29,7 +29,6 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import struct
 from collections.abc import Callable, Mapping
 
 import posix_ipc
@@ -43,18 +42,24 @@ from mq.broker.partitions import PartitionTable
 from mq.broker.space import FreeSpaceGuard
 from mq.broker.wakeups import post
 from mq.errors import InvalidRequestError
-from mq.log.records import ATTRIBUTES_OFFSET, RECORD_BATCH_OVERHEAD
+from mq.log.layout import (
+    ATTRIBUTES_OFFSET,
+    CONTROL_MASK,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
+    RECORD_BATCH_OVERHEAD,
+    TRANSACTIONAL_MASK,
+    field,
+)
 from mq.protocol.messages import ACKS_ALL, ARENA_SEALS, Api, Request, response
 
 __all__ = ["ProduceApis"]
 
-# Where a batch header says it is transactional and whose it is (records.HEADER's layout).
+# Where a batch header says it is transactional and whose it is (mq.log.layout).
 _ATTRIBUTES_LOW = ATTRIBUTES_OFFSET + 1     # the low byte of the big-endian int16
-_TRANSACTIONAL = 0x10
-_CONTROL = 0x20
-_PRODUCER_ID = struct.Struct(">q")         # at 43
-_PRODUCER_EPOCH = struct.Struct(">h")      # at 51
-_PRODUCER_EPOCH_END = 53
+_PRODUCER_ID = field("producerId")
+_PRODUCER_EPOCH = field("producerEpoch")
+_PRODUCER_EPOCH_END = PRODUCER_EPOCH_OFFSET + _PRODUCER_EPOCH.size
 _MAX_ARENA_BYTES = 1 << 30
 
 
@@ -145,13 +150,13 @@ class ProduceApis:
         # write the arena, so what is checked here must be what the log appends.
         head = bytes(batch[:RECORD_BATCH_OVERHEAD]) if shared else batch
         attributes = head[_ATTRIBUTES_LOW] if len(head) > _PRODUCER_EPOCH_END else 0
-        if attributes & _CONTROL:
+        if attributes & CONTROL_MASK:
             raise errors.InvalidRecordError("clients may not produce control batches "
                                             "(transaction markers come from the coordinator)")
-        if attributes & _TRANSACTIONAL and self._verify_transaction is not None:
+        if attributes & TRANSACTIONAL_MASK and self._verify_transaction is not None:
             self._verify_transaction(topic, req["partition"],
-                                     _PRODUCER_ID.unpack_from(head, 43)[0],
-                                     _PRODUCER_EPOCH.unpack_from(head, 51)[0])
+                                     _PRODUCER_ID.unpack_from(head, PRODUCER_ID_OFFSET)[0],
+                                     _PRODUCER_EPOCH.unpack_from(head, PRODUCER_EPOCH_OFFSET)[0])
         end = plog.log_end_offset
         # A tail frame's batch is a writable view of the receive buffer: stamped and written
         # from there. One inside msgpack arrived as bytes, so it is copied to be stamped.

@@ -38,7 +38,7 @@ from mq.broker.partitions import Partition, PartitionTable
 from mq.broker.transaction_log import decode_key, decode_value, encode_key, encode_value
 from mq.broker.txn_coordinator import MarkerJob, TransactionCoordinator, Transition
 from mq.errors import InvalidRequestError
-from mq.log.records import build_batch
+from mq.log.builder import build_batch
 from mq.protocol.messages import Api, Request, response
 
 __all__ = ["RETRY_S", "TransactionApis"]

@@ -11,8 +11,9 @@ import time
 import confluent_kafka
 
 import mq
+from mq.log.builder import build_batch
+from mq.log.compression import LZ4
 from mq.log.reader import PartitionReader
-from mq.log.records import LZ4, build_batch
 from wire_calls import call
 
 

@@ -19,11 +19,11 @@ import pytest
 
 from mq.broker.cleaning import BackgroundCleaner, LoopCalls
 from mq.log import files
+from mq.log.builder import BatchBuilder
 from mq.log.check import check_partition
 from mq.log.cleaner import read_cleaner_checkpoint, write_cleaner_checkpoint
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 from mq.testing import wait_for
 
 T0 = 1_000_000

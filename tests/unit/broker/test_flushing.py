@@ -15,9 +15,9 @@ from mq.broker.conns import Conn, Connections
 from mq.broker.flushing import FlushJob, FlushTracker, GroupCommit
 from mq.broker.partitions import Partition, PartitionTable
 from mq.broker.wakeups import StatePublisher
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 from mq.protocol.frames import FrameReader
 from mq.protocol.messages import Api, response
 from mq.protocol.state import StateReader, StateWriter

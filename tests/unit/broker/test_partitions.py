@@ -15,9 +15,9 @@ import pytest
 from mq.broker.conns import Conn
 from mq.broker.partitions import PartitionTable
 from mq.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 from mq.protocol.frames import FrameReader
 
 

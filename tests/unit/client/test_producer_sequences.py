@@ -15,7 +15,8 @@ from mq.client.idempotence import (
     increment_sequence,
     resolve_idempotence,
 )
-from mq.log.records import BatchBuilder, RecordBatch
+from mq.log.batch import RecordBatch
+from mq.log.builder import BatchBuilder
 
 ALL = -1
 

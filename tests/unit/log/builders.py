@@ -1,6 +1,6 @@
 """Batch-building helpers shared by the storage unit tests (``tests/unit/log``).
 
-Every helper builds real RecordBatch v2 bytes with ``mq.log.records.BatchBuilder``; nothing here
+Every helper builds real RecordBatch v2 bytes with ``mq.log.builder.BatchBuilder``; nothing here
 touches a file except ``append_to_segment``, which goes through ``LogSegment.append`` exactly
 as ``PartitionLog.append`` does.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from mq.log.records import BatchBuilder, RecordBatch
+from mq.log.batch import RecordBatch
+from mq.log.builder import BatchBuilder
 from mq.log.segment import LogSegment
 
 

@@ -16,6 +16,8 @@ import shutil
 import pytest
 
 from mq.log import cleaner, files
+from mq.log.batch import iter_batches
+from mq.log.builder import BatchBuilder, control_batch
 from mq.log.check import check_partition
 from mq.log.cleaner import (
     CleanableRange,
@@ -32,22 +34,13 @@ from mq.log.cleaner import (
     update_cleaner_checkpoint,
     write_cleaner_checkpoint,
 )
+from mq.log.compression import NONE, available_codecs, codec_from_name
 from mq.log.config import LogConfig
+from mq.log.layout import CONTROL_COMMIT, LOG_APPEND_TIME, RECORD_BATCH_OVERHEAD
 from mq.log.log import PartitionLog
 from mq.log.policy import SegmentMeta
 from mq.log.producer_state import ProducerStateManager, replay
 from mq.log.reader import PartitionReader
-from mq.log.records import (
-    CONTROL_COMMIT,
-    LOG_APPEND_TIME,
-    NONE,
-    RECORD_BATCH_OVERHEAD,
-    BatchBuilder,
-    available_codecs,
-    codec_from_name,
-    control_batch,
-    iter_batches,
-)
 
 T0 = 1_000_000
 # ~8 single-record batches a segment; an index entry every other batch.

@@ -1,10 +1,11 @@
-"""The optional C codec (mq/log/_crecords.c) against the pure-Python reference in records.py.
+"""The optional C codec (mq/log/_crecords.c) against its pure-Python references: the decoder
+of mq/log/batch.py, mq.log.builder.RecordEncoder and mq.client.accumulator.RecordAccumulator.
 
-Decoding goes through ``RecordBatch.records()`` both ways: with ``records._decode_records_c``
-set to the extension's ``decode_records``, and set to ``None`` (what ``MQ_PURE_PYTHON=1`` or a
+Decoding goes through ``RecordBatch.records()`` both ways: with ``native.decode_records`` set
+to the extension's ``decode_records``, and set to ``None`` (what ``MQ_PURE_PYTHON=1`` or a
 missing extension give). Both must return equal records or both raise ``CorruptRecordError`` —
 the C path never anything else, and never crashes. Encoding (``BatchBuilder.append`` through
-``records._encode_record_c``) must give the same bytes as the Python path.
+the C accumulator) must give the same bytes as the Python path.
 """
 
 from __future__ import annotations
@@ -24,19 +25,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mq.client.accumulator import RecordAccumulator, RecordFuture
 from mq.errors import CorruptRecordError
-from mq.log import records as R
-from mq.log.records import (
-    CREATE_TIME,
-    GZIP,
-    HEADER,
-    LOG_APPEND_TIME,
-    NONE,
-    BatchBuilder,
-    BatchRecord,
-    RecordBatch,
-    crc32c,
-)
+from mq.log import native
+from mq.log.batch import BatchRecord, RecordBatch
+from mq.log.builder import BatchBuilder
+from mq.log.compression import GZIP, NONE
+from mq.log.layout import CREATE_TIME, HEADER, LOG_APPEND_TIME, RECORD_BATCH_OVERHEAD, crc32c
+from mq.log.varints import encode_varint
 
 _crecords = pytest.importorskip("mq.log._crecords")
 C_DECODE = _crecords.decode_records
@@ -51,12 +47,12 @@ def examples(n: int) -> settings:
 @contextmanager
 def decoder(fn):
     """Run ``RecordBatch.records()`` through ``fn`` (the C decoder, or None for Python)."""
-    saved = R._decode_records_c
-    R._decode_records_c = fn
+    saved = native.decode_records
+    native.decode_records = fn
     try:
         yield
     finally:
-        R._decode_records_c = saved
+        native.decode_records = saved
 
 
 def _b(x):
@@ -143,7 +139,7 @@ def batches(draw, max_records: int = 8):
 def test_built_batches_decode_identically(buf):
     records = check_same(buf)
     assert records is not None
-    if R.RecordBatch(buf).compression == NONE:            # zero copy: views into `buf` itself
+    if RecordBatch(buf).compression == NONE:            # zero copy: views into `buf` itself
         for rec in records:
             for view in (rec.key, rec.value, *(v for _, v in rec.headers)):
                 assert view is None or view.obj is buf
@@ -194,11 +190,11 @@ def mutate(section: bytes, ops) -> bytes:
 
 
 @examples(500)
-@given(batches(max_records=5).filter(lambda b: R.RecordBatch(b).compression == NONE),
+@given(batches(max_records=5).filter(lambda b: RecordBatch(b).compression == NONE),
        st.lists(mutation, min_size=1, max_size=4), st.integers(-1, 2), st.booleans())
 def test_mutated_sections(buf, ops, count_change, in_gzip):
     """Damage only the records section, re-frame (maybe gzip it) so records() parses it."""
-    batch = R.RecordBatch(buf)
+    batch = RecordBatch(buf)
     section = mutate(bytes(buf[61:]), ops)
     attributes = batch.attributes
     if in_gzip:
@@ -211,7 +207,7 @@ def test_mutated_sections(buf, ops, count_change, in_gzip):
 
 
 def record(body: bytes) -> bytes:
-    return R.encode_varint(len(body)) + body
+    return encode_varint(len(body)) + body
 
 
 VARLONG_MAX_BITS = b"\xff" * 9 + b"\x7f"          # 70 bits: beyond int64 after zig-zag
@@ -266,7 +262,7 @@ buffers = st.one_of(blobs, st.binary(max_size=20).map(bytearray),
 any_headers = st.one_of(st.none(), st.just(()), st.just([]), header_lists,
                         header_lists.map(lambda hs: [list(h) for h in hs]),
                         header_lists.map(lambda hs: [(k.encode(), v) for k, v in hs]))
-ACCUMULATORS = [R.RecordAccumulator, _crecords.RecordAccumulator]
+ACCUMULATORS = [RecordAccumulator, _crecords.RecordAccumulator]
 
 
 def accumulated(cls, first_ts, rows, horizon=-1, deltas=None):
@@ -279,7 +275,7 @@ def accumulated(cls, first_ts, rows, horizon=-1, deltas=None):
         else:
             acc.append(first_ts + ts, key, value, headers, deltas[i])
     buf = acc.buffer()
-    assert buf[:R.RECORD_BATCH_OVERHEAD] == bytes(R.RECORD_BATCH_OVERHEAD)   # header room
+    assert buf[:RECORD_BATCH_OVERHEAD] == bytes(RECORD_BATCH_OVERHEAD)   # header room
     return (acc.records(), bytes(buf), acc.size, acc.count, acc.base_timestamp,
             acc.max_timestamp, acc.last_offset_delta)
 
@@ -295,17 +291,17 @@ def test_accumulator_matches_python(rows, first_ts, horizon, gaps):
     bytes-like keys/values, header forms, a delete horizon and explicit offset deltas."""
     deltas = None if gaps is None else [sum(gaps[:i + 1]) for i in range(len(rows))]
     assert accumulated(_crecords.RecordAccumulator, first_ts, rows, horizon, deltas) == \
-        accumulated(R.RecordAccumulator, first_ts, rows, horizon, deltas)
+        accumulated(RecordAccumulator, first_ts, rows, horizon, deltas)
 
 
 def built(acc_cls, rows, compression, fields, more, recycled=None):
     """``rows`` through a BatchBuilder over ``acc_cls`` (in a copy of the ``recycled`` buffer,
     if given), built; then built again with other header fields, and again after ``more``
     records: every batch as bytes, and whether each earlier batch was left as it was."""
-    builder = R.BatchBuilder(compression=compression, **fields)
-    builder._acc = acc_cls(-1, None, None, fields["capacity"],
-                           None if recycled is None else bytearray(recycled))
-    builder.append = builder._acc.append
+    fields = dict(fields)
+    acc = acc_cls(-1, None, None, fields.pop("capacity"),
+                  None if recycled is None else bytearray(recycled))
+    builder = BatchBuilder(compression=compression, records=acc, **fields)
     for ts, key, value, headers in rows:
         builder.append(ts, key, value, headers)
     first = builder.build()
@@ -325,7 +321,7 @@ def built(acc_cls, rows, compression, fields, more, recycled=None):
 @examples(100)
 @given(st.lists(st.tuples(st.integers(0, 1 << 41), buffers, buffers, any_headers),
                 max_size=5),
-       st.sampled_from([R.NONE, R.GZIP]),
+       st.sampled_from([NONE, GZIP]),
        st.fixed_dictionaries({"producer_id": st.integers(-1, 1 << 40),
                               "producer_epoch": st.integers(-1, 1000),
                               "base_sequence": st.integers(-1, 1 << 20),
@@ -340,7 +336,7 @@ def test_builder_batches_match_python(rows, compression, fields, more, recycled)
     gives the pure-Python reference's bytes, built again after a change of header or more
     records, and never changes a batch already handed out."""
     c = built(_crecords.RecordAccumulator, rows, compression, fields, more, recycled)
-    assert c == built(R.RecordAccumulator, rows, compression, fields, more, recycled)
+    assert c == built(RecordAccumulator, rows, compression, fields, more, recycled)
     assert c[3] and c[4]
 
 
@@ -349,7 +345,7 @@ def test_a_handed_back_buffer_is_built_in_only_while_nothing_else_holds_it():
     acc = _crecords.RecordAccumulator(-1, None, None, 4096, recycled)
     acc.append(5, b"k", b"v" * 100, ())
     assert recycled == b"\xff" * 4096                           # still held here: untouched
-    assert bytes(acc.buffer()[:R.RECORD_BATCH_OVERHEAD]) == bytes(R.RECORD_BATCH_OVERHEAD)
+    assert bytes(acc.buffer()[:RECORD_BATCH_OVERHEAD]) == bytes(RECORD_BATCH_OVERHEAD)
     ident = id(recycled)
     acc = _crecords.RecordAccumulator(-1, None, None, 4096, recycled)
     del recycled
@@ -362,7 +358,7 @@ def test_a_handed_back_buffer_is_built_in_only_while_nothing_else_holds_it():
 
 def test_buffer_is_handed_out_without_a_copy_only_when_unshared():
     acc = _crecords.RecordAccumulator()
-    assert acc.buffer() == bytes(R.RECORD_BATCH_OVERHEAD)       # empty: the header room
+    assert acc.buffer() == bytes(RECORD_BATCH_OVERHEAD)       # empty: the header room
     acc.append(5, b"k", b"v" * 1000, ())
     first = acc.buffer()
     assert acc.buffer() is not first and acc.buffer() == first  # held: a copy
@@ -393,7 +389,7 @@ def test_accumulator_matches_encode_record(rows, first_ts):
 
 @pytest.mark.parametrize("cls", ACCUMULATORS)
 def test_accumulator_add_returns_futures(cls):
-    class Future(cls is R.RecordAccumulator and R.RecordFuture or _crecords.RecordFuture):
+    class Future(cls is RecordAccumulator and RecordFuture or _crecords.RecordFuture):
         __slots__ = ()
 
     owner = object()
@@ -439,7 +435,7 @@ def test_accumulator_is_not_reentered_by_python_code_it_runs():
         acc.append(1, None, b"v", [Sneaky()])
     assert acc.count == 0
     acc.append(1, None, b"v", [("h", b"v")])
-    ref = R.RecordAccumulator()
+    ref = RecordAccumulator()
     ref.append(1, None, b"v", [("h", b"v")])
     assert (acc.records(), acc.count) == (ref.records(), 1)
 
@@ -530,7 +526,8 @@ def test_record_type_behaves_like_batch_record():
 
 
 def test_env_var_forces_pure_python():
-    code = "import mq.log.records as r; print(r._decode_records_c is None)"
+    code = ("from mq.log import native; print(native.decode_records is None "
+            "and native.RecordAccumulator is None)")
     for env, expected in (({"MQ_PURE_PYTHON": "1"}, "True"), ({"MQ_PURE_PYTHON": "0"}, "False")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**os.environ, **env}, check=True)

@@ -11,9 +11,9 @@ import pytest
 
 from mq.errors import DataDirError
 from mq.log import datadir
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.manager import LogManager
-from mq.log.records import BatchBuilder
 
 
 def tree(root) -> dict[str, tuple[int, bytes | None]]:

@@ -11,9 +11,10 @@ from builders import batch_bases, empty_batch, make_batch, offsets_of
 from mq.errors import (ClosedError, CorruptRecordError, InvalidRequestError, MessageTooLargeError,
                        OffsetOutOfRangeError)
 from mq.log import files
+from mq.log.batch import RecordBatch
 from mq.log.config import LogConfig
+from mq.log.layout import LOG_APPEND_TIME
 from mq.log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, PartitionLog
-from mq.log.records import LOG_APPEND_TIME, RecordBatch
 
 HOUR = 3_600_000
 

@@ -9,9 +9,9 @@ from builders import make_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import BatchBuilder
 
 T0 = 1_700_000_000_000
 

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from mq.errors import CorruptRecordError
 from mq.log import diskio
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
+from mq.log.layout import ATTRIBUTES_OFFSET, RECORD_BATCH_OVERHEAD
 from mq.log.log import PartitionLog
-from mq.log.records import ATTRIBUTES_OFFSET, RECORD_BATCH_OVERHEAD, BatchBuilder
 
 
 @pytest.fixture

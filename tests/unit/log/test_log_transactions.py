@@ -12,10 +12,10 @@ import pytest
 
 from mq import errors
 from mq.log import files
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.producer_state import snapshot_offsets
-from mq.log.records import BatchBuilder
 from mq.log.txnindex import AbortedTxn, read_entries
 
 CFG = LogConfig(segment_bytes=400, index_interval_bytes=100, file_delete_delay_ms=0)

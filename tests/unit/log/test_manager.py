@@ -515,7 +515,7 @@ def test_damaged_checkpoint_falls_back_to_full_recovery(tmp_path):
     """A garbled checkpoint must not make the data dir unopenable: every segment is validated
     instead (recovery point 0), and nothing is lost."""
     from mq.log.manager import LogManager
-    from mq.log.records import BatchBuilder
+    from mq.log.builder import BatchBuilder
     with LogManager.open(str(tmp_path)) as logs:
         plog = logs.create("t", 0)
         b = BatchBuilder()

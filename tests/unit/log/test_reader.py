@@ -12,10 +12,11 @@ from builders import make_batch
 
 from mq.errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError
 from mq.log import files
+from mq.log.builder import BatchBuilder
+from mq.log.compression import GZIP
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.reader import PartitionReader
-from mq.log.records import GZIP, BatchBuilder
 from mq.log.txnindex import AbortedTxnFilter
 
 # Rolls every ~6 batches; an index entry after every batch but a segment's first.

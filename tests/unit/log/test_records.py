@@ -1,4 +1,5 @@
-"""Unit tests with exact byte-level expectations for the RecordBatch v2 codec in mq.log.records."""
+"""Unit tests with exact byte-level expectations for the RecordBatch v2 codec: mq.log.layout,
+varints, compression, batch (the reader) and builder."""
 
 from __future__ import annotations
 
@@ -7,12 +8,20 @@ import struct
 import pytest
 
 from mq.errors import CorruptRecordError, UnsupportedCodecError
-from mq.log import records as R
-from mq.log.records import (
-    CONTROL_ABORT, CONTROL_COMMIT, CREATE_TIME, GZIP, LOG_APPEND_TIME, LZ4, NONE, SNAPPY, ZSTD,
-    BatchBuilder, RecordBatch, codec_from_name, control_batch, crc32c, decode_varint,
-    encode_varint, iter_batches, set_log_append_time, stamp_batch,
+from mq.log import compression, layout
+from mq.log.batch import RecordBatch, iter_batches
+from mq.log.builder import BatchBuilder, control_batch
+from mq.log.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, codec_from_name
+from mq.log.layout import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    CREATE_TIME,
+    LOG_APPEND_TIME,
+    crc32c,
+    set_log_append_time,
+    stamp_batch,
 )
+from mq.log.varints import decode_varint, encode_varint
 
 ALL_CODECS = [NONE, GZIP, SNAPPY, LZ4, ZSTD]
 COMPRESSED = [GZIP, SNAPPY, LZ4, ZSTD]
@@ -20,7 +29,7 @@ INT32_MAX = (1 << 31) - 1
 
 
 def _codec_id(codec: int) -> str:
-    return R.CODEC_NAMES[codec]
+    return compression.CODEC_NAMES[codec]
 
 
 def _build(rows, **kwargs) -> bytearray:
@@ -50,12 +59,32 @@ def _as_tuples(batch: RecordBatch) -> list[tuple]:
 # --- header layout ----------------------------------------------------------------------------
 
 def test_constants():
-    assert R.RECORD_BATCH_OVERHEAD == 61
-    assert R.LOG_OVERHEAD == 12
-    assert R.HEADER_SIZE_UP_TO_MAGIC == 17
-    assert R.MAGIC == 2
+    assert layout.RECORD_BATCH_OVERHEAD == 61
+    assert layout.LOG_OVERHEAD == 12
+    assert layout.HEADER_SIZE_UP_TO_MAGIC == 17
+    assert layout.MAGIC == 2
     assert (NONE, GZIP, SNAPPY, LZ4, ZSTD) == (0, 1, 2, 3, 4)
 
+
+
+def test_named_offsets_follow_the_one_header_declaration():
+    """Every ``*_OFFSET`` is Kafka's, and ``field()`` reads what the header struct packs."""
+    assert (layout.BASE_OFFSET_OFFSET, layout.LENGTH_OFFSET,
+            layout.PARTITION_LEADER_EPOCH_OFFSET, layout.MAGIC_OFFSET, layout.CRC_OFFSET,
+            layout.ATTRIBUTES_OFFSET, layout.LAST_OFFSET_DELTA_OFFSET,
+            layout.BASE_TIMESTAMP_OFFSET, layout.MAX_TIMESTAMP_OFFSET,
+            layout.PRODUCER_ID_OFFSET, layout.PRODUCER_EPOCH_OFFSET,
+            layout.BASE_SEQUENCE_OFFSET, layout.RECORDS_COUNT_OFFSET) == (
+        0, 8, 12, 16, 17, 21, 23, 27, 35, 43, 51, 53, 57)
+    assert layout.HEADER.size == layout.RECORD_BATCH_OVERHEAD == 61
+    assert layout.FRAME.size == layout.HEADER_SIZE_UP_TO_MAGIC
+    values = tuple(range(100, 100 + len(layout.HEADER_FIELDS)))
+    buf = layout.HEADER.pack(*values)
+    offsets = [0, 8, 12, 16, 17, 21, 23, 27, 35, 43, 51, 53, 57]
+    for (name, _), offset, value in zip(layout.HEADER_FIELDS, offsets, values, strict=True):
+        assert layout.field(name).unpack_from(buf, offset)[0] == value, name
+    with pytest.raises(KeyError):
+        layout.field("nope")
 
 def test_header_field_offsets():
     builder = BatchBuilder(base_offset=0x0102030405060708, partition_leader_epoch=0x0A0B0C0D,
@@ -495,7 +524,7 @@ def test_producer_fields_round_trip(codec):
         123_456_789_012, 32_767, 42)
     assert batch.last_sequence == 45
     assert batch.partition_leader_epoch == 9
-    assert batch.compression == codec and batch.compression_name == R.CODEC_NAMES[codec]
+    assert batch.compression == codec and batch.compression_name == compression.CODEC_NAMES[codec]
     assert _as_tuples(batch) == [
         (77 + i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(_sample_rows(4))]
 
@@ -572,7 +601,7 @@ def test_compression_shrinks_repetitive_data():
     rows = [(0, None, b"x" * 10_000)]
     plain = len(_build(rows))
     for codec in COMPRESSED:
-        assert len(_build(rows, compression=codec)) < plain // 10, R.CODEC_NAMES[codec]
+        assert len(_build(rows, compression=codec)) < plain // 10, compression.CODEC_NAMES[codec]
 
 
 def test_snappy_is_xerial_framed():
@@ -588,8 +617,8 @@ MISSING = [(ZSTD, "_zstd", "zstandard", "zstd"), (LZ4, "_lz4_frame", "lz4", "lz4
 
 @pytest.mark.parametrize("codec,attr,package,name", MISSING, ids=[m[3] for m in MISSING])
 def test_missing_codec_package_on_build(monkeypatch, codec, attr, package, name):
-    monkeypatch.setattr(R, attr, None)
-    assert R.available_codecs()[name] is False
+    monkeypatch.setattr(compression, attr, None)
+    assert compression.available_codecs()[name] is False
     builder = BatchBuilder(compression=codec)
     builder.append(0, b"k", b"v")
     with pytest.raises(UnsupportedCodecError, match=package) as info:
@@ -600,7 +629,7 @@ def test_missing_codec_package_on_build(monkeypatch, codec, attr, package, name)
 @pytest.mark.parametrize("codec,attr,package,name", MISSING, ids=[m[3] for m in MISSING])
 def test_missing_codec_package_on_decode(monkeypatch, codec, attr, package, name):
     buf = _build(_sample_rows(3), compression=codec)
-    monkeypatch.setattr(R, attr, None)
+    monkeypatch.setattr(compression, attr, None)
     batch = RecordBatch(buf, position=4096, path="/data/t-0/00000000000000000000.log")
     batch.validate()                          # the bytes are fine
     with pytest.raises(UnsupportedCodecError, match=package) as info:
@@ -611,8 +640,8 @@ def test_missing_codec_package_on_decode(monkeypatch, codec, attr, package, name
 
 
 def test_available_codecs_all_installed():
-    assert R.available_codecs() == {"none": True, "gzip": True, "snappy": True, "lz4": True,
-                                    "zstd": True}
+    assert compression.available_codecs() == {"none": True, "gzip": True, "snappy": True,
+                                              "lz4": True, "zstd": True}
 
 
 @pytest.mark.parametrize("codec", [5, 6, 7])

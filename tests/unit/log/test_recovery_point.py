@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from builders import make_batch
 from mq.log import files
+from mq.log.builder import BatchBuilder
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
 from mq.log.producer_state import encode_snapshot, snapshot_offsets
-from mq.log.records import BatchBuilder
 from mq.log.txnindex import read_entries
 
 T0 = 1_700_000_000_000

@@ -11,9 +11,9 @@ import pytest
 from builders import (append_single_records, append_to_segment, batch_bases, make_batch,
                       offsets_of)
 from mq.errors import InvalidOffsetError
+from mq.log.batch import RecordBatch
 from mq.log.config import LogConfig
 from mq.log.policy import roll_reason
-from mq.log.records import RecordBatch
 from mq.log.segment import LogSegment
 
 INT32_MAX = (1 << 31) - 1

@@ -9,9 +9,9 @@ import pytest
 
 from builders import make_batch
 from mq.errors import InvalidTimestampError
+from mq.log.batch import RecordBatch
 from mq.log.config import LogConfig
 from mq.log.log import PartitionLog
-from mq.log.records import RecordBatch
 from mq.log.timestamps import check_timestamps
 
 NOW = 1_800_000_000_000

@@ -1,4 +1,4 @@
-"""Records as Arrow: ``RecordBatch.decode_columns`` (C and pure Python) against ``records()``,
+"""Records as Arrow: ``columns.decode_columns`` (C and pure Python) against ``records()``,
 and ``ColumnBuilder``'s batches against Spark's required schema and the records' fields."""
 
 from __future__ import annotations
@@ -12,18 +12,16 @@ from hypothesis import strategies as st
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-import mq.log.records as records_module  # noqa: E402
 from mq.errors import CorruptRecordError  # noqa: E402
-from mq.log.records import (  # noqa: E402
-    GZIP,
-    LOG_APPEND_TIME,
-    LZ4,
-    BatchBuilder,
-    RecordBatch,
-)
+from mq.log import native  # noqa: E402
+from mq.log.batch import RecordBatch  # noqa: E402
+from mq.log.builder import BatchBuilder  # noqa: E402
+from mq.log.columns import decode_columns  # noqa: E402
+from mq.log.compression import GZIP, LZ4  # noqa: E402
+from mq.log.layout import LOG_APPEND_TIME  # noqa: E402
 from mq.spark.arrow import ColumnBuilder, arrow_schema, spark_schema  # noqa: E402
 
-C_CODEC = records_module._decode_columns_c is not None
+C_CODEC = native.decode_columns is not None
 
 blobs = st.one_of(st.none(), st.binary(max_size=40))
 record_lists = st.lists(
@@ -44,8 +42,9 @@ def columns_of(batch, lo, hi, pure=False, monkeypatch=None):
     cols = [bytearray(), bytearray(), bytearray(4), bytearray(), bytearray(), bytearray(4),
             bytearray(), bytearray()]
     if pure:
-        monkeypatch.setattr(records_module, "_decode_columns_c", None)
-    n = batch.decode_columns(cols, lo, hi)
+        monkeypatch.setattr(native, "decode_columns", None)
+        monkeypatch.setattr(native, "decode_records", None)
+    n = decode_columns(batch, cols, lo, hi)
     if pure:
         monkeypatch.undo()
     return n, [bytes(c) for c in cols]
@@ -84,7 +83,7 @@ def test_decode_columns_appends_and_skips_offset_gaps():
     second = build([(3, b"kk", None, [])], base_offset=10)
     cols = [bytearray(), bytearray(), bytearray(4), bytearray(), bytearray(), bytearray(4),
             bytearray(), bytearray()]
-    assert first.decode_columns(cols, 2, 100) == 3 and second.decode_columns(cols, 0, 100) == 1
+    assert decode_columns(first, cols, 2, 100) == 3 and decode_columns(second, cols, 0, 100) == 1
     assert list(struct.unpack("=4q", cols[0])) == [2, 5, 9, 10]
     assert list(struct.unpack("=5i", cols[2])) == [0, 0, 1, 1, 3] and cols[3] == b"kkk"
     assert bytes(cols[4]) == b"\x00\x01\x00\x01" and bytes(cols[7]) == b"\x01\x01\x01\x00"
@@ -99,9 +98,10 @@ def test_decode_columns_rejects_what_records_rejects(pure, monkeypatch):
         batch.records()
     cols = [bytearray(b"keep") for _ in range(8)]
     if pure:
-        monkeypatch.setattr(records_module, "_decode_columns_c", None)
+        monkeypatch.setattr(native, "decode_columns", None)
+        monkeypatch.setattr(native, "decode_records", None)
     with pytest.raises(CorruptRecordError) as got:
-        batch.decode_columns(cols, 0, 10)
+        decode_columns(batch, cols, 0, 10)
     assert "record length 63 does not fit the batch" in want.value.reason
     assert "record length 63 does not fit the batch" in got.value.reason
     assert all(bytes(c) == b"keep" for c in cols)         # left as they were
@@ -117,7 +117,7 @@ def test_invalid_utf8_header_key_is_corrupt_in_both():
     with pytest.raises(CorruptRecordError, match="utf-8"):
         batch.records()
     with pytest.raises(CorruptRecordError, match="utf-8"):
-        batch.decode_columns([bytearray() for _ in range(8)], 0, 10)
+        decode_columns(batch, [bytearray() for _ in range(8)], 0, 10)
 
 
 @pytest.mark.parametrize("headers", [False, True])

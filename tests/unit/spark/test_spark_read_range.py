@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
+from mq.log.builder import BatchBuilder  # noqa: E402
 from mq.log.config import LogConfig  # noqa: E402
 from mq.log.log import PartitionLog  # noqa: E402
-from mq.log.records import BatchBuilder  # noqa: E402
 from mq.spark import arrow  # noqa: E402
 from mq.spark.ranges import DataLossError, OffsetRange, split_ranges  # noqa: E402
 from mq.spark.reader import read_range  # noqa: E402

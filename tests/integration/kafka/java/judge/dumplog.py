@@ -44,7 +44,7 @@ from javakafka import JavaKafka
 from mq.cli.dump_log import Dumper
 from mq.errors import MQError
 from mq.log import files
-from mq.log.records import iter_batches
+from mq.log.batch import iter_batches
 
 DUMP_LOG_SEGMENTS = "org.apache.kafka.tools.DumpLogSegments"
 SUFFIXES = (files.LOG_SUFFIX, files.INDEX_SUFFIX, files.TIMEINDEX_SUFFIX,

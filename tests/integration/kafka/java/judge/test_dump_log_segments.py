@@ -33,7 +33,7 @@ import mq.testing
 from mq.client.admin import Admin
 from mq.client.types import TopicPartition
 from mq.log import files
-from mq.log.records import iter_batches
+from mq.log.batch import iter_batches
 from mq.log.txnindex import read_entries
 from mq.testing import wait_for
 
