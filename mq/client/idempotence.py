@@ -1,5 +1,5 @@
 """The idempotent producer's own state: its producer id and epoch, and the next sequence number
-of each partition (pure; the producer calls it under its lock).
+of each partition (pure; the producer's sender calls it under the producer's lock).
 
 How idempotence works (Kafka's KIP-98; the partition's half is ``mq/log/producer_state.py``):
 each batch carries (producer id, epoch, base sequence); a partition appends a batch only when
@@ -13,7 +13,7 @@ written twice, provided that
 - at most 5 batches per partition are unacknowledged at once (``max_in_flight <= 5``): the
   partition remembers the last 5;
 - a partition's batches reach it in sequence order: one connection, and a partition whose
-  batch is being retried sends nothing else until it is acknowledged (``producer_io.py``).
+  batch is being retried sends nothing else until it is acknowledged (``sender.py``).
 
 Sequence arithmetic wraps as Kafka's ``DefaultRecordBatch.incrementSequence``: after
 2^31 - 1 comes 0. A producer id with a new epoch starts every partition at 0 again.

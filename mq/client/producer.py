@@ -1,25 +1,38 @@
 """``mq.Producer``: records in, RecordBatch v2 requests out, futures back.
 
+The parts
+---------
+``Producer`` holds three parts and delegates to them; none calls back into it:
+
+- the accumulator (``batch_accumulator.BatchAccumulator``, pure): the open batch of each
+  partition, and which batches are due at ``now`` (``batch_size``, ``linger_ms``, room in
+  flight);
+- the sender (``sender.Sender``, sans I/O): closed batches in, the requests to write and the
+  batches' outcomes out — order, retries, sequences, idempotence and what a failed batch
+  means for a transaction;
+- the driver (``producer_io.ProducerIO``): the connection, the I/O thread, the wake-up pipe
+  and the batch arena, feeding the sender replies and the clock.
+
+What the producer knows of topics and the broker's limits is ``producer_metadata.py``;
+batches and the futures ``send()`` returns are ``producer_batches.py``.
+
 Where the work happens
 ----------------------
 Encoding runs in the thread that calls ``send()``: the record is appended to its partition's
 open batch by its record accumulator (``records.RecordAccumulator``, in C when the extension is
 built), one call that encodes the record and returns its future — a view of the batch's
 outcome (batch, offset delta, timestamp), not an object with state of its own; ``send()``'s
-Python work per record is the checks, the partition and the full-batch test around that call.
-``send_many()`` does that work once per call and lets the accumulator encode a batch at a time
-(``extend``), for callers with many records at once. A batch is ready when it holds
-``batch_size`` bytes (uncompressed) or ``linger_ms`` after its first record; closing builds
-it (compression, CRC-32C) and queues it, and the thread that closed it sends it at once if
-fewer than ``max_in_flight`` requests are outstanding. Nothing per record crosses threads. While
+Python work per record is the checks, the partition and the full-batch test around that call
+(the accumulator's fast path, inlined). ``send_many()`` does that work once per call and lets
+the record accumulator encode a batch at a time (``extend``), for callers with many records
+at once. A batch is ready when it holds ``batch_size`` bytes (uncompressed) or ``linger_ms``
+after its first record; closing it hands it to the sender, which seals and builds it
+(compression, CRC-32C), and the thread that closed it writes it at once if fewer than
+``max_in_flight`` requests are outstanding. Nothing per record crosses threads. While
 ``max_in_flight`` requests are outstanding a full batch is not closed but keeps filling, up to
 ``min(max_request_size, the topic's max.message.bytes)``: a busy pipeline (``acks="all"``
 waiting for an fsync) then carries fewer, larger requests — Kafka gets the same effect by
 packing every ready batch of a broker into one request, which mq's one-batch Produce cannot.
-
-The sending half — request pipelining, the I/O thread, retries and reconnects, and so the
-delivery guarantees — is ``producer_io.py``; batches and the futures ``send()`` returns are
-``producer_batches.py``.
 
 Exactly once
 ------------
@@ -30,7 +43,7 @@ constructor rather than a later send, and the first batch never waits for a roun
 seals every batch with it, its epoch and the partition's next base sequence: a few attribute
 writes per batch, nothing per record. A retried or re-sent batch the partition already has is
 answered with its first offsets and not appended again. Sequence errors, gaps and new ids:
-``producer_io.py``. ``transactional_id`` makes the producer transactional:
+``sender.py``. ``transactional_id`` makes the producer transactional:
 ``init_transactions()``, ``begin_transaction()``, ``send()``,
 ``send_offsets_to_transaction()``, ``commit_transaction()``/``abort_transaction()``, as in
 Kafka (``transactions.py``; the client's state machine and its errors —
@@ -46,9 +59,7 @@ and their futures never complete in the child; ``flush()`` before forking.
 from __future__ import annotations
 
 import atexit
-import collections
 import logging
-import math
 import os
 import threading
 import time
@@ -56,11 +67,13 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mq.client.connection import Connection, resolve_socket
+from mq.client.batch_accumulator import BatchAccumulator
+from mq.client.connection import resolve_socket
 from mq.client.idempotence import ProducerIdentity, resolve_idempotence
 from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
-from mq.client.producer_io import Sender
+from mq.client.producer_io import ProducerIO
+from mq.client.producer_metadata import REQUEST_ENVELOPE_BYTES, ProducerMetadata
 from mq.client.producer_records import (
     as_bytes,
     check_headers,
@@ -68,32 +81,24 @@ from mq.client.producer_records import (
     check_timestamp,
 )
 from mq.client.transaction_manager import TransactionManager, TxnState
+from mq.client.sender import Sender
 from mq.client.transactions import Transactions
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
     InvalidTxnStateError,
-    MQError,
     UnknownTopicOrPartitionError,
 )
 from mq.log.compression import available_codecs, codec_from_name
 from mq.log.layout import MAX_RECORD_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mq.protocol.messages import ACKS_ALL, Api
-from mq.protocol.state import StateReader
 
-__all__ = ["FutureRecordMetadata", "Producer", "RecordMetadata", "TopicPartition"]
+__all__ = ["REQUEST_ENVELOPE_BYTES", "FutureRecordMetadata", "Producer", "RecordMetadata",
+           "TopicPartition"]
 
 log = logging.getLogger("mq.producer")
 
-# A record's encoding adds at most 18 bytes to its key, value and headers (five varints and
-# the attributes byte); below this margin the exact single-record size check is skipped.
-_RECORD_OVERHEAD_BOUND = 32
-# What a Produce request adds to its batch (mq.protocol.messages): at most 278 bytes of
-# msgpack — array header 1, api 1, request id 9, topic 3 + 249, partition 9, acks 1, bin header
-# 5. The broker refuses a frame whose payload passes its max_request_bytes (and drops the
-# connection), so a batch may take at most max_request_bytes less this.
-REQUEST_ENVELOPE_BYTES = 512
 # Keys repeat (user ids, order ids): remembering recent hashes saves murmur2's Python loop.
 _KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
 
@@ -132,9 +137,9 @@ def _checked(items: Iterable, serializer: Callable | None, what: str) -> tuple[l
     return out, longest
 
 
-class Producer(Sender):
-    """Publishes records to the broker; see the module docstrings (this one and
-    ``producer_io.py``) for the design.
+class Producer:
+    """Publishes records to the broker; see the module docstrings (this one, ``sender.py``
+    and ``producer_io.py``) for the design.
 
     ``acks``: 0 (no reply), 1 (after the write) or ``"all"``/-1 (after an fsync covering it).
     ``linger_ms``/``batch_size``: a batch goes out when it holds ``batch_size`` bytes or its
@@ -193,21 +198,15 @@ class Producer(Sender):
         self._acks = _ACKS[acks]
         self._linger_s = linger_ms / 1000
         self._codec = codec
-        self._wanted_batch_size = batch_size
-        self._wanted_max_request_size = max_request_size
         self._shared_batches = shared_batches
-        self._broker_max_request: int | None = None   # the broker's max_request_bytes
-        self._request_cap = math.inf                    # ... less the request envelope
-        self._max_request_size = 0
-        self._topics: dict[str, TopicState] = {}        # fresh metadata, read without the lock
-        self._limit_requests(None)
+        self._meta = ProducerMetadata(batch_size, max_request_size, metadata_max_age_ms / 1000)
+        self._topics = self._meta.topics          # fresh metadata, read without the lock
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
         self._request_timeout_s = request_timeout_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._max_in_flight = max_in_flight
         self._max_block_s = max_block_ms / 1000
-        self._metadata_max_age_s = metadata_max_age_ms / 1000
         self._client_id = client_id
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
@@ -219,136 +218,61 @@ class Producer(Sender):
         self._key_hashes: dict[bytes, int] = {}     # key -> to_positive(murmur2(key))
         self._partition_fn = getattr(self._partitioner, "partition", self._partitioner)
         self._on_batch_closed = getattr(self._partitioner, "on_batch_closed", None)
-        self._all_topics: dict[str, TopicState] = {}    # every topic seen, updated in place
-        self._closed = False
         self._explicit_idempotence = enable_idempotence is True
         self._transactional_id = transactional_id
         self._transaction_timeout_ms = transaction_timeout_ms
-        self._ids = ProducerIdentity(transactional_id is not None) if idempotent else None
-        self._init_state()
+        self._build_parts(ProducerIdentity(transactional_id is not None) if idempotent else None)
         self._start()
         _LIVE.add(self)
 
     # --- state, start, fork -------------------------------------------------------------------
-    def _init_state(self) -> None:
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._cb_lock = threading.Lock()
-        self._buffers: list[bytearray] = []        # finished batches' buffers, reused
-        self._open: dict[Batch, None] = {}          # open batches, oldest first
-        self._full: dict[Batch, None] = {}          # open, full, waiting for room
-        self._ready: collections.deque[Batch] = collections.deque()   # closed, by seq
-        self._in_flight: dict[int, Batch] = {}      # request id -> batch, oldest first
-        self._incomplete: set[Batch] = set()
-        self._requests: dict[int, Any] = {}          # metadata request id -> reply
-        self._retrying = 0                           # queued batches with a backoff
-        self._muted: dict[tuple[str, int], Batch] = {}   # partition -> its batch in retry
-        self._seq = 0
-        self._conn: Connection | None = None
-        self._fd = -1
-        self._state = None
-        self._meta_version = -1
-        self._reconnect_at = 0.0
-        self._reconnect_backoff = self._backoff_s
-        self._last_error: BaseException | None = None
-        self._stopping = False
-        self._helper: threading.Thread | None = None
-        self._helper_ident = -1
-        self._helper_wake_at = math.inf
-        self._wake_r = self._wake_w = -1
-        self._check_stash = False
-        self._caller_read_at = 0.0                   # _due_reply: no look before
-        self._finish_later: list = []                # outcomes with callbacks, for the I/O thread
-        self._pid_pending = False                    # a new producer id is being fetched
-        self._pid_retry_at = 0.0
-        self._pid_backoff = self._backoff_s
-        self._txn: Transactions | None = None
+    def _build_parts(self, ids: ProducerIdentity | None) -> None:
+        """The parts, fresh: in ``__init__``, and in a forked child (none of the parent's
+        lock, batches, connection or thread)."""
+        self._owner_pid = os.getpid()              # the OS process these parts belong to
+        manager = None
         if self._transactional_id is not None:
-            self._txn = Transactions(
-                TransactionManager(self._transactional_id, self._transaction_timeout_ms),
-                self._ids, self._cond, self._request, self.flush, self._max_block_s,
-                self._request_timeout_s, self._backoff_s)
+            manager = TransactionManager(self._transactional_id, self._transaction_timeout_ms)
+        self._acc = BatchAccumulator(self._codec, self._linger_s, self._acks, threading.Lock(),
+                                     self._on_batch_closed)
+        self._sender = Sender(self._acks, self._max_in_flight, self._retries, self._backoff_s,
+                              self._request_timeout_s, self._delivery_timeout_s, ids, manager)
+        self._io = ProducerIO(self._socket, self._client_id, self._request_timeout_s,
+                              self._backoff_s, self._shared_batches,
+                              self._meta.wanted_max_request_size, self._transaction_timeout_ms,
+                              self._explicit_idempotence, self._acc, self._sender, self._meta)
+        self._lock = self._io.lock
+        self._txn: Transactions | None = None
+        if manager is not None:
+            self._txn = Transactions(manager, ids, self._io.cond, self._io.request,
+                                     self._max_block_s, self._request_timeout_s,
+                                     self._backoff_s)
 
     def _start(self) -> None:
         """Connect and start the I/O thread (in ``__init__``, and in a forked child)."""
-        conn = self._connect()
-        if self._ids is not None and self._txn is None:
-            try:
-                self._init_producer_id(conn)
-            except BaseException:
-                conn.close()
-                raise
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._attach(conn)
-        self._helper = threading.Thread(target=self._run, name=f"mq-producer-{self._client_id}",
-                                        daemon=True)
-        self._helper.start()
-        self._helper_ident = self._helper.ident
-
-    def _limit_requests(self, broker_max_request) -> None:
-        """Size batches for this broker: ``max_request_size``, capped by the broker's
-        ``max_request_bytes`` (its handshake says; None: unknown) less the request envelope.
-        A changed limit drops the cached topic metadata, whose batch limits derive from it."""
-        if type(broker_max_request) is not int:
-            broker_max_request = None
-        self._broker_max_request = broker_max_request
-        self._request_cap = math.inf if broker_max_request is None else \
-            broker_max_request - REQUEST_ENVELOPE_BYTES
-        limit = min(self._wanted_max_request_size, self._request_cap)
-        if limit == self._max_request_size:
-            return
-        self._max_request_size = limit
-        self._batch_size = max(1, min(self._wanted_batch_size, limit))
-        self._big_record = limit - RECORD_BATCH_OVERHEAD - _RECORD_OVERHEAD_BOUND
-        self._topics.clear()
-
-    def _attach(self, conn: Connection) -> None:
-        self._conn = conn
-        self._fd = conn.fileno()
-        self._reconnect_backoff = self._backoff_s
-        self._limit_requests(conn.broker_info.get("max_request_bytes"))
-        try:
-            old, self._state = self._state, StateReader(conn.broker_info["data_dir"])
-            if old is not None:
-                old.close()
-        except (MQError, OSError, KeyError):
-            self._state = None                       # fall back to metadata_max_age_ms
-        self._stale_metadata()
-
-    def _stale_metadata(self) -> None:
-        version = self._state.metadata_version if self._state is not None else -1
-        if version != self._meta_version:
-            self._meta_version = version
-            self._topics.clear()
+        self._io.start(init_producer_id=self._sender.ids is not None and self._txn is None)
 
     def _after_fork_in_child(self) -> None:
         """Runs in a forked child: forget everything of the parent's except its config and
         metadata; the parent's socket, pipe and thread are not ours (not closed: the objects
         may be mid-use by a parent thread that was copied into a half-done state)."""
-        self._inherited = (self._conn, self._state)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        for info in self._all_topics.values():
-            info.open = [None] * len(info.open)
-        state = self._state
-        if self._ids is not None:
-            self._ids.clear()                     # the parent's id is the parent's
-        self._init_state()
-        self._state = state
-        self._meta_version = state.metadata_version if state is not None else -1
+        self._inherited = self._io
+        self._io.forget_after_fork()
+        self._acc.drop_all(self._meta.all_topics.values())
+        ids = self._sender.ids
+        if ids is not None:
+            ids.clear()                           # the parent's id is the parent's
+        self._build_parts(ids)
+        state = self._meta.state
+        self._meta.version = state.metadata_version if state is not None else -1
 
     def _ensure_started(self) -> None:
-        if self._helper is None:
-            if self._closed:
+        io = self._io
+        if io.io_thread is None:
+            if io.closed:
                 raise ClosedError("producer is closed")
             with self._lock:
-                if self._helper is None:
+                if io.io_thread is None:
                     self._start()
 
     # --- public API ---------------------------------------------------------------------------
@@ -368,7 +292,7 @@ class Producer(Sender):
         record of a partition in the transaction. The future fails with
         ``InvalidTimestampError`` when the topic refuses the record's timestamp
         (``message.timestamp.after.max.ms``, ``message.timestamp.before.max.ms``)."""
-        if self._closed:
+        if self._io.closed:
             raise ClosedError("producer is closed")
         if value is not None:
             if self._value_serializer is not None:
@@ -421,22 +345,26 @@ class Producer(Sender):
             size += hsize
         else:
             headers = ()
-        if size > self._big_record:
+        meta = self._meta
+        if size > meta.big_record:
             check_record_size(topic, partition, timestamp_ms, key, value, headers,
-                              self._max_request_size, self._request_cap,
-                              self._broker_max_request)
+                              meta.max_request_size, meta.request_cap, meta.broker_max_request)
+        io = self._io
         with self._lock:
-            if self._closed:
+            if io.closed:
                 raise ClosedError("producer is closed")
-            if len(self._ready) >= self._max_in_flight and \
-                    threading.get_ident() != self._helper_ident:
-                self._wait_for_room()
+            sender = self._sender
+            if len(sender.ready) >= self._max_in_flight and \
+                    threading.get_ident() != io.io_ident:
+                io.wait_for_room(self._max_block_s)
             txn = self._txn
             if txn is not None:                   # inline: in the txn with this partition?
                 m = txn.manager
                 if m.state is not _IN_TRANSACTION or (topic, partition) not in m.partitions:
                     self._admit(topic, partition)
                 sticky = False                    # stay on the partition the txn has
+            # The accumulator's fast path, inlined: the partition's open batch takes the
+            # record if it fits (one C call), and keeps filling.
             batch = info.open[partition]
             # a batch this big takes the record
             fits = info.batch_limit - MAX_RECORD_OVERHEAD - size
@@ -447,11 +375,10 @@ class Producer(Sender):
                 closed = False
             else:
                 closed = False
+                acc = self._acc
                 while batch is not None and batch.records.size > fits and \
                         batch.records.size > RECORD_BATCH_OVERHEAD:
-                    if batch.records.size + size + MAX_RECORD_OVERHEAD <= info.grow_limit and \
-                            self._acks and \
-                            len(self._in_flight) + len(self._ready) >= self._max_in_flight:
+                    if acc.may_grow(batch, info, size, sender.room):
                         break                     # nowhere to send it yet: let it grow
                     self._close_batch(batch)      # the record does not fit: close, start anew
                     closed = True
@@ -464,17 +391,20 @@ class Producer(Sender):
                 if batch is None:
                     batch = self._new_batch(info, partition)
                 fut = batch.add(timestamp_ms, key, value, headers)
-            if self._settle(batch, info, batch.records.size + size + MAX_RECORD_OVERHEAD) or \
-                    closed:
+            if self._acc.settle(batch, info, batch.records.size + size + MAX_RECORD_OVERHEAD,
+                                sender.room):
+                self._close_batch(batch)
+                closed = True
+            if closed:
                 finished: list = []
-                self._pump(finished)
+                io.pump(finished)
                 conn = None
             else:
-                conn = self._due_reply()          # no room in flight: read replies now?
+                conn = io.due_reply()             # no room in flight: read replies now?
                 if conn is None:
                     return fut
         if conn is not None:
-            self._read(conn, caller=True)
+            io.read(conn, caller=True)
             return fut
         for args in finished:
             finish_batch(*args)
@@ -498,7 +428,7 @@ class Producer(Sender):
         raised midway (another thread closed the producer; no room within ``max_block_ms``)
         leaves the records before it queued, their futures out of reach: ``flush()`` waits
         for them."""
-        if self._closed:
+        if self._io.closed:
             raise ClosedError("producer is closed")
         values, longest = _checked(values, self._value_serializer, "value")
         if keys is not None:
@@ -516,13 +446,14 @@ class Producer(Sender):
         else:
             headers, size = (), 0
         runs = self._runs(topic, info, values, keys, partition)
-        if longest + size > self._big_record:
+        meta = self._meta
+        if longest + size > meta.big_record:
             for p, vals, ks, _ in runs:
                 for i, value in enumerate(vals):
                     key = None if ks is None else ks[i]
                     check_record_size(topic, p, timestamp_ms, key, value, headers,
-                                      self._max_request_size, self._request_cap,
-                                      self._broker_max_request)
+                                      meta.max_request_size, meta.request_cap,
+                                      meta.broker_max_request)
         size += longest
         finished: list = []
         try:
@@ -595,13 +526,14 @@ class Producer(Sender):
         sticky partition, moving on as batches fill), a batch at a time, their futures
         appended to ``futs``; batches closed and sent as ``send()`` would."""
         sticky = partition < 0
+        io, sender, acc = self._io, self._sender, self._acc
         i = 0
         while i < len(values):
-            if self._closed:
+            if io.closed:
                 raise ClosedError("producer is closed")
-            if len(self._ready) >= self._max_in_flight and \
-                    threading.get_ident() != self._helper_ident:
-                self._wait_for_room()
+            if len(sender.ready) >= self._max_in_flight and \
+                    threading.get_ident() != io.io_ident:
+                io.wait_for_room(self._max_block_s)
             if sticky:
                 partition = self._sticky.get(topic, -1)
                 if not 0 <= partition < info.num_partitions:
@@ -615,53 +547,33 @@ class Producer(Sender):
             batch = info.open[partition]
             if batch is None:
                 batch = self._new_batch(info, partition)
-            busy = self._acks and \
-                len(self._in_flight) + len(self._ready) >= self._max_in_flight
+            busy = self._acks and sender.room <= 0
             i = batch.records.extend(timestamp_ms, values, keys, headers, i,
                                      info.grow_limit if busy else info.batch_limit, futs)
-            if i < len(values):                   # full
-                self._close_batch(batch)
-            elif not self._settle(batch, info,
-                                  batch.records.size + size + MAX_RECORD_OVERHEAD):
+            if i < len(values) or acc.settle(batch, info, batch.records.size + size +
+                                             MAX_RECORD_OVERHEAD, sender.room):
+                self._close_batch(batch)          # full, or due
+            else:
                 continue
-            self._pump(finished)
-
-    def _settle(self, batch: Batch, info: TopicState, need: int) -> bool:
-        """After records joined ``batch``: close it if the next record (``need``: the batch's
-        size with it) would not fit, or at once with ``linger_ms=0``, when there is room in
-        flight. Returns whether it closed it.
-
-        A full batch is sent at once if there is room in flight; otherwise it keeps filling
-        up to grow_limit, so a busy pipeline carries fewer, larger requests instead of a
-        queue of small ones."""
-        room = len(self._in_flight) + len(self._ready) < self._max_in_flight
-        if need > info.batch_limit:
-            if not self._acks or need > info.grow_limit or room:
-                self._close_batch(batch)
-                return True
-            self._full[batch] = None
-            return False
-        if not self._linger_s and room:
-            self._close_batch(batch)
-            return True
-        return False
+            io.pump(finished)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send every buffered record now (ignoring ``linger_ms``) and wait until all of them
         are acknowledged or failed. Raises ``TimeoutError`` after ``timeout`` seconds."""
-        if threading.get_ident() == self._helper_ident:
+        io = self._io
+        if threading.get_ident() == io.io_ident:
             raise RuntimeError("flush() from a producer callback would wait for itself")
-        if self._helper is None:
+        if io.io_thread is None:
             return                            # a forked child that never sent anything
         finished: list = []
         with self._lock:
-            for batch in list(self._open):
-                self._close_batch(batch)
-            self._pump(finished)
-            pending = list(self._incomplete)
+            for batch in self._acc.close_all():
+                io.queue(batch)
+            io.pump(finished)
+            pending = list(self._sender.incomplete)
         for args in finished:
             finish_batch(*args)
-        self._wake()
+        io.wake()
         deadline = None if timeout is None else time.monotonic() + timeout
         for batch in pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -673,57 +585,21 @@ class Producer(Sender):
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` seconds), then stop; records still undelivered fail with
         ``ClosedError``. Idempotent."""
-        if self._closed:
+        io = self._io
+        if io.closed:
             return
         try:
-            if self._helper is not None and threading.get_ident() != self._helper_ident:
+            if io.io_thread is not None and threading.get_ident() != io.io_ident:
                 self.flush(timeout)
         except TimeoutError:
             log.warning("closing the producer with undelivered records (flush timed out)")
         finally:
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        finished: list = []
-        with self._lock:
-            self._closed = True
-            self._stopping = True
-            err = ClosedError("the producer was closed before this record was delivered")
-            finished.extend(self._finish_later)   # delivered: their real outcome
-            self._finish_later = []
-            for batch in list(self._incomplete):
-                finished.append((batch, -1, -1, err))
-            self._open.clear()
-            self._full.clear()
-            for info in self._all_topics.values():
-                info.open = [None] * len(info.open)
-            self._ready.clear()
-            self._in_flight.clear()
-            self._incomplete.clear()
-            self._muted.clear()
-            self._cond.notify_all()
-        for args in finished:
-            finish_batch(*args)
-        self._wake()
-        helper = self._helper
-        if helper is not None and helper.ident != threading.get_ident():
-            helper.join(timeout=10)
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            if self._state is not None:
-                self._state.close()
-                self._state = None
-            for fd in (self._wake_r, self._wake_w):
-                if fd >= 0:
-                    os.close(fd)
-            self._wake_r = self._wake_w = -1
-        _LIVE.discard(self)
+            io.stop()
+            _LIVE.discard(self)
 
     # --- transactions (transactions.py) ---------------------------------------------------------
     def _transactions(self) -> Transactions:
-        if self._closed:
+        if self._io.closed:
             raise ClosedError("producer is closed")
         if self._txn is None:
             raise InvalidTxnStateError("not a transactional producer: create it with "
@@ -762,14 +638,20 @@ class Producer(Sender):
         ``InvalidTxnStateError`` without an open transaction, or (caused by the failure) when
         a send of the transaction failed — then only ``abort_transaction()`` is left;
         ``ProducerFencedError``; ``TimeoutError`` (call it again to finish)."""
-        self._transactions().commit()
+        txn = self._transactions()
+        txn.prepare_commit()
+        self.flush(self._max_block_s)             # TimeoutError: still committing, retry
+        txn.commit()
 
     def abort_transaction(self) -> None:
         """Wait for the transaction's pending sends, then abort it: ``read_committed``
         consumers skip its records and its offsets are dropped. Raises
         ``InvalidTxnStateError`` without an open transaction, ``ProducerFencedError``,
         ``TimeoutError`` (call it again to finish)."""
-        self._transactions().abort()
+        txn = self._transactions()
+        txn.prepare_abort()
+        self.flush(self._max_block_s)             # failures are moot: it is aborted
+        txn.abort()
 
     def partitions_for(self, topic: str) -> set[int]:
         """The partition ids of ``topic``. Raises ``UnknownTopicOrPartitionError``."""
@@ -778,7 +660,7 @@ class Producer(Sender):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._io.closed
 
     def __enter__(self) -> Producer:
         return self
@@ -801,8 +683,9 @@ class Producer(Sender):
         with self._lock:
             while True:
                 try:
-                    meta = self._request(deadline, Api.METADATA, [topic])["topics"][topic]
-                    effective = self._request(deadline, Api.DESCRIBE_CONFIGS, topic)["config"]
+                    described = self._io.request(deadline, Api.METADATA, [topic])["topics"]
+                    effective = self._io.request(deadline, Api.DESCRIBE_CONFIGS,
+                                                 topic)["config"]
                     break
                 except UnknownTopicOrPartitionError as err:
                     raise UnknownTopicOrPartitionError(
@@ -814,109 +697,61 @@ class Producer(Sender):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise
-                    self._cond.wait(min(remaining, 0.05))
+                    self._io.cond.wait(min(remaining, 0.05))
             try:
                 max_message = int(effective["max.message.bytes"])
             except (KeyError, TypeError, ValueError):
-                max_message = self._max_request_size
-            info = self._all_topics.get(topic)
-            if info is None:
-                info = self._all_topics[topic] = TopicState(topic)
-            info.update(meta["partitions"], min(self._batch_size, max_message),
-                        min(self._max_request_size, max_message), time.monotonic())
-            self._topics[topic] = info
-            return info
+                max_message = self._meta.max_request_size
+            return self._meta.store(topic, described[topic]["partitions"], max_message,
+                                    time.monotonic())
 
-    # --- accumulator (all under self._lock) ---------------------------------------------------
+    # --- batches (all under self._lock) -------------------------------------------------------
     def _new_batch(self, info: TopicState, partition: int) -> Batch:
-        if self._closed:
+        io = self._io
+        if io.closed:
             raise ClosedError("producer is closed")
-        if self._helper is None:                  # first batch in a forked child
+        if io.io_thread is None:                  # first batch in a forked child
             self._start()
         now = time.monotonic()
-        if self._state is not None:
-            if self._state.metadata_version != self._meta_version:
-                self._stale_metadata()
-        elif now - info.fetched > self._metadata_max_age_s:
-            self._topics.pop(info.name, None)
-        batch = Batch(info, partition, self._codec, now, self._linger_s, self._cb_lock,
-                      self._buffers)
-        info.open[partition] = batch
-        self._open[batch] = None
-        self._incomplete.add(batch)
-        room = len(self._in_flight) + len(self._ready) < self._max_in_flight
+        self._meta.refresh(info, now)
+        batch = self._acc.open_batch(info, partition, now)
+        room = self._sender.room
         # The I/O thread must close the batch in time, unless send() closes it before it lets
         # go of the lock: waking the thread for nothing costs the caller a GIL hand-over on
         # every record.
-        closed_by_send = not self._linger_s and room
-        if batch.deadline < self._helper_wake_at and (self._acks == 0 or room) and \
-                not closed_by_send:
-            self._helper_wake_at = batch.deadline
-            self._wake()
+        if batch.deadline < io.wake_at and (self._acks == 0 or room > 0) and \
+                not self._acc.closes_at_once(room):
+            io.wake_at = batch.deadline
+            io.wake()
         return batch
 
     def _close_batch(self, batch: Batch) -> None:
-        """Build the batch and queue it; records can no longer join it."""
-        info = batch.info
-        if info.open[batch.partition] is batch:
-            info.open[batch.partition] = None
-        del self._open[batch]
-        self._full.pop(batch, None)
-        builder = batch.builder
-        ids = self._ids
-        if ids is not None:                         # idempotent: seal with the sequence
-            if ids.producer_id >= 0:
-                batch.producer_id = builder.producer_id = ids.producer_id
-                batch.producer_epoch = builder.producer_epoch = ids.epoch
-                builder.base_sequence = ids.assign(batch.topic, batch.partition, len(builder))
-                builder.is_transactional = ids.transactional
-            else:                                   # waits for an id (producer_io.py)
-                self._pid_backoff = self._backoff_s
-                if self._pid_retry_at > time.monotonic() + self._backoff_s:
-                    self._pid_retry_at = time.monotonic() + self._backoff_s
-                    self._wake()
-        batch.data = builder.build()
-        self._seq += 1
-        batch.seq = self._seq
-        self._ready.append(batch)
-        if self._on_batch_closed is not None:
-            try:
-                self._on_batch_closed(batch.topic, batch.partition, info.partitions,
-                                      info.partitions)
-            except Exception:
-                log.exception("partitioner's on_batch_closed raised")
+        """Records can no longer join ``batch``: the sender seals, builds and queues it."""
+        self._io.queue(self._acc.close(batch))
 
     def _admit(self, topic: str, partition: int) -> None:
         """Transactional ``send()``, under the lock: return once a record for this partition
         may join the open transaction (AddPartitionsToTxn done), with room to queue it."""
+        io = self._io
         while not self._txn.admit(topic, partition):   # it waited for a reply: look again
-            if self._closed:
+            if io.closed:
                 raise ClosedError("producer is closed")
-            if len(self._ready) >= self._max_in_flight and \
-                    threading.get_ident() != self._helper_ident:
-                self._wait_for_room()
-
-    def _wait_for_room(self) -> None:
-        deadline = time.monotonic() + self._max_block_s
-        while len(self._ready) >= self._max_in_flight and not self._closed:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"send() waited {self._max_block_s} s for room: "
-                                   f"{len(self._ready)} batches queued behind "
-                                   f"{len(self._in_flight)} in flight "
-                                   f"({'connected' if self._conn else self._last_error})")
-            self._cond.wait(remaining)
+            if len(self._sender.ready) >= self._max_in_flight and \
+                    threading.get_ident() != io.io_ident:
+                io.wait_for_room(self._max_block_s)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "connected" if self._conn else "disconnected"
-        ids = self._ids
+        io = self._io
+        state = "closed" if io.closed else "connected" if io.conn else "disconnected"
+        ids = self._sender.ids
         idempotence = "" if ids is None else \
             f" producer_id={ids.producer_id} epoch={ids.epoch}"
         if self._txn is not None:
             idempotence += f" txn={self._transactional_id!r} " \
                            f"({self._txn.manager.state.value})"
+        pending = len(self._sender.incomplete) + len(self._acc.open)
         return (f"<Producer {self._client_id} {self._socket} acks={self._acks}{idempotence} "
-                f"{state}, {len(self._incomplete)} batch(es) pending>")
+                f"{state}, {pending} batch(es) pending>")
 
 
 # --- process-wide hooks -----------------------------------------------------------------------
@@ -925,14 +760,14 @@ _LIVE: weakref.WeakSet[Producer] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for producer in list(_LIVE):
-        if not producer._closed:
+        if not producer.closed:
             producer._after_fork_in_child()
 
 
 def _close_at_exit() -> None:
     """Records buffered when the interpreter exits are sent, as kafka-python does."""
     for producer in list(_LIVE):
-        if producer._pid == os.getpid() and not producer._closed:
+        if producer._owner_pid == os.getpid() and not producer.closed:
             try:
                 producer.close(timeout=producer._request_timeout_s)
             except Exception:

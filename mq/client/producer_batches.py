@@ -1,10 +1,11 @@
 """The producer's units of work: the open batch of each partition, one batch's life from its
 first record to its reply, and the futures ``send()`` returns, which read that outcome.
 
-A ``Batch`` is filled and closed by the accumulator (``producer.py``) under the producer's
-lock and sent by the sender (``producer_io.py``). ``finish_batch`` gives it its outcome exactly
-once, outside that lock, and runs its futures' callbacks on the thread that finished it
-(normally the I/O thread; ``close()`` fails what is left).
+A ``Batch`` is filled and closed by the accumulator (``batch_accumulator.py``, and
+``send()``'s fast path) under the producer's lock, sealed and queued by the sender
+(``sender.py``) and written by the driver (``producer_io.py``). ``finish_batch`` gives it
+its outcome exactly once, outside that lock, and runs its futures' callbacks on the thread
+that finished it (normally the I/O thread; ``close()`` fails what is left).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Batch:
     __slots__ = ("topic", "partition", "info", "builder", "add", "records", "created", "deadline",
                  "data", "seq", "attempts", "not_before", "sent_at", "base_offset",
                  "log_append_time", "error", "last_error", "done", "event", "callbacks", "lock",
-                 "producer_id", "producer_epoch", "pool", "slot")
+                 "producer_id", "producer_epoch", "pool")
 
     def __init__(self, info: TopicState, partition: int, compression: int, now: float,
                  linger_s: float, lock: threading.Lock, pool: list[bytearray]) -> None:
@@ -80,7 +81,6 @@ class Batch:
         self.deadline = now + linger_s
         self.data: bytearray | None = None
         self.seq = 0                               # the producer's close order
-        self.slot = -1                             # its arena slot while in flight, if any
         self.producer_id = -1                      # sealed with (idempotence), else -1
         self.producer_epoch = -1
         self.attempts = 0

@@ -1,85 +1,49 @@
-"""The sending half of ``mq.Producer``: request pipelining, the I/O thread, retries, reconnects.
+"""The producer's driver: the connection, the I/O thread, the wake-up pipe and the batch arena
+around the two pure parts (``batch_accumulator.py``, ``sender.py``).
 
-Mixed into ``Producer`` (``producer.py``, which fills and closes batches). The I/O thread's loop
-(``_run``, ``_loop``, ``_reconnect``, ``_read``) takes the producer's lock itself; the other
-methods run under it and collect final outcomes in a ``finished`` list, resolved
+Everything here runs under the producer's lock (``lock``, ``cond``), but the I/O thread's loop
+(``_run``), which takes it itself. Outcomes are collected in a ``finished`` list and resolved
 (``finish_batch``) once the lock is released.
 
-One daemon I/O thread per producer (Kafka's "sender", much reduced) blocks in ``poll`` on the
-socket and a wake-up pipe, with the GIL released; it never busy-polls. It reads responses and
-completes futures (so callbacks run on it), closes batches whose ``linger_ms`` ran out — records
-must leave within about ``linger_ms`` even if ``send()`` is never called again, which no
-thread-free design can promise — and it retries, reconnects and enforces timeouts. On 2 vCPUs a
-helper thread that needs the GIL while the caller is busy waits up to the 5 ms switch interval
-(``sys.getswitchinterval()``), so the design keeps the thread off the hot path: the caller
-sends its own batches, and when ``max_in_flight`` requests are outstanding and
-``max_in_flight`` more batches are queued, ``send()`` waits on a condition — which hands the
-GIL to the I/O thread at once.
-With ``linger_ms=0`` a record is due at once, so ``send()`` does not wake the thread for it,
-and when ``max_in_flight`` requests are out it reads the replies waiting on the socket itself
-(at most every 50 µs) and sends the batch they made room for: a caller that keeps the CPU
-busy between sends would otherwise hold every record back for the switch interval
-(``_due_reply``). Callbacks still run on the I/O thread.
+The I/O thread
+--------------
+One daemon I/O thread per producer (Kafka's "sender" thread, much reduced) blocks in ``poll``
+on the socket and the wake-up pipe, with the GIL released; it never busy-polls. It reads
+replies and completes futures (so callbacks run on it), closes batches whose ``linger_ms`` ran
+out — records must leave within about ``linger_ms`` even if ``send()`` is never called again,
+which no thread-free design can promise — and it retries, reconnects and enforces timeouts,
+as the sender decides. On 2 vCPUs a thread that needs the GIL while the caller is busy waits
+up to the 5 ms switch interval (``sys.getswitchinterval()``), so the design keeps the I/O
+thread off the hot path: the caller writes its own batches (``pump``), and when
+``max_in_flight`` requests are outstanding and ``max_in_flight`` more batches are queued,
+``send()`` waits on the condition (``wait_for_room``) — which hands the GIL to the I/O thread
+at once. With ``linger_ms=0`` a record is due at once, so ``send()`` does not wake the thread
+for it, and when ``max_in_flight`` requests are out it reads the replies waiting on the socket
+itself (at most every 50 µs, ``due_reply``) and sends the batch they made room for: a caller
+that keeps the CPU busy between sends would otherwise hold every record back for the switch
+interval. Callbacks still run on the I/O thread. ``wake_at`` is when the thread plans to look
+in next; whoever makes it due sooner writes to the pipe (``wake``).
 
-A batch of ``ARENA_MIN_BYTES`` or more goes out as ``ProduceShared``: copied into a slot of the
-connection's shared-memory arena (``arena.py``), with only its place on the socket, when the
-producer waits for acks and the broker took the arena at connect (``_connect``). Its reply
-(``_dispatch``) frees the slot; a lost connection takes its arena with it, and the re-sent
-batches go into the next connection's.
-
-Ordering, retries and reconnects
---------------------------------
-Batches of one partition are sent in the order they were closed, on one connection, and the
-broker appends a connection's requests in order. A retriable error (``BrokerError.retriable``)
-re-queues the batch ahead of every later batch of its partition and mutes the partition: only
-the retry goes out (after ``retry_backoff_ms``, doubling up to 1 s), and nothing after it until
-it is acknowledged. Batches that were already in flight behind the failed one keep their
-outcome; a broker that cannot take one request (shutting down, storage error) fails the later
-ones too, so that does not reorder in practice, and ``max_in_flight=1`` rules it out (Kafka's
-advice for producers without idempotence). Non-retriable errors (unknown topic or partition,
-message too large, invalid request) fail the batch's futures with the broker's exception.
-
+The connection and the arena
+----------------------------
 If the connection is lost (broker killed or restarted, e.g. by systemd), the I/O thread
-reconnects with backoff and re-sends every batch that was in flight, in order (one at a time
-per partition until the first is acknowledged), counting one attempt each; a batch that
-exhausts ``retries`` fails with ``BrokerUnavailableError``, and any batch still undelivered
-``delivery_timeout_ms`` after it was created fails with the last error. The broker may have
-appended an in-flight batch whose reply was lost. Without idempotence delivery is therefore
-**at least once**: a re-sent batch can appear twice in the log (``future.attempts > 1`` tells
-which records were re-sent). With idempotence (the default) the partition recognises the
-re-sent batch by its producer id and sequence and answers with the offsets it got the first
-time: every acknowledged record is in the log **exactly once**, in order.
-A batch acknowledged with ``acks="all"`` was fsync'd before the reply and is never lost; with
-``acks=1`` it was in the page cache (survives a broker crash, not a power loss); with
-``acks=0`` nothing is acknowledged and futures resolve, with offset -1, as soon as the request
-is written to the socket.
+reconnects with backoff (from ``retry_backoff_ms``, doubling to 1 s); the sender re-queues what
+was in flight. A batch of ``ARENA_MIN_BYTES`` or more goes out as ``ProduceShared``: copied
+into a slot of the connection's shared-memory arena (``arena.py``), with only its place on the
+socket, when the producer waits for acks and the broker took the arena at connect
+(``_connect``). Its reply frees the slot (``slots``: request id -> slot); a lost connection
+takes its arena with it, and the re-sent batches go into the next connection's.
 
-Idempotence: sequence answers and gaps
---------------------------------------
-- ``DuplicateSequenceError`` (a batch the partition had) counts as success (offset -1 when
-  the broker did not say where), as in Kafka's producer.
-- ``OutOfOrderSequenceError`` while an earlier batch of the same partition (same producer id
-  and epoch) is still unacknowledged only means that batch is being retried: the later one is
-  queued behind it again. Otherwise it is final: the partition lost track of this producer.
-- A batch that fails for good (that error, a non-retriable one, retries or
-  ``delivery_timeout_ms`` exhausted) leaves a gap in its partition's sequences, so no later
-  batch sealed with the same id could be appended there: the later batches of that partition
-  still queued fail with the same error (those in flight come back with
-  ``OutOfOrderSequenceError``). A plain idempotent producer then takes a new producer id
-  (InitProducerId, on the I/O thread, the lock released meanwhile); batches sealed while it is
-  fetched wait unstamped and are stamped, in order, when it arrives. A transactional producer
-  keeps its id: the transaction becomes abortable, and the abort takes a new epoch
-  (``transactions.py``); ``InvalidProducerEpochError`` makes it fatal (fenced).
-- A retriable error to InitProducerId (the broker cannot write its producer id block: disk
-  full) does not fail the constructor: the I/O thread asks again (backoff from
-  ``retry_backoff_ms``, doubling to 1 s, back to the start when a batch starts waiting), and
-  each failure counts as one attempt of every batch waiting for the id, so those fail as
-  their sends would (``future.attempts`` counts them).
+Producer ids: InitProducerId runs at ``start`` (eagerly, so that a broker without it fails the
+constructor), and on the I/O thread, the lock released meanwhile, when the sender wants a new
+id (``Sender.producer_id_due``). A retriable error at start does not fail the constructor:
+batches wait for the id and the I/O thread asks again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import threading
@@ -87,85 +51,219 @@ import time
 from typing import Any
 
 from mq.client.arena import Arena, arena_supported
+from mq.client.batch_accumulator import BatchAccumulator
 from mq.client.connection import Connection
 from mq.client.producer_batches import Batch, finish_batch
+from mq.client.producer_metadata import ProducerMetadata
+from mq.client.sender import MAX_BACKOFF_S, Sender
 from mq.errors import (
     BrokerError,
     BrokerUnavailableError,
     ClosedError,
-    DuplicateSequenceError,
     InvalidRequestError,
     MQError,
-    OutOfOrderSequenceError,
-    RecordListTooLargeError,
-    RequestTimedOutError,
-    UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_for_code,
 )
 from mq.protocol.messages import Api
 
-__all__ = ["Sender"]
+__all__ = ["ARENA_MIN_BYTES", "ProducerIO"]
 
 log = logging.getLogger("mq.producer")
 
-_INF = float("inf")
-_MAX_BACKOFF_S = 1.0                       # Kafka's retry.backoff.max.ms
+_INF = math.inf
 _CALLER_READ_S = 50e-6                     # send() looks for replies at most this often
 # Batches from this size up go through the arena; smaller ones are cheaper to copy through
 # the socket than the broker's check of the written bytes (a map of them) costs.
 ARENA_MIN_BYTES = 32 * 1024
 
 
-class Sender:
-    """Sending methods of ``Producer`` (see the module doc)."""
+class ProducerIO:
+    """The I/O of one producer (see the module doc): ``accumulator``, ``sender`` and
+    ``metadata`` are the producer's parts, driven here."""
 
-    # --- sending ------------------------------------------------------------------------------
-    def _pump(self, finished: list) -> None:
-        """Send queued batches, in order, while there is room in flight."""
-        ready = self._ready
-        conn = self._conn
-        if not ready or conn is None:
+    def __init__(self, socket: str, client_id: str, request_timeout_s: float,
+                 backoff_s: float, shared_batches: bool, arena_slot_bytes: int,
+                 transaction_timeout_ms: int, explicit_idempotence: bool,
+                 accumulator: BatchAccumulator, sender: Sender,
+                 metadata: ProducerMetadata) -> None:
+        self.socket = socket
+        self.client_id = client_id
+        self.request_timeout_s = request_timeout_s
+        self.backoff_s = backoff_s
+        self.shared_batches = shared_batches
+        self.arena_slot_bytes = arena_slot_bytes
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.explicit_idempotence = explicit_idempotence
+        self.accumulator = accumulator
+        self.sender = sender
+        self.metadata = metadata
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.conn: Connection | None = None
+        self.fd = -1
+        self.slots: dict[int, int] = {}            # request id -> its arena slot
+        self.io_thread: threading.Thread | None = None
+        self.io_ident = -1
+        self.wake_at = _INF                         # when the I/O thread looks in next
+        self.wake_r = self.wake_w = -1
+        self.reconnect_at = 0.0
+        self.reconnect_backoff = backoff_s
+        self.requests: dict[int, Any] = {}          # other requests' id -> reply
+        self.check_stash = False
+        self.caller_read_at = 0.0                   # due_reply: no look before
+        self.finish_later: list = []                # outcomes with callbacks, for the I/O thread
+        self.closed = False
+        self.stopping = False
+
+    # --- start and stop -----------------------------------------------------------------------
+    def start(self, init_producer_id: bool) -> None:
+        """Connect (InitProducerId first if ``init_producer_id``) and start the I/O thread."""
+        conn = self._connect()
+        if init_producer_id:
+            try:
+                self._init_producer_id(conn)
+            except BaseException:
+                conn.close()
+                raise
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self._attach(conn)
+        self.io_thread = threading.Thread(target=self._run, daemon=True,
+                                          name=f"mq-producer-{self.client_id}")
+        self.io_thread.start()
+        self.io_ident = self.io_thread.ident
+
+    def stop(self) -> None:
+        """Fail what is left with ``ClosedError``, stop the I/O thread, close the connection.
+        Idempotent."""
+        finished: list = []
+        with self.lock:
+            self.closed = True
+            self.stopping = True
+            err = ClosedError("the producer was closed before this record was delivered")
+            finished.extend(self.finish_later)    # delivered: their real outcome
+            self.finish_later = []
+            for batch in self.accumulator.drop_all(self.metadata.all_topics.values()):
+                finished.append((batch, -1, -1, err))
+            self.sender.fail_all(err, finished)
+            self.cond.notify_all()
+        for args in finished:
+            finish_batch(*args)
+        self.wake()
+        thread = self.io_thread
+        if thread is not None and thread.ident != threading.get_ident():
+            thread.join(timeout=10)
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+            self.metadata.close()
+            for fd in (self.wake_r, self.wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self.wake_r = self.wake_w = -1
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close the parent's pipe (its socket, map and thread are left
+        alone: a parent thread may have been copied mid-use)."""
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _connect(self) -> Connection:
+        """A new connection to the broker, with a batch arena (``arena.py``) when this
+        producer waits for acks and the broker takes one; without, if either side cannot
+        (the reason is logged), since the socket carries every batch just as well."""
+        conn = Connection(self.socket, self.client_id, self.request_timeout_s)
+        if not (self.sender.acks and self.shared_batches and arena_supported()
+                and conn.broker_info.get("shared_batches")):
+            return conn
+        try:
+            arena = Arena(self.arena_slot_bytes, self.sender.max_in_flight)
+        except OSError as err:
+            log.info("producer sends batches through the socket: no arena (%s)", err)
+            return conn
+        try:
+            conn.share_arena(arena)
+        except BrokerUnavailableError:
+            arena.close()
+            conn.close()
+            raise
+        except MQError as err:
+            arena.close()
+            log.info("producer sends batches through the socket: the broker refused its "
+                     "arena (%s)", err)
+        return conn
+
+    def _attach(self, conn: Connection) -> None:
+        self.conn = conn
+        self.fd = conn.fileno()
+        self.reconnect_backoff = self.backoff_s
+        self.metadata.attach(conn.broker_info)
+        self.sender.request_cap = self.metadata.request_cap
+        self.sender.broker_max_request = self.metadata.broker_max_request
+
+    def _reconnect(self) -> Connection | None:
+        try:
+            conn = self._connect()
+        except (MQError, OSError) as err:
+            with self.lock:
+                self.sender.last_error = err if isinstance(err, BrokerUnavailableError) else \
+                    BrokerUnavailableError(f"cannot reconnect: {err}")
+                self.reconnect_at = time.monotonic() + self.reconnect_backoff
+                self.reconnect_backoff = min(self.reconnect_backoff * 2, MAX_BACKOFF_S)
+            return None
+        log.info("producer reconnected to %s", self.socket)
+        return conn
+
+    def _disconnected(self, conn: Connection, err: BaseException, finished: list) -> None:
+        """The connection broke: close it; the sender re-queues what was in flight."""
+        if conn is not self.conn:
             return
-        acks, limit, in_flight = self._acks, self._max_in_flight, self._in_flight
+        log.warning("producer lost the broker connection: %s", err)
+        if not isinstance(err, BrokerUnavailableError):
+            err = BrokerUnavailableError(f"broker connection lost: {err}")
+        self.conn = None
+        self.fd = -1
+        conn.close()
+        self.slots.clear()                        # the arena closed with the connection
         now = time.monotonic()
-        blocked: set | None = None
-        i = 0
-        muted = self._muted
-        unstamped = self._pid_pending
+        self.sender.connection_lost(err, now, finished)
+        for rid in self.requests:
+            self.requests[rid] = err
+        self.reconnect_at = now + self.reconnect_backoff
+        self.cond.notify_all()
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the I/O thread look in now."""
+        try:
+            os.write(self.wake_w, b"\x01")
+        except (BlockingIOError, OSError):
+            pass                                  # full (already awake) or closed
+
+    # --- batches ------------------------------------------------------------------------------
+    def queue(self, batch: Batch) -> None:
+        """A batch the accumulator closed goes to the sender (sealed, built, queued)."""
+        sender = self.sender
+        if sender.enqueue(batch) and sender.hurry_producer_id(time.monotonic()):
+            self.wake()
+
+    def pump(self, finished: list) -> None:
+        """Write the requests the sender has for now, in order."""
+        sender = self.sender
+        conn = self.conn
+        if not sender.ready or conn is None:
+            return
+        now = time.monotonic()
+        batches = sender.requests(now, finished)
         arena = conn.arena                        # None with acks=0: no reply frees a slot
-        while i < len(ready) and (acks == 0 or len(in_flight) < limit):
-            batch = ready[i]
-            if muted or self._retrying or unstamped:
-                # A partition in retry sends only its retried batch, and nothing after it
-                # until that one is acknowledged; so do batches still in backoff, and those
-                # waiting for a producer id.
-                tp = (batch.topic, batch.partition)
-                if blocked is not None and tp in blocked:
-                    i += 1
-                    continue
-                holder = muted.get(tp)
-                if (holder is not None and holder is not batch) or batch.not_before > now \
-                        or (unstamped and batch.producer_id < 0):
-                    if blocked is None:
-                        blocked = set()
-                    blocked.add(tp)
-                    i += 1
-                    continue
-                if batch.not_before:
-                    batch.not_before = 0.0
-                    self._retrying -= 1
-            del ready[i]
-            if len(batch.data) > self._request_cap:
-                # Built before this broker's lower limit was known (it restarted with a new
-                # config): sending it would only make the broker drop the connection, again
-                # at every retry.
-                self._done(batch, -1, -1, RecordListTooLargeError(
-                    f"batch of {len(batch.data)} bytes for {batch.topic}-{batch.partition} is "
-                    f"larger than the broker accepts in a request (max_request_bytes "
-                    f"{self._broker_max_request} B, of which a batch may take "
-                    f"{self._request_cap} B)"), finished)
-                continue
+        acks = sender.acks
+        for i, batch in enumerate(batches):
             data = batch.data
             taken = arena.put(data) if arena is not None and len(data) >= ARENA_MIN_BYTES \
                 else None
@@ -173,150 +271,156 @@ class Sender:
                 if taken is None:
                     rid = conn.send(Api.PRODUCE, batch.topic, batch.partition, acks, data)
                 else:
-                    batch.slot = taken[0]
                     rid = conn.send(Api.PRODUCE_SHARED, batch.topic, batch.partition, acks,
                                     taken[1], len(data))
             except MQError as err:
-                batch.slot = -1                   # the arena goes with the connection
-                ready.insert(i, batch)
+                sender.unsent(batches[i:])
                 self._disconnected(conn, err, finished)
                 return
-            batch.attempts += 1
-            if acks == 0:
-                self._done(batch, -1, -1, None, finished)
-            else:
-                batch.sent_at = now
-                in_flight[rid] = batch
-                if now + self._request_timeout_s < self._helper_wake_at:
-                    self._helper_wake_at = now + self._request_timeout_s
-                    self._wake()                  # so the I/O thread watches the timeout
+            if taken is not None:
+                self.slots[rid] = taken[0]
+            sender.sent(batch, rid, now, finished)
+            if acks and now + self.request_timeout_s < self.wake_at:
+                self.wake_at = now + self.request_timeout_s
+                self.wake()                       # so the I/O thread watches the timeout
+        if sender.wake:
+            sender.wake = False
+            self.wake()
 
-    def _due_reply(self) -> Connection | None:
+    def wait_for_room(self, max_block_s: float) -> None:
+        """In ``send()``, under the lock: wait while ``max_in_flight`` batches are queued.
+        Raises ``TimeoutError`` after ``max_block_s``."""
+        sender = self.sender
+        deadline = time.monotonic() + max_block_s
+        while len(sender.ready) >= sender.max_in_flight and not self.closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"send() waited {max_block_s} s for room: "
+                                   f"{len(sender.ready)} batches queued behind "
+                                   f"{len(sender.in_flight)} in flight "
+                                   f"({'connected' if self.conn else sender.last_error})")
+            self.cond.wait(remaining)
+
+    # --- replies ------------------------------------------------------------------------------
+    def due_reply(self) -> Connection | None:
         """In ``send()``, under the lock, when a batch was not sent for lack of room in
         flight: with ``linger_ms=0`` (and acks) it is due, but ``max_in_flight`` requests are
-        out. Their replies may already wait on the socket for
-        an I/O thread that itself waits for the GIL while this thread is busy, up to the 5 ms
-        switch interval, and the batch with it. Returns the connection to read them from if a
-        look is due: the oldest request is at least 50 µs old (a broker's answer takes about
-        that), and the last look was 50 µs ago or more."""
-        conn = self._conn
-        if self._linger_s or not self._acks or conn is None or not self._in_flight or \
-                threading.get_ident() == self._helper_ident:
+        out. Their replies may already wait on the socket for an I/O thread that itself waits
+        for the GIL while this thread is busy, up to the 5 ms switch interval, and the batch
+        with it. Returns the connection to read them from if a look is due: the oldest
+        request is at least 50 µs old (a broker's answer takes about that), and the last
+        look was 50 µs ago or more."""
+        conn = self.conn
+        in_flight = self.sender.in_flight
+        if self.accumulator.linger_s or not self.sender.acks or conn is None or \
+                not in_flight or threading.get_ident() == self.io_ident:
             return None
         now = time.monotonic()
-        if now < self._caller_read_at or \
-                now - next(iter(self._in_flight.values())).sent_at < _CALLER_READ_S:
+        if now < self.caller_read_at or \
+                now - next(iter(in_flight.values())).sent_at < _CALLER_READ_S:
             return None
-        self._caller_read_at = now + _CALLER_READ_S
+        self.caller_read_at = now + _CALLER_READ_S
         return conn
 
-    def _take_replies(self, conn: Connection, replies: list, caller: bool = True) -> None:
-        """What the replies taken off ``conn`` settle, as the I/O thread's ``_read`` does, and
-        by ``send()`` (``caller``, through ``_read``): there, outcomes with callbacks go to
-        the I/O thread, where callbacks always run, and the thread is woken if it now has to
-        look in sooner than it planned (a retry's backoff): it may have gone to sleep after
-        these replies left the socket."""
+    def read(self, conn: Connection, caller: bool = False) -> None:
+        """Take the replies waiting on ``conn``, never waiting for one: the I/O thread reads
+        once ``poll`` says the socket is readable, ``send()`` (``caller``) when ``due_reply``
+        says a look is due. A broken connection is left to the I/O thread, and ``send()``
+        looks no further when nothing came."""
+        try:
+            replies = conn.poll_any(0.0)
+        except (MQError, OSError) as err:
+            if caller:
+                return
+            finished: list = []
+            with self.lock:
+                self._disconnected(conn, err, finished)
+            for args in finished:
+                finish_batch(*args)
+            return
+        if replies or not caller:
+            self.take_replies(conn, replies, caller)
+
+    def take_replies(self, conn: Connection, replies: list, caller: bool = True) -> None:
+        """What the replies taken off ``conn`` settle, on the I/O thread and by ``send()``
+        (``caller``): there, outcomes with callbacks go to the I/O thread, where callbacks
+        always run, and the thread is woken if it now has to look in sooner than it planned
+        (a retry's backoff): it may have gone to sleep after these replies left the
+        socket."""
         finished: list = []
-        with self._lock:
-            if conn is self._conn:                # else what was in flight on it is re-sent
-                self._dispatch(replies, finished)
+        with self.lock:
+            if conn is self.conn:                 # else what was in flight on it is re-sent
                 now = time.monotonic()
+                self._dispatch(replies, now, finished)
                 self._service(now, finished)
-                self._cond.notify_all()
+                self.cond.notify_all()
                 if caller:
                     wake_at = self._next_wake(now)
-                    if wake_at < self._helper_wake_at:
-                        self._helper_wake_at = wake_at
-                        self._wake()
-                    if not self._stopping and any(args[0].callbacks for args in finished):
-                        self._finish_later.extend(finished)
+                    if wake_at < self.wake_at:
+                        self.wake_at = wake_at
+                        self.wake()
+                    if not self.stopping and any(args[0].callbacks for args in finished):
+                        self.finish_later.extend(finished)
                         finished = []
-                        self._wake()
+                        self.wake()
         for args in finished:
             finish_batch(*args)
 
-    def _requeue(self, batch: Batch, err: BaseException, backoff: float,
-                 finished: list) -> None:
-        """Retry ``batch`` (ahead of its partition's later batches) or fail it."""
-        batch.last_error = err
-        now = time.monotonic()
-        if batch.attempts > self._retries or now - batch.created > self._delivery_timeout_s:
-            self._done(batch, -1, -1, err, finished)
-            return
-        tp = (batch.topic, batch.partition)
-        holder = self._muted.get(tp)
-        if holder is None or batch.seq < holder.seq:
-            self._muted[tp] = batch
-        if backoff:
-            batch.not_before = now + backoff
-            self._retrying += 1
-        ready = self._ready
-        i = len(ready)
-        while i > 0 and ready[i - 1].seq > batch.seq:
-            i -= 1
-        ready.insert(i, batch)
+    def _dispatch(self, replies: list, now: float, finished: list) -> None:
+        """Replies to other requests go to their waiters (``request``), the rest to the
+        sender; an answered batch's arena slot is free again."""
+        produced = []
+        for reply in replies:
+            rid = reply.request_id
+            slot = self.slots.pop(rid, None)
+            if slot is not None:
+                self.conn.arena.release(slot)
+            if rid in self.requests:
+                self.requests[rid] = reply
+            else:
+                produced.append(reply)
+        sender = self.sender
+        sender.received(produced, now, finished)
+        if sender.stale_topics:
+            for topic in sender.stale_topics:
+                self.metadata.forget(topic)
+            sender.stale_topics.clear()
 
-    def _disconnected(self, conn: Connection, err: BaseException, finished: list) -> None:
-        """The connection broke: close it and re-queue what was in flight (in order)."""
-        if conn is not self._conn:
-            return
-        log.warning("producer lost the broker connection: %s", err)
-        if not isinstance(err, BrokerUnavailableError):
-            err = BrokerUnavailableError(f"broker connection lost: {err}")
-        self._last_error = err
-        self._conn = None
-        self._fd = -1
-        conn.close()
-        for batch in self._in_flight.values():
-            batch.slot = -1                       # the arena closed with the connection
-            self._requeue(batch, err, 0.0, finished)
-        self._in_flight.clear()
-        for rid in self._requests:
-            self._requests[rid] = err
-        self._reconnect_at = time.monotonic() + self._reconnect_backoff
-        self._cond.notify_all()
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\x01")
-        except (BlockingIOError, OSError):
-            pass                                  # full (already awake) or closed
-
-    # --- requests on the shared connection ---------------------------------------------------
-    def _request(self, deadline: float, api: Api, *fields: Any):
+    # --- other requests on the shared connection ------------------------------------------------
+    def request(self, deadline: float, api: Api, *fields: Any):
         """One request on the producer's connection, under the lock. The I/O thread reads
         every reply, so other threads wait for it to hand theirs over; the I/O thread itself
-        (a callback calling send()) reads inline."""
-        while self._conn is None:
+        (a callback calling send()) reads inline. Raises the broker's error,
+        ``BrokerUnavailableError``, ``ClosedError``, ``TimeoutError``."""
+        while self.conn is None:
             remaining = deadline - time.monotonic()
-            if self._closed:
+            if self.closed:
                 raise ClosedError("producer is closed")
             if remaining <= 0:
-                raise BrokerUnavailableError(f"no connection to the broker at {self._socket} "
-                                             f"({self._last_error})")
-            self._cond.wait(remaining)            # notified on reconnect and close
-        conn = self._conn
-        if threading.get_ident() == self._helper_ident:
+                raise BrokerUnavailableError(f"no connection to the broker at {self.socket} "
+                                             f"({self.sender.last_error})")
+            self.cond.wait(remaining)             # notified on reconnect and close
+        conn = self.conn
+        if threading.get_ident() == self.io_ident:
             try:
                 return conn.call(api, *fields, timeout=max(0.0, deadline - time.monotonic()))
             finally:
-                self._check_stash = True          # it may have kept others' replies
+                self.check_stash = True           # it may have kept others' replies
         try:
             rid = conn.send(api, *fields)
         except MQError as err:                    # the I/O thread sees the EOF and reconnects
             raise BrokerUnavailableError(f"cannot send {api.name}: {err}") from err
-        self._requests[rid] = None
+        self.requests[rid] = None
         try:
-            while self._requests[rid] is None:
+            while self.requests[rid] is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"no reply to {api.name} within "
-                                       f"{self._request_timeout_s} s")
-                self._cond.wait(remaining)
-            reply = self._requests[rid]
+                                       f"{self.request_timeout_s} s")
+                self.cond.wait(remaining)
+            reply = self.requests[rid]
         finally:
-            self._requests.pop(rid, None)
+            self.requests.pop(rid, None)
         if isinstance(reply, BaseException):
             raise BrokerUnavailableError(f"{api.name} failed: {reply}") from reply
         if reply.error_code:
@@ -329,43 +433,45 @@ class Sender:
             self._loop()
         except Exception:                         # a bug: fail loudly, never hang callers
             log.exception("producer I/O thread crashed")
-            self._shutdown()
+            self.stop()
 
     def _loop(self) -> None:
         poller, polled_fd = None, -2
+        sender = self.sender
         while True:
-            with self._lock:
-                finished, self._finish_later = self._finish_later, []
-                if self._stopping:
+            with self.lock:
+                finished, self.finish_later = self.finish_later, []
+                if self.stopping:
                     return
                 now = time.monotonic()
-                conn = self._conn
-                if conn is None and now >= self._reconnect_at:
-                    self._lock.release()
+                conn = self.conn
+                if conn is None and now >= self.reconnect_at:
+                    self.lock.release()
                     try:
                         conn = self._reconnect()
                     finally:
-                        self._lock.acquire()
-                    if self._stopping:
+                        self.lock.acquire()
+                    if self.stopping:
                         if conn is not None:
                             conn.close()
                         return
                     if conn is not None:
                         self._attach(conn)
-                        self._cond.notify_all()
+                        self.cond.notify_all()
                     now = time.monotonic()
-                if self._pid_pending and self._conn is not None and now >= self._pid_retry_at:
+                if self.conn is not None and sender.producer_id_due(now):
                     self._renew_producer_id(finished)
-                    if self._stopping:
+                    if self.stopping:
                         return
                     now = time.monotonic()
                 self._service(now, finished)
                 wake_at = self._next_wake(now)
-                self._helper_wake_at = wake_at
-                fd, conn, wake_r = self._fd, self._conn, self._wake_r
+                self.wake_at = wake_at
+                sender.wake = False               # planned for above
+                fd, conn, wake_r = self.fd, self.conn, self.wake_r
             for args in finished:
                 finish_batch(*args)
-            if self._check_stash and conn is not None:   # set on this thread only
+            if self.check_stash and conn is not None:   # set on this thread only
                 # Replies a call on this thread took off the socket (InitProducerId above, a
                 # callback's metadata request just now) wait in the connection's stash, where
                 # poll never sees them, and this read also takes those that arrived since:
@@ -373,8 +479,8 @@ class Sender:
                 # they settle can move the wake-up earlier (a retry's backoff), so plan again:
                 # polling until wake_at, planned before them, slept a 1 ms retry until the
                 # request timeout (30 s; 1 run in 75 on 2 busy cores).
-                self._check_stash = False
-                self._read(conn)
+                self.check_stash = False
+                self.read(conn)
                 continue
             if fd != polled_fd:
                 poller = select.poll()
@@ -396,274 +502,78 @@ class Sender:
                         pass
                 elif ready_fd == fd and conn is not None:
                     # Readable, so nothing to wait for; send() may have taken the replies.
-                    self._read(conn)
-
-    def _connect(self) -> Connection:
-        """A new connection to the broker, with a batch arena (``arena.py``) when this
-        producer waits for acks and the broker takes one; without, if either side cannot
-        (the reason is logged), since the socket carries every batch just as well."""
-        conn = Connection(self._socket, self._client_id, self._request_timeout_s)
-        if not (self._acks and self._shared_batches and arena_supported()
-                and conn.broker_info.get("shared_batches")):
-            return conn
-        try:
-            arena = Arena(self._wanted_max_request_size, self._max_in_flight)
-        except OSError as err:
-            log.info("producer sends batches through the socket: no arena (%s)", err)
-            return conn
-        try:
-            conn.share_arena(arena)
-        except BrokerUnavailableError:
-            arena.close()
-            conn.close()
-            raise
-        except MQError as err:
-            arena.close()
-            log.info("producer sends batches through the socket: the broker refused its "
-                     "arena (%s)", err)
-        return conn
-
-    def _reconnect(self) -> Connection | None:
-        try:
-            conn = self._connect()
-        except (MQError, OSError) as err:
-            with self._lock:
-                self._last_error = err if isinstance(err, BrokerUnavailableError) else \
-                    BrokerUnavailableError(f"cannot reconnect: {err}")
-                self._reconnect_at = time.monotonic() + self._reconnect_backoff
-                self._reconnect_backoff = min(self._reconnect_backoff * 2, _MAX_BACKOFF_S)
-            return None
-        log.info("producer reconnected to %s", self._socket)
-        return conn
-
-    def _read(self, conn: Connection, caller: bool = False) -> None:
-        """Take the replies waiting on ``conn``, never waiting for one: the I/O thread reads
-        once ``poll`` says the socket is readable, ``send()`` (``caller``) when ``_due_reply``
-        says a look is due. A broken connection is left to the I/O thread, and ``send()``
-        looks no further when nothing came."""
-        try:
-            replies = conn.poll_any(0.0)
-        except (MQError, OSError) as err:
-            if caller:
-                return
-            finished: list = []
-            with self._lock:
-                self._disconnected(conn, err, finished)
-            for args in finished:
-                finish_batch(*args)
-            return
-        if replies or not caller:
-            self._take_replies(conn, replies, caller)
-
-    def _dispatch(self, replies: list, finished: list) -> None:
-        in_flight = self._in_flight
-        for reply in replies:
-            batch = in_flight.pop(reply.request_id, None)
-            if batch is None:
-                if reply.request_id in self._requests:
-                    self._requests[reply.request_id] = reply
-                elif reply.error_code:            # acks=0 requests are answered on error only
-                    log.warning("produce request failed (acks=0): %s",
-                                error_for_code(reply.error_code, reply.error_message or ""))
-                continue
-            if batch.slot >= 0:
-                self._conn.arena.release(batch.slot)
-                batch.slot = -1
-            if not reply.error_code:
-                self._done(batch, reply["first_offset"], reply["log_append_time"], None, finished)
-                continue
-            err = error_for_code(reply.error_code, reply.error_message or "")
-            if err.retriable:
-                backoff = min(self._backoff_s * 2 ** max(batch.attempts - 1, 0), _MAX_BACKOFF_S)
-                self._requeue(batch, err, backoff, finished)
-            elif isinstance(err, OutOfOrderSequenceError) and self._earlier_pending(batch):
-                self._requeue(batch, err, 0.0, finished)   # behind the batch being retried
-            elif isinstance(err, DuplicateSequenceError):
-                self._done(batch, -1, -1, None, finished)
-            else:
-                if isinstance(err, UnknownTopicOrPartitionError):
-                    self._topics.pop(batch.topic, None)
-                self._done(batch, -1, -1, err, finished)
-
-    def _done(self, batch: Batch, base_offset: int, log_append_time: int,
-              error: BaseException | None, finished: list) -> None:
-        """The batch's outcome is final: unmute its partition; resolve after the lock."""
-        self._incomplete.discard(batch)
-        tp = (batch.topic, batch.partition)
-        if self._muted.get(tp) is batch:
-            del self._muted[tp]
-        if error is None or batch.producer_id < 0 or self._stopping:
-            finished.append((batch, base_offset, log_append_time, error))
-            return
-        if self._txn is not None:                 # abortable, or fenced: fatal
-            error = self._txn.manager.batch_failed(error)
-        finished.append((batch, -1, -1, error))
-        self._sequence_gap(batch, error, finished)
+                    self.read(conn)
 
     def _service(self, now: float, finished: list) -> None:
         """Timeouts, then send: queued batches first, then lingered ones while there is room."""
-        if self._in_flight:
-            oldest = next(iter(self._in_flight.values()))
-            if now - oldest.sent_at > self._request_timeout_s and self._conn is not None:
-                self._disconnected(self._conn, RequestTimedOutError(
-                    f"no reply to a produce request for {oldest.topic}-{oldest.partition} "
-                    f"within {self._request_timeout_s} s"), finished)
-        if self._ready and (self._conn is None or self._retrying or self._muted
-                            or self._pid_pending):
-            for batch in [b for b in self._ready if now - b.created > self._delivery_timeout_s]:
-                if batch not in self._incomplete:
-                    continue                      # failed meanwhile (_sequence_gap)
-                self._ready.remove(batch)
-                if batch.not_before:
-                    self._retrying -= 1
-                self._done(batch, -1, -1, batch.last_error or self._last_error or
-                           RequestTimedOutError(f"not delivered within "
-                                                f"{self._delivery_timeout_s} s"), finished)
-        self._pump(finished)
-        room = self._max_in_flight - len(self._in_flight) - len(self._ready)
-        if self._open and (room > 0 or self._acks == 0):
-            expired = list(self._full)[:max(room, 0)]   # full ones first, then lingered ones
-            for batch in self._open:
-                if batch.deadline > now or (len(expired) >= room and self._acks != 0):
-                    break
-                if batch not in self._full:
-                    expired.append(batch)
-            for batch in expired:
-                self._close_batch(batch)
-            self._pump(finished)
-        self._cond.notify_all()                   # room for senders blocked in send()
+        sender = self.sender
+        err = sender.timed_out(now)
+        if err is not None and self.conn is not None:
+            self._disconnected(self.conn, err, finished)
+        sender.expire(now, self.conn is not None, finished)
+        self.pump(finished)
+        due = self.accumulator.due(now, sender.room)
+        if due:
+            for batch in due:
+                self.queue(batch)
+            self.pump(finished)
+        self.cond.notify_all()                    # room for senders blocked in send()
 
     def _next_wake(self, now: float) -> float:
-        wake = _INF
-        if self._open:
-            room = self._max_in_flight - len(self._in_flight) - len(self._ready)
-            if room > 0 or self._acks == 0:
-                wake = now if self._full else next(iter(self._open)).deadline
-        if self._in_flight:
-            wake = min(wake, next(iter(self._in_flight.values())).sent_at
-                       + self._request_timeout_s)
-        elif wake == _INF and self._conn is not None:
-            # Look in anyway when a request sent from now on could time out: _pump then need
-            # not wake this thread for each request sent into an empty pipeline.
-            wake = now + self._request_timeout_s
-        if self._conn is None:
-            wake = min(wake, self._reconnect_at)
-        elif self._pid_pending:
-            wake = min(wake, self._pid_retry_at)
-        if self._retrying or (self._ready and (self._conn is None or self._pid_pending)):
-            for batch in self._ready:
-                if batch.not_before > now:        # a past one waits for room, not time
-                    wake = min(wake, batch.not_before)
-                wake = min(wake, batch.created + self._delivery_timeout_s)
+        sender = self.sender
+        wake = self.accumulator.next_due(now, sender.room)
+        wake = sender.next_wake(now, self.conn is not None, wake)
+        if self.conn is None:
+            wake = min(wake, self.reconnect_at)
         return wake
 
-    # --- idempotence (see the module doc) ------------------------------------------------------
+    # --- producer ids -------------------------------------------------------------------------
     def _init_producer_id(self, conn: Connection) -> None:
         """InitProducerId for an idempotent producer, on a connection no other thread reads
         yet. A broker without it: no idempotence, unless it was asked for explicitly."""
         try:
-            reply = conn.call(Api.INIT_PRODUCER_ID, None, self._transaction_timeout_ms)
+            reply = conn.call(Api.INIT_PRODUCER_ID, None, self.transaction_timeout_ms)
         except (InvalidRequestError, UnsupportedVersionError) as err:
-            if self._explicit_idempotence:
+            if self.explicit_idempotence:
                 raise
             log.warning("the broker at %s does not give producer ids (%s): this producer is "
-                        "not idempotent", self._socket, err)
-            self._ids = None
+                        "not idempotent", self.socket, err)
+            self.sender.ids = None
             return
         except BrokerError as err:
             if not err.retriable:
                 raise
             log.warning("InitProducerId failed (%s); the I/O thread asks again", err)
-            self._pid_pending = True              # batches wait for it (_renew_producer_id)
+            self.sender.want_producer_id()
             return
-        assert self._ids is not None
-        self._ids.set(reply["producer_id"], reply["producer_epoch"])
-
-    def _earlier_pending(self, batch: Batch) -> bool:
-        """Whether a batch sealed before ``batch`` for its partition, with the same producer id
-        and epoch, is still unacknowledged. Only looked at on an error."""
-        for b in self._incomplete:
-            if b.seq < batch.seq and b.partition == batch.partition and \
-                    b.topic == batch.topic and b.producer_id == batch.producer_id and \
-                    b.producer_epoch == batch.producer_epoch:
-                return True
-        return False
-
-    def _sequence_gap(self, failed: Batch, error: BaseException, finished: list) -> None:
-        """``failed`` will never be in its partition: fail the later batches of the partition
-        still queued with the same id (their sequences follow the gap); a plain idempotent
-        producer that still uses that id takes a new one."""
-        tp = (failed.topic, failed.partition)
-        doomed = [b for b in self._ready if b.seq > failed.seq and b.partition == tp[1]
-                  and b.topic == tp[0] and b.producer_id == failed.producer_id
-                  and b.producer_epoch == failed.producer_epoch]
-        for b in doomed:
-            self._ready.remove(b)
-            if b.not_before:
-                self._retrying -= 1
-            self._incomplete.discard(b)
-            if self._muted.get(tp) is b:
-                del self._muted[tp]
-            finished.append((b, -1, -1, error))
-        ids = self._ids
-        if self._txn is None and ids is not None and ids.producer_id == failed.producer_id \
-                and ids.epoch == failed.producer_epoch:
-            log.warning("producer id %d: a batch for %s-%d failed for good (%s: %s); taking a "
-                        "new producer id", ids.producer_id, tp[0], tp[1],
-                        type(error).__name__, error)
-            ids.clear()
-            self._pid_pending = True
-            self._pid_retry_at = 0.0
-            self._wake()
+        self.sender.producer_id_received(reply["producer_id"], reply["producer_epoch"])
 
     def _renew_producer_id(self, finished: list) -> None:
         """On the I/O thread, under the lock (released during the call): InitProducerId for a
-        new producer id, then stamp the batches that waited for it, in order."""
-        conn = self._conn
-        assert conn is not None and self._ids is not None
-        self._lock.release()
+        new producer id; the sender seals the batches that waited for it."""
+        conn = self.conn
+        assert conn is not None
+        self.lock.release()
         try:
-            reply = conn.call(Api.INIT_PRODUCER_ID, None, self._transaction_timeout_ms,
-                              timeout=self._request_timeout_s)
+            reply = conn.call(Api.INIT_PRODUCER_ID, None, self.transaction_timeout_ms,
+                              timeout=self.request_timeout_s)
             failure: BaseException | None = None
         except (MQError, TimeoutError, OSError) as err:
             reply, failure = None, err
         finally:
-            self._lock.acquire()
-            self._check_stash = True              # replies that came meanwhile wait there
-        if self._stopping or not self._pid_pending:
+            self.lock.acquire()
+            self.check_stash = True               # replies that came meanwhile wait there
+        if self.stopping or not self.sender.awaiting_producer_id:
             return
-        if failure is not None:
-            if isinstance(failure, BrokerError):
-                log.warning("producer: InitProducerId failed (%s); retrying", failure)
-                self._pid_retry_at = time.monotonic() + self._pid_backoff
-                self._pid_backoff = min(self._pid_backoff * 2, _MAX_BACKOFF_S)
-                self._pid_failed(failure, finished)
-            else:
-                self._disconnected(conn, failure, finished)
-            return
-        ids = self._ids
-        ids.set(reply["producer_id"], reply["producer_epoch"])
-        self._pid_pending = False
-        self._pid_backoff = self._backoff_s
-        for batch in self._ready:
-            if batch.producer_id < 0:
-                builder = batch.builder
-                batch.producer_id = builder.producer_id = ids.producer_id
-                batch.producer_epoch = builder.producer_epoch = ids.epoch
-                builder.base_sequence = ids.assign(batch.topic, batch.partition, len(builder))
-                batch.data = None                 # never sent: build() rewrites it in place
-                batch.data = builder.build()
-        self._cond.notify_all()
+        if failure is None:
+            self.sender.producer_id_received(reply["producer_id"], reply["producer_epoch"])
+            self.cond.notify_all()
+        elif isinstance(failure, BrokerError):
+            log.warning("producer: InitProducerId failed (%s); retrying", failure)
+            self.sender.producer_id_failed(failure, time.monotonic(), finished)
+        else:
+            self._disconnected(conn, failure, finished)
 
-    def _pid_failed(self, err: BrokerError, finished: list) -> None:
-        """InitProducerId failed: each batch waiting for the id counts one attempt (so it
-        fails as a send would: at once for a non-retriable error, else after ``retries``)."""
-        for batch in [b for b in self._ready if b.producer_id < 0]:
-            batch.attempts += 1
-            batch.last_error = err
-            if not err.retriable or batch.attempts > self._retries:
-                self._ready.remove(batch)
-                if batch.not_before:
-                    self._retrying -= 1
-                self._done(batch, -1, -1, err, finished)
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "connected" if self.conn else "disconnected"
+        return f"<ProducerIO {self.socket} {state}>"

@@ -99,18 +99,17 @@ class Transactions:
     """A transactional producer's coordinator requests over the producer's connection.
 
     ``cond``: the producer's condition (its lock); ``request(deadline, api, *fields)``: one
-    request under that lock, raising the broker's error; ``flush(timeout)``: the producer's
-    flush. ``manager`` and ``ids`` are shared with the producer, which reads them when it
-    sends and seals batches."""
+    request under that lock, raising the broker's error. ``manager`` and ``ids`` are shared
+    with the producer's sender, which reads them when it seals batches. A commit or an abort
+    is two calls around the producer's flush: ``prepare_commit()``, flush, ``commit()``."""
 
     def __init__(self, manager: TransactionManager, ids: ProducerIdentity,
-                 cond: threading.Condition, request: Callable, flush: Callable[[float], None],
-                 max_block_s: float, request_timeout_s: float, backoff_s: float) -> None:
+                 cond: threading.Condition, request: Callable, max_block_s: float,
+                 request_timeout_s: float, backoff_s: float) -> None:
         self.manager = manager
         self.ids = ids
         self._cond = cond
         self._request = request
-        self._flush = flush
         self._max_block_s = max_block_s
         self._request_timeout_s = request_timeout_s
         self._backoff_s = backoff_s
@@ -169,11 +168,14 @@ class Transactions:
                            meta.member_id or "", meta.member_epoch, items,
                            no_retry=(StaleMemberEpochError,))
 
-    def commit(self) -> None:
-        m, ids = self.manager, self.ids
+    def prepare_commit(self) -> None:
+        """Before the flush: the transaction is committing (no more sends)."""
         with self._cond:
-            m.begin_commit()
-        self._flush(self._max_block_s)             # TimeoutError: still committing, retry
+            self.manager.begin_commit()
+
+    def commit(self) -> None:
+        """After the flush: EndTxn(commit), unless a send failed."""
+        m, ids = self.manager, self.ids
         with self._cond:
             m.check_commit()                         # a send failed: abortable, raises
             if m.started:
@@ -181,11 +183,15 @@ class Transactions:
                                ids.producer_id, ids.epoch, 1)
             m.completed()
 
-    def abort(self) -> None:
-        m, ids = self.manager, self.ids
+    def prepare_abort(self) -> None:
+        """Before the flush (which waits for the pending sends): the transaction is
+        aborting."""
         with self._cond:
-            m.begin_abort()
-        self._flush(self._max_block_s)             # failures are moot: it is aborted
+            self.manager.begin_abort()
+
+    def abort(self) -> None:
+        """After the flush: EndTxn(abort), then a new epoch if a batch failed for good."""
+        m, ids = self.manager, self.ids
         with self._cond:
             m.check_not_fatal()
             if m.started:

@@ -9,14 +9,11 @@ use the real broker.
 
 from __future__ import annotations
 
-import linecache
 import logging
 import multiprocessing
 import os
 import select
-import sys
 import threading
-import time
 from collections import Counter
 
 import fake_broker as fakes
@@ -146,7 +143,7 @@ def test_a_retried_batch_keeps_its_sequence_and_later_ones_wait_for_it(fake_brok
             producer.send("t", value=b"%04d" % i, partition=i % 2) for i in range(400)))
         sender.start()
         # White box: the pipeline is full behind the blocked batch.
-        mq.testing.wait_for(lambda: failed and len(producer._in_flight) == max_in_flight,
+        mq.testing.wait_for(lambda: failed and len(producer._sender.in_flight) == max_in_flight,
                             timeout=WAIT, message="a full pipeline")
         gate.set()
         sender.join(WAIT)
@@ -219,45 +216,6 @@ def test_out_of_order_sequence_fails_the_partition_then_a_new_producer_id(fake_b
     assert new_id[0][2:4] == (0, 0)                             # new id, sequence 0
 
 
-def test_a_retry_whose_error_the_caller_read_wakes_the_sleeping_io_thread(fake_broker):
-    """send() may read replies itself (linger_ms=0, nothing in flight room): when one of
-    them is a retriable error, the retry must go out after its backoff even though the I/O
-    thread went to sleep (until the request timeout) before the error was dispatched. The
-    order is forced: the test takes the reply off the socket as send() would, waits until
-    the I/O thread sleeps in poll, then hands the reply over."""
-    failed: list = []
-
-    def script(partition, values, attempt):
-        if values[0] == b"0001" and not failed:
-            failed.append(attempt)
-            return STORAGE_ERROR
-        return 0
-
-    b = fake_broker(1, script, sequences=True)
-    with Producer(socket=b.path, linger_ms=0, max_in_flight=1, retry_backoff_ms=20,
-                  request_timeout_ms=60_000) as producer:
-        producer.send("t", value=b"0000", partition=0).get(timeout=WAIT)
-        helper = producer._helper.ident
-        conn = producer._conn
-        with conn._recv_lock:                 # the I/O thread cannot take the reply
-            fut = producer.send("t", value=b"0001", partition=0)
-            deadline = time.monotonic() + WAIT
-            while not conn._pending:
-                conn._receive(deadline)
-            replies = list(conn._pending.values())
-            conn._pending.clear()
-
-        def io_thread_asleep() -> bool:
-            frame = sys._current_frames().get(helper)
-            return frame is not None and frame.f_code.co_name == "_loop" and \
-                "poller.poll" in (linecache.getline(frame.f_code.co_filename,
-                                                    frame.f_lineno) or "")
-        mq.testing.wait_for(io_thread_asleep, timeout=WAIT, message="the I/O thread asleep")
-        producer._take_replies(conn, replies)
-        assert fut.get(timeout=WAIT).offset == 1      # not after the 60 s request timeout
-        assert fut.attempts == 2
-
-
 def _wait_error(fut):
     try:
         fut.get(timeout=WAIT)
@@ -311,15 +269,15 @@ def test_a_retry_whose_error_came_during_a_new_producer_id_is_not_slept_past(fak
     b = fake_broker(1, script, sequences=True, init_error=init_error)
     with Producer(socket=b.path, linger_ms=0, max_in_flight=1, retry_backoff_ms=1,
                   request_timeout_ms=120_000) as producer:
-        read = producer._read
+        read = producer._io.read
 
         def read_once_answered(conn, caller=False):
-            if not caller and producer._in_flight:
+            if not caller and producer._sender.in_flight:
                 poller = select.poll()
                 poller.register(conn.fileno(), select.POLLIN)
                 poller.poll(WAIT * 1000)
             read(conn, caller)
-        producer._read = read_once_answered
+        producer._io.read = read_once_answered
         with pytest.raises(OutOfOrderSequenceError):
             producer.send("t", value=b"x", partition=0).get(timeout=WAIT)
         mq.testing.wait_for(lambda: len(b.init_requests) == 3, timeout=WAIT,

@@ -596,7 +596,7 @@ def test_close_is_idempotent_and_final(broker):
     assert producer.closed
     with pytest.raises(ClosedError):
         producer.send("t", value=b"late")
-    assert producer._helper is not None and not producer._helper.is_alive()
+    assert producer._io.io_thread is not None and not producer._io.io_thread.is_alive()
 
 
 def test_flush_timeout_and_close_failing_undelivered(tmp_path):
@@ -974,5 +974,5 @@ def test_batches_built_in_reused_buffers_keep_every_record(broker):
         futures = [producer.send("t", value=value) for value in values[24:]]
         producer.flush(timeout=WAIT)
         assert [f.get(timeout=WAIT).offset for f in futures] == list(range(24, len(values)))
-        assert producer._buffers                  # finished batches' buffers came back
+        assert producer._acc.buffers                  # finished batches' buffers came back
     assert [r[3] for r in read_records(broker, "t")[0]] == values

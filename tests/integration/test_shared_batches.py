@@ -75,18 +75,18 @@ def assert_alive(b):
 def test_large_batches_go_through_the_arena_and_read_back_in_order(broker, settings):
     values = [os.urandom(size) for size in (65536, 100, 200_000, 65536) * 25]
     with Producer(socket=broker.socket, batch_size=1 << 20, linger_ms=5, **settings) as p:
-        assert p._conn.arena is not None
+        assert p._io.conn.arena is not None
         futures = [p.send("t", v) for v in values]
         p.flush(timeout=WAIT)
         assert [f.get(timeout=0).offset for f in futures] == list(range(len(values)))
-        assert p._conn.arena.free_slots == p._max_in_flight      # every slot given back
+        assert p._io.conn.arena.free_slots == p._max_in_flight      # every slot given back
     assert consume(broker, "t", len(values)) == values
 
 
 def test_without_acks_or_when_turned_off_batches_go_through_the_socket(broker):
     for settings in ({"acks": 0}, {"acks": 1, "shared_batches": False}):
         with Producer(socket=broker.socket, **settings) as p:
-            assert p._conn.arena is None
+            assert p._io.conn.arena is None
             p.send("t", b"x" * 100_000)
             p.flush(timeout=WAIT)
     assert len(consume(broker, "t", 2)) == 2
@@ -100,7 +100,7 @@ def test_a_restarted_broker_gets_a_new_arena_and_nothing_is_lost(tmp_path):
         create_topic(b, "t", 1)
         p = Producer(socket=b.socket, acks="all", batch_size=1 << 20, retries=50,
                      retry_backoff_ms=20)
-        first = p._conn.arena
+        first = p._io.conn.arena
         for v in values[:20]:
             p.send("t", v)
         p.flush(timeout=WAIT)
@@ -109,7 +109,7 @@ def test_a_restarted_broker_gets_a_new_arena_and_nothing_is_lost(tmp_path):
         futures = [p.send("t", v) for v in values[20:]]
         p.flush(timeout=WAIT)
         assert all(f.get(timeout=0) for f in futures)
-        assert p._conn.arena is not None and p._conn.arena is not first
+        assert p._io.conn.arena is not None and p._io.conn.arena is not first
         p.close()
         assert consume(b, "t", 40) == values
 
@@ -222,13 +222,14 @@ def test_a_client_rewriting_its_arena_in_flight_only_loses_its_own_batches(broke
 
 def test_a_forked_child_never_uses_its_parent_arena(broker):
     with Producer(socket=broker.socket, acks=1, batch_size=1 << 20) as p:
-        parent_arena = p._conn.arena
+        parent_arena = p._io.conn.arena
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:                                         # the child
             try:
                 with Producer(socket=broker.socket, acks=1, batch_size=1 << 20) as child:
-                    ok = child._conn.arena is not None and child._conn.arena is not parent_arena
+                    arena = child._io.conn.arena
+                    ok = arena is not None and arena is not parent_arena
                     child.send("t", b"c" * 100_000).get(timeout=WAIT)
                 os.write(w, b"1" if ok else b"0")
             finally:
@@ -252,7 +253,7 @@ def test_a_temporary_directory_is_not_needed(broker):
     """The arena is a memfd: nothing of it appears in /dev/shm or the temp dir."""
     before = set(os.listdir("/dev/shm")), set(os.listdir(tempfile.gettempdir()))
     with Producer(socket=broker.socket, acks=1) as p:
-        assert p._conn.arena is not None
+        assert p._io.conn.arena is not None
         p.send("t", b"x" * 50_000).get(timeout=WAIT)
         during = set(os.listdir("/dev/shm")), set(os.listdir(tempfile.gettempdir()))
     assert not any("arena" in name for name in during[0] - before[0])
