@@ -242,6 +242,7 @@ class Producer:
                               self._meta.wanted_max_request_size, self._transaction_timeout_ms,
                               self._explicit_idempotence, self._acc, self._sender, self._meta)
         self._lock = self._io.lock
+        self._ready = self._sender.ready          # read by send() for room: never rebound
         self._txn: Transactions | None = None
         if manager is not None:
             self._txn = Transactions(manager, ids, self._io.cond, self._io.request,
@@ -292,7 +293,8 @@ class Producer:
         record of a partition in the transaction. The future fails with
         ``InvalidTimestampError`` when the topic refuses the record's timestamp
         (``message.timestamp.after.max.ms``, ``message.timestamp.before.max.ms``)."""
-        if self._io.closed:
+        io = self._io
+        if io.closed:
             raise ClosedError("producer is closed")
         if value is not None:
             if self._value_serializer is not None:
@@ -349,12 +351,10 @@ class Producer:
         if size > meta.big_record:
             check_record_size(topic, partition, timestamp_ms, key, value, headers,
                               meta.max_request_size, meta.request_cap, meta.broker_max_request)
-        io = self._io
         with self._lock:
             if io.closed:
                 raise ClosedError("producer is closed")
-            sender = self._sender
-            if len(sender.ready) >= self._max_in_flight and \
+            if len(self._ready) >= self._max_in_flight and \
                     threading.get_ident() != io.io_ident:
                 io.wait_for_room(self._max_block_s)
             txn = self._txn
@@ -375,7 +375,7 @@ class Producer:
                 closed = False
             else:
                 closed = False
-                acc = self._acc
+                acc, sender = self._acc, self._sender
                 while batch is not None and batch.records.size > fits and \
                         batch.records.size > RECORD_BATCH_OVERHEAD:
                     if acc.may_grow(batch, info, size, sender.room):
@@ -392,7 +392,7 @@ class Producer:
                     batch = self._new_batch(info, partition)
                 fut = batch.add(timestamp_ms, key, value, headers)
             if self._acc.settle(batch, info, batch.records.size + size + MAX_RECORD_OVERHEAD,
-                                sender.room):
+                                self._sender.room):
                 self._close_batch(batch)
                 closed = True
             if closed:
