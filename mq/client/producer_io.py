@@ -7,8 +7,9 @@ Everything here runs under the producer's lock (``lock``, ``cond``), but the I/O
 
 The I/O thread
 --------------
-One daemon I/O thread per producer (Kafka's "sender" thread, much reduced) blocks in ``poll``
-on the socket and the wake-up pipe, with the GIL released; it never busy-polls. It reads
+One daemon I/O thread per producer blocks in ``poll`` on the socket and the wake-up pipe, with
+the GIL released; it never busy-polls. (Kafka runs its ``Sender`` as that thread; here the
+decisions are the sans-I/O sender's, ``sender.py``, and the thread does the I/O.) It reads
 replies and completes futures (so callbacks run on it), closes batches whose ``linger_ms`` ran
 out — records must leave within about ``linger_ms`` even if ``send()`` is never called again,
 which no thread-free design can promise — and it retries, reconnects and enforces timeouts,
