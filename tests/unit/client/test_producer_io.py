@@ -1,6 +1,7 @@
 """The producer's driver (``mq.client.producer_io``) without a broker: what it does with replies
-taken off the connection by ``send()`` — the I/O thread's wake-ups — seen through its
-wake-up pipe, with a stand-in connection that is never written to."""
+taken off the connection by ``send()`` — the I/O thread's wake-ups, seen through its wake-up
+pipe — and how it writes the sender's requests (a connection breaking mid-way, large batches
+through the arena), over stand-in connections."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import time
 
 import pytest
 
+from mq.client.arena import Arena
 from mq.client.batch_accumulator import BatchAccumulator
 from mq.client.idempotence import ProducerIdentity
-from mq.client.producer_io import ProducerIO
+from mq.client.producer_io import ARENA_MIN_BYTES, ProducerIO
 from mq.client.producer_metadata import ProducerMetadata
 from mq.client.sender import Sender
-from mq.errors import KafkaStorageError
+from mq.errors import BrokerUnavailableError, KafkaStorageError
 from mq.protocol.messages import Api, Response
 
 BACKOFF = 0.02
@@ -87,3 +89,62 @@ def test_a_reply_to_another_request_goes_to_its_waiter(io):
     reply = Response(Api.METADATA, 9, 0, None, [{}])
     io.take_replies(io.conn, [reply], caller=False)
     assert io.requests[9] is reply
+
+
+class Recording:
+    """A connection that takes ``room`` requests, then breaks."""
+
+    def __init__(self, room: int, arena=None) -> None:
+        self.room = room
+        self.arena = arena
+        self.requests: list[tuple] = []
+        self.closed = False
+
+    def send(self, api, *fields):
+        if len(self.requests) >= self.room:
+            raise BrokerUnavailableError("broker connection lost: EPIPE")
+        self.requests.append((api, *fields))
+        return len(self.requests)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def queue_batches(io: ProducerIO, sizes: list[int]) -> list:
+    info = io.metadata.store("t", 1, 1 << 20, time.monotonic())
+    batches = []
+    for size in sizes:
+        batch = io.accumulator.open_batch(info, 0, time.monotonic())
+        batch.add(None, None, b"x" * size, ())
+        io.queue(io.accumulator.close(batch))
+        batches.append(batch)
+    return batches
+
+
+def test_a_write_that_breaks_the_connection_requeues_the_rest_in_order(io):
+    io.sender.max_in_flight = 5
+    io.conn = conn = Recording(room=1)
+    batches = queue_batches(io, [10, 10, 10])
+    finished: list = []
+    with io.lock:
+        io.pump(finished)
+    assert [r[0] for r in conn.requests] == [Api.PRODUCE]
+    assert conn.closed and io.conn is None and woken(io)
+    assert list(io.sender.ready) == batches                  # the written one too: in order
+    assert [b.attempts for b in batches] == [1, 0, 0] and not finished
+
+
+def test_large_batches_go_through_the_arena_and_their_reply_frees_the_slot(io):
+    arena = Arena(1 << 20, 2)                                 # a memfd: no broker needed
+    io.sender.max_in_flight = 2
+    io.conn = conn = Recording(room=10, arena=arena)
+    small, large = queue_batches(io, [100, ARENA_MIN_BYTES])
+    with io.lock:
+        io.pump([])
+    (api1, *fields1), (api2, *fields2) = conn.requests
+    assert api1 is Api.PRODUCE and bytes(fields1[3]) == bytes(small.data)
+    assert api2 is Api.PRODUCE_SHARED and fields2[4] == len(large.data)
+    assert arena.free_slots == 1
+    io.take_replies(conn, [Response(Api.PRODUCE_SHARED, 2, 0, None, [5, -1])], caller=False)
+    assert arena.free_slots == 2 and large.done and large.base_offset == 5
+    arena.close()
