@@ -3,8 +3,8 @@ batches are due to close at ``now`` (``batch_size``, ``linger_ms``, room in flig
 no thread, no clock: the producer calls it under its lock with ``now`` and ``room`` (how many
 more requests the sender would take: ``Sender.room``).
 
-The records themselves are encoded by each batch's record accumulator (``BatchBuilder``'s, in
-C when the extension is built). ``send()`` reads a partition's open batch from
+The records themselves are encoded by each batch's record accumulator (``accumulator.py``,
+in C when the extension is built). ``send()`` reads a partition's open batch from
 ``TopicState.open`` and adds a record to it directly when it fits — one C call per record, no
 Python call into this class — and asks this class only when a batch opens, fills or closes.
 

@@ -19,8 +19,8 @@ batches and the futures ``send()`` returns are ``producer_batches.py``.
 Where the work happens
 ----------------------
 Encoding runs in the thread that calls ``send()``: the record is appended to its partition's
-open batch by its record accumulator (``records.RecordAccumulator``, in C when the extension is
-built), one call that encodes the record and returns its future — a view of the batch's
+open batch by its record accumulator (``accumulator.RecordAccumulator``, in C when the
+extension is built), one call that encodes the record and returns its future — a view of the batch's
 outcome (batch, offset delta, timestamp), not an object with state of its own; ``send()``'s
 Python work per record is the checks, the partition and the full-batch test around that call
 (the accumulator's fast path, inlined). ``send_many()`` does that work once per call and lets
