@@ -347,8 +347,8 @@ class Producer:
             size += hsize
         else:
             headers = ()
-        meta = self._meta
-        if size > meta.big_record:
+        if size > self._meta.big_record:
+            meta = self._meta
             check_record_size(topic, partition, timestamp_ms, key, value, headers,
                               meta.max_request_size, meta.request_cap, meta.broker_max_request)
         with self._lock:
