@@ -30,7 +30,7 @@ from mq.errors import (
     error_for_code,
 )
 from mq.log.reader import PartitionReader
-from mq.log.txnindex import AbortedTxnFilter
+from mq.log.txnindex import AbortedTxnFilter, is_visible
 from mq.protocol.messages import Api
 from mq.protocol.state import StateReader, futex
 
@@ -409,10 +409,7 @@ class Fetcher:
         while batches:
             batch = batches.pop()
             offset = f.offset
-            aborted = f.aborted
-            if batch.is_control or (aborted is not None and aborted.is_aborted(batch)):
-                if aborted is not None and batch.is_control:
-                    aborted.on_marker(batch)      # the aborted transaction ends here
+            if not is_visible(batch, f.aborted):
                 f.offset = max(offset, min(batch.next_offset, bound))
                 continue
             try:
