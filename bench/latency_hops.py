@@ -79,7 +79,7 @@ def producer(sock: str, n: int, rate: float, start, out) -> None:
 
 
 def consumer(sock: str, n: int, start, out) -> None:
-    from mq.client import consumer as consumer_module
+    from mq.client import consumer_driver as consumer_module
     wakes: list[int] = []
     for seam in ("_sleep_on", "_block"):          # futex words, or the semaphore
         fn = getattr(consumer_module, seam)
