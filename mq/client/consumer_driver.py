@@ -196,19 +196,21 @@ class Session:
 
 class ConsumerDriver:
     """The consumer's session, kept alive, its topic metadata and its waits (module doc).
-    Opens the first session at once: raises ``BrokerUnavailableError`` when no broker
-    answers."""
+    Opens the first session at once (``connect(socket_path, timeout)``, ``Session`` unless a
+    test hands in another): raises ``BrokerUnavailableError`` when no broker answers."""
 
-    def __init__(self, socket_path: str | None, timeout: float, read_committed: bool) -> None:
+    def __init__(self, socket_path: str | None, timeout: float, read_committed: bool,
+                 connect: Callable[[str | None, float], Session] = Session) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
         self.read_committed = read_committed
+        self._connect = connect
         self.closed = False
         self.topics: dict[str, dict] = {}
         self.meta_version = -1
         self._reconnect_at = 0.0
         self._backoff = RECONNECT_BACKOFF_S[0]
-        self.session: Session | None = Session(socket_path, timeout)
+        self.session: Session | None = connect(socket_path, timeout)
         self.generation = self.session.generation
         self.data_dir = self.session.data_dir
 
@@ -231,7 +233,7 @@ class ConsumerDriver:
             if time.monotonic() < self._reconnect_at:
                 return None
             try:
-                session = Session(self.socket_path, self.timeout)
+                session = self._connect(self.socket_path, self.timeout)
             except BrokerUnavailableError as err:
                 log.debug("broker unavailable, retrying in %.2fs: %s", self._backoff, err)
                 self._reconnect_at = time.monotonic() + self._backoff
