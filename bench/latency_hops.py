@@ -54,9 +54,9 @@ def producer(sock: str, n: int, rate: float, start, out) -> None:
     sendmsgs: list[int] = []
     send_parts = connection.send_parts
 
-    def stamped(s, parts):
+    def stamped(s, parts, *fds):
         sendmsgs.append(time.perf_counter_ns())
-        return send_parts(s, parts)
+        return send_parts(s, parts, *fds)
     connection.send_parts = stamped
     p = mq.Producer(socket=sock, acks=1, linger_ms=0)
     p.partitions_for("t")
