@@ -54,9 +54,9 @@ def producer(sock: str, n: int, rate: float, start, out) -> None:
     sendmsgs: list[int] = []
     send_parts = connection.send_parts
 
-    def stamped(s, parts):
+    def stamped(s, parts, *fds):
         sendmsgs.append(time.perf_counter_ns())
-        return send_parts(s, parts)
+        return send_parts(s, parts, *fds)
     connection.send_parts = stamped
     p = mq.Producer(socket=sock, acks=1, linger_ms=0)
     p.partitions_for("t")
@@ -79,7 +79,7 @@ def producer(sock: str, n: int, rate: float, start, out) -> None:
 
 
 def consumer(sock: str, n: int, start, out) -> None:
-    from mq.client import consumer as consumer_module
+    from mq.client import consumer_driver as consumer_module
     wakes: list[int] = []
     for seam in ("_sleep_on", "_block"):          # futex words, or the semaphore
         fn = getattr(consumer_module, seam)

@@ -6,8 +6,16 @@ readable end as (segment base, byte position), the segment-set generation) and d
 from read-only maps of the segment files (``mq.log.reader.PartitionReader``). No broker round
 trip per poll.
 
-The session with the broker (connection, state map, semaphore, reconnects) and the read path
-from the maps to records are in ``fetching.py``; waiting and iteration are here.
+``Consumer`` holds three parts and delegates to them; none of them knows the consumer:
+
+- ``ConsumerDriver`` (``consumer_driver.py``): the session with the broker (connection, state
+  map, semaphore, reconnects), topic metadata, slot snapshots and the waits drawn below;
+- ``Fetcher`` (``fetcher.py``): a cursor per assigned partition over its ``PartitionReader``
+  (positions, bounds, the ``read_committed`` skip), decoding records as they are taken;
+- ``ConsumerGroup`` (``consumer_group.py``): subscription, reconciliation and commits on the
+  poll thread, over the group member that the heartbeat thread drives (``membership.py``).
+
+The consumer itself keeps the public API, the poll loop and iteration.
 
 Wake-up protocol (no busy polling). A caught-up consumer sleeps on **futex words** when the
 broker says it wakes them (Handshake ``futex_wake``) and ``mq.protocol._futex`` is built::
@@ -79,7 +87,7 @@ growing segment may be served from a ``pread`` copy). Pickling a record copies t
 Without a ``group_id``, topics given to the constructor are assigned whole: every partition,
 including partitions added later (a simple subscriber). ``assign()`` replaces that with a manual
 assignment. With a ``group_id``, topics (or ``pattern``) subscribe: the broker assigns each
-member its share and moves partitions when members come and go (``consumer_groups.py`` and
+member its share and moves partitions when members come and go (``consumer_group.py`` and
 ``membership.py``); ``commit``/``committed`` store offsets in ``__consumer_offsets``.
 
 Never returned: records at or past the high watermark (the last stable offset with
@@ -92,62 +100,27 @@ from the aborted transaction's first offset up to its ABORT marker (Kafka's fetc
 
 from __future__ import annotations
 
-import os
+import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
-import posix_ipc
-
-from mq.client.consumer_groups import ConsumerRebalanceListener, GroupConsumer
-from mq.client.fetching import RECONNECT_BACKOFF_S, Fetch, Fetcher, Record, Session
-from mq.client.types import TopicPartition
+from mq.client.consumer_driver import ConsumerDriver
+from mq.client.consumer_group import CommitCallback, ConsumerGroup, ConsumerRebalanceListener
+from mq.client.fetcher import Fetcher, Record
+from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
     BrokerUnavailableError,
     ClosedError,
     NoOffsetForPartitionError,
-    OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from mq.log.reader import PartitionReader
 from mq.protocol.messages import Api
-from mq.protocol.state import futex, slot_offset
 
 __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
            "ConsumerRebalanceListener"]
 
-_LIVENESS_CHECK_S = 1.0           # a blocked consumer checks its connection this often
-_MAX_WORDS = 127                  # futex_waitv's limit, less the consumer's own word
-_ALL = 0x7FFFFFFF                 # FUTEX_WAKE: every sleeper
 
-
-def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
-    """Wait for a post; True if one came, False on timeout. (A seam for tests.)"""
-    try:
-        sem.acquire(timeout)
-    except posix_ipc.BusyError:
-        return False
-    except posix_ipc.SignalError:
-        return True                       # EINTR: let the caller look again
-    return True
-
-
-def _sleep_on(region, offsets: list[int], values: list[int], local: bytearray,
-              local_value: int, timeout: float) -> int:
-    """Futex sleep (``_futex.wait_any``): the index of the word woken, -1 on timeout, -2 if
-    one had already changed. (A seam for tests, like ``_block``.)"""
-    return futex.wait_any(region, offsets, values, local, local_value, timeout)
-
-
-def _drain(sem: posix_ipc.Semaphore) -> None:
-    """Take every post pending on ``sem``."""
-    try:
-        while True:
-            sem.acquire(0)
-    except posix_ipc.BusyError:
-        pass
-
-
-class Consumer(Fetcher, GroupConsumer):
+class Consumer:
     """Read records from topic partitions. See the module docstring for the design.
 
     ``*topics`` (without ``group_id``): assign every partition of them. With ``group_id``:
@@ -195,155 +168,201 @@ class Consumer(Fetcher, GroupConsumer):
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
         if pattern is not None and group_id is None:
             raise ValueError("a pattern subscription needs a group_id")
+        if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
+            raise ValueError("session_timeout_ms, max_poll_interval_ms and "
+                             "auto_commit_interval_ms must be positive")
         self.group_id = group_id
-        self.auto_offset_reset = auto_offset_reset
-        self.enable_auto_commit = enable_auto_commit
         self.isolation_level = isolation_level
         self.max_poll_records = max_poll_records
-        self.max_partition_fetch_bytes = max_partition_fetch_bytes
-        self.value_bytes = value_bytes
-        self.key_deserializer = key_deserializer
-        self.value_deserializer = value_deserializer
         self.consumer_timeout_ms = consumer_timeout_ms
-        self.check_crcs = check_crcs
-        self._socket = socket
-        self._timeout = request_timeout_ms / 1000
-        self._read_committed = isolation_level == "read_committed"
         self._closed = False
-        self._fetches: dict[TopicPartition, Fetch] = {}
-        self._order: list[Fetch] = []
-        self._next_start = 0
         self._subscribed: tuple[str, ...] = tuple(topics) if group_id is None else ()
-        self._init_group(listener=listener, instance_id=group_instance_id, assignor=assignor,
-                         session_timeout_ms=session_timeout_ms,
-                         max_poll_interval_ms=max_poll_interval_ms,
-                         auto_commit_interval_ms=auto_commit_interval_ms)
-        self._topics: dict[str, dict] = {}
-        self._meta_version = -1
-        self._it_records: list[Record] = []
-        self._it_iter = iter(self._it_records)
+        self._subscribed_topics: dict | None = None     # the metadata _subscribed was expanded by
         self._iterator: Iterator[Record] | None = None
-        self._reconnect_at = 0.0
-        self._backoff = RECONNECT_BACKOFF_S[0]
-        self._session: Session | None = Session(socket, self._timeout)
-        self._generation = self._session.generation
+        read_committed = isolation_level == "read_committed"
+        self._driver = driver = ConsumerDriver(socket, request_timeout_ms / 1000, read_committed)
+        self._fetcher = Fetcher(driver, read_committed=read_committed,
+                                auto_offset_reset=auto_offset_reset,
+                                max_partition_fetch_bytes=max_partition_fetch_bytes,
+                                check_crcs=check_crcs, value_bytes=value_bytes,
+                                key_deserializer=key_deserializer,
+                                value_deserializer=value_deserializer)
+        self._group = ConsumerGroup(driver, self._fetcher, group_id=group_id,
+                                    read_committed=read_committed,
+                                    enable_auto_commit=enable_auto_commit, listener=listener,
+                                    instance_id=group_instance_id, assignor=assignor,
+                                    session_timeout_ms=session_timeout_ms,
+                                    max_poll_interval_ms=max_poll_interval_ms,
+                                    auto_commit_interval_ms=auto_commit_interval_ms)
         try:
-            self._refresh_metadata()
+            driver.refresh_metadata()
             if group_id is not None and (topics or pattern is not None):
                 self.subscribe(topics, pattern)
             elif topics:
-                missing = [t for t in topics if t not in self._topics]
+                missing = [t for t in topics if t not in driver.topics]
                 if missing:
                     raise UnknownTopicOrPartitionError(f"unknown topic {missing[0]!r}")
-                self._assign(self._subscribed_partitions())
+                self._follow_subscription()
         except BaseException:
             self.close()
             raise
 
+    # --- configuration, kept on the parts -------------------------------------------------------
+    @property
+    def auto_offset_reset(self) -> str:
+        return self._fetcher.auto_offset_reset
+
+    @property
+    def max_partition_fetch_bytes(self) -> int:
+        return self._fetcher.max_partition_fetch_bytes
+
+    @property
+    def check_crcs(self) -> bool:
+        return self._fetcher.check_crcs
+
+    @property
+    def value_bytes(self) -> bool:
+        return self._fetcher.value_bytes
+
+    @property
+    def key_deserializer(self):
+        return self._fetcher.key_deserializer
+
+    @property
+    def value_deserializer(self):
+        return self._fetcher.value_deserializer
+
+    @property
+    def enable_auto_commit(self) -> bool:
+        return self._group.enable_auto_commit
+
+    @property
+    def group_instance_id(self) -> str | None:
+        return self._group.instance_id
+
+    @property
+    def assignor(self) -> str | None:
+        return self._group.assignor
+
+    @property
+    def session_timeout_ms(self) -> int:
+        return self._group.session_timeout_ms
+
+    @property
+    def max_poll_interval_ms(self) -> int:
+        return self._group.max_poll_interval_ms
+
+    @property
+    def auto_commit_interval_ms(self) -> int:
+        return self._group.auto_commit_interval_ms
+
     # --- metadata -------------------------------------------------------------------------------
-    def _refresh_metadata(self) -> None:
-        session = self._require_session()
-        version = session.state.metadata_version     # before the call: never miss a change
-        self._topics = session.conn.call(Api.METADATA, None)["topics"]
-        self._meta_version = version
-        for f in self._order:
-            info = self._topics.get(f.tp.topic)
-            if info is None or f.tp.partition >= info["partitions"]:
-                continue                      # poll raises UnknownTopicOrPartitionError
-            if f.topic_id is not None and f.topic_id != info["id"]:
-                f.reader.reset()              # deleted and created again: other files
-                f.clear()
-            f.topic_id = info["id"]
-        if self._subscribed:
-            new = [tp for tp in self._subscribed_partitions() if tp not in self._fetches]
-            if new:
-                self._assign(list(self._fetches) + new)
+    def _metadata(self) -> dict[str, dict]:
+        """The topics, refreshed if the broker's changed (and a simple subscriber's
+        assignment grown by partitions added since)."""
+        self._driver.check_metadata(self._driver.require())
+        self._follow_subscription()
+        return self._driver.topics
 
-    def _check_metadata(self, session: Session) -> None:
-        if session.state.metadata_version != self._meta_version:
-            self._refresh_metadata()
-
-    def _subscribed_partitions(self) -> list[TopicPartition]:
-        return [TopicPartition(t, p) for t in self._subscribed if t in self._topics
-                for p in range(self._topics[t]["partitions"])]
-
-    def _slot(self, tp: TopicPartition) -> int:
-        info = self._topics.get(tp.topic)
-        if info is None or not 0 <= tp.partition < info["partitions"]:
-            raise UnknownTopicOrPartitionError(f"unknown topic or partition {tp.topic}-"
-                                               f"{tp.partition}")
-        return info["slots"][tp.partition]
-
-    def _state(self, tp: TopicPartition, session: Session | None = None):
-        """A consistent slot snapshot for ``tp`` (``session``: the live one, if the caller has
-        it); raises ``UnknownTopicOrPartitionError``."""
-        if session is None:
-            session = self._require_session()
-        while True:
-            self._check_metadata(session)
-            st = session.state.read(self._slot(tp))
-            # A deleted topic's slot is reused by the next topic created: the snapshot counts
-            # only if the topics did not change while it was taken.
-            if session.state.metadata_version == self._meta_version:
-                break
-        if st.high_watermark < 0:
-            raise UnknownTopicOrPartitionError(f"topic {tp.topic!r} was deleted")
-        return st
+    def _follow_subscription(self) -> None:
+        """Without a group, the constructor's topics are assigned whole, new partitions too."""
+        topics = self._driver.topics
+        if not self._subscribed or topics is self._subscribed_topics:
+            return
+        self._subscribed_topics = topics
+        cursors = self._fetcher.cursors
+        new = [TopicPartition(t, p) for t in self._subscribed if t in topics
+               for p in range(topics[t]["partitions"]) if TopicPartition(t, p) not in cursors]
+        if new:
+            self._fetcher.assign(list(cursors) + new)
 
     # --- assignment -----------------------------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (replacing the assignment, and the constructor's
         topics). Positions of partitions that stay assigned are kept. Raises
         ``UnknownTopicOrPartitionError`` for a partition that does not exist."""
-        if self._membership is not None:
+        if self._group.membership is not None:
             raise ValueError(f"this consumer subscribes through group {self.group_id!r}; "
                              "call unsubscribe() before assign()")
         tps = [TopicPartition(*tp) for tp in partitions]
-        session = self._require_session()
-        self._check_metadata(session)
+        self._check_open()
+        self._metadata()
         for tp in tps:
-            self._slot(tp)
+            self._driver.slot(tp)
         self._subscribed = ()
-        self._rewind_iterator()
-        self._assign(tps)
-
-    def _assign(self, tps: list[TopicPartition]) -> None:
-        session = self._require_session()
-        fetches = {}
-        for tp in dict.fromkeys(tps):
-            f = self._fetches.get(tp)
-            if f is None:
-                f = Fetch(tp, PartitionReader(os.path.join(session.data_dir,
-                                                            f"{tp.topic}-{tp.partition}")))
-                f.topic_id = self._topics[tp.topic]["id"]
-            fetches[tp] = f
-        for tp, f in self._fetches.items():
-            if tp not in fetches:
-                f.reader.close()
-        self._fetches = fetches
-        self._order = list(fetches.values())
-        self._next_start = 0
+        self._fetcher.rewind()
+        self._fetcher.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
-        return set(self._fetches)
+        return set(self._fetcher.cursors)
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         """Partition numbers of ``topic``, or None if it does not exist."""
-        session = self._require_session()
-        self._check_metadata(session)
-        info = self._topics.get(topic)
+        info = self._metadata().get(topic)
         return None if info is None else set(range(info["partitions"]))
 
     def topics(self) -> set[str]:
-        session = self._require_session()
-        self._check_metadata(session)
-        return set(self._topics)
+        return set(self._metadata())
 
-    def _fetch_of(self, tp: TopicPartition) -> Fetch:
-        f = self._fetches.get(TopicPartition(*tp))
-        if f is None:
-            raise ValueError(f"{tp} is not assigned to this consumer")
-        return f
+    # --- group ----------------------------------------------------------------------------------
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join (or change the subscription in) the consumer's group: the broker assigns
+        partitions of ``topics``, or of every topic whose name matches the regex ``pattern``
+        (full match; internal topics never match), including topics created later."""
+        self._check_open()
+        if self.group_id is None:
+            raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
+                             "constructor or use assign()")
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        if bool(topics) == (pattern is not None):
+            raise ValueError("subscribe to topic names or to a pattern (exactly one)")
+        if not all(isinstance(t, str) and t for t in topics):
+            raise ValueError("topic names must be non-empty strings")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
+        if listener is not None:
+            self._group.listener = listener
+        self._subscribed = ()
+        if self._group.membership is None and self._fetcher.cursors:
+            self._fetcher.assign([])
+        self._group.join(topics, pattern)
+
+    def unsubscribe(self) -> None:
+        """Leave the group (committing first with auto-commit) and drop every partition."""
+        self._check_open()
+        self._group.leave()
+        self._fetcher.assign([])
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """This consumer's group id, member id and member epoch (Kafka's
+        ``groupMetadata()``), for ``Producer.send_offsets_to_transaction``. Raises
+        ``ValueError`` without a ``group_id``."""
+        return self._group.metadata()
+
+    def commit(self, offsets: Mapping | None = None) -> None:
+        """Commit offsets and wait until the broker has them on disk. Default: the position
+        of every assigned partition. ``offsets``: ``{tp: offset}`` or ``{tp: (offset,
+        metadata)}``. Raises the broker's error (``StaleMemberEpochError`` after retries,
+        ``UnknownMemberIdError``, ``NonEmptyGroupError`` for a group-less consumer of a group
+        with live members, ``UnknownTopicOrPartitionError``)."""
+        self._check_open()
+        self._group.commit(offsets)
+
+    def commit_async(self, offsets: Mapping | None = None,
+                     callback: CommitCallback | None = None) -> None:
+        """Send a commit without waiting; ``callback(offsets, error_or_None)`` runs inside a
+        later ``poll``, ``commit`` or ``close``."""
+        self._check_open()
+        self._group.commit_async(offsets, callback)
+
+    def committed(self, partition: TopicPartition) -> int | None:
+        """The group's committed offset for ``partition`` (None if it has none)."""
+        self._check_open()
+        return self._group.committed(TopicPartition(*partition))
 
     # --- positions ------------------------------------------------------------------------------
     def seek(self, partition: TopicPartition, offset: int) -> None:
@@ -352,62 +371,57 @@ class Consumer(Fetcher, GroupConsumer):
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
         self._check_open()
-        f = self._fetch_of(partition)
-        self._rewind_iterator([f.tp])
-        self._seek(f, offset)
+        c = self._fetcher.cursor(partition)
+        self._fetcher.rewind([c.tp])
+        c.seek(offset)
 
-    @staticmethod
-    def _seek(f: Fetch, offset: int) -> None:
-        f.offset = offset
-        f.clear()
-
-    def _targets(self, partitions) -> list[Fetch]:
+    def _targets(self, partitions) -> list:
         self._check_open()
         if not partitions:
-            return list(self._order)
-        return [self._fetch_of(tp) for tp in partitions]
+            return list(self._fetcher.order)
+        return [self._fetcher.cursor(tp) for tp in partitions]
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Move to the log start offset of each partition (all assigned ones by default)."""
-        for f in self._targets(partitions):
-            self._rewind_iterator([f.tp])
-            self._seek(f, self._state(f.tp).log_start_offset)
+        for c in self._targets(partitions):
+            self._fetcher.rewind([c.tp])
+            c.seek(self._driver.state(c.tp).log_start_offset)
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
         """Move past the last readable record (the high watermark, or the last stable
         offset with ``read_committed``)."""
-        for f in self._targets(partitions):
-            self._rewind_iterator([f.tp])
-            self._seek(f, self._bound(self._state(f.tp)))
+        for c in self._targets(partitions):
+            self._fetcher.rewind([c.tp])
+            c.seek(self._fetcher.bound(self._driver.state(c.tp)))
 
     def position(self, partition: TopicPartition) -> int:
         """Offset of the next record ``poll`` (or iteration) will return for ``partition``;
         resolves a missing position with ``auto_offset_reset``."""
         self._check_open()
-        f = self._fetch_of(partition)
-        position = self._positions([f.tp]).get(f.tp)
-        if position is None and f.tp in self._unstable:
-            committed = self.committed(f.tp)     # waits for the transaction holding it
-            if f.offset is None:
-                self._unstable.discard(f.tp)
-                self._start_at(f.tp, committed)
-            position = f.position
+        fetcher = self._fetcher
+        c = fetcher.cursor(partition)
+        position = fetcher.positions([c.tp]).get(c.tp)
+        if position is None and c.held:
+            committed = self._group.committed(c.tp)     # waits for the transaction holding it
+            if c.offset is None:
+                self._group.start(c.tp, committed)
+            position = c.position
         if position is None:
-            self._reset(f, self._state(f.tp), None)
-            position = f.position
+            fetcher.reset(c, self._driver.state(c.tp), None)
+            position = c.position
         return position
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]
                           ) -> dict[TopicPartition, int]:
         """``{tp: log start offset}`` from the shared state (no broker round trip)."""
         self._check_open()
-        return {TopicPartition(*tp): self._state(TopicPartition(*tp)).log_start_offset
+        return {TopicPartition(*tp): self._driver.state(TopicPartition(*tp)).log_start_offset
                 for tp in partitions}
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """``{tp: high watermark}`` (last stable offset with ``read_committed``)."""
         self._check_open()
-        return {TopicPartition(*tp): self._bound(self._state(TopicPartition(*tp)))
+        return {TopicPartition(*tp): self._fetcher.bound(self._driver.state(TopicPartition(*tp)))
                 for tp in partitions}
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]
@@ -415,7 +429,7 @@ class Consumer(Fetcher, GroupConsumer):
         """For each partition, the earliest ``(offset, timestamp_ms)`` whose timestamp is >=
         the given one, or None (Kafka's ListOffsets). Raises ``ValueError`` for a negative
         timestamp."""
-        session = self._require_session()
+        session = self._driver.require()
         out = {}
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or ts < 0:
@@ -426,36 +440,20 @@ class Consumer(Fetcher, GroupConsumer):
             out[tp] = None if offset < 0 else (offset, found_ts)
         return out
 
-    def _bound(self, st) -> int:
-        return st.last_stable_offset if self._read_committed else st.high_watermark
-
-    def _reset(self, f: Fetch, st, bad_offset: int | None) -> None:
-        """Choose a position by ``auto_offset_reset``, or raise when it is "none"."""
-        if self.auto_offset_reset == "earliest":
-            self._seek(f, st.log_start_offset)
-        elif self.auto_offset_reset == "latest":
-            self._seek(f, self._bound(st))
-        elif bad_offset is None:
-            raise NoOffsetForPartitionError(-1, st.log_start_offset, st.high_watermark,
-                                            f"{f.tp.topic}-{f.tp.partition}")
-        else:
-            raise OffsetOutOfRangeError(bad_offset, st.log_start_offset, st.log_end_offset,
-                                        f"{f.tp.topic}-{f.tp.partition}")
-
     # --- flow control ---------------------------------------------------------------------------
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop returning records of these partitions until ``resume``."""
         for tp in partitions:
-            f = self._fetch_of(tp)
-            self._rewind_iterator([f.tp])
-            f.paused = True
+            c = self._fetcher.cursor(tp)
+            self._fetcher.rewind([c.tp])
+            c.paused = True
 
     def resume(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
-            self._fetch_of(tp).paused = False
+            self._fetcher.cursor(tp).paused = False
 
     def paused(self) -> set[TopicPartition]:
-        return {f.tp for f in self._order if f.paused}
+        return {c.tp for c in self._fetcher.order if c.paused}
 
     # --- polling --------------------------------------------------------------------------------
     def poll(self, timeout_ms: float = 0, max_records: int | None = None
@@ -470,12 +468,12 @@ class Consumer(Fetcher, GroupConsumer):
         self._check_open()
         if max_records is not None and max_records < 1:
             raise ValueError(f"max_records must be positive, got {max_records}")
-        self._rewind_iterator()
+        self._fetcher.rewind()
         return self._poll(timeout_ms / 1000, max_records or self.max_poll_records)
 
     def _poll(self, timeout_s: float | None, max_records: int
               ) -> dict[TopicPartition, list[Record]]:
-        m = self._membership
+        m = self._group.membership
         if m is None:
             return self._poll_loop(timeout_s, max_records)
         m.poll_started()
@@ -487,15 +485,20 @@ class Consumer(Fetcher, GroupConsumer):
     def _poll_loop(self, timeout_s: float | None, max_records: int
                    ) -> dict[TopicPartition, list[Record]]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        driver, group = self._driver, self._group
         while True:
-            session = self._live_session()
+            in_group = group.membership is not None
+            session = driver.live(forbid_fork=in_group)
             if session is not None:
                 try:
-                    if self._membership is not None or self._async_commits:
-                        self._group_round(session)
-                    out = self._fetch(session, max_records)
+                    if in_group or group.async_commits:
+                        group.round(session)
+                    if self._subscribed:      # partitions added: read them in this take
+                        driver.check_metadata(session)
+                        self._follow_subscription()
+                    out = self._fetcher.take(session, max_records, in_group)
                 except BrokerUnavailableError:
-                    self._lost()              # mid metadata refresh: reconnect and go on
+                    driver.lost()             # mid metadata refresh: reconnect and go on
                     session = None
                 else:
                     if out:
@@ -503,98 +506,11 @@ class Consumer(Fetcher, GroupConsumer):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return {}
-            self._wait(session, remaining)
-
-    # --- waiting --------------------------------------------------------------------------------
-    def _wait(self, session: Session | None, remaining: float | None) -> None:
-        """Block until the broker posts, ``remaining`` passes or a liveness check is due."""
-        slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
-        if self._unstable:                    # asking again for held offsets is due then
-            slice_s = max(0.0, min(slice_s, self._unstable_retry_at - time.monotonic()))
-        if session is None:
-            # Disconnected: back off until the next reconnect attempt (nothing can post).
-            pause = max(0.0, self._reconnect_at - time.monotonic())
-            time.sleep(min(slice_s, pause) if pause else 0.001)
-            return
-        if session.futex and len(self._order) < _MAX_WORDS:
-            try:
-                self._sleep(session, slice_s)
-                return
-            except OSError:                   # no futex_waitv (ENOSYS): the semaphore
-                session.futex = False
-        positions = []
-        for f in self._order:
-            if f.paused or f.offset is None:
-                continue
-            offset = f.offset
-            if self._read_committed:
-                # Wake when data arrives past the high watermark: the last stable offset only
-                # moves when a marker is appended.
-                offset = max(offset, self._state(f.tp, session).high_watermark)
-            positions.append([f.tp.topic, f.tp.partition, offset])
-        key = (self._meta_version, [(topic, partition) for topic, partition, _ in positions])
-        armed = session.armed
-        if armed is None or armed[0] != key or any(
-                p[2] < offset for p, offset in zip(positions, armed[1], strict=True)):
-            _drain(session.sem)               # posts made before this look
-            try:
-                session.conn.send(Api.WAIT, session.name, positions)
-            except BrokerUnavailableError:
-                self._lost()
-                return
-            session.armed = (key, [p[2] for p in positions])
-        if self._group_changed():
-            return                            # the heartbeat thread's post may be drained
-        if _block(session.sem, slice_s):
-            _drain(session.sem)               # before the next look at the state (module doc)
-        elif not session.alive(self._on_reply):
-            self._lost()
-
-    def _sleep(self, session: Session, slice_s: float) -> None:
-        """Futex wake-ups (module doc): sleep on the words of the partitions read until a
-        publish changes one, the heartbeat thread bumps ``session.local``, or ``slice_s``
-        passes."""
-        state, seen = session.state, session.seen
-        local = int.from_bytes(session.local, "little")      # before the group check
-        offsets, values = [], []
-        look = False
-        for f in self._order:
-            if f.paused or f.offset is None:
-                continue
-            try:
-                slot = self._slot(f.tp)
-            except UnknownTopicOrPartitionError:
-                continue                          # deleted: nothing will be published there
-            seq, st = state.snapshot(slot)
-            if st.high_watermark < 0:
-                return                            # deleted: the next fetch says so
-            bound = st.last_stable_offset if self._read_committed else st.high_watermark
-            word = slot_offset(slot)
-            # Readable at a sequence the last fetch may not have seen: look again. (At a
-            # sequence already slept on, it is what that fetch could not return.)
-            if bound > f.offset and seen.get(word) != seq:
-                look = True
-            seen[word] = seq
-            offsets.append(word)
-            values.append(seq & 0xFFFFFFFF)
-        if look or state.metadata_version != self._meta_version or self._group_changed():
-            return
-        woken = _sleep_on(state.region, offsets, values, session.local, local, slice_s)
-        if woken == -1:
-            if not session.alive(self._on_reply):
-                self._lost()
-            return
-        if woken < 0:
-            return                                # changed before the sleep began
-        # The broker wakes one sleeper per publish; the one it woke wakes the others. Any
-        # changed word may have had its wake-up land here, so each is passed on, once per
-        # value (so two consumers cannot keep waking each other).
-        region, passed = state.region, session.passed
-        for i, word in enumerate(offsets):
-            now = int.from_bytes(region[word:word + 4], "little")
-            if (i == woken or now != values[i]) and passed.get(word) != now:
-                passed[word] = now
-                futex.wake(region, word, _ALL)
+            if group.held:                    # asking again for held offsets is due then
+                due = max(0.0, group.retry_held_at - time.monotonic())
+                remaining = due if remaining is None else min(remaining, due)
+            driver.wait(session, self._fetcher.watched(), remaining, group.changed,
+                        group.on_reply)
 
     # --- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Record]:
@@ -608,51 +524,22 @@ class Consumer(Fetcher, GroupConsumer):
         return next(iter(self))
 
     def _generate(self) -> Iterator[Record]:
+        fetcher = self._fetcher
         try:
             while True:
-                it = self._it_iter
+                it = fetcher.handed
                 yield from it                 # C-level delegation: no bytecode per record
-                if it is not self._it_iter:
-                    continue                  # replaced by _rewind_iterator: go on with it
+                if it is not fetcher.handed:
+                    continue                  # replaced by a rewind: go on with it
                 timeout = None if self.consumer_timeout_ms is None \
                     else self.consumer_timeout_ms / 1000
                 self._check_open()
                 out = self._poll(timeout, self.max_poll_records)
                 if not out:
                     return
-                self._set_iter([r for records in out.values() for r in records])
+                fetcher.hand_out([r for records in out.values() for r in records])
         finally:
             self._iterator = None
-
-    def _set_iter(self, records: list[Record]) -> None:
-        self._it_records, self._it_iter = records, iter(records)
-
-    def _unyielded(self) -> list[Record]:
-        """Records the iterator holds but has not yielded yet (a list iterator knows how many
-        are left)."""
-        left = self._it_iter.__length_hint__()
-        return self._it_records[len(self._it_records) - left:] if left else []
-
-    def _rewind_iterator(self, tps: list[TopicPartition] | None = None) -> None:
-        """Give back records the iterator holds but has not yielded (all, or of ``tps``):
-        their partitions are read again from the first of them."""
-        rest = self._unyielded()
-        if not rest:
-            return
-        first: dict[TopicPartition, int] = {}
-        keep = []
-        for r in rest:
-            tp = TopicPartition(r.topic, r.partition)
-            if tps is None or tp in tps:
-                first.setdefault(tp, r.offset)
-            else:
-                keep.append(r)
-        for tp, offset in first.items():
-            f = self._fetches.get(tp)
-            if f is not None:
-                self._seek(f, offset)
-        self._it_iter.__setstate__(len(self._it_records))     # ends the running `yield from`
-        self._set_iter(keep)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -665,19 +552,12 @@ class Consumer(Fetcher, GroupConsumer):
         if self._closed:
             return
         try:
-            self._leave_group()
-            self._finish_async_commits(timeout=1.0)
+            self._group.leave()
+            self._group.finish_async_commits(timeout=1.0)
         finally:
             self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            session.close()
-        for f in self._order:
-            f.reader.close()
-            f.clear()
-        self._fetches, self._order = {}, []
-        self._it_iter.__setstate__(len(self._it_records))     # a suspended loop ends
-        self._set_iter([])
+        self._driver.close()
+        self._fetcher.close()
 
     def __enter__(self) -> Consumer:
         return self
@@ -686,6 +566,5 @@ class Consumer(Fetcher, GroupConsumer):
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Consumer(assignment={sorted(self._fetches)}, group_id={self.group_id!r}"
-                f"{', closed' if self._closed else ''})")
-
+        return (f"Consumer(assignment={sorted(self._fetcher.cursors)}, "
+                f"group_id={self.group_id!r}{', closed' if self._closed else ''})")

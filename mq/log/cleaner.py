@@ -109,7 +109,7 @@ from mq.log.layout import (
 from mq.log.log import PartitionLog
 from mq.log.policy import SegmentMeta
 from mq.log.segment import LogSegment
-from mq.log.txnindex import AbortedTxn, AbortedTxnFilter, collect_aborted
+from mq.log.txnindex import AbortedTxn, AbortedTxnFilter, collect_aborted, is_visible
 
 __all__ = [
     "CLEANER_OFFSET_CHECKPOINT",
@@ -199,8 +199,8 @@ def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_un
                       ) -> tuple[dict[bytes, int], int] | None:
     """Map key -> latest offset over ``[first_dirty, first_uncleanable)``; returns the map and
     the last offset of the last batch it covers wholly (``first_dirty - 1`` if none), or None
-    when ``should_stop`` said so. Control batches add no key (aborted transactions would be
-    skipped here too, once they exist). Raises ``CorruptRecordError``."""
+    when ``should_stop`` said so. Only visible batches add keys (``txnindex.is_visible``: not
+    markers, not aborted transactions' data). Raises ``CorruptRecordError``."""
     offsets: dict[bytes, int] = {}
     map_end = first_dirty - 1
     for seg in segments:
@@ -218,7 +218,7 @@ def _build_offset_map(segments: Sequence[LogSegment], first_dirty: int, first_un
                 return None
             batch.validate()
             stats.map_bytes_read += batch.size
-            if batch.is_control or (txns is not None and txns.is_aborted(batch)):
+            if not is_visible(batch, txns):
                 map_end = batch.last_offset       # markers and aborted data add no key
                 continue
             records = batch.records()

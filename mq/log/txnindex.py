@@ -35,7 +35,7 @@ from mq.log.batch import RecordBatch
 from mq.log.layout import CONTROL_ABORT, CONTROL_COMMIT
 
 __all__ = ["ENTRY_SIZE", "AbortedTxn", "AbortedTxnFilter", "TransactionIndex", "collect_aborted",
-           "decode_entries", "read_entries"]
+           "decode_entries", "is_visible", "read_entries"]
 
 _ENTRY: Final = struct.Struct(">hqqqq")
 ENTRY_SIZE: Final = _ENTRY.size           # 34
@@ -228,3 +228,17 @@ class AbortedTxnFilter:
             self._committed.discard(pid)
             return not seen
         return False
+
+
+def is_visible(batch: RecordBatch, aborted: AbortedTxnFilter | None) -> bool:
+    """Whether a reader walking batches in offset order sees ``batch``'s records: never a
+    control batch (a transaction marker), and with ``aborted`` (``read_committed``: the
+    aborted transactions overlapping the walk) never a batch of an aborted transaction. Call
+    it for every batch of the walk, in order: a marker ends its transaction in ``aborted``.
+    The consumer, Spark's reader and the cleaner's offset map all skip by this rule. Raises
+    ``CorruptRecordError`` for a marker whose control record is malformed."""
+    if batch.is_control:
+        if aborted is not None:
+            aborted.on_marker(batch)
+        return False
+    return aborted is None or not aborted.is_aborted(batch)

@@ -46,7 +46,7 @@ from pyspark.sql.types import StructType
 from mq.errors import BrokerUnavailableError, ConfigError, OffsetOutOfRangeError
 from mq.log.batch import RecordBatch
 from mq.log.reader import PartitionReader
-from mq.log.txnindex import AbortedTxnFilter
+from mq.log.txnindex import AbortedTxnFilter, is_visible
 from mq.protocol.paths import default_data_dir, default_socket_path
 from mq.spark.arrow import TARGET_ROWS, ColumnBuilder, spark_schema
 from mq.spark.metadata import BrokerMetadata
@@ -353,10 +353,7 @@ def _fill(reader: PartitionReader, builder: ColumnBuilder, aborted: AbortedTxnFi
         batch = pending.pop()
         if batch.base_offset >= r.end:
             return r.end
-        if batch.is_control or (aborted is not None and aborted.is_aborted(batch)):
-            if aborted is not None and batch.is_control:
-                aborted.on_marker(batch)
-        else:
+        if is_visible(batch, aborted):
             batch.validate()                     # CRC-32C, as the consumer's check_crcs
             builder.add(batch, offset, r.end)
         taken += batch.size

@@ -5,7 +5,7 @@ handling, broker crashes, consumer crashes and fork.
 Producers here are raw ``Connection``s sending ``BatchBuilder`` batches (in the test process or
 in producer processes); consumer processes come from ``multiprocessing`` (fork). Nothing sleeps
 to wait: processes report through pipes, and the consumer's blocking wait is observed through
-the ``mq.client.consumer._block`` seam (called right after the WAIT request went out).
+the ``mq.client.consumer_driver._block`` seam (called right after the WAIT request went out).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import psutil
 import pytest
 from brokers import broker_with, create_topic
 
-import mq.client.consumer as consumer_module
+import mq.client.consumer_driver as consumer_module
 import mq.protocol.state as state_module
 import mq.testing
 from mq.client.admin import Admin
@@ -472,9 +472,9 @@ def test_never_returns_records_past_the_high_watermark(broker, monkeypatch):
     monkeypatch.setattr(StateReader, "read", read)
     with Consumer(socket=broker.socket) as consumer:
         consumer.assign([T0])
-        slot = consumer._slot(T0)
-        st = real_read(consumer._session.state, slot)
-        positions = [b.position for b in consumer._fetches[T0].reader.read(0, None, None)]
+        slot = consumer._driver.slot(T0)
+        st = real_read(consumer._driver.session.state, slot)
+        positions = [b.position for b in consumer._fetcher.cursors[T0].reader.read(0, None, None)]
         hw = bases[4]
         held_back[slot] = PartitionState(hw, hw, 0, st.active_segment_base, positions[4],
                                          st.segment_generation, st.log_end_offset)
@@ -564,7 +564,7 @@ def test_short_polls_rearm_and_a_later_record_still_wakes_at_once(broker, monkey
 
 def _count_waits(consumer: Consumer) -> list:
     """Record the positions of every WAIT the consumer's connection sends from now on."""
-    conn = consumer._session.conn
+    conn = consumer._driver.session.conn
     sent, original = [], conn.send
 
     def send(api, *fields):
@@ -583,7 +583,7 @@ def _lockstep_reader(pipe, socket_path, rounds, wake) -> None:
     consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
     with Consumer(socket=socket_path) as consumer:
         consumer.assign([T0, T1])
-        assert consumer._live_session().futex == (wake == "futex")
+        assert consumer._driver.live().futex == (wake == "futex")
         waits = _count_waits(consumer)
         for _ in range(rounds):
             pipe.send(("ok", "ready"))
@@ -636,17 +636,17 @@ def test_a_post_between_the_look_and_the_sleep_is_not_lost(broker, monkeypatch):
         consumer.assign([T0])
         assert consumer.poll(timeout_ms=1) == {}            # armed
         waits = _count_waits(consumer)
-        fetch, pending = consumer._fetch, []
+        take, pending = consumer._fetcher.take, []
 
-        def fetch_then_produce(session, max_records):
-            out = fetch(session, max_records)
+        def take_then_produce(session, max_records, in_group):
+            out = take(session, max_records, in_group)
             if not out and pending:
                 produce(conn, T0, [pending.pop()])
                 deadline = time.monotonic() + WAKE_LIMIT_S
                 while not session.sem.value:                 # until the broker posted
                     assert time.monotonic() < deadline, "the broker did not post"
             return out
-        monkeypatch.setattr(consumer, "_fetch", fetch_then_produce)
+        monkeypatch.setattr(consumer._fetcher, "take", take_then_produce)
         _poll_each_racing_record(consumer, pending)
     assert waits == []
 
@@ -660,7 +660,7 @@ def test_a_publish_between_the_look_and_the_futex_sleep_is_not_lost(broker, monk
     with Consumer(socket=broker.socket) as consumer, Connection(broker.socket) as conn:
         consumer.assign([T0])
         assert consumer.poll(timeout_ms=1) == {}
-        session = consumer._live_session()
+        session = consumer._driver.live()
         assert session.futex
         sleep_on, pending, outcomes = consumer_module._sleep_on, [], []
 
@@ -853,7 +853,7 @@ def _iterate_until(pipe, socket_path, want) -> None:
         consumer.assign([T0])
         for record in consumer:
             if bytes(record.value) == want:
-                pipe.send(("ok", (record.offset, consumer._session.generation)))
+                pipe.send(("ok", (record.offset, consumer._driver.session.generation)))
                 return
 
 
@@ -890,7 +890,7 @@ def test_broker_restart_moves_slots_and_the_consumer_follows(tmp_path):
         with Consumer(socket=b.socket) as consumer:
             consumer.assign([T0, T1])
             assert as_tuples(drain(consumer, 1)[T0]) == [(0, None, b"a")]
-            slots_before = consumer._slot(T0), consumer._slot(T1)
+            slots_before = consumer._driver.slot(T0), consumer._driver.slot(T1)
             b.kill()
             b.start()
             with Connection(b.socket) as conn:
@@ -900,7 +900,7 @@ def test_broker_restart_moves_slots_and_the_consumer_follows(tmp_path):
             got = drain(consumer, 2)
             assert {tp: as_tuples(r) for tp, r in got.items()} == {
                 T0: [(1, None, b"b")], T1: [(0, None, b"c")]}
-            assert (consumer._slot(T0), consumer._slot(T1)) != slots_before
+            assert (consumer._driver.slot(T0), consumer._driver.slot(T1)) != slots_before
 
 
 def _read_slowly(pipe, socket_path) -> None:
@@ -909,7 +909,7 @@ def _read_slowly(pipe, socket_path) -> None:
         consumer.assign([T0, T1])
         while True:
             if consumer.poll(timeout_ms=10_000):
-                pipe.send(("ok", ("read", consumer._session.name)))
+                pipe.send(("ok", ("read", consumer._driver.session.name)))
 
 
 def test_consumer_killed_mid_read_leaves_no_trace(broker):
@@ -937,7 +937,7 @@ def _fork_child_reads(pipe, consumer, socket_path) -> None:
     pipe.send(("ok", ("first", [r.offset for r in records], os.getpid())))
     assert pipe.recv() == "produce"
     records = consumer.poll(timeout_ms=10_000)[T0]            # waits on its own semaphore
-    pipe.send(("ok", ("second", [bytes(r.value) for r in records], consumer._session.pid)))
+    pipe.send(("ok", ("second", [bytes(r.value) for r in records], consumer._driver.session.pid)))
     consumer.close()
 
 
@@ -946,7 +946,7 @@ def test_consumer_used_in_a_forked_child(broker):
         consumer.assign([T0])
         produce(conn, T0, [b"a", b"b"])
         assert [r.offset for r in drain(consumer, 1, max_records=1)[T0]] == [0]
-        parent_sem = consumer._session.name
+        parent_sem = consumer._driver.session.name
         child = Child(_fork_child_reads, consumer, broker.socket)
         try:
             what, offsets, child_pid = child.recv()
@@ -957,7 +957,7 @@ def test_consumer_used_in_a_forked_child(broker):
         finally:
             child.close()
         # The parent is untouched: same session, same position, still wakes.
-        assert consumer._session.name == parent_sem
+        assert consumer._driver.session.name == parent_sem
         assert [bytes(r.value) for r in drain(consumer, 2)[T0]] == [b"b", b"c"]
         produce(conn, T0, [b"d"])
         assert [bytes(r.value) for r in consumer.poll(timeout_ms=5000)[T0]] == [b"d"]

@@ -1,6 +1,7 @@
-"""The heartbeat thread's reports (``mq.client.membership``) against the real, pure group
-coordinator: each heartbeat is one ``GroupCoordinator.heartbeat`` call, made by the test at the
-moment it chooses, so the interleavings of the heartbeat and poll threads are exact.
+"""The group member's state machine (``mq.client.group_member``) against the real, pure group
+coordinator: each heartbeat is the member's request handed to ``GroupCoordinator.heartbeat``
+and the reply handed back, made by the test at the moment it chooses, so the interleavings of
+the heartbeat and poll threads are exact. No thread, no socket.
 
 Partitions are written "t0 t1" for topic "t" partitions 0 and 1.
 """
@@ -8,59 +9,54 @@ Partitions are written "t0 t1" for topic "t" partitions 0 and 1.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 
+from mq import errors
 from mq.broker.group_coordinator import GroupCoordinator
-from mq.client.membership import Membership
+from mq.client.group_member import JOIN_EPOCH, LEAVE_EPOCH, GroupMember
 from mq.client.types import TopicPartition
-from mq.protocol.messages import Api, Response, response
 
 
 def tps(spec: str) -> frozenset[TopicPartition]:
     return frozenset(TopicPartition("t", int(word[1:])) for word in spec.split())
 
 
-class CoordinatorConnection:
-    """A heartbeat connection whose broker is ``coordinator``: a reply per request at once."""
+class Member(GroupMember):
+    """A member whose heartbeat goes to ``coordinator`` and comes back at once."""
 
-    def __init__(self, coordinator: GroupCoordinator) -> None:
+    def __init__(self, coordinator: GroupCoordinator, **options) -> None:
+        super().__init__("g", topics=["t"], **options)
         self.coordinator = coordinator
-        self.reply = None
+        self.changes = 0
 
-    def send(self, api, group, member_id, epoch, instance_id, rebalance_timeout_ms,
-             session_timeout_ms, topics, pattern, assignor, owned) -> int:
+    def _heartbeat(self) -> None:
+        (group, member_id, epoch, instance_id, rebalance_timeout_ms, session_timeout_ms,
+         topics, pattern, assignor, owned) = self.heartbeat_request()
         r = self.coordinator.heartbeat(
             group, member_id, member_epoch=epoch, instance_id=instance_id, subscription=topics,
             subscribed_pattern=pattern, assignor=assignor, owned_partitions=owned, now_ms=0,
             rebalance_timeout_ms=rebalance_timeout_ms, session_timeout_ms=session_timeout_ms)
         assert r.error is None, r
-        self.reply = Response.from_message(response(
-            Api.CONSUMER_GROUP_HEARTBEAT, 1, 0, None, r.member_id, r.member_epoch,
-            r.heartbeat_interval_ms, sorted(map(list, r.assignment))))
-        return 1
-
-    def wait_raw(self, request_id: int):
-        return self.reply
+        self.changes += self.on_heartbeat_reply(r.member_id, r.member_epoch,
+                                                r.heartbeat_interval_ms, r.assignment, now=0.0)
 
 
 @pytest.fixture
-def group() -> Iterator:
-    """``join()`` makes a member of group "g" (topic "t", 4 partitions), joined once."""
+def coordinator() -> GroupCoordinator:
     ids = (f"m{i}" for i in itertools.count(1))
-    coordinator = GroupCoordinator({"t": 4}, member_id_factory=lambda: next(ids))
-    members: list[Membership] = []
+    return GroupCoordinator({"t": 4}, member_id_factory=lambda: next(ids))
 
-    def join() -> Membership:
-        m = Membership(None, "g", topics=["t"], wake=lambda: None)
-        m._conn = CoordinatorConnection(coordinator)
-        members.append(m)
+
+@pytest.fixture
+def group(coordinator):
+    """``join()`` makes a member of group "g" (topic "t", 4 partitions), joined once."""
+    def join() -> Member:
+        m = Member(coordinator)
+        m.connected(1)
         m._heartbeat()
         return m
-    yield join
-    for m in members:
-        m.leave()
+    return join
 
 
 def test_an_assignment_being_started_is_not_given_to_another_member(group):
@@ -94,7 +90,7 @@ def test_an_assignment_taken_back_before_it_was_started_is_released_at_once(grou
     assert m1.target == tps("t0 t1")
     m2._heartbeat()
     assert m2.target == frozenset()      # m1 reported t2, t3: it could have started them
-    assert m1._hb_due, "the heartbeat thread must report at once that it let t2, t3 go"
+    assert m1.hb_due, "the heartbeat thread must report at once that it let t2, t3 go"
     m1._heartbeat()
     m2._heartbeat()
     assert m2.target == tps("t2 t3")
@@ -106,14 +102,76 @@ def test_a_revocation_is_reported_once_the_poll_thread_is_done(group):
     m1.reconciled(m1.target)
     m2 = group()
     m1._heartbeat()
-    m1._hb_due = False
+    m1.hb_due = False
     _, target, _, _ = m1.reconciling(tps("t0 t1 t2 t3"))
     assert target == tps("t0 t1")
     m2._heartbeat()
     assert m2.target == frozenset()      # on_partitions_revoked has not run yet
     m1.set_owned(target)
-    assert m1._hb_due
+    assert m1.hb_due
     m1.reconciled(target)
     m1._heartbeat()
     m2._heartbeat()
     assert m2.target == tps("t2 t3")
+
+
+def test_the_subscription_is_sent_when_joining_and_when_it_changes(group):
+    m = group()
+    assert m.heartbeat_request()[6] is None                 # joined: not again
+    m.subscribe(["t", "u"])
+    assert m.hb_due and m.heartbeat_request()[6:9] == (["t", "u"], None, None)
+    m.subscribe(pattern="t.*")
+    assert m.heartbeat_request()[6:8] == (None, "t.*")
+
+
+def test_fencing_drops_everything_then_rejoins_after_the_poll_thread_let_go(group):
+    m = group()
+    m.reconciling(frozenset())
+    m.reconciled(m.target)
+    version = m.version
+    m.on_heartbeat_error(errors.FencedMemberEpochError.code, "fenced")
+    assert (m.lost, m.target, m.epoch, m.hb_due) == (True, frozenset(), JOIN_EPOCH, True)
+    assert m.version > version and m.member_id == "m1"
+    _, target, lost, error = m.reconciling(m.owned)
+    assert (target, lost, error) == (frozenset(), True, None)
+    m.set_owned(frozenset(), lost_handled=True)
+    assert not m.lost
+    m.on_heartbeat_error(errors.UnknownMemberIdError.code, "unknown")
+    assert m.member_id is None and not m.lost           # nothing owned: nothing to drop
+
+
+def test_a_fatal_error_is_kept_for_poll(group):
+    m = group()
+    version = m.version
+    m.on_heartbeat_error(errors.GroupAuthorizationFailedError.code, "no")
+    assert isinstance(m.error, errors.GroupAuthorizationFailedError)
+    assert m.version > version and m.reconciling(frozenset())[3] is m.error
+
+
+def test_a_lost_connection_loses_the_partitions_unless_the_broker_restarted(group):
+    m = group()
+    m.reconciling(frozenset())
+    m.reconciled(m.target)
+    assert not m.connected(2) and not m.lost            # a new broker generation: rejoin
+    assert m.epoch == JOIN_EPOCH and m.owned == tps("t0 t1 t2 t3")
+    assert m.connected(2) and m.lost                    # the same broker dropped us
+
+
+def test_max_poll_interval_counts_only_outside_poll():
+    m = GroupMember("g", topics=["t"], max_poll_interval_ms=1_000, now=0.0)
+    m.on_heartbeat_reply("m1", 1, 5_000, [], now=0.0)   # next heartbeat at 5 s
+    assert not m.poll_interval_exceeded(0.5) and m.next_check(0.5) == pytest.approx(0.501)
+    m.poll_started(0.5)
+    assert not m.poll_interval_exceeded(5.0)            # waiting inside poll is polling
+    m.poll_ended(5.0)
+    assert not m.poll_interval_exceeded(5.9) and m.poll_interval_exceeded(6.1)
+    m.left_for_poll_interval()
+    assert m.epoch == JOIN_EPOCH and m.version == 1
+
+
+def test_leaving_and_the_commit_identity(group):
+    fresh = GroupMember("g", topics=["t"])
+    assert fresh.leave_request(static=False) is None and fresh.commit_identity() == ("", -1)
+    m = group()
+    assert m.commit_identity() == ("m1", m.epoch) and m.epoch > 0
+    assert m.leave_request(static=False)[1:3] == ("m1", LEAVE_EPOCH)

@@ -11,7 +11,7 @@ import stat
 import posix_ipc
 import pytest
 
-from mq.client.fetching import share_semaphore
+from mq.client.consumer_driver import share_semaphore
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 
