@@ -197,10 +197,15 @@ class AbortedTxnFilter:
         self.by_marker = {t.last_offset: t for t in self._pending}
 
     def _advance(self, offset: int) -> None:
+        """Take in the aborted transactions begun by ``offset`` (a batch's last offset); one
+        whose ABORT marker lies before it ended before this walk reached it, and would
+        otherwise hide the producer's later batches (a walk that starts after the marker:
+        the cleaner's later group of segments, a consumer that seeked)."""
         pending = self._pending
         while self._next < len(pending) and pending[self._next].first_offset <= offset:
             txn = pending[self._next]
-            self._aborted[txn.producer_id] = [txn, False]
+            if txn.last_offset >= offset:
+                self._aborted[txn.producer_id] = [txn, False]
             self._next += 1
 
     def is_aborted(self, batch: RecordBatch) -> bool:

@@ -93,3 +93,23 @@ def test_a_producer_commits_after_its_abort():
     assert aborted == [AbortedTxn(1, 0, 3, 4)]
     txns = AbortedTxnFilter(aborted)
     assert [is_visible(b, txns) for b in batches] == visible
+
+
+@settings(max_examples=150)
+@given(STEPS, st.integers(0, 80))
+def test_a_walk_that_starts_later_sees_the_same(steps, start):
+    """A walk from any batch on (the cleaner's later group of segments, a consumer that
+    seeked) with every aborted transaction of the log sees what the whole walk sees there: a
+    transaction whose ABORT marker lies behind the start takes none of the producer's later
+    batches with it."""
+    batches, visible, aborted = _walk(steps)
+    start = min(start, len(batches))
+    txns = AbortedTxnFilter(aborted)
+    assert [is_visible(b, txns) for b in batches[start:]] == visible[start:]
+
+
+def test_an_abort_before_the_walk_does_not_hide_a_later_commit():
+    batches, visible, aborted = _walk([(1, "txn", 1), (1, "abort", 1), (2, "plain", 1),
+                                       (1, "txn", 1), (1, "commit", 1)])
+    txns = AbortedTxnFilter(aborted)
+    assert [is_visible(b, txns) for b in batches[2:]] == visible[2:] == [True, True, False]

@@ -492,6 +492,22 @@ def test_aborted_records_are_dropped_and_never_shadow_committed_ones(open_log):
     assert [(t.producer_id, t.first_offset) for t in entries] == [(7, 2)]
 
 
+def test_a_commit_in_a_later_group_survives_the_producers_earlier_abort(open_log):
+    """Each group of segments walks with its own transaction filter: a transaction aborted
+    in an earlier group must not take the producer's later, committed data with it."""
+    plog = open_log()
+    _txn(plog, 7, 0, ("a", "aborted-a"))
+    plog.append_marker(7, 0, commit=False, now_ms=T0)
+    put_each(plog, [(f"x{i}", "x") for i in range(30)])      # several segments, groups
+    _txn(plog, 7, 1, ("k", "committed-k"))
+    plog.append_marker(7, 0, commit=True, now_ms=T0)
+    put_each(plog, [("z", "z")] * 8)
+    plog.roll()
+    clean(plog, T0)
+    values = {k: v for _, k, v in kv(plog)}
+    assert values[b"k"] == b"committed-k" and b"a" not in values
+
+
 def test_nothing_at_or_past_the_last_stable_offset_is_cleaned(open_log):
     plog = open_log()
     _txn(plog, 5, 0, ("k", "open-1"))                 # a transaction left open
