@@ -35,6 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from javakafka import CONSUMER_GROUPS, TRANSACTIONS, KafkaTarget, table, write_properties
 from kclients import WAIT, consumer, create_topic, deliver, offset_for_time, read
 from kclients import admin as kafka_admin
+from mqread import mq_rows
 from producers import kafka_producers, mq_producers
 
 import mq
@@ -101,21 +102,8 @@ def write_with_mq(tmp_path) -> tuple[str, dict]:
 
 
 def mq_read(b, isolation: str) -> list[tuple]:
-    with mq.Consumer(socket=b.socket, isolation_level=isolation, value_bytes=True) as c:
-        tp = mq.TopicPartition(TOPIC, 0)
-        c.assign([tp])
-        c.seek_to_beginning()
-        end = c.end_offsets([tp])[tp]
-        rows: list[tuple] = []
-        while c.position(tp) < end:
-            for records in c.poll(timeout_ms=200).values():
-                rows += [(r.offset, r.timestamp_ms, _bytes(r.key), _bytes(r.value),
-                          [(k, _bytes(v)) for k, v in r.headers]) for r in records]
-        return rows
+    return mq_rows(b.socket, TOPIC, 0, isolation)
 
-
-def _bytes(data) -> bytes | None:
-    return None if data is None else bytes(data)
 
 
 def kafka_read(bootstrap: str, isolation: str, count: int) -> list[tuple]:

@@ -23,12 +23,12 @@ refusal happens with one line, exit status 1, and nothing changed.
 from __future__ import annotations
 
 import os
-import time
 
 from cli_run import mq_run
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from javakafka import KafkaTarget, write_properties
 from kclients import WAIT, consumer, create_topic, deliver, producer, read, read_to_end
+from mqread import mq_rows
 from test_kafka_serves_mq import ALARMS, log_since
 
 import mq
@@ -67,19 +67,7 @@ def listing(*dirs: str) -> dict[str, tuple[int, int]]:
 def mq_read(b, topic: str, partition: int, isolation: str) -> list[tuple]:
     """Every record of a partition as mq's consumer reads it: (offset, timestamp, key, value,
     headers)."""
-    with mq.Consumer(socket=b.socket, isolation_level=isolation, value_bytes=True) as c:
-        tp = mq.TopicPartition(topic, partition)
-        c.assign([tp])
-        c.seek_to_beginning()
-        end = c.end_offsets([tp])[tp]
-        rows: list[tuple] = []
-        deadline = time.monotonic() + WAIT
-        while c.position(tp) < end:
-            assert time.monotonic() < deadline, f"mq read {len(rows)} records of {topic}"
-            for records in c.poll(timeout_ms=200).values():
-                rows += [(r.offset, r.timestamp_ms, _bytes(r.key), _bytes(r.value),
-                          [(k, _bytes(v)) for k, v in r.headers]) for r in records]
-        return rows
+    return mq_rows(b.socket, topic, partition, isolation)
 
 
 def mq_bounds(b, topic: str, partition: int) -> tuple[int, int]:
@@ -87,9 +75,6 @@ def mq_bounds(b, topic: str, partition: int) -> tuple[int, int]:
         tp = mq.TopicPartition(topic, partition)
         return c.beginning_offsets([tp])[tp], c.end_offsets([tp])[tp]
 
-
-def _bytes(data) -> bytes | None:
-    return None if data is None else bytes(data)
 
 
 def kafka_read(bootstrap: str, topic: str, partition: int, isolation: str, count: int

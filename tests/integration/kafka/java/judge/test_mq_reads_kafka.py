@@ -49,6 +49,7 @@ from javakafka import KafkaTarget, spark_session, write_properties
 from kclients import (WAIT, consumer, create_topic, deliver, offset_for_time, producer,
                       read_to_end)
 from kclients import admin as kafka_admin
+from mqread import mq_rows
 from producers import kafka_producers, mq_producers
 
 import mq
@@ -233,24 +234,8 @@ def swap_in(kafka_dir: str, mq_dir: str) -> None:
 
 
 def mq_read(b, topic: str, isolation: str) -> list[tuple]:
-    with mq.Consumer(socket=b.socket, isolation_level=isolation, value_bytes=True) as c:
-        tp = mq.TopicPartition(topic, 0)
-        c.assign([tp])
-        c.seek_to_beginning()
-        end = c.end_offsets([tp])[tp]
-        rows: list[tuple] = []
-        deadline = time.monotonic() + WAIT
-        while c.position(tp) < end:
-            assert time.monotonic() < deadline, f"mq read {len(rows)} records of {topic}"
-            for records in c.poll(timeout_ms=200).values():
-                rows += [(r.offset, r.timestamp_type, r.timestamp_ms, _bytes(r.key),
-                          _bytes(r.value), [(k, _bytes(v)) for k, v in r.headers])
-                         for r in records]
-        return rows
+    return mq_rows(b.socket, topic, 0, isolation, timestamp_type=True)
 
-
-def _bytes(data) -> bytes | None:
-    return None if data is None else bytes(data)
 
 
 def mq_offsets(b, topic: str, timestamps: list[int]) -> tuple:
