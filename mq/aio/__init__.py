@@ -4,5 +4,6 @@ Shaped like aiokafka; ``docs/api.md`` describes them.
 """
 
 from mq.aio.admin import Admin
+from mq.aio.consumer import Consumer
 
-__all__ = ["Admin"]
+__all__ = ["Admin", "Consumer"]

@@ -117,7 +117,20 @@ from mq.errors import (
 from mq.protocol.messages import Api
 
 __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
-           "ConsumerRebalanceListener"]
+           "ConsumerRebalanceListener", "check_read_options"]
+
+
+def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_records: int,
+                       max_partition_fetch_bytes: int) -> None:
+    """Raise ``ValueError`` for a reading option no consumer takes (``mq.aio``'s too)."""
+    if auto_offset_reset not in ("earliest", "latest", "none"):
+        raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got "
+                         f"{auto_offset_reset!r}")
+    if isolation_level not in ("read_uncommitted", "read_committed"):
+        raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
+                         f"got {isolation_level!r}")
+    if max_poll_records < 1 or max_partition_fetch_bytes < 1:
+        raise ValueError("max_poll_records and max_partition_fetch_bytes must be positive")
 
 
 class Consumer:
@@ -156,14 +169,8 @@ class Consumer:
                  group_instance_id: str | None = None, assignor: str | None = None,
                  session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
                  auto_commit_interval_ms: int = 5_000) -> None:
-        if auto_offset_reset not in ("earliest", "latest", "none"):
-            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got "
-                             f"{auto_offset_reset!r}")
-        if isolation_level not in ("read_uncommitted", "read_committed"):
-            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
-                             f"got {isolation_level!r}")
-        if max_poll_records < 1 or max_partition_fetch_bytes < 1:
-            raise ValueError("max_poll_records and max_partition_fetch_bytes must be positive")
+        check_read_options(auto_offset_reset, isolation_level, max_poll_records,
+                           max_partition_fetch_bytes)
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
         if pattern is not None and group_id is None:
