@@ -16,7 +16,8 @@ from typing import Final
 __all__ = [
     "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "InvalidOffsetError", "IndexFullError", "OffsetOutOfRangeError",
-    "NoOffsetForPartitionError", "DataLossError", "ClosedError", "ConfigError",
+    "NoOffsetForPartitionError", "DataLossError", "ClosedError", "MetadataChangedError",
+    "ConfigError",
     "LogDirLockedError", "DataDirError", "LogTransferError", "FileLimitError", "LogWriteError",
     "CheckpointError",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
@@ -135,6 +136,12 @@ class DataLossError(MQError):
 
 class ClosedError(MQError):
     """The object was closed by its owner and can no longer be used."""
+
+
+class MetadataChangedError(MQError):
+    """The broker's topics changed since the client's last metadata refresh: a read must
+    wait for the refresh (``mq.aio.Consumer`` awaits it and reads again; it never reaches
+    the user)."""
 
 
 class ConfigError(MQError, ValueError):

@@ -18,7 +18,7 @@ Invariants:
 - No wake-up is lost: the event is cleared before the ``Wait`` is armed, and the broker pushes
   at once when a watched position already has data.
 - The metadata is refreshed (awaited) before a read whenever the broker's changed: the fetcher
-  never reads a slot of a topic it does not know (``_MetadataChanged`` sends it back).
+  never reads a slot of a topic it does not know (``MetadataChangedError`` sends it back).
 - A lost connection is reopened on the next call, with backoff; a restarted broker's segment
   lists are read again (the generation changes), as in the threaded consumer.
 
@@ -36,15 +36,12 @@ from mq.client.consumer import check_read_options
 from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
 from mq.client.fetcher import Fetcher, Record
 from mq.client.types import TopicPartition
-from mq.errors import BrokerUnavailableError, ClosedError, UnknownTopicOrPartitionError
+from mq.errors import (BrokerUnavailableError, ClosedError, MetadataChangedError,
+                       UnknownTopicOrPartitionError)
 from mq.protocol.messages import Api
 from mq.protocol.state import StateReader
 
 __all__ = ["AsyncConsumerDriver", "Consumer"]
-
-
-class _MetadataChanged(Exception):
-    """The broker's topics changed since the last refresh: await one, then read again."""
 
 
 class _Session:
@@ -65,7 +62,7 @@ class _Session:
 class AsyncConsumerDriver:
     """What the ``Fetcher`` asks of a driver (``data_dir``, ``generation``, ``topics``,
     ``state``, ``check_metadata``) over an ``AsyncConnection``. Slots are read by the threaded
-    driver's own rules; a metadata change raises ``_MetadataChanged`` instead of calling the
+    driver's own rules; a metadata change raises ``MetadataChangedError`` instead of calling the
     broker, and the consumer awaits ``refresh``."""
 
     # The threaded driver's slot rules (a topic's slot, a snapshot consistent with the
@@ -127,7 +124,7 @@ class AsyncConsumerDriver:
 
     def check_metadata(self, session: _Session) -> None:
         if session.state.metadata_version != self.meta_version:
-            raise _MetadataChanged
+            raise MetadataChangedError
 
     def close(self) -> None:
         if self.session is not None:
@@ -288,7 +285,7 @@ class Consumer:
             try:
                 self._follow_topics()
                 out = self._fetcher.take(session, max_records or self.max_poll_records, False)
-            except _MetadataChanged:
+            except MetadataChangedError:
                 await self._driver.refresh()
                 continue
             if out:
