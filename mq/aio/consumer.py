@@ -227,17 +227,17 @@ class Consumer:
         self._forget(partition)
         self._fetcher.cursor(partition).seek(offset)
 
-    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         for c in self._cursors(partitions):
             self._forget(c.tp)
-            c.seek(self._driver.state(c.tp).log_start_offset)
+            c.seek((await self._state(c.tp)).log_start_offset)
 
-    def seek_to_end(self, *partitions: TopicPartition) -> None:
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
         for c in self._cursors(partitions):
             self._forget(c.tp)
-            c.seek(self._fetcher.bound(self._driver.state(c.tp)))
+            c.seek(self._fetcher.bound(await self._state(c.tp)))
 
-    def position(self, partition: TopicPartition) -> int:
+    async def position(self, partition: TopicPartition) -> int:
         """The offset of the next record ``getmany``/``getone`` returns for ``partition``."""
         tp = TopicPartition(*partition)
         for r in self._buffered:
@@ -245,13 +245,23 @@ class Consumer:
                 return r.offset
         c = self._fetcher.cursor(tp)
         if c.position is None:
-            self._fetcher.reset(c, self._driver.state(tp), None)
+            self._fetcher.reset(c, await self._state(tp), None)
         return c.position
 
-    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+    async def end_offsets(self, partitions: Iterable[TopicPartition]
+                          ) -> dict[TopicPartition, int]:
         """``{tp: high watermark}`` (last stable offset with ``read_committed``)."""
-        return {TopicPartition(*tp): self._fetcher.bound(self._driver.state(TopicPartition(*tp)))
+        return {TopicPartition(*tp): self._fetcher.bound(await self._state(TopicPartition(*tp)))
                 for tp in partitions}
+
+    async def _state(self, tp: TopicPartition):
+        """``tp``'s slot snapshot, the metadata refreshed first when the broker's changed."""
+        self._check_open()
+        while True:
+            try:
+                return self._driver.state(tp)
+            except MetadataChangedError:
+                await self._driver.refresh()
 
     def _cursors(self, partitions) -> list:
         self._check_open()
@@ -294,7 +304,11 @@ class Consumer:
             if remaining <= 0:
                 return {}
             self._woken.clear()
-            self._arm(session)
+            try:
+                self._arm(session)
+            except MetadataChangedError:
+                await self._driver.refresh()
+                continue
             try:
                 await asyncio.wait_for(self._woken.wait(), remaining)
             except TimeoutError:

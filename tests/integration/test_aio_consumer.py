@@ -72,15 +72,15 @@ def test_iteration_seek_and_position(broker):
         async with mq.aio.Consumer(socket=broker.socket, value_bytes=True) as c:
             c.assign([tp])
             first = [(await c.__anext__()).value for _ in range(2)]
-            assert c.position(tp) == 2
+            assert await c.position(tp) == 2
             c.seek(tp, 1)
             again = []
             async for record in c:
                 again.append(record.value)
                 if len(again) == 3:
                     break
-            c.seek_to_end(tp)
-            assert c.position(tp) == 4 == c.end_offsets([tp])[tp]
+            await c.seek_to_end(tp)
+            assert await c.position(tp) == 4 == (await c.end_offsets([tp]))[tp]
             return first, again
     assert asyncio.run(main()) == ([b"a", b"b"], [b"b", b"c", b"d"])
 
@@ -97,6 +97,25 @@ def test_reading_goes_on_across_a_broker_restart(broker):
                 None, produce, broker.socket, "t", [b"after"])
             return [r.value for r in await read(c, 1)]
     assert asyncio.run(main()) == [b"after"]
+
+
+def test_positions_and_reads_go_on_when_the_brokers_topics_change(broker):
+    """Another topic created after start changes the broker's metadata: the next position,
+    end offset and read await a refresh instead of failing."""
+    tp = mq.TopicPartition("t", 0)
+
+    async def main():
+        async with mq.aio.Consumer(socket=broker.socket, value_bytes=True) as c:
+            c.assign([tp])
+            assert await c.position(tp) == 0
+            create_topic(broker, "later", 1)
+            produce(broker.socket, "t", [b"x"])
+            assert await c.position(tp) == 0
+            assert (await c.end_offsets([tp]))[tp] == 1
+            await c.seek_to_beginning()
+            create_topic(broker, "later-still", 1)
+            return [r.value for r in await read(c, 1)]
+    assert asyncio.run(main()) == [b"x"]
 
 
 def test_mistakes_are_clear(broker):
