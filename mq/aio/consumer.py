@@ -66,13 +66,15 @@ class AsyncConsumerDriver:
     broker, and the consumer awaits ``refresh``."""
 
     # The threaded driver's slot rules (a topic's slot, a snapshot consistent with the
-    # metadata), over this driver's topics and session.
+    # metadata, a WAIT's positions), over this driver's topics and session.
     slot = ConsumerDriver.slot
     state = ConsumerDriver.state
+    wait_positions = ConsumerDriver.wait_positions
 
-    def __init__(self, socket_path: str | None, timeout: float) -> None:
+    def __init__(self, socket_path: str | None, timeout: float, read_committed: bool) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self.read_committed = read_committed
         self.session: _Session | None = None
         self.topics: dict[str, dict] = {}
         self.meta_version = -1
@@ -149,8 +151,9 @@ class Consumer:
                            max_partition_fetch_bytes)
         self.max_poll_records = max_poll_records
         self._topics = tuple(topics)
-        self._driver = AsyncConsumerDriver(socket, request_timeout_ms / 1000)
-        self._fetcher = Fetcher(self._driver, read_committed=isolation_level == "read_committed",
+        read_committed = isolation_level == "read_committed"
+        self._driver = AsyncConsumerDriver(socket, request_timeout_ms / 1000, read_committed)
+        self._fetcher = Fetcher(self._driver, read_committed=read_committed,
                                 auto_offset_reset=auto_offset_reset,
                                 max_partition_fetch_bytes=max_partition_fetch_bytes,
                                 check_crcs=check_crcs, value_bytes=value_bytes,
@@ -271,11 +274,12 @@ class Consumer:
 
     def _forget(self, tp: TopicPartition) -> None:
         """Drop ``getone``'s buffered records of ``tp``: they are read again from the first."""
-        kept = [r for r in self._buffered if (r.topic, r.partition) != tuple(tp)]
-        dropped = [r for r in self._buffered if (r.topic, r.partition) == tuple(tp)]
-        if dropped:
-            self._fetcher.cursor(tp).seek(dropped[0].offset)
-        self._buffered = collections.deque(kept)
+        tp = TopicPartition(*tp)
+        first = next((r.offset for r in self._buffered if (r.topic, r.partition) == tp), None)
+        if first is not None:
+            self._fetcher.cursor(tp).seek(first)
+            self._buffered = collections.deque(
+                r for r in self._buffered if (r.topic, r.partition) != tp)
 
     # --- reading --------------------------------------------------------------------------------
     async def getmany(self, timeout_ms: float = 0, max_records: int | None = None
@@ -316,13 +320,7 @@ class Consumer:
 
     def _arm(self, session: _Session) -> None:
         """Ask the broker to push a wake-up when data passes a watched position."""
-        positions = []
-        for tp, offset in self._fetcher.watched():
-            if self._fetcher.read_committed:
-                # Wake on data past the high watermark: the last stable offset only moves
-                # when a marker is appended.
-                offset = max(offset, self._driver.state(tp, session).high_watermark)
-            positions.append([tp.topic, tp.partition, offset])
+        positions = self._driver.wait_positions(session, self._fetcher.watched())
         try:
             session.conn.send_one_way(Api.WAIT, "", positions)
         except BrokerUnavailableError:

@@ -333,8 +333,8 @@ class ConsumerDriver:
                 session.futex = False
         self._wait_semaphore(session, watched, slice_s, interrupted, on_reply)
 
-    def _wait_semaphore(self, session: Session, watched, slice_s: float, interrupted,
-                        on_reply) -> None:
+    def wait_positions(self, session, watched: list[tuple[TopicPartition, int]]) -> list[list]:
+        """A WAIT's ``[topic, partition, offset]`` for each watched ``(tp, offset)``."""
         positions = []
         for tp, offset in watched:
             if self.read_committed:
@@ -342,6 +342,11 @@ class ConsumerDriver:
                 # moves when a marker is appended.
                 offset = max(offset, self.state(tp, session).high_watermark)
             positions.append([tp.topic, tp.partition, offset])
+        return positions
+
+    def _wait_semaphore(self, session: Session, watched, slice_s: float, interrupted,
+                        on_reply) -> None:
+        positions = self.wait_positions(session, watched)
         key = (self.meta_version, [(topic, partition) for topic, partition, _ in positions])
         armed = session.armed
         if armed is None or armed[0] != key or any(
