@@ -71,7 +71,7 @@ from mq.client.batch_accumulator import BatchAccumulator
 from mq.client.connection import resolve_socket
 from mq.client.idempotence import ProducerIdentity, resolve_idempotence
 from mq.client.partitioner import DefaultPartitioner, murmur2
-from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, finish_batch
+from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState
 from mq.client.producer_io import ProducerIO
 from mq.client.producer_metadata import REQUEST_ENVELOPE_BYTES, ProducerMetadata
 from mq.client.producer_records import (
@@ -85,14 +85,13 @@ from mq.client.sender import Sender
 from mq.client.transactions import Transactions
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
-    BrokerUnavailableError,
     ClosedError,
     InvalidTxnStateError,
     UnknownTopicOrPartitionError,
 )
 from mq.log.compression import available_codecs, codec_from_name
 from mq.log.layout import MAX_RECORD_OVERHEAD, RECORD_BATCH_OVERHEAD
-from mq.protocol.messages import ACKS_ALL, Api
+from mq.protocol.messages import ACKS_ALL
 
 __all__ = ["REQUEST_ENVELOPE_BYTES", "FutureRecordMetadata", "Producer", "RecordMetadata",
            "TopicPartition"]
@@ -167,6 +166,10 @@ class Producer:
     ``enable_idempotence=True``).
     """
 
+    # The driver: the blocking one, with its I/O thread. ``mq.aio.Producer`` runs the same
+    # record path over an event loop's driver instead.
+    _io_type: type = ProducerIO
+
     def __init__(self, socket: str | None = None, acks: int | str = "all", linger_ms: float = 5,
                  batch_size: int = 16384, compression_type: str | None = None,
                  partitioner: Any = None, max_request_size: int = 1048576,
@@ -223,7 +226,6 @@ class Producer:
         self._transaction_timeout_ms = transaction_timeout_ms
         self._build_parts(ProducerIdentity(transactional_id is not None) if idempotent else None)
         self._start()
-        _LIVE.add(self)
 
     # --- state, start, fork -------------------------------------------------------------------
     def _build_parts(self, ids: ProducerIdentity | None) -> None:
@@ -237,7 +239,7 @@ class Producer:
                                      self._on_batch_closed)
         self._sender = Sender(self._acks, self._max_in_flight, self._retries, self._backoff_s,
                               self._request_timeout_s, self._delivery_timeout_s, ids, manager)
-        self._io = ProducerIO(self._socket, self._client_id, self._request_timeout_s,
+        self._io = self._io_type(self._socket, self._client_id, self._request_timeout_s,
                               self._backoff_s, self._shared_batches,
                               self._meta.wanted_max_request_size, self._transaction_timeout_ms,
                               self._explicit_idempotence, self._acc, self._sender, self._meta)
@@ -245,13 +247,12 @@ class Producer:
         self._ready = self._sender.ready          # read by send() for room: never rebound
         self._txn: Transactions | None = None
         if manager is not None:
-            self._txn = Transactions(manager, ids, self._io.cond, self._io.request,
-                                     self._max_block_s, self._request_timeout_s,
-                                     self._backoff_s)
+            self._txn = self._io.transactions(manager, ids, self._max_block_s)
 
     def _start(self) -> None:
         """Connect and start the I/O thread (in ``__init__``, and in a forked child)."""
         self._io.start(init_producer_id=self._sender.ids is not None and self._txn is None)
+        _LIVE.add(self)
 
     def _after_fork_in_child(self) -> None:
         """Runs in a forked child: forget everything of the parent's except its config and
@@ -406,8 +407,7 @@ class Producer:
         if conn is not None:
             io.read(conn, caller=True)
             return fut
-        for args in finished:
-            finish_batch(*args)
+        io.finish(finished)
         return fut
 
     def send_many(self, topic: str, values: Iterable, keys: Iterable | None = None,
@@ -462,8 +462,7 @@ class Producer:
                     self._append_run(info, topic, p, vals, ks, headers, timestamp_ms, size,
                                      futs, finished)
         finally:
-            for args in finished:
-                finish_batch(*args)
+            self._io.finish(finished)
         if len(runs) == 1:
             return runs[0][3]
         out: list = [None] * len(values)
@@ -571,8 +570,7 @@ class Producer:
                 io.queue(batch)
             io.pump(finished)
             pending = list(self._sender.incomplete)
-        for args in finished:
-            finish_batch(*args)
+        io.finish(finished)
         io.wake()
         deadline = None if timeout is None else time.monotonic() + timeout
         for batch in pending:
@@ -679,31 +677,7 @@ class Producer:
         if not isinstance(topic, str):
             raise TypeError(f"topic must be str, got {type(topic).__name__}")
         self._ensure_started()
-        deadline = time.monotonic() + min(self._max_block_s, self._request_timeout_s)
-        with self._lock:
-            while True:
-                try:
-                    described = self._io.request(deadline, Api.METADATA, [topic])["topics"]
-                    effective = self._io.request(deadline, Api.DESCRIBE_CONFIGS,
-                                                 topic)["config"]
-                    break
-                except UnknownTopicOrPartitionError as err:
-                    raise UnknownTopicOrPartitionError(
-                        f"unknown topic {topic!r}; create it first (mq topics create)") from err
-                except BrokerUnavailableError:
-                    # The broker went away mid-request (a restart): metadata requests are
-                    # idempotent, so wait for the I/O thread to reconnect and ask again,
-                    # within max_block_ms like Kafka's send().
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise
-                    self._io.cond.wait(min(remaining, 0.05))
-            try:
-                max_message = int(effective["max.message.bytes"])
-            except (KeyError, TypeError, ValueError):
-                max_message = self._meta.max_request_size
-            return self._meta.store(topic, described[topic]["partitions"], max_message,
-                                    time.monotonic())
+        return self._io.topic(topic, min(self._max_block_s, self._request_timeout_s))
 
     # --- batches (all under self._lock) -------------------------------------------------------
     def _new_batch(self, info: TopicState, partition: int) -> Batch:

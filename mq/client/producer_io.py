@@ -54,15 +54,19 @@ from typing import Any
 from mq.client.arena import Arena, arena_supported
 from mq.client.batch_accumulator import BatchAccumulator
 from mq.client.connection import Connection
-from mq.client.producer_batches import Batch, finish_batch
-from mq.client.producer_metadata import ProducerMetadata
+from mq.client.idempotence import ProducerIdentity
+from mq.client.producer_batches import Batch, TopicState, finish_batch
+from mq.client.producer_metadata import ProducerMetadata, unknown_topic
 from mq.client.sender import MAX_BACKOFF_S, Sender
+from mq.client.transaction_manager import TransactionManager
+from mq.client.transactions import Transactions
 from mq.errors import (
     BrokerError,
     BrokerUnavailableError,
     ClosedError,
     InvalidRequestError,
     MQError,
+    UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_for_code,
 )
@@ -427,6 +431,40 @@ class ProducerIO:
         if reply.error_code:
             raise error_for_code(reply.error_code, reply.error_message or "")
         return reply
+
+    def topic(self, topic: str, max_block_s: float) -> TopicState:
+        """Learn ``topic`` (``ProducerMetadata.requests``), waiting up to ``max_block_s``.
+        Raises ``UnknownTopicOrPartitionError``, ``BrokerUnavailableError``,
+        ``TimeoutError``."""
+        deadline = time.monotonic() + max_block_s
+        with self.lock:
+            while True:
+                try:
+                    replies = [self.request(deadline, *request)
+                               for request in self.metadata.requests(topic)]
+                    return self.metadata.learned(topic, replies, time.monotonic())
+                except UnknownTopicOrPartitionError as err:
+                    raise unknown_topic(topic, err)  # noqa: B904 (its cause is err)
+                except BrokerUnavailableError:
+                    # The broker went away mid-request (a restart): metadata requests are
+                    # idempotent, so wait for the I/O thread to reconnect and ask again,
+                    # within max_block_ms like Kafka's send().
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    self.cond.wait(min(remaining, 0.05))
+
+    def transactions(self, manager: TransactionManager, ids: ProducerIdentity,
+                     max_block_s: float) -> Transactions:
+        """A transactional producer's coordinator requests, run over this connection."""
+        return Transactions(manager, ids, self.cond, self.request, max_block_s,
+                            self.request_timeout_s, self.backoff_s)
+
+    @staticmethod
+    def finish(finished: list) -> None:
+        """Resolve the outcomes in ``finished`` (never under the lock)."""
+        for args in finished:
+            finish_batch(*args)
 
     # --- the I/O thread -----------------------------------------------------------------------
     def _run(self) -> None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 
 from mq.client.producer_batches import TopicState
-from mq.errors import MQError
+from mq.errors import MQError, UnknownTopicOrPartitionError
 from mq.log.layout import RECORD_BATCH_OVERHEAD
+from mq.protocol.messages import Api
 from mq.protocol.state import StateReader
 
-__all__ = ["REQUEST_ENVELOPE_BYTES", "ProducerMetadata"]
+__all__ = ["REQUEST_ENVELOPE_BYTES", "ProducerMetadata", "unknown_topic"]
 
 # What a Produce request adds to its batch (mq.protocol.messages): at most 278 bytes of
 # msgpack — array header 1, api 1, request id 9, topic 3 + 249, partition 9, acks 1, bin header
@@ -31,6 +32,14 @@ REQUEST_ENVELOPE_BYTES = 512
 # A record's encoding adds at most 18 bytes to its key, value and headers (five varints and
 # the attributes byte); below this margin the exact single-record size check is skipped.
 _RECORD_OVERHEAD_BOUND = 32
+
+
+def unknown_topic(topic: str, err: UnknownTopicOrPartitionError) -> UnknownTopicOrPartitionError:
+    """The error ``send()`` raises for a topic the broker does not have."""
+    new = UnknownTopicOrPartitionError(f"unknown topic {topic!r}; create it first "
+                                       "(mq topics create)")
+    new.__cause__ = err
+    return new
 
 
 class ProducerMetadata:
@@ -104,6 +113,21 @@ class ProducerMetadata:
                     min(self.max_request_size, max_message), now)
         self.topics[topic] = info
         return info
+
+    @staticmethod
+    def requests(topic: str) -> list[tuple]:
+        """What the producer asks of the broker to learn ``topic`` (``learned`` takes the
+        replies): its partitions, and its effective configs for ``max.message.bytes``."""
+        return [(Api.METADATA, [topic]), (Api.DESCRIBE_CONFIGS, topic)]
+
+    def learned(self, topic: str, replies: list, now: float) -> TopicState:
+        """The replies to ``requests(topic)``, stored."""
+        described, effective = replies
+        try:
+            max_message = int(effective["config"]["max.message.bytes"])
+        except (KeyError, TypeError, ValueError):
+            max_message = self.max_request_size
+        return self.store(topic, described["topics"][topic]["partitions"], max_message, now)
 
     def forget(self, topic: str) -> None:
         self.topics.pop(topic, None)
