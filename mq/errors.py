@@ -17,7 +17,7 @@ __all__ = [
     "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "InvalidOffsetError", "IndexFullError", "OffsetOutOfRangeError",
     "NoOffsetForPartitionError", "DataLossError", "ClosedError", "MetadataChangedError",
-    "ConfigError",
+    "WouldBlock", "ConfigError",
     "LogDirLockedError", "DataDirError", "LogTransferError", "FileLimitError", "LogWriteError",
     "CheckpointError",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
@@ -142,6 +142,17 @@ class MetadataChangedError(MQError):
     """The broker's topics changed since the client's last metadata refresh: a read must
     wait for the refresh (``mq.aio.Consumer`` awaits it and reads again; it never reaches
     the user)."""
+
+
+class WouldBlock(MQError):
+    """Internal to ``mq.aio``: the record path, run over an event loop's driver, must wait
+    for something (room in flight, a topic's metadata, a partition joining the transaction)
+    where the threaded producer would block. ``mq.aio.Producer`` awaits ``wait()`` and sends
+    again; it never reaches a user."""
+
+    def __init__(self, wait) -> None:
+        super().__init__("the asyncio producer must wait")
+        self.wait = wait
 
 
 class ConfigError(MQError, ValueError):

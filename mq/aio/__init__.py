@@ -5,5 +5,6 @@ Shaped like aiokafka; ``docs/api.md`` describes them.
 
 from mq.aio.admin import Admin
 from mq.aio.consumer import Consumer
+from mq.aio.producer import Producer
 
-__all__ = ["Admin", "Consumer"]
+__all__ = ["Admin", "Consumer", "Producer"]

@@ -39,11 +39,17 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
+        conn = self._conn
+        unclaimed: list[Response] = []
         try:
             for message in self._reader.messages():
-                self._conn._received(Response.from_message(message))
+                reply = Response.from_message(message)
+                if not conn._received(reply):
+                    unclaimed.append(reply)
         except RemoteProtocolError as err:
-            self._conn._lost(BrokerUnavailableError(f"broker sent garbage: {err}"))
+            conn._lost(BrokerUnavailableError(f"broker sent garbage: {err}"))
+        if unclaimed and conn._replies is not None:
+            conn._replies(unclaimed)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"broker connection lost: {exc}" if exc else "the broker closed the connection"
@@ -69,6 +75,9 @@ class AsyncConnection:
         self._writable = asyncio.Event()
         self._writable.set()
         self._error: Exception | None = None
+        self._replies: Callable[[list[Response]], None] | None = None
+        self._on_lost: Callable[[Exception], None] | None = None
+        self.arena = None                   # no batch arena over an event loop's connection
 
     @property
     def closed(self) -> bool:
@@ -90,6 +99,23 @@ class AsyncConnection:
         self._transport.write(frame)
         return future
 
+    def send(self, api: Api, *fields: Any) -> int:
+        """Write a request whose reply goes to the ``on_replies`` callback; its request id.
+        Raises the connection's loss (``BrokerUnavailableError``, ``ClosedError``)."""
+        if self._error is not None:
+            raise self._error
+        rid = next(self._ids)
+        assert self._transport is not None
+        self._transport.write(encode_frame(request(api, rid, *fields)))
+        return rid
+
+    def on_replies(self, replies: Callable[[list[Response]], None],
+                   lost: Callable[[Exception], None]) -> None:
+        """The replies to ``send``'s requests go to ``replies``, those of one read together;
+        the connection's loss to ``lost``, once."""
+        self._replies = replies
+        self._on_lost = lost
+
     def send_one_way(self, api: Api, *fields: Any) -> None:
         """Write a request that has no reply (``Wait``)."""
         if self._error is not None:
@@ -97,11 +123,14 @@ class AsyncConnection:
         assert self._transport is not None
         self._transport.write(encode_frame(request(api, next(self._ids), *fields)))
 
-    async def reply(self, future: asyncio.Future[Response]) -> Response:
-        """The reply ``future`` brings, within the connection's timeout; ``TimeoutError``
-        after it (the connection stays usable: a late reply is dropped)."""
+    async def reply(self, future: asyncio.Future[Response], timeout: float | None = None
+                    ) -> Response:
+        """The reply ``future`` brings, within ``timeout`` seconds (default: the
+        connection's); ``TimeoutError`` after it (the connection stays usable: a late reply
+        is dropped)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+            return await asyncio.wait_for(asyncio.shield(future),
+                                          self.timeout if timeout is None else timeout)
         except TimeoutError:
             raise TimeoutError("no response from the broker in time") from None
 
@@ -126,15 +155,19 @@ class AsyncConnection:
         self._lost(ClosedError("connection is closed"))
 
     # --- the protocol's callbacks -------------------------------------------------------------
-    def _received(self, reply: Response) -> None:
+    def _received(self, reply: Response) -> bool:
+        """Hand ``reply`` to its waiter; False if it has none (a reply to ``send``)."""
         if reply.request_id == PUSH_REQUEST_ID:
             callback = self._pushes.get(reply.api)
             if callback is not None:
                 callback(reply)
-            return
+            return True
         future = self._waiting.pop(reply.request_id, None)
-        if future is not None and not future.done():
+        if future is None:
+            return False
+        if not future.done():
             future.set_result(reply)
+        return True
 
     def _lost(self, err: Exception) -> None:
         if self._error is not None:
@@ -148,6 +181,8 @@ class AsyncConnection:
                 future.exception()          # retrieved: no "never retrieved" warning
         for callback in self._pushes.values():
             callback(Response.refused(-1, str(err)))
+        if self._on_lost is not None:
+            self._on_lost(err)
 
     async def __aenter__(self) -> AsyncConnection:
         return self

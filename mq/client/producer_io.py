@@ -569,23 +569,29 @@ class ProducerIO:
     # --- producer ids -------------------------------------------------------------------------
     def _init_producer_id(self, conn: Connection) -> None:
         """InitProducerId for an idempotent producer, on a connection no other thread reads
-        yet. A broker without it: no idempotence, unless it was asked for explicitly."""
+        yet."""
         try:
             reply = conn.call(Api.INIT_PRODUCER_ID, None, self.transaction_timeout_ms)
-        except (InvalidRequestError, UnsupportedVersionError) as err:
+        except BrokerError as err:
+            self.producer_id_refused(err)
+            return
+        self.sender.producer_id_received(reply["producer_id"], reply["producer_epoch"])
+
+    def producer_id_refused(self, err: BrokerError) -> None:
+        """InitProducerId failed at start: a broker without it means no idempotence, unless
+        it was asked for explicitly (raises ``err``); a retriable error leaves batches waiting
+        for an id, asked for again later; any other is raised."""
+        if isinstance(err, (InvalidRequestError, UnsupportedVersionError)):
             if self.explicit_idempotence:
-                raise
+                raise err
             log.warning("the broker at %s does not give producer ids (%s): this producer is "
                         "not idempotent", self.socket, err)
             self.sender.ids = None
             return
-        except BrokerError as err:
-            if not err.retriable:
-                raise
-            log.warning("InitProducerId failed (%s); the I/O thread asks again", err)
-            self.sender.want_producer_id()
-            return
-        self.sender.producer_id_received(reply["producer_id"], reply["producer_epoch"])
+        if not err.retriable:
+            raise err
+        log.warning("InitProducerId failed (%s); the producer asks again", err)
+        self.sender.want_producer_id()
 
     def _renew_producer_id(self, finished: list) -> None:
         """On the I/O thread, under the lock (released during the call): InitProducerId for a
@@ -602,6 +608,12 @@ class ProducerIO:
         finally:
             self.lock.acquire()
             self.check_stash = True               # replies that came meanwhile wait there
+        self.producer_id_renewed(conn, reply, failure, finished)
+
+    def producer_id_renewed(self, conn, reply, failure: BaseException | None,
+                            finished: list) -> None:
+        """The outcome of a renewing InitProducerId on ``conn``: the new id, a retry after
+        a backoff (the broker's error), or a lost connection."""
         if self.stopping or not self.sender.awaiting_producer_id:
             return
         if failure is None:
