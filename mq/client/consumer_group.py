@@ -22,21 +22,30 @@ Invariants:
   next record to process.
 - Async commits' callbacks run in commit order, inside a later ``poll``, ``commit`` or
   ``close``.
+
+The steps that talk to the broker or wait (a round, a commit, leaving, a committed offset)
+are written once, without I/O, as generators of steps (``GroupOp``): a list of requests
+(sent their replies, the first error thrown in), a backoff in seconds, or one of the small
+step types below (``Notify``, ``FRESH_METADATA``, ``Joined``, ``EpochChange``,
+``SendCommit``). ``run`` drives them for the threaded consumer, on its poll thread;
+``mq.aio.Consumer`` awaits the same ones.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 from mq import errors
-from mq.client.admin import fetch_committed
+from mq.client.admin_ops import committed_offsets, first_error
 from mq.client.membership import ConsumerRebalanceListener, Membership
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.protocol.messages import Api
 
-__all__ = ["CommitCallback", "ConsumerGroup", "ConsumerRebalanceListener"]
+__all__ = ["FRESH_METADATA", "CommitCallback", "ConsumerGroup", "ConsumerRebalanceListener",
+           "EpochChange", "GroupOp", "Joined", "Notify", "SendCommit"]
 
 log = logging.getLogger("mq.client.consumer")
 
@@ -44,6 +53,39 @@ _STALE_RETRIES = 5
 _UNSTABLE_BACKOFF_S = (0.01, 0.2)   # asking again for offsets a transaction holds: first, most
 _EMPTY: frozenset[TopicPartition] = frozenset()
 CommitCallback = Callable[[dict[TopicPartition, int], Exception | None], None]
+T = TypeVar("T")
+GroupOp = Generator[Any, Any, T]
+
+
+class Notify(NamedTuple):
+    """Call the rebalance listener's ``method`` with ``partitions``; sent back what it raised
+    (or None). A coroutine method is awaited (``mq.aio.Consumer``)."""
+    method: str
+    partitions: frozenset
+
+
+class Joined(NamedTuple):
+    """Wait up to ``timeout`` seconds for the member's first heartbeat reply."""
+    timeout: float
+
+
+class EpochChange(NamedTuple):
+    """Ask for a heartbeat and wait up to ``timeout`` for a member epoch other than
+    ``epoch``."""
+    epoch: int
+    timeout: float
+
+
+class SendCommit(NamedTuple):
+    """An offset commit whose outcome goes to ``ConsumerGroup.commit_done`` (the threaded
+    consumer sends it and reads the reply in a later round)."""
+    plain: dict
+    items: list
+    callback: CommitCallback | None
+    auto: bool
+
+
+FRESH_METADATA = "fresh metadata"           # the driver's topics, refreshed if they changed
 
 
 class ConsumerGroup:
@@ -53,8 +95,10 @@ class ConsumerGroup:
     def __init__(self, driver, fetcher, *, group_id: str | None, read_committed: bool,
                  enable_auto_commit: bool, listener: ConsumerRebalanceListener | None,
                  instance_id: str | None, assignor: str | None, session_timeout_ms: int,
-                 max_poll_interval_ms: int, auto_commit_interval_ms: int) -> None:
+                 max_poll_interval_ms: int, auto_commit_interval_ms: int,
+                 membership_type: type = Membership) -> None:
         self._driver = driver
+        self._membership_type = membership_type
         self._fetcher = fetcher
         self.group_id = group_id
         self.read_committed = read_committed
@@ -65,7 +109,7 @@ class ConsumerGroup:
         self.session_timeout_ms = session_timeout_ms
         self.max_poll_interval_ms = max_poll_interval_ms
         self.auto_commit_interval_ms = auto_commit_interval_ms
-        self.membership: Membership | None = None
+        self.membership: Any = None         # a Membership (or mq.aio's AsyncMembership)
         self._seen_version = -1
         # request id -> [offsets, callback, is an auto-commit, reply or None], in commit order:
         # callbacks run in that order, as Kafka's do, though a failed commit is answered
@@ -85,7 +129,7 @@ class ConsumerGroup:
         if self.membership is not None:
             self.membership.subscribe(topics, pattern)
             return
-        self.membership = Membership(
+        self.membership = self._membership_type(
             self._driver.socket_path, self.group_id, topics=topics, pattern=pattern,
             instance_id=self.instance_id, assignor=self.assignor,
             session_timeout_ms=self.session_timeout_ms,
@@ -96,20 +140,29 @@ class ConsumerGroup:
 
     def leave(self) -> None:
         """Leave the group: commit (auto-commit), ``on_partitions_revoked``, stop the
-        heartbeat thread. Errors are logged: a closing consumer never leaves half-way."""
-        m, self.membership = self.membership, None
+        heartbeat thread."""
+        m = self.membership
         if m is None:
             return
-        owned = set(self._fetcher.cursors)
+        try:
+            self.run(self._driver.session, self.leaving(m))
+        finally:
+            self.membership = None
+            m.leave()
+
+    def leaving(self, m) -> GroupOp[None]:
+        """Before ``m`` leaves: commit (auto-commit) and ``on_partitions_revoked``. Errors are
+        logged: a closing consumer never leaves half-way."""
+        owned = frozenset(self._fetcher.cursors)
         try:
             if self.enable_auto_commit and owned and self._driver.session is not None:
-                self._commit_sync(self._changed_positions(owned), m)
+                yield from self._commit(self._changed_positions(owned), m)
             if owned:
-                self.listener.on_partitions_revoked(owned)
+                err = yield Notify("on_partitions_revoked", owned)
+                if err is not None:
+                    raise err
         except Exception as err:            # closing: report, never leave the group half-way
             log.warning("group %s: while leaving: %s", self.group_id, err)
-        finally:
-            m.leave()
 
     def changed(self) -> bool:
         """The member's assignment changed since the last reconciliation."""
@@ -118,26 +171,28 @@ class ConsumerGroup:
 
     # --- the poll-thread round ------------------------------------------------------------------
     def round(self, session) -> None:
-        """Before each read of ``poll``: commit callbacks, auto-commit, reconciliation,
-        held partitions. Raises a listener's error once reconciliation is done, and the
-        member's fatal error."""
+        """Before each read of ``poll``: commit callbacks, then ``rounds``."""
         if self.async_commits:
             for reply in session.conn.ready():
                 self.on_reply(reply)
+        if self.membership is not None:
+            self.run(session, self.rounds())
+
+    def rounds(self) -> GroupOp[None]:
+        """Auto-commit, reconciliation, held partitions. Raises a listener's error once
+        reconciliation is done, and the member's fatal error."""
         m = self.membership
-        if m is None:
-            return
         if self.enable_auto_commit and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = time.monotonic() + self.auto_commit_interval_ms / 1000
             changed = self._changed_positions(self._fetcher.cursors)
             if changed:
-                self._send_commit(changed, None, auto=True)
+                yield SendCommit(*self._commit_items(changed), None, True)
         if m.version != self._seen_version:
-            self._reconcile(session, m)
+            yield from self._reconcile(m)
         if self.held and time.monotonic() >= self.retry_held_at:
-            self._settle_held(session)
+            yield from self._settle_held()
 
-    def _reconcile(self, session, m: Membership) -> None:
+    def _reconcile(self, m) -> GroupOp[None]:
         fetcher, driver = self._fetcher, self._driver
         owned = frozenset(fetcher.cursors)
         version, target, lost, error = m.reconciling(owned)
@@ -148,30 +203,30 @@ class ConsumerGroup:
             self._drop(owned)
             m.set_owned(_EMPTY, lost_handled=True)
             if owned:
-                self._notify("on_partitions_lost", owned, failures)
+                failures.append((yield Notify("on_partitions_lost", owned)))
             owned = _EMPTY
         revoked = owned - target
         if revoked:
             fetcher.rewind(revoked)
             if self.enable_auto_commit:
-                driver.check_metadata(session)
+                yield FRESH_METADATA
                 alive = [tp for tp in revoked if tp.topic in driver.topics]   # not deleted
                 try:
-                    self._commit_sync(self._changed_positions(alive), m)
+                    yield from self._commit(self._changed_positions(alive), m)
                 except errors.MQError as err:
                     log.warning("group %s: commit before revoking failed: %s", self.group_id,
                                 err)
-            self._notify("on_partitions_revoked", revoked, failures)
+            failures.append((yield Notify("on_partitions_revoked", revoked)))
             self._drop(revoked)
             owned -= revoked
             m.set_owned(owned)
         added = target - owned
         if added:
-            driver.check_metadata(session)
+            yield FRESH_METADATA
             topics = driver.topics
             added = frozenset(tp for tp in added if tp.topic in topics and
                               tp.partition < topics[tp.topic]["partitions"])
-            committed, unstable = self._fetch_committed(session, added)
+            committed, unstable = yield from self._fetch_committed(added)
             fetcher.assign([c.tp for c in fetcher.order] + sorted(added))
             for tp in added:
                 if tp in unstable:
@@ -179,9 +234,10 @@ class ConsumerGroup:
                 else:
                     self.start(tp, committed.get(tp))
             owned |= added
-            self._notify("on_partitions_assigned", added, failures)
+            failures.append((yield Notify("on_partitions_assigned", added)))
         m.reconciled(owned)
         self._seen_version = version
+        failures = [err for err in failures if err is not None]
         if failures:
             raise failures[0]
 
@@ -203,10 +259,11 @@ class ConsumerGroup:
         self._fetcher.hold(tp)
         log.debug("group %s: %s-%d waits for a transaction's offsets", self.group_id, *tp)
 
-    def _settle_held(self, session) -> None:
+    def _settle_held(self) -> GroupOp[None]:
         """Ask again for the held partitions' offsets; start those now settled."""
         waiting = self.held & self._fetcher.held()
-        committed, unstable = self._fetch_committed(session, waiting) if waiting else ({}, set())
+        committed, unstable = (yield from self._fetch_committed(waiting)) if waiting \
+            else ({}, set())
         for tp in waiting - unstable:
             self.start(tp, committed.get(tp))
         self.held = unstable
@@ -222,12 +279,14 @@ class ConsumerGroup:
             self._last_committed.pop(tp, None)
         self.held -= tps
 
-    def _notify(self, name: str, tps: frozenset[TopicPartition], failures: list) -> None:
+    def notify(self, step: Notify) -> Exception | None:
+        """Call the listener's method (the threaded consumer's ``Notify``); what it raised."""
         try:
-            getattr(self.listener, name)(set(tps))
+            getattr(self.listener, step.method)(set(step.partitions))
         except Exception as err:           # raised from poll once reconciliation is done
-            log.exception("group %s: %s raised", self.group_id, name)
-            failures.append(err)
+            log.exception("group %s: %s raised", self.group_id, step.method)
+            return err
+        return None
 
     # --- commits --------------------------------------------------------------------------------
     def _changed_positions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -261,23 +320,23 @@ class ConsumerGroup:
 
     def commit(self, offsets: Mapping | None) -> None:
         """Commit and wait (``Consumer.commit``)."""
-        self._commit_sync(offsets, self.membership)
+        self.run(self._driver.require(), self._commit(offsets, self.membership))
 
-    def _commit_sync(self, offsets: Mapping | None, m: Membership | None) -> None:
+    def _commit(self, offsets: Mapping | None, m) -> GroupOp[None]:
+        """Commit ``offsets`` (None: every position) and wait for the broker."""
         plain, items = self._commit_items(offsets)
         if not items:
             return
-        session = self._driver.require()
         if m is not None:
-            m.joined.wait(self._driver.timeout)  # a member's commit needs its id and epoch
+            yield Joined(self._driver.timeout)   # a member's commit needs its id and epoch
         for attempt in range(_STALE_RETRIES + 1):
             member_id, epoch = m.commit_identity() if m is not None else ("", -1)
             try:
-                session.conn.call(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)
+                yield [(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)]
             except errors.StaleMemberEpochError:
                 if m is None or attempt >= _STALE_RETRIES:
                     raise
-                m.wait_for_epoch_change(epoch, timeout=1.0)
+                yield EpochChange(epoch, 1.0)
                 continue
             self._last_committed.update(plain)
             return
@@ -288,7 +347,11 @@ class ConsumerGroup:
 
     def _send_commit(self, offsets: Mapping | None, callback: CommitCallback | None,
                      auto: bool) -> None:
-        plain, items = self._commit_items(offsets)
+        self.send_commit(SendCommit(*self._commit_items(offsets), callback, auto))
+
+    def send_commit(self, step: SendCommit) -> None:
+        """Send a commit without waiting; its reply is read in a later round."""
+        plain, items, callback, auto = step
         if not items:
             return
         session = self._driver.require()
@@ -310,10 +373,11 @@ class ConsumerGroup:
             if first[3] is None:
                 return                      # an earlier commit is still in flight
             del self.async_commits[rid]
-            self._complete_commit(*first)
+            self.commit_done(*first)
 
-    def _complete_commit(self, plain: dict, callback: CommitCallback | None, auto: bool,
-                         reply) -> None:
+    def commit_done(self, plain: dict, callback: CommitCallback | None, auto: bool,
+                    reply) -> None:
+        """A sent commit's reply: remember what it committed, or report its error."""
         err = errors.error_for_code(reply.error_code, reply.error_message or "") \
             if reply.error_code else None
         if err is None:
@@ -343,27 +407,66 @@ class ConsumerGroup:
     def committed(self, tp: TopicPartition) -> int | None:
         """The group's committed offset for ``tp``, waiting (up to the request timeout) for a
         transaction holding it. Raises ``UnstableOffsetCommitError``."""
+        return self.run(self._driver.require(), self.committed_offset(tp))
+
+    def committed_offset(self, tp: TopicPartition) -> GroupOp[int | None]:
         if self.group_id is None:
             raise ValueError("committed() needs a group_id")
         deadline = time.monotonic() + self._driver.timeout
         backoff = _UNSTABLE_BACKOFF_S[0]
         while True:
-            committed, unstable = self._fetch_committed(self._driver.require(), [tp])
+            committed, unstable = yield from self._fetch_committed([tp])
             if not unstable:
                 return committed.get(tp)
             if time.monotonic() + backoff > deadline:
                 raise errors.UnstableOffsetCommitError(
                     f"{tp.topic}-{tp.partition}: an unfinished transaction still holds the "
                     f"group's newer offsets")
-            time.sleep(backoff)
+            yield backoff
             backoff = min(backoff * 2, _UNSTABLE_BACKOFF_S[1])
 
-    def _fetch_committed(self, session, tps: Iterable[TopicPartition]
-                         ) -> tuple[dict[TopicPartition, int], set[TopicPartition]]:
+    def _fetch_committed(self, tps: Iterable[TopicPartition]
+                         ) -> GroupOp[tuple[dict[TopicPartition, int], set[TopicPartition]]]:
         """Committed offsets, and (``read_committed``) the partitions an unfinished
         transaction's offsets hold."""
         tps = list(tps)
         if not tps:
             return {}, set()
-        return fetch_committed(session.conn, self.group_id, tps,
-                               require_stable=self.read_committed)
+        return (yield from committed_offsets(self.group_id, tps,
+                                             require_stable=self.read_committed))
+
+    # --- the threaded consumer's runner ---------------------------------------------------------
+    def run(self, session, op: GroupOp[T]) -> T:
+        """Drive ``op`` on the poll thread: requests over ``session``'s connection (pipelined;
+        every reply collected before the first error is thrown in), listeners called,
+        membership waits and backoffs blocking."""
+        m = self.membership
+        try:
+            step = next(op)
+            while True:
+                if isinstance(step, list):
+                    conn = session.conn
+                    rids = [conn.send(api, *fields, claim=True) for api, *fields in step]
+                    replies = [conn.wait_raw(rid) for rid in rids]
+                    err = first_error(replies)
+                    step = op.send(replies) if err is None else op.throw(err)
+                    continue
+                value = None
+                if isinstance(step, float):
+                    time.sleep(step)
+                elif isinstance(step, Notify):
+                    value = self.notify(step)
+                elif step is FRESH_METADATA:
+                    self._driver.check_metadata(session)
+                elif isinstance(step, Joined):
+                    if m is not None:
+                        m.joined.wait(step.timeout)
+                elif isinstance(step, EpochChange):
+                    m.wait_for_epoch_change(step.epoch, step.timeout)
+                elif isinstance(step, SendCommit):
+                    self.send_commit(step)
+                else:
+                    raise AssertionError(f"unknown group step {step!r}")
+                step = op.send(value)
+        except StopIteration as stop:
+            return stop.value
