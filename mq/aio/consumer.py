@@ -22,26 +22,40 @@ Invariants:
 - A lost connection is reopened on the next call, with backoff; a restarted broker's segment
   lists are read again (the generation changes), as in the threaded consumer.
 
-Consumer groups are not joined yet: a ``group_id`` is refused (use ``mq.Consumer``).
+With a ``group_id`` it is a member of the group, as the threaded consumer is: the same
+``ConsumerGroup`` steps (reconcile, commit, leave, committed offsets), awaited here, over a
+heartbeat task (``mq/aio/membership.py``) instead of a thread. Rebalance listeners may be
+plain or ``async def`` methods; auto-commit runs inside ``getmany``, as the threaded
+consumer's runs inside ``poll``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Iterable
+import inspect
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 from mq.aio.connection import AsyncConnection, open_connection
+from mq.aio.membership import AsyncMembership
+from mq.client.admin_ops import first_error
 from mq.client.consumer import check_read_options
 from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
+from mq.client.consumer_group import (FRESH_METADATA, ConsumerGroup, ConsumerRebalanceListener,
+                                      EpochChange, GroupOp, Joined, Notify, SendCommit)
 from mq.client.fetcher import Fetcher, Record
-from mq.client.types import TopicPartition
-from mq.errors import (BrokerUnavailableError, ClosedError, MetadataChangedError,
+from mq.client.types import ConsumerGroupMetadata, TopicPartition
+from mq.errors import (BrokerUnavailableError, ClosedError, MetadataChangedError, MQError,
                        UnknownTopicOrPartitionError)
 from mq.protocol.messages import Api
 from mq.protocol.state import StateReader
 
 __all__ = ["AsyncConsumerDriver", "Consumer"]
+
+log = logging.getLogger("mq.client.consumer")
 
 
 class _Session:
@@ -80,6 +94,7 @@ class AsyncConsumerDriver:
         self.meta_version = -1
         self.generation = -1
         self.data_dir = ""
+        self.interrupt = lambda: None       # the group's heartbeat: the consumer must look
         self._backoff = RECONNECT_BACKOFF_S[0]
 
     async def connect(self, on_wake) -> None:
@@ -128,6 +143,11 @@ class AsyncConsumerDriver:
         if session.state.metadata_version != self.meta_version:
             raise MetadataChangedError
 
+    async def fresh_metadata(self) -> None:
+        """Refresh the metadata if the broker's changed since the last refresh."""
+        if self.require().state.metadata_version != self.meta_version:
+            await self.refresh()
+
     def close(self) -> None:
         if self.session is not None:
             self.session.close()
@@ -135,22 +155,34 @@ class AsyncConsumerDriver:
 
 
 class Consumer:
-    """Reads ``topics`` (every partition, following new ones) or what ``assign`` names.
-    Options as ``mq.Consumer``'s reading options; connects on ``start()`` or ``async with``."""
+    """Reads ``topics`` (every partition, following new ones) or what ``assign`` names; with
+    ``group_id``, subscribes the group to ``topics`` (or ``pattern``). Options as
+    ``mq.Consumer``'s; connects on ``start()`` or ``async with``."""
 
     def __init__(self, *topics: str, socket: str | None = None, group_id: str | None = None,
-                 auto_offset_reset: str = "earliest",
+                 auto_offset_reset: str = "earliest", enable_auto_commit: bool = True,
                  isolation_level: str = "read_uncommitted", max_poll_records: int = 500,
                  max_partition_fetch_bytes: int = 1 << 20, value_bytes: bool = False,
                  key_deserializer=None, value_deserializer=None,
-                 request_timeout_ms: int = 30_000, check_crcs: bool = True) -> None:
-        if group_id is not None:
-            raise ValueError("mq.aio.Consumer does not join consumer groups yet; use "
-                             "mq.Consumer for a group")
+                 request_timeout_ms: int = 30_000, check_crcs: bool = True,
+                 pattern: str | None = None, listener: ConsumerRebalanceListener | None = None,
+                 group_instance_id: str | None = None, assignor: str | None = None,
+                 session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
+                 auto_commit_interval_ms: int = 5_000) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
+        if pattern is not None and group_id is None:
+            raise ValueError("a pattern subscription needs a group_id")
+        if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
+            raise ValueError("session_timeout_ms, max_poll_interval_ms and "
+                             "auto_commit_interval_ms must be positive")
+        self.group_id = group_id
         self.max_poll_records = max_poll_records
-        self._topics = tuple(topics)
+        self._topics = tuple(topics) if group_id is None else ()
+        self._subscription = (list(topics), pattern) if group_id is not None and \
+            (topics or pattern is not None) else None
         read_committed = isolation_level == "read_committed"
         self._driver = AsyncConsumerDriver(socket, request_timeout_ms / 1000, read_committed)
         self._fetcher = Fetcher(self._driver, read_committed=read_committed,
@@ -159,7 +191,16 @@ class Consumer:
                                 check_crcs=check_crcs, value_bytes=value_bytes,
                                 key_deserializer=key_deserializer,
                                 value_deserializer=value_deserializer)
+        self._group = ConsumerGroup(self._driver, self._fetcher, group_id=group_id,
+                                    read_committed=read_committed,
+                                    enable_auto_commit=enable_auto_commit, listener=listener,
+                                    instance_id=group_instance_id, assignor=assignor,
+                                    session_timeout_ms=session_timeout_ms,
+                                    max_poll_interval_ms=max_poll_interval_ms,
+                                    auto_commit_interval_ms=auto_commit_interval_ms,
+                                    membership_type=AsyncMembership)
         self._woken = asyncio.Event()
+        self._driver.interrupt = self._woken.set
         self._buffered: collections.deque[Record] = collections.deque()
         self._started = False
         self._closed = False
@@ -181,12 +222,31 @@ class Consumer:
             raise
         self._started = True
         self._follow_topics()
+        if self._subscription is not None:
+            self.subscribe(*self._subscription)
 
     async def stop(self) -> None:
-        """Close the connection and the maps. Idempotent."""
-        self._closed = True
-        self._fetcher.close()
-        self._driver.close()
+        """Leave the group (committing first with auto-commit), close the connection and the
+        maps. Idempotent."""
+        if self._closed:
+            return
+        try:
+            await self._leave()
+        finally:
+            self._closed = True
+            self._fetcher.close()
+            self._driver.close()
+
+    async def _leave(self) -> None:
+        group = self._group
+        m = group.membership
+        if m is None:
+            return
+        try:
+            await self._run(group.leaving(m))
+        finally:
+            group.membership = None
+            await m.leave()
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -209,10 +269,121 @@ class Consumer:
         if set(wanted) != set(self._fetcher.cursors):
             self._fetcher.assign(wanted)
 
+    # --- the group ------------------------------------------------------------------------------
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join (or change the subscription in) the consumer's group, as
+        ``mq.Consumer.subscribe``; ``listener``'s methods may be coroutines. Called in the
+        event loop (the heartbeat is a task of it)."""
+        self._check_open()
+        if self.group_id is None:
+            raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
+                             "constructor or use assign()")
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        if bool(topics) == (pattern is not None):
+            raise ValueError("subscribe to topic names or to a pattern (exactly one)")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
+        if listener is not None:
+            self._group.listener = listener
+        if not self._started:
+            self._subscription = (topics, pattern)    # joined by start()
+            return
+        if self._group.membership is None and self._fetcher.cursors:
+            self._fetcher.assign([])
+        self._buffered.clear()
+        self._group.join(topics, pattern)
+
+    async def unsubscribe(self) -> None:
+        """Leave the group (committing first with auto-commit) and drop every partition."""
+        self._check_open()
+        await self._leave()
+        self._fetcher.assign([])
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """Group id, member id and member epoch, for ``send_offsets_to_transaction``."""
+        return self._group.metadata()
+
+    async def commit(self, offsets: Mapping | None = None) -> None:
+        """Commit offsets (default: the position of every assigned partition, less what
+        ``getone`` still holds) and wait until the broker has them on disk."""
+        self._check_open()
+        if offsets is None and self._buffered:
+            self._rewind_buffered()
+        await self._run(self._group.committing(offsets, self._group.membership))
+
+    async def committed(self, partition: TopicPartition) -> int | None:
+        """The group's committed offset for ``partition`` (None if it has none)."""
+        self._check_open()
+        return await self._run(self._group.committed_offset(TopicPartition(*partition)))
+
+    async def _run(self, op: GroupOp):
+        """Drive a ``ConsumerGroup`` step generator in the event loop (its steps:
+        ``mq/client/consumer_group.py``)."""
+        group, driver = self._group, self._driver
+        try:
+            step = next(op)
+            while True:
+                if isinstance(step, list):
+                    try:
+                        conn = driver.require().conn
+                        futures = [conn.request(api, *fields) for api, *fields in step]
+                        replies = [await conn.reply(f) for f in futures]
+                    except (MQError, TimeoutError, OSError) as err:
+                        step = op.throw(err)          # the broker went away, say
+                        continue
+                    err = first_error(replies)
+                    step = op.send(replies) if err is None else op.throw(err)
+                    continue
+                value = None
+                if isinstance(step, float):
+                    await asyncio.sleep(step)
+                elif isinstance(step, Notify):
+                    value = await self._notify(step)
+                elif step is FRESH_METADATA:
+                    await driver.fresh_metadata()
+                elif isinstance(step, Joined):
+                    m = group.membership
+                    if m is not None:
+                        try:
+                            await asyncio.wait_for(m.joined.wait(), step.timeout)
+                        except TimeoutError:
+                            pass
+                elif isinstance(step, EpochChange):
+                    await group.membership.wait_for_epoch_change(step.epoch, step.timeout)
+                elif isinstance(step, SendCommit):
+                    conn = driver.require().conn
+                    member_id, epoch = group.membership.commit_identity()
+                    reply = await conn.reply(conn.request(
+                        Api.OFFSET_COMMIT, group.group_id, member_id, epoch, step.items))
+                    group.commit_done(step.plain, step.callback, step.auto, reply)
+                else:
+                    raise AssertionError(f"unknown group step {step!r}")
+                step = op.send(value)
+        except StopIteration as stop:
+            return stop.value
+
+    async def _notify(self, step: Notify) -> Exception | None:
+        """The rebalance listener's method (awaited if a coroutine); what it raised."""
+        try:
+            result = getattr(self._group.listener, step.method)(set(step.partitions))
+            if inspect.isawaitable(result):
+                await result
+        except Exception as err:           # raised from getmany once reconciliation is done
+            log.exception("group %s: %s raised", self.group_id, step.method)
+            return err
+        return None
+
     # --- assignment and positions ---------------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (the constructor's topics no longer followed)."""
         self._check_open()
+        if self._group.membership is not None:
+            raise ValueError(f"this consumer subscribes through group {self.group_id!r}; "
+                             "unsubscribe() first")
         tps = [TopicPartition(*tp) for tp in partitions]
         for tp in tps:
             self._driver.slot(tp)
@@ -292,13 +463,30 @@ class Consumer:
             await self.start()
         if self._buffered:
             self._rewind_buffered()
+        m = self._group.membership
+        if m is None:
+            return await self._getmany(timeout_ms, max_records)
+        m.poll_started()
+        try:
+            return await self._getmany(timeout_ms, max_records)
+        finally:
+            m.poll_ended()
+
+    async def _getmany(self, timeout_ms: float, max_records: int | None
+                       ) -> dict[TopicPartition, list[Record]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
+        group = self._group
         while True:
             session = await self._driver.live(self._woken.set)
+            in_group = group.membership is not None
             try:
+                if in_group:
+                    self._woken.clear()           # a heartbeat's wake-up from here on counts
+                    await self._run(group.rounds())
                 self._follow_topics()
-                out = self._fetcher.take(session, max_records or self.max_poll_records, False)
+                out = self._fetcher.take(session, max_records or self.max_poll_records,
+                                         in_group)
             except MetadataChangedError:
                 await self._driver.refresh()
                 continue
@@ -307,7 +495,12 @@ class Consumer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return {}
-            self._woken.clear()
+            if group.held:                        # asking again for held offsets is due then
+                remaining = min(remaining, max(0.0, group.retry_held_at - time.monotonic()))
+            if in_group and group.changed():
+                continue
+            if not in_group:
+                self._woken.clear()
             try:
                 self._arm(session)
             except MetadataChangedError:

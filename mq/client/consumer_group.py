@@ -156,7 +156,7 @@ class ConsumerGroup:
         owned = frozenset(self._fetcher.cursors)
         try:
             if self.enable_auto_commit and owned and self._driver.session is not None:
-                yield from self._commit(self._changed_positions(owned), m)
+                yield from self.committing(self._changed_positions(owned), m)
             if owned:
                 err = yield Notify("on_partitions_revoked", owned)
                 if err is not None:
@@ -212,7 +212,7 @@ class ConsumerGroup:
                 yield FRESH_METADATA
                 alive = [tp for tp in revoked if tp.topic in driver.topics]   # not deleted
                 try:
-                    yield from self._commit(self._changed_positions(alive), m)
+                    yield from self.committing(self._changed_positions(alive), m)
                 except errors.MQError as err:
                     log.warning("group %s: commit before revoking failed: %s", self.group_id,
                                 err)
@@ -320,9 +320,9 @@ class ConsumerGroup:
 
     def commit(self, offsets: Mapping | None) -> None:
         """Commit and wait (``Consumer.commit``)."""
-        self.run(self._driver.require(), self._commit(offsets, self.membership))
+        self.run(self._driver.require(), self.committing(offsets, self.membership))
 
-    def _commit(self, offsets: Mapping | None, m) -> GroupOp[None]:
+    def committing(self, offsets: Mapping | None, m) -> GroupOp[None]:
         """Commit ``offsets`` (None: every position) and wait for the broker."""
         plain, items = self._commit_items(offsets)
         if not items:
@@ -445,9 +445,13 @@ class ConsumerGroup:
             step = next(op)
             while True:
                 if isinstance(step, list):
-                    conn = session.conn
-                    rids = [conn.send(api, *fields, claim=True) for api, *fields in step]
-                    replies = [conn.wait_raw(rid) for rid in rids]
+                    try:
+                        conn = session.conn
+                        rids = [conn.send(api, *fields, claim=True) for api, *fields in step]
+                        replies = [conn.wait_raw(rid) for rid in rids]
+                    except (errors.MQError, TimeoutError, OSError) as err:
+                        step = op.throw(err)          # the broker went away, say
+                        continue
                     err = first_error(replies)
                     step = op.send(replies) if err is None else op.throw(err)
                     continue
