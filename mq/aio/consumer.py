@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from mq.aio.connection import AsyncConnection, open_connection
 from mq.aio.membership import AsyncMembership
 from mq.client.admin_ops import first_error
-from mq.client.consumer import check_read_options
+from mq.client.consumer import check_group_options, check_read_options
 from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
 from mq.client.consumer_group import (FRESH_METADATA, ConsumerGroup, ConsumerRebalanceListener,
                                       EpochChange, GroupOp, Joined, Notify, SendCommit)
@@ -171,13 +171,8 @@ class Consumer:
                  auto_commit_interval_ms: int = 5_000) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
-        if group_id is not None and (not isinstance(group_id, str) or not group_id):
-            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
-        if pattern is not None and group_id is None:
-            raise ValueError("a pattern subscription needs a group_id")
-        if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
-            raise ValueError("session_timeout_ms, max_poll_interval_ms and "
-                             "auto_commit_interval_ms must be positive")
+        check_group_options(group_id, pattern, session_timeout_ms, max_poll_interval_ms,
+                            auto_commit_interval_ms)
         self.group_id = group_id
         self.max_poll_records = max_poll_records
         self._topics = tuple(topics) if group_id is None else ()

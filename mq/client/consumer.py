@@ -117,7 +117,7 @@ from mq.errors import (
 from mq.protocol.messages import Api
 
 __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
-           "ConsumerRebalanceListener", "check_read_options"]
+           "ConsumerRebalanceListener", "check_group_options", "check_read_options"]
 
 
 def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_records: int,
@@ -131,6 +131,18 @@ def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_re
                          f"got {isolation_level!r}")
     if max_poll_records < 1 or max_partition_fetch_bytes < 1:
         raise ValueError("max_poll_records and max_partition_fetch_bytes must be positive")
+
+
+def check_group_options(group_id: str | None, pattern: str | None, session_timeout_ms: int,
+                        max_poll_interval_ms: int, auto_commit_interval_ms: int) -> None:
+    """Raise ``ValueError`` for group options no consumer takes (``mq.aio``'s too)."""
+    if group_id is not None and (not isinstance(group_id, str) or not group_id):
+        raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
+    if pattern is not None and group_id is None:
+        raise ValueError("a pattern subscription needs a group_id")
+    if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
+        raise ValueError("session_timeout_ms, max_poll_interval_ms and "
+                         "auto_commit_interval_ms must be positive")
 
 
 class Consumer:
@@ -171,13 +183,8 @@ class Consumer:
                  auto_commit_interval_ms: int = 5_000) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
-        if group_id is not None and (not isinstance(group_id, str) or not group_id):
-            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
-        if pattern is not None and group_id is None:
-            raise ValueError("a pattern subscription needs a group_id")
-        if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
-            raise ValueError("session_timeout_ms, max_poll_interval_ms and "
-                             "auto_commit_interval_ms must be positive")
+        check_group_options(group_id, pattern, session_timeout_ms, max_poll_interval_ms,
+                            auto_commit_interval_ms)
         self.group_id = group_id
         self.isolation_level = isolation_level
         self.max_poll_records = max_poll_records
