@@ -47,8 +47,8 @@ ALLOWED = {
     "pyspark_mq": {"mq.spark"},
     # public names only (test_workers_use_only_public_names)
     "workers": {"mq.client", "mq.protocol", *PLUMBING},
-    "bench": {"mq.client", "mq.protocol", "mq.log", "mq.broker", "mq.spark", "mq.testing",
-              "workers", *PLUMBING},
+    "bench": {"mq.client", "mq.aio", "mq.protocol", "mq.log", "mq.broker", "mq.spark",
+              "mq.testing", "workers", *PLUMBING},
 }
 
 # What ``workers`` may import from mq: the public package's names, the public errors, and
