@@ -29,8 +29,9 @@ Sections (``--only``):
    then ``flush()`` and every future's outcome read. acks=all, linger 5 ms, batches of
    16 KiB for all three; idempotence is each client's default (on in mq's, off in aiokafka).
    Rate = n / (first send -> last outcome read); the topic is checked to end at exactly n.
+   Each family's n is sized for about 1 s from its own discarded warm-up.
    The producer process's CPU per record (all its threads) and its calling thread's.
-2. ``consume``: a topic filled once per size (``mq.Producer``, acks=1, the same batching,
+2. ``consume``: a topic filled once per size (``mq.Producer``, section 1's settings,
    untimed) is read from offset 0 by one consumer process of each family until it has every
    record, at most 10,000 records a call, taking ``len()`` of every value. Rate = n /
    (barrier -> last record).
@@ -241,8 +242,8 @@ def _entry(per: dict, n: int | dict, size: int, warm: dict | None) -> dict:
 # --- 2. consume ---------------------------------------------------------------------------------
 
 def fill(ctx: Ctx, size: int, n: int) -> str:
-    """A fresh topic of ``n`` records of ``size`` bytes, written by ``mq.Producer`` (acks=1,
-    section 1's batching)."""
+    """A fresh topic of ``n`` records of ``size`` bytes, written by ``mq.Producer`` (section
+    1's settings)."""
     topic = ctx.topic()
     values = harness.payloads(size, 1024, seed=7)
     progress(f"filling {topic} with {n:,} records of {size:,} B")
