@@ -105,7 +105,7 @@ GUESS = {"produce": {"threaded": {"100B": 300e3, "1KiB": 150e3},
          "consume": {"threaded": {"100B": 1e6, "1KiB": 600e3},
                      "aio": {"100B": 1e6, "1KiB": 600e3},
                      "aiokafka": {"100B": 150e3, "1KiB": 100e3}}}
-SLOW_FACTOR = 4       # n is capped so that the slowest side's run lasts ~4x the target
+SLOW_FACTOR = 4       # consume: one n for all, at most ~4x the target for the slowest
 LAT_RATE = 1_000
 LAT_SIZE = 100
 
