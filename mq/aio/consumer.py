@@ -197,6 +197,7 @@ class Consumer:
         self._woken = asyncio.Event()
         self._driver.interrupt = self._woken.set
         self._buffered: collections.deque[Record] = collections.deque()
+        self._followed: dict | None = None    # the metadata _follow_topics last looked at
         self._started = False
         self._closed = False
 
@@ -255,10 +256,11 @@ class Consumer:
             raise ClosedError("consumer is closed")
 
     def _follow_topics(self) -> None:
-        """Every partition of the constructor's topics, as the metadata now has them."""
-        if not self._topics:
+        """Every partition of the constructor's topics, as the metadata now has them (looked
+        at again only when the metadata was refreshed)."""
+        if not self._topics or self._followed is self._driver.topics:
             return
-        topics = self._driver.topics
+        self._followed = topics = self._driver.topics
         wanted = [TopicPartition(t, p) for t in self._topics if t in topics
                   for p in range(topics[t]["partitions"])]
         if set(wanted) != set(self._fetcher.cursors):

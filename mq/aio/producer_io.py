@@ -105,6 +105,7 @@ class AsyncProducerIO:
         self.closed = False
         self.stopping = False
         self._kick: asyncio.Future | None = None
+        self._create_future = None                # the loop's, from open()
 
     # --- start and stop -----------------------------------------------------------------------
     def start(self, init_producer_id: bool) -> None:
@@ -114,6 +115,9 @@ class AsyncProducerIO:
         """Connect (InitProducerId first if ``init_producer_id``) and start the clock's
         task."""
         self.cond = _Room()
+        # Bound once: asyncio.get_running_loop() costs a getpid() call in CPython 3.11, and
+        # send() makes a future per record.
+        self._create_future = asyncio.get_running_loop().create_future
         conn = await open_connection(self.socket, self.client_id, self.request_timeout_s)
         if init_producer_id:
             try:
@@ -277,7 +281,7 @@ class AsyncProducerIO:
     def future(self, record: FutureRecordMetadata | None, batch: Batch) -> asyncio.Future:
         """An asyncio future of ``record``'s outcome (None: of the batch's, resolving to
         None)."""
-        future = asyncio.get_running_loop().create_future()
+        future = self._create_future()
         if batch.done:
             _resolve(future, record, batch)
         else:
