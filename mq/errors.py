@@ -17,7 +17,7 @@ __all__ = [
     "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "InvalidOffsetError", "IndexFullError", "OffsetOutOfRangeError",
     "NoOffsetForPartitionError", "DataLossError", "ClosedError", "MetadataChangedError",
-    "WouldBlock", "ConfigError",
+    "WouldBlock", "CommitFailedError", "ConfigError",
     "LogDirLockedError", "DataDirError", "LogTransferError", "FileLimitError", "LogWriteError",
     "CheckpointError",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
@@ -153,6 +153,13 @@ class WouldBlock(MQError):
     def __init__(self, wait) -> None:
         super().__init__("the asyncio producer must wait")
         self.wait = wait
+
+
+class CommitFailedError(MQError):
+    """An offset commit that cannot go through: the member no longer holds the partitions
+    (fenced, or given to another member after a rebalance or a broker restart), so another
+    member may own them now (Kafka's ``CommitFailedException``). Nothing was committed; the
+    next ``poll`` drops the partitions (``on_partitions_lost`` or ``on_partitions_revoked``)."""
 
 
 class ConfigError(MQError, ValueError):
