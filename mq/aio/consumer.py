@@ -45,7 +45,7 @@ from mq.client.admin_ops import first_error
 from mq.client.consumer import check_group_options, check_read_options
 from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
 from mq.client.consumer_group import (FRESH_METADATA, ConsumerGroup, ConsumerRebalanceListener,
-                                      EpochChange, GroupOp, Joined, Notify, SendCommit)
+                                      CommitRetry, GroupOp, Joined, Notify, SendCommit)
 from mq.client.fetcher import Fetcher, Record
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (BrokerUnavailableError, ClosedError, MetadataChangedError, MQError,
@@ -126,6 +126,17 @@ class AsyncConsumerDriver:
                 self._backoff = min(self._backoff * 2, RECONNECT_BACKOFF_S[1])
                 continue
             self._backoff = RECONNECT_BACKOFF_S[0]
+        return self.session
+
+    async def reopened(self, on_wake) -> _Session:
+        """The session; if its connection broke, one attempt to open a new one (raises
+        ``BrokerUnavailableError`` while the broker is away)."""
+        if self.session is not None and not self.session.conn.closed:
+            return self.session
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        await self.connect(on_wake)
         return self.session
 
     def require(self) -> _Session:
@@ -306,7 +317,8 @@ class Consumer:
 
     async def commit(self, offsets: Mapping | None = None) -> None:
         """Commit offsets (default: the position of every assigned partition, less what
-        ``getone`` still holds) and wait until the broker has them on disk."""
+        ``getone`` still holds) and wait until the broker has them on disk; across a broker
+        restart as ``mq.Consumer.commit`` (raises ``CommitFailedError`` likewise)."""
         self._check_open()
         if offsets is None and self._buffered:
             self._rewind_buffered()
@@ -326,7 +338,7 @@ class Consumer:
             while True:
                 if isinstance(step, list):
                     try:
-                        conn = driver.require().conn
+                        conn = (await driver.reopened(self._woken.set)).conn
                         futures = [conn.request(api, *fields) for api, *fields in step]
                         replies = [await conn.reply(f) for f in futures]
                     except (MQError, TimeoutError, OSError) as err:
@@ -349,8 +361,12 @@ class Consumer:
                             await asyncio.wait_for(m.joined.wait(), step.timeout)
                         except TimeoutError:
                             pass
-                elif isinstance(step, EpochChange):
-                    await group.membership.wait_for_epoch_change(step.epoch, step.timeout)
+                elif isinstance(step, CommitRetry):
+                    try:
+                        value = await group.membership.wait_commit_retry(*step)
+                    except MQError as err:           # CommitFailedError, or the member's
+                        step = op.throw(err)          # fatal error
+                        continue
                 elif isinstance(step, SendCommit):
                     conn = driver.require().conn
                     member_id, epoch = group.membership.commit_identity()

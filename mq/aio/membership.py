@@ -101,20 +101,25 @@ class AsyncMembership:
     def commit_identity(self) -> tuple[str, int]:
         return self.member.commit_identity()
 
-    async def wait_for_epoch_change(self, epoch: int, timeout: float) -> None:
-        """Ask for a heartbeat and wait until the member epoch is not ``epoch``."""
+    def commit_stamp(self) -> tuple[str, int, int]:
+        return self.member.commit_stamp()
+
+    async def wait_commit_retry(self, partitions: frozenset[TopicPartition], first: int,
+                                last: int, timeout: float) -> tuple[str, int, int] | None:
+        """``GroupMember.retry_commit``, waiting up to ``timeout`` for the heartbeat it needs
+        (asked for at once); None if none came in time."""
         self.heartbeat_now()
         deadline = time.monotonic() + timeout
-        member = self.member
-        while member.epoch == epoch and member.error is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
+        while True:
             self._replied.clear()
+            retry = self.member.retry_commit(partitions, first, last)
+            remaining = deadline - time.monotonic()
+            if retry is not None or remaining <= 0:
+                return retry
             try:
                 await asyncio.wait_for(self._replied.wait(), remaining)
             except TimeoutError:
-                return
+                return None
 
     async def leave(self, timeout: float = 5.0) -> None:
         """Leave the group (a static member: temporarily) and end the task."""

@@ -360,9 +360,14 @@ class Consumer:
     def commit(self, offsets: Mapping | None = None) -> None:
         """Commit offsets and wait until the broker has them on disk. Default: the position
         of every assigned partition. ``offsets``: ``{tp: offset}`` or ``{tp: (offset,
-        metadata)}``. Raises the broker's error (``StaleMemberEpochError`` after retries,
-        ``UnknownMemberIdError``, ``NonEmptyGroupError`` for a group-less consumer of a group
-        with live members, ``UnknownTopicOrPartitionError``)."""
+        metadata)}``. In a group, a commit the broker refuses for the member's id or epoch
+        (the epoch moved meanwhile, or the broker restarted and the member has not rejoined
+        yet) or that the broker going away cut off goes again once the member heartbeated,
+        within ``request_timeout_ms``. Raises ``CommitFailedError`` if the member lost a
+        partition meanwhile (another member may own it), else the last error on timeout
+        (``StaleMemberEpochError``, ``UnknownMemberIdError``, ``BrokerUnavailableError``),
+        or the broker's (``NonEmptyGroupError`` for a group-less consumer of a group with
+        live members, ``UnknownTopicOrPartitionError``)."""
         self._check_open()
         self._group.commit(offsets)
 

@@ -17,18 +17,23 @@ Invariants:
   transaction holds (the previous owner's commit under way): its cursor is *held* and asked
   for again each round, with backoff, until the transaction ends (KIP-447).
 - Commits carry the member id and epoch; the broker rejects a commit from a fenced member. A
-  commit whose epoch went stale while in flight is retried once the heartbeat thread has the
-  new epoch, as Kafka's consumer does. Offsets committed are *positions*: the offset of the
-  next record to process.
+  member's commit refused for its id or epoch — the epoch moved while it was in flight, or the
+  broker restarted and the member has not rejoined it yet (the broker keeps no members across
+  a restart) — or cut off by the broker going away waits for the member's next heartbeat reply
+  and goes again with its id and epoch, within the request timeout, if the member held the
+  partitions all along; otherwise it raises ``CommitFailedError`` (``group_member.py``). So a
+  commit rides out a broker restart, as Kafka's ``commitSync`` rides out a coordinator
+  failover. Offsets committed are *positions*: the offset of the next record to process.
 - Async commits' callbacks run in commit order, inside a later ``poll``, ``commit`` or
   ``close``.
 
 The steps that talk to the broker or wait (a round, a commit, leaving, a committed offset)
 are written once, without I/O, as generators of steps (``GroupOp``): a list of requests
 (sent their replies, the first error thrown in), a backoff in seconds, or one of the small
-step types below (``Notify``, ``FRESH_METADATA``, ``Joined``, ``EpochChange``,
+step types below (``Notify``, ``FRESH_METADATA``, ``Joined``, ``CommitRetry``,
 ``SendCommit``). ``run`` drives them for the threaded consumer, on its poll thread;
-``mq.aio.Consumer`` awaits the same ones.
+``mq.aio.Consumer`` awaits the same ones. A request that failed with
+``BrokerUnavailableError`` drops the session, and the next request reconnects (one attempt).
 """
 
 from __future__ import annotations
@@ -45,11 +50,10 @@ from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.protocol.messages import Api
 
 __all__ = ["FRESH_METADATA", "CommitCallback", "ConsumerGroup", "ConsumerRebalanceListener",
-           "EpochChange", "GroupOp", "Joined", "Notify", "SendCommit"]
+           "CommitRetry", "GroupOp", "Joined", "Notify", "SendCommit"]
 
 log = logging.getLogger("mq.client.consumer")
 
-_STALE_RETRIES = 5
 _UNSTABLE_BACKOFF_S = (0.01, 0.2)   # asking again for offsets a transaction holds: first, most
 _EMPTY: frozenset[TopicPartition] = frozenset()
 CommitCallback = Callable[[dict[TopicPartition, int], Exception | None], None]
@@ -69,10 +73,14 @@ class Joined(NamedTuple):
     timeout: float
 
 
-class EpochChange(NamedTuple):
-    """Ask for a heartbeat and wait up to ``timeout`` for a member epoch other than
-    ``epoch``."""
-    epoch: int
+class CommitRetry(NamedTuple):
+    """A member's commit of ``partitions`` was refused or cut off: ask for a heartbeat and
+    wait up to ``timeout`` for ``GroupMember.retry_commit(partitions, first, last)``; sent
+    back its ``(member id, epoch, replies)``, or None on timeout; what it raised
+    (``CommitFailedError``, the member's fatal error) is thrown in."""
+    partitions: frozenset
+    first: int
+    last: int
     timeout: float
 
 
@@ -156,7 +164,8 @@ class ConsumerGroup:
         owned = frozenset(self._fetcher.cursors)
         try:
             if self.enable_auto_commit and owned and self._driver.session is not None:
-                yield from self.committing(self._changed_positions(owned), m)
+                # no waiting for a broker that is gone: closing does not block
+                yield from self.committing(self._changed_positions(owned), m, timeout=0.0)
             if owned:
                 err = yield Notify("on_partitions_revoked", owned)
                 if err is not None:
@@ -322,21 +331,34 @@ class ConsumerGroup:
         """Commit and wait (``Consumer.commit``)."""
         self.run(self._driver.require(), self.committing(offsets, self.membership))
 
-    def committing(self, offsets: Mapping | None, m) -> GroupOp[None]:
-        """Commit ``offsets`` (None: every position) and wait for the broker."""
+    def committing(self, offsets: Mapping | None, m,
+                   timeout: float | None = None) -> GroupOp[None]:
+        """Commit ``offsets`` (None: every position) and wait for the broker. A member's
+        commit goes again while refused for its id or epoch or cut off, for up to
+        ``timeout`` (default: the request timeout; module doc). Raises ``CommitFailedError``
+        when the member lost a partition meanwhile, else the last error on timeout."""
         plain, items = self._commit_items(offsets)
         if not items:
             return
-        if m is not None:
-            yield Joined(self._driver.timeout)   # a member's commit needs its id and epoch
-        for attempt in range(_STALE_RETRIES + 1):
-            member_id, epoch = m.commit_identity() if m is not None else ("", -1)
+        if m is None:
+            yield [(Api.OFFSET_COMMIT, self.group_id, "", -1, items)]
+            self._last_committed.update(plain)
+            return
+        timeout = self._driver.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        yield Joined(timeout)                # a member's commit needs its id and epoch
+        member_id, epoch, first = m.commit_stamp()
+        last = first
+        while True:
             try:
                 yield [(Api.OFFSET_COMMIT, self.group_id, member_id, epoch, items)]
-            except errors.StaleMemberEpochError:
-                if m is None or attempt >= _STALE_RETRIES:
+            except (errors.StaleMemberEpochError, errors.UnknownMemberIdError,
+                    errors.BrokerUnavailableError):
+                retry = yield CommitRetry(frozenset(plain), first, last,
+                                          max(0.0, deadline - time.monotonic()))
+                if retry is None:
                     raise
-                yield EpochChange(epoch, 1.0)
+                member_id, epoch, last = retry
                 continue
             self._last_committed.update(plain)
             return
@@ -438,18 +460,24 @@ class ConsumerGroup:
     # --- the threaded consumer's runner ---------------------------------------------------------
     def run(self, session, op: GroupOp[T]) -> T:
         """Drive ``op`` on the poll thread: requests over ``session``'s connection (pipelined;
-        every reply collected before the first error is thrown in), listeners called,
-        membership waits and backoffs blocking."""
+        every reply collected before the first error is thrown in; after the connection
+        broke, over a new session), listeners called, membership waits and backoffs
+        blocking."""
         m = self.membership
         try:
             step = next(op)
             while True:
                 if isinstance(step, list):
                     try:
+                        if session is None:
+                            session = self._driver.require()   # one attempt
                         conn = session.conn
                         rids = [conn.send(api, *fields, claim=True) for api, *fields in step]
                         replies = [conn.wait_raw(rid) for rid in rids]
                     except (errors.MQError, TimeoutError, OSError) as err:
+                        if isinstance(err, errors.BrokerUnavailableError):
+                            self._driver.lost()
+                            session = None
                         step = op.throw(err)          # the broker went away, say
                         continue
                     err = first_error(replies)
@@ -461,12 +489,18 @@ class ConsumerGroup:
                 elif isinstance(step, Notify):
                     value = self.notify(step)
                 elif step is FRESH_METADATA:
+                    if session is None:
+                        session = self._driver.require()
                     self._driver.check_metadata(session)
                 elif isinstance(step, Joined):
                     if m is not None:
                         m.joined.wait(step.timeout)
-                elif isinstance(step, EpochChange):
-                    m.wait_for_epoch_change(step.epoch, step.timeout)
+                elif isinstance(step, CommitRetry):
+                    try:
+                        value = m.wait_commit_retry(*step)
+                    except errors.MQError as err:     # CommitFailedError, or the member's
+                        step = op.throw(err)          # fatal error
+                        continue
                 elif isinstance(step, SendCommit):
                     self.send_commit(step)
                 else:

@@ -23,6 +23,12 @@ Invariants:
   running, or ``max_poll_interval_ms`` without a poll set ``lost``: the poll thread drops every
   partition before the member rejoins with epoch 0. When the broker restarted instead (a new
   broker generation) nothing was lost: the member rejoins at once and reports what it owns.
+- An offset commit refused for its member id or epoch (the epoch moved while it was in flight;
+  the broker restarted and the member has not rejoined it yet), or cut off by the broker going
+  away, goes again with the id and epoch of a later heartbeat reply only if every partition it
+  commits stayed in ``target`` since the commit was first sent (``retry_commit``): one that
+  left it may have another owner now, and its offset is not this member's to commit (a
+  zombie's commit: ``CommitFailedError``).
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ class GroupMember:
         self.last_poll = now
         self.in_poll = False
         self._generation: int | None = None
+        self.replies = 0               # successful heartbeat replies so far
+        # each partition of ``target``: the reply (count) since which it has been there
+        self._held_since: dict[TopicPartition, int] = {}
 
     # --- the poll thread ------------------------------------------------------------------------
     def reconciling(self, reading: frozenset[TopicPartition]
@@ -121,6 +130,32 @@ class GroupMember:
             return self.member_id or "", -1
         return self.member_id, self.epoch
 
+    def commit_stamp(self) -> tuple[str, int, int]:
+        """``(member id, epoch, replies)`` for a commit that ``retry_commit`` may send again:
+        the member's own id and epoch even while it rejoins (epoch 0), so that the broker
+        refuses the commit instead of taking it for a group-less one."""
+        return self.member_id or "", self.epoch, self.replies
+
+    def retry_commit(self, partitions: Iterable[TopicPartition], first: int,
+                     last: int) -> tuple[str, int, int] | None:
+        """A commit of ``partitions`` first sent at ``commit_stamp`` reply count ``first``,
+        last at ``last``, was refused for its member id or epoch, or cut off: the
+        ``commit_stamp`` to send it again with, once a reply came since ``last`` (None until
+        then). Raises ``CommitFailedError`` if a partition left ``target`` since ``first``
+        (fenced, lost, or not granted again after a broker restart), and the member's fatal
+        error."""
+        if self.error is not None:
+            raise self.error
+        moved = sorted(tp for tp in partitions if self._held_since.get(tp, first + 1) > first)
+        if moved:
+            raise errors.CommitFailedError(
+                f"group {self.group_id!r}: cannot commit "
+                f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in moved)}: no longer assigned "
+                f"to this member (another member may own them now)")
+        if self.replies <= last or self.epoch <= 0:
+            return None
+        return self.commit_stamp()
+
     def _report(self) -> frozenset[TopicPartition]:
         """What the poll thread may be reading until it sees the next reply."""
         return self.owned | self.target | self.starting
@@ -157,11 +192,13 @@ class GroupMember:
         """A successful reply. True if the assignment changed (wake the poll thread)."""
         target = frozenset(TopicPartition(t, p) for t, p in assignment)
         self.member_id, self.epoch = member_id, epoch
+        self.replies += 1
         self.interval_s = max(0.001, interval_ms / 1000)
         self.next_hb = now + self.interval_s
         changed = target != self.target
         if changed:
             self.target = target
+            self._held_since = {tp: self._held_since.get(tp, self.replies) for tp in target}
             self.version += 1
         if self.reported - self._report():
             self.hb_due = True            # released before the poll thread started it: say so
@@ -212,6 +249,7 @@ class GroupMember:
         if self.owned or self.target:
             log.warning("group %s: partitions lost: %s", self.group_id, reason)
         self.target = _EMPTY
+        self._held_since = {}
         self.lost = bool(self.owned or self.starting)
         self.version += 1
 

@@ -77,7 +77,7 @@ class Membership(threading.Thread):
         self._timeout = request_timeout
         self._wake = wake
         self.lock = threading.Lock()
-        self._epoch_changed = threading.Condition(self.lock)
+        self._replied = threading.Condition(self.lock)   # a reply, error, or lost partitions
         self.joined = threading.Event()
         self._long_sleep = False
         self._stopping = False
@@ -145,13 +145,24 @@ class Membership(threading.Thread):
         with self.lock:
             return self.member.commit_identity()
 
-    def wait_for_epoch_change(self, epoch: int, timeout: float) -> None:
-        """Ask for a heartbeat and wait until the member epoch is not ``epoch``."""
-        self.heartbeat_now()
-        member = self.member
+    def commit_stamp(self) -> tuple[str, int, int]:
         with self.lock:
-            self._epoch_changed.wait_for(
-                lambda: member.epoch != epoch or member.error is not None, timeout)
+            return self.member.commit_stamp()
+
+    def wait_commit_retry(self, partitions: frozenset[TopicPartition], first: int, last: int,
+                          timeout: float) -> tuple[str, int, int] | None:
+        """``GroupMember.retry_commit``, waiting up to ``timeout`` for the heartbeat it needs
+        (asked for at once); None if none came in time."""
+        self.heartbeat_now()
+        retry = None
+
+        def ready() -> bool:
+            nonlocal retry
+            retry = self.member.retry_commit(partitions, first, last)
+            return retry is not None
+        with self.lock:
+            self._replied.wait_for(ready, max(0.0, timeout))
+        return retry
 
     def leave(self, timeout: float = 5.0) -> None:
         """Leave the group (a static member: temporarily) and stop the thread."""
@@ -209,6 +220,7 @@ class Membership(threading.Thread):
             return False
         with self.lock:
             lost = self.member.connected(conn.broker_info["generation"])
+            self._replied.notify_all()
         if lost:
             self._wake()
         self._conn = conn
@@ -242,6 +254,7 @@ class Membership(threading.Thread):
             self._send_leave(static=False)
             with self.lock:
                 self.member.left_for_poll_interval()
+                self._replied.notify_all()
             self._wake()
         self._sleep(min(interval, 0.5))
         return True
@@ -254,6 +267,7 @@ class Membership(threading.Thread):
             with self.lock:
                 self.member.on_heartbeat_error(reply.error_code, reply.error_message or "")
                 failed = self.member.error is not None
+                self._replied.notify_all()
             if failed:
                 self.joined.set()
             self._wake()
@@ -262,7 +276,7 @@ class Membership(threading.Thread):
             changed = self.member.on_heartbeat_reply(
                 reply["member_id"], reply["member_epoch"], reply["heartbeat_interval_ms"],
                 reply["assignment"], time.monotonic())
-            self._epoch_changed.notify_all()
+            self._replied.notify_all()
         self.joined.set()
         if changed:
             self._wake()
@@ -270,6 +284,7 @@ class Membership(threading.Thread):
     def _fail(self, err: Exception) -> None:
         with self.lock:
             self.member.fail(err)
+            self._replied.notify_all()
         self.joined.set()
         self._wake()
 

@@ -1,7 +1,8 @@
 """The consumer's ``ConsumerGroup`` without a broker: reconciliation and commits over a real
 ``Fetcher`` (partition logs in the test's directory, ``test_fetcher.LogDriver``), a real
 ``GroupMember`` whose target the test sets as a heartbeat reply would, and a connection that
-keeps the group's committed offsets in a dict, as the broker's offset store answers them.
+keeps the group's committed offsets in a dict, as the broker's offset store answers them (or
+refuses a commit, or breaks, with the errors the test queued).
 
 Topic "t" has partitions 0 and 1; ``T0``/``T1`` name them.
 """
@@ -17,21 +18,35 @@ from test_fetcher import T0, T1, LogDriver, produce, values
 from mq.client.consumer_group import ConsumerGroup, ConsumerRebalanceListener
 from mq.client.fetcher import Fetcher
 from mq.client.group_member import GroupMember
-from mq.errors import UnstableOffsetCommitError
+from mq.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    CommitFailedError,
+    StaleMemberEpochError,
+    UnknownMemberIdError,
+    UnstableOffsetCommitError,
+)
 from mq.protocol.messages import Api, Response, response
 
 
 class OffsetsConnection:
     """OffsetCommit and OffsetFetch answered from ``committed`` (``unstable``: partitions an
-    unfinished transaction's offsets hold)."""
+    unfinished transaction's offsets hold; ``refuse``: errors for the next commits, a broker
+    error's code as the reply, any other raised as the connection breaking). ``commits``
+    lists the commits taken, ``identities`` the (member id, epoch) of each sent."""
 
     def __init__(self) -> None:
         self.committed: dict = {}
         self.unstable: set = set()
+        self.refuse: list[type] = []
         self.commits: list[dict] = []
+        self.identities: list[tuple[str, int]] = []
         self._replies: dict[int, Response] = {}
 
     def send(self, api, *fields, claim: bool = False) -> int:
+        if api == Api.OFFSET_COMMIT and self.refuse and \
+                not issubclass(self.refuse[0], BrokerError):
+            raise self.refuse.pop(0)("the broker closed the connection")
         rid = len(self._replies) + 1
         self._replies[rid] = self._answer(api, rid, *fields)
         return rid
@@ -47,7 +62,11 @@ class OffsetsConnection:
 
     def _answer(self, api, rid: int, *fields) -> Response:
         if api == Api.OFFSET_COMMIT:
-            _group, _member, _epoch, items = fields
+            _group, member_id, epoch, items = fields
+            self.identities.append((member_id, epoch))
+            if self.refuse:
+                return Response.from_message(response(api, rid, self.refuse.pop(0).code,
+                                                      "refused"))
             self.commits.append({(t, p): o for t, p, o, _, _ in items})
             self.committed.update({(t, p): o for t, p, o, _, _ in items})
             return Response.from_message(response(api, rid))
@@ -64,10 +83,14 @@ class GroupDriver(LogDriver):
     def __init__(self, data_dir: str) -> None:
         super().__init__(data_dir)
         self.socket_path, self.timeout = None, 1.0
+        self.reconnects = 0
         self.session = SimpleNamespace(conn=OffsetsConnection())
 
     def require(self):
         return self.session
+
+    def lost(self) -> None:
+        self.reconnects += 1
 
 
 class Member(GroupMember):
@@ -77,11 +100,21 @@ class Member(GroupMember):
         super().__init__("g", topics=["t"])
         self.joined = threading.Event()
         self.joined.set()
+        self.rejoin_assigns: tuple = ()
+        self.left = False
 
     def assign(self, *tps) -> None:
         """A heartbeat whose reply assigns ``tps``."""
         self.heartbeat_request()
         self.on_heartbeat_reply("m1", self.epoch + 1, 1_000, [list(tp) for tp in tps], now=0.0)
+
+    def wait_commit_retry(self, partitions, first: int, last: int, timeout: float):
+        """The heartbeat thread's reply came: it assigns ``rejoin_assigns``."""
+        self.assign(*self.rejoin_assigns)
+        return self.retry_commit(partitions, first, last)
+
+    def leave(self) -> None:
+        self.left = True
 
 
 class Listener(ConsumerRebalanceListener):
@@ -190,3 +223,49 @@ def test_a_listener_error_comes_after_reconciliation(parts):
     with pytest.raises(RuntimeError, match="listener failed"):
         group.round(driver.session)
     assert set(fetcher.cursors) == {T0} and member.owned == {T0}
+
+
+@pytest.mark.parametrize("refused", [UnknownMemberIdError, StaleMemberEpochError,
+                                     BrokerUnavailableError])
+def test_a_refused_commit_goes_again_as_the_rejoined_member(parts, refused):
+    driver, fetcher, group, member, listener = parts(auto_commit=False)
+    member.assign(T0, T1)
+    group.round(driver.session)
+    conn = driver.session.conn
+    # UNKNOWN_MEMBER_ID: the broker restarted and the member has not rejoined it yet;
+    # STALE_MEMBER_EPOCH: the member's epoch moved while the commit was in flight; the
+    # connection broke: the broker went away (and the member rejoins the next one).
+    conn.refuse = [refused]
+    member.rejoin_assigns = (T0, T1)
+    epoch = member.epoch
+    group.commit({T0: 5, T1: 7})
+    broke = refused is BrokerUnavailableError
+    assert conn.identities == [("m1", epoch)] * (not broke) + [("m1", epoch + 1)]
+    assert conn.commits == [{("t", 0): 5, ("t", 1): 7}]
+    assert driver.reconnects == broke
+
+
+def test_a_refused_commit_of_a_partition_the_rejoin_did_not_give_back_fails(parts):
+    driver, fetcher, group, member, listener = parts(auto_commit=False)
+    member.assign(T0, T1)
+    group.round(driver.session)
+    conn = driver.session.conn
+    conn.refuse = [UnknownMemberIdError]
+    member.rejoin_assigns = (T1,)                   # T0 went to another member meanwhile
+    with pytest.raises(CommitFailedError, match="t-0"):
+        group.commit({T0: 5, T1: 7})
+    assert conn.commits == [] and len(conn.identities) == 1
+    group.round(driver.session)                     # the next poll revokes T0
+    assert listener.calls[-1] == ("revoked", {T0}) and set(fetcher.cursors) == {T1}
+
+
+def test_leaving_logs_a_commit_that_failed_and_leaves(parts, caplog):
+    driver, fetcher, group, member, listener = parts()          # auto-commit
+    produce(driver, T0, b"a")
+    member.assign(T0)
+    group.round(driver.session)
+    fetcher.take(driver.session, 10, in_group=True)
+    driver.session.conn.refuse = [UnknownMemberIdError]       # and T0 went elsewhere
+    group.leave()
+    assert member.left and group.membership is None
+    assert driver.session.conn.commits == [] and "no longer assigned" in caplog.text

@@ -175,3 +175,98 @@ def test_leaving_and_the_commit_identity(group):
     m = group()
     assert m.commit_identity() == ("m1", m.epoch) and m.epoch > 0
     assert m.leave_request(static=False)[1:3] == ("m1", LEAVE_EPOCH)
+
+
+# --- commits refused for the member's id or epoch -----------------------------------------------
+
+def owning(m: Member) -> Member:
+    """``m`` once its poll thread started its whole target."""
+    m.reconciling(frozenset())
+    m.reconciled(m.target)
+    return m
+
+
+def test_a_commit_refused_after_a_broker_restart_goes_again_once_the_member_rejoined(group):
+    m = owning(group())
+    member_id, epoch, first = m.commit_stamp()
+    # The broker is killed and restarts with no members (it does not persist them); the poll
+    # thread reconnects and commits before the heartbeat thread has rejoined.
+    restarted = GroupCoordinator({"t": 4}, restart_grace_ms=2_000)
+    assert restarted.validate_commit("g", member_id, epoch) is errors.UnknownMemberIdError
+    assert m.retry_commit(tps("t0 t1"), first, first) is None      # no reply yet: wait
+    assert not m.connected(2)                           # a new broker generation: rejoin
+    member_id, epoch, last = m.commit_stamp()
+    assert (member_id, epoch) == ("m1", JOIN_EPOCH)     # refused too, never taken as group-less
+    assert restarted.validate_commit("g", member_id, epoch) is errors.UnknownMemberIdError
+    assert m.retry_commit(tps("t0 t1"), first, last) is None
+    m.coordinator = restarted
+    m._heartbeat()                                      # rejoined, granted what it reported
+    member_id, epoch, _ = m.retry_commit(tps("t0 t1"), first, last)
+    assert (member_id, epoch) == ("m1", m.epoch) and epoch > 0
+    assert restarted.validate_commit("g", member_id, epoch) is None
+
+
+def test_a_commit_of_partitions_given_to_another_member_meanwhile_fails(group):
+    m = owning(group())
+    _, _, first = m.commit_stamp()
+    # The broker restarted without a grace period and another member rejoined first: it was
+    # given everything, so m's rejoin gets nothing back.
+    restarted = GroupCoordinator({"t": 4}, member_id_factory=lambda: "m9")
+    other = Member(restarted)
+    other.connected(1)
+    other._heartbeat()
+    owning(other)
+    m.coordinator = restarted
+    m.connected(2)
+    m._heartbeat()
+    assert m.target == frozenset()
+    with pytest.raises(errors.CommitFailedError, match="t-0, t-1: no longer assigned"):
+        m.retry_commit(tps("t0 t1"), first, first)
+    # The other member hands two partitions over: back in m's target, but the commit's
+    # offsets are older than what the other member may have committed meanwhile.
+    other._heartbeat()
+    _, target, _, _ = other.reconciling(other.owned)
+    other.set_owned(target)
+    other.reconciled(target)
+    other._heartbeat()
+    m._heartbeat()
+    back = m.target
+    assert len(back) == 2
+    with pytest.raises(errors.CommitFailedError):
+        m.retry_commit(back, first, first)
+    _, _, now = m.commit_stamp()                        # a commit made since they came back
+    m._heartbeat()
+    assert m.retry_commit(back, now, now) == m.commit_stamp()
+
+
+def test_a_commit_that_crossed_an_epoch_change_goes_again_only_for_partitions_kept(
+        group, coordinator):
+    m1 = owning(group())
+    member_id, epoch, first = m1.commit_stamp()
+    group()                                             # m2 joins: t2, t3 move to it
+    m1._heartbeat()
+    _, target, _, _ = m1.reconciling(m1.owned)
+    m1.set_owned(target)
+    m1.reconciled(target)
+    m1._heartbeat()                                     # released: the new epoch
+    assert m1.epoch != epoch
+    assert coordinator.validate_commit("g", member_id, epoch) is errors.StaleMemberEpochError
+    assert m1.retry_commit(tps("t0 t1"), first, first) == ("m1", m1.epoch, m1.replies)
+    with pytest.raises(errors.CommitFailedError, match="t-2, t-3"):
+        m1.retry_commit(tps("t0 t2 t3"), first, first)
+
+
+@pytest.mark.parametrize("how", ["fenced", "dropped by the same broker", "failed"])
+def test_a_member_that_lost_its_partitions_commits_nothing_and_does_not_wait(group, how):
+    m = owning(group())
+    _, _, first = m.commit_stamp()
+    if how == "fenced":
+        m.on_heartbeat_error(errors.FencedMemberEpochError.code, "fenced")
+    elif how == "failed":
+        m.fail(errors.GroupAuthorizationFailedError("no"))
+    else:
+        assert m.connected(1)
+    expected = errors.GroupAuthorizationFailedError if how == "failed" \
+        else errors.CommitFailedError
+    with pytest.raises(expected):
+        m.retry_commit(tps("t0"), first, first)
