@@ -751,6 +751,37 @@ def test_members_keep_their_partitions_through_a_broker_restart(broker, how):
                                  if TopicPartition("t", int(v.split("-")[1])) in mine)
 
 
+@pytest.mark.parametrize("when", ["just restarted", "down"])
+def test_a_commit_rides_out_a_broker_restart(broker, when):
+    """The restarted broker knows no members: a commit sent before the member rejoined, or
+    while the broker is down, goes through with the member's new epoch once it rejoined."""
+    produce(broker.socket, {tp: 5 for tp in T4})
+    with Members(broker.socket) as m:
+        c = m.new("t", enable_auto_commit=False)
+        m.pump(c, until=lambda: len(m.records[c]) >= 20)
+        broker.kill()
+        outcome: list = []
+
+        def commit() -> None:
+            try:
+                c.commit({tp: 5 for tp in T4})
+            except Exception as err:            # reported by the assertion below
+                outcome.append(err)
+            else:
+                outcome.append("committed")
+        if when == "down":
+            committing = threading.Thread(target=commit)
+            committing.start()
+            broker.start()
+            committing.join(TIMEOUT)
+        else:
+            broker.start()
+            c.poll(timeout_ms=100)              # the poll thread reconnects: commit at once
+            commit()
+        assert outcome == ["committed"]
+        assert offsets(broker.socket) == {tp: 5 for tp in T4}
+
+
 @pytest.mark.parametrize("committed", [True, False])
 def test_a_member_slow_to_rejoin_after_a_broker_restart_keeps_its_partitions(tmp_path,
                                                                              committed):
