@@ -192,3 +192,27 @@ def test_group_mistakes_are_clear(broker):
             with pytest.raises(ValueError, match="unsubscribe"):
                 c.assign([mq.TopicPartition("t", 0)])
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("when", ["just restarted", "down"])
+def test_a_commit_rides_out_a_broker_restart(broker, when):
+    """The restarted broker knows no members: a commit sent before the member rejoined, or
+    while the broker is down, goes through with the member's new epoch once it rejoined."""
+    every = {mq.TopicPartition("t", p): 5 for p in range(4)}
+
+    async def main():
+        c = mq.aio.Consumer("t", socket=broker.socket, group_id="g", enable_auto_commit=False)
+        async with c:
+            await drain(c, count=400)
+            broker.kill()
+            if when == "down":
+                committing = asyncio.create_task(c.commit(every))
+                await asyncio.to_thread(broker.start)
+                await committing
+            else:
+                broker.start()
+                await c.getmany(timeout_ms=100)         # reconnected: commit at once
+                await c.commit(every)
+    asyncio.run(main())
+    with mq.Admin(broker.socket) as admin:
+        assert admin.list_group_offsets("g") == every
