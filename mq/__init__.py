@@ -4,7 +4,8 @@ The public names live here; everything else is private to its module. See docs/a
 """
 
 from mq import errors
-from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CorruptIndexError,
+from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CommitFailedError,
+                       CorruptIndexError,
                        CorruptRecordError, InvalidTxnStateError, KafkaStorageError, MQError,
                        NoOffsetForPartitionError, OffsetOutOfRangeError,
                        OutOfOrderSequenceError, ProducerFencedError, StorageError,
@@ -32,7 +33,8 @@ __all__ = [
     "errors", "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "OffsetOutOfRangeError", "ClosedError", "BrokerError",
     "BrokerUnavailableError", "KafkaStorageError", "ProducerFencedError",
-    "OutOfOrderSequenceError", "InvalidTxnStateError", "ConsumerGroupMetadata", "__version__",
+    "OutOfOrderSequenceError", "InvalidTxnStateError", "CommitFailedError",
+    "ConsumerGroupMetadata", "__version__",
 ]
 
 
