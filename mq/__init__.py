@@ -5,8 +5,8 @@ The public names live here; everything else is private to its module. See docs/a
 
 from mq import errors
 from mq.errors import (BrokerError, BrokerUnavailableError, ClosedError, CommitFailedError,
-                       CorruptIndexError,
-                       CorruptRecordError, InvalidTxnStateError, KafkaStorageError, MQError,
+                       CorruptIndexError, CorruptRecordError, InvalidTxnStateError,
+                       KafkaStorageError, MQError,
                        NoOffsetForPartitionError, OffsetOutOfRangeError,
                        OutOfOrderSequenceError, ProducerFencedError, StorageError,
                        UnsupportedCodecError)
