@@ -465,6 +465,22 @@ class Consumer:
             self._buffered = collections.deque(
                 r for r in self._buffered if (r.topic, r.partition) != tp)
 
+    # --- flow control ---------------------------------------------------------------------------
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop returning records of these partitions until ``resume`` (what ``getone``
+        holds of them is read again after)."""
+        for tp in partitions:
+            c = self._fetcher.cursor(tp)
+            self._forget(c.tp)
+            c.paused = True
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._fetcher.cursor(tp).paused = False
+
+    def paused(self) -> set[TopicPartition]:
+        return {c.tp for c in self._fetcher.order if c.paused}
+
     # --- reading --------------------------------------------------------------------------------
     async def getmany(self, timeout_ms: float = 0, max_records: int | None = None
                       ) -> dict[TopicPartition, list[Record]]:

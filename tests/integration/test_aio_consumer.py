@@ -85,6 +85,27 @@ def test_iteration_seek_and_position(broker):
     assert asyncio.run(main()) == ([b"a", b"b"], [b"b", b"c", b"d"])
 
 
+def test_paused_partitions_are_not_read_until_resumed(broker):
+    produce(broker.socket, "t", [b"a0", b"a1"], partition=0)
+    produce(broker.socket, "t", [b"b0"], partition=1)
+    tp0, tp1 = mq.TopicPartition("t", 0), mq.TopicPartition("t", 1)
+
+    async def main():
+        async with mq.aio.Consumer("t", socket=broker.socket, value_bytes=True) as c:
+            held = await c.getone()       # a0 (partition 0 is read first); a1, b0 held
+            c.pause(tp0, tp1)
+            assert c.paused() == {tp0, tp1}
+            assert await c.getmany(timeout_ms=50) == {}
+            c.resume(tp1)
+            assert c.paused() == {tp0}
+            only1 = [r.value for r in await read(c, 1)]
+            c.resume(tp0)
+            rest = [r.value for r in await read(c, 1)]
+            return held.value, only1, rest
+    held, only1, rest = asyncio.run(main())
+    assert held == b"a0" and only1 == [b"b0"] and rest == [b"a1"]
+
+
 def test_reading_goes_on_across_a_broker_restart(broker):
     produce(broker.socket, "t", [b"before"])
 
