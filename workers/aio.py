@@ -12,13 +12,17 @@ itself stops turning (a blocking call inside the handler) past the timeout plus 
 
 Completion is out of order, commits are not: a partition's done position moves over the
 longest run of finished records from its first unfinished one (``release``). At least once, a
-record's outputs (and its dead letter) are sent when its attempt succeeds; exactly once they
-are sent when the record is released, in offset order, so a transaction never holds the
-outputs of a record whose offset it does not commit.
+record's outputs are sent when its attempt succeeds (by its task), its dead letter when its
+task ends; exactly once both are sent when the record is released, in offset order, so a
+transaction never holds the outputs of a record whose offset it does not commit. Finished
+tasks are released by the loop (``finish``), never from a callback: releasing may await.
 
-The consumer is used from the loop's thread only. The loop blocks in ``poll`` only when no
-task runs; otherwise it polls without waiting and waits for a task to finish for at most
-``_BUSY_WAIT_S`` (a new record waits that long at most for a free place to be noticed).
+The clients are ``mq.aio``'s (``clients.AsyncClients``): the loop awaits the broker — polls,
+flushes, commits, transactions, revocations (the rebalance listener's methods are awaited
+inside ``getmany``) — and never blocks on it, so running handlers go on meanwhile, and the
+child has no thread but the loop's. The loop awaits a poll of up to ``_IDLE_POLL_S`` only
+when no task runs; otherwise it polls without waiting and waits for a task to finish for at
+most ``_BUSY_WAIT_S`` (a new record waits that long at most for a free place to be noticed).
 Revoked partitions' tasks are cancelled before their done positions are committed; an aborted
 transaction cancels every task and reads again from the committed positions.
 """
@@ -31,6 +35,7 @@ import logging
 import time
 
 import mq
+from workers.clients import Op
 from workers.delivery import BadOutput, MissingOutputTopic, TransactionAborted
 from workers.failures import error_text
 from workers.handling import Base
@@ -67,33 +72,30 @@ class AsyncEngine(Base):
         self.free = list(range(self.config.concurrency))
         self.keys: dict[tuple, int] = collections.Counter()    # (tp, key) running or held
         self.by_key = self.config.ordering == "key"
-        self.fatal: BaseException | None = None
+        self.ended: list[tuple] = []            # (task, tp, partition, record) to finish
         self.words = self.table.words
         for i in self.free:
             self.words[self.table.inflight_entry(self.slot, i) + 4] = 0
 
-    def run(self) -> None:
-        asyncio.run(self.main())
-
-    async def main(self) -> None:
-        delivery, counters = self.delivery, self.counters
+    async def run(self) -> None:
+        """Until ``draining()``; then the running records finish (or are cancelled)."""
+        delivery, counters, run = self.delivery, self.counters, self.run_op
         limit = self.config.concurrency
         while not self.draining():
-            if self.fatal is not None:          # from a done callback (fenced, a bug...)
-                raise self.fatal
             self.tick()
             self.refresh_suspects()
             try:
+                await run(self.finish())
                 self.schedule()
                 polled = False
                 if len(self.tasks) < limit:
                     timeout = 0.0 if self.tasks or self.ready() else _IDLE_POLL_S
-                    polled = bool(self.poll(timeout))
+                    polled = bool(await run(self.poll(timeout)))
                     self.schedule()
                 idle = not polled and not self.tasks
                 if idle or delivery.due(time.monotonic()):
-                    self.settle(self.busy())
-                    delivery.commit()
+                    await run(self.settle(self.busy()))
+                    await run(delivery.commit())
             except TransactionAborted as err:
                 self.aborted(err)
             counters.committed = delivery.commits
@@ -105,18 +107,21 @@ class AsyncEngine(Base):
             else:
                 await asyncio.sleep(0)
         await self.finish_running()
-        if self.fatal is not None:
-            raise self.fatal
 
     async def finish_running(self) -> None:
         """Draining: let running records finish for most of ``drain_timeout_s`` (the
-        supervisor kills at all of it), cancel the rest; their records stay uncommitted."""
+        supervisor kills at all of it), cancel the rest; their records stay uncommitted.
+        The finished ones are released, for the last commit."""
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=self.config.drain_timeout_s * 0.8)
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=1.0)
+        try:
+            await self.run_op(self.finish())
+        except TransactionAborted as err:
+            self.aborted(err)
 
     # --- taking and starting records -----------------------------------------------------------
     def busy(self) -> set:
@@ -205,8 +210,9 @@ class AsyncEngine(Base):
                 async with cm:
                     out = await self.handler(r)
                 outputs = None if out is None else self.delivery.normalize(out)
-                if outputs and not self.delivery.eos:
-                    self.delivery.send_normalized(outputs, r)
+                if outputs:                     # exactly once, released in offset order
+                    await self.run_op(self.delivery.learn(outputs) if self.delivery.eos
+                                      else self.delivery.send_normalized(outputs, r))
             except Exception as err:            # noqa: BLE001 -- the handler's failure
                 if isinstance(err, MissingOutputTopic) and not cm.expired():
                     attempt, waits = attempt - 1, waits + 1      # not the record's fault
@@ -256,24 +262,27 @@ class AsyncEngine(Base):
             self.keys[key] -= 1
             if not self.keys[key]:
                 del self.keys[key]
-        if task.cancelled():
-            return
-        try:
+        if not task.cancelled():
+            self.ended.append((task, tp, part, r))
+
+    def finish(self) -> Op[None]:
+        """Take up the tasks that ended: at least once, dead-letter a record now; release
+        what may be. A task's unexpected error (a bug) is raised."""
+        ended, self.ended = self.ended, []
+        for task, tp, part, r in ended:
+            if self.parts.get(tp) is not part:
+                continue                        # revoked or rewound meanwhile: dropped
             result = task.result()
             if result[0] == "dead" and not self.delivery.eos:
-                self.give_up(r, result[1], result[2])
+                yield from self.give_up(r, result[1], result[2])
                 result = ("released",)
             elif result[0] == "skip":
                 self.skip(r)
                 result = ("released",)
             part.finished[r.offset] = (result, r)
-            self.release(tp, part)
-        except TransactionAborted as err:
-            self.aborted(err)
-        except BaseException as err:            # noqa: BLE001 -- raised by the main loop
-            self.fatal = self.fatal or err
+            yield from self.release(tp, part)
 
-    def release(self, tp: mq.TopicPartition, part: _Partition) -> None:
+    def release(self, tp: mq.TopicPartition, part: _Partition) -> Op[None]:
         """Move the done position over finished records from the first unfinished one. A
         suspect of a refused output (exactly once) gets a transaction of its own."""
         delivery = self.delivery
@@ -283,14 +292,14 @@ class AsyncEngine(Base):
             if result[0] == "ok" and result[1]:
                 isolate = result[2]
                 if isolate:
-                    delivery.commit()                 # what came before, without it
-                delivery.send_normalized(result[1], r)    # exactly once: in order
+                    yield from delivery.commit()      # what came before, without it
+                yield from delivery.send_normalized(result[1], r)    # exactly once: in order
                 if isolate:
                     delivery.done[tp] = offset + 1
-                    delivery.commit()                 # raises TransactionAborted if it was it
+                    yield from delivery.commit()      # raises TransactionAborted if it was it
                     self.isolated(r)
             elif result[0] == "dead":
-                self.give_up(r, result[1], result[2])
+                yield from self.give_up(r, result[1], result[2])
             delivery.done[tp] = offset + 1
 
     # --- partitions come and go ---------------------------------------------------------------
@@ -304,15 +313,15 @@ class AsyncEngine(Base):
             for key in [k for k in self.keys if k[0] == tp]:
                 del self.keys[key]
 
-    def revoked(self, tps) -> None:
+    def revoked(self, tps) -> Op[None]:
         busy = self.busy()
         self.cancel(tps)
-        self.settle(busy)
-        self.delivery.revoked(tps)
+        yield from self.settle(busy)
+        yield from self.delivery.revoked(tps)
 
-    def lost(self, tps) -> None:
+    def lost(self, tps) -> Op[None]:
         self.cancel(list(self.parts) + list(tps))
-        self.delivery.lost()
+        yield from self.delivery.lost()
 
     def rewind(self) -> None:
         """A transaction was aborted: drop every task's result and read every partition

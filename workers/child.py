@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 ENV_CONFIG, ENV_SLOT, ENV_PARENT = "MQ_WORKERS_CONFIG", "MQ_WORKERS_SLOT", "MQ_WORKERS_PARENT"
 ENV_FENCE = "MQ_WORKERS_FENCE"
@@ -92,87 +91,52 @@ def main() -> int:
         table.close()
 
 
-def _connect(make, child: Child, log: logging.Logger, until_drain: bool = True):
-    """``make()`` until a broker answers (None if a drain is asked for meanwhile and
-    ``until_drain``)."""
+def _connecting(step: str, child: Child, log: logging.Logger, until_drain: bool = True):
+    """Perform ``step`` until a broker answers; its result (None if a drain is asked for
+    meanwhile and ``until_drain``)."""
     from mq.errors import BrokerUnavailableError
     delay = 0.05
     while True:
         try:
-            return make()
+            return (yield (step,))
         except BrokerUnavailableError as err:
             if until_drain and child.draining():
                 return None
             if delay == 0.05:
                 log.warning("waiting for the broker: %s", err)
-            time.sleep(delay)                       # backoff between connection attempts
+            yield ("sleep", delay)                  # backoff between connection attempts
             delay = min(1.0, delay * 2)
 
 
+def consumer_options(config) -> dict:
+    """The consumer's topics and keywords (``mq.Consumer``'s and ``mq.aio.Consumer``'s)."""
+    timeout = config.handler_timeout_s
+    return dict(
+        topics=config.topics, group_id=config.group_id, socket=config.socket,
+        enable_auto_commit=False, value_bytes=True,
+        isolation_level="read_committed" if config.exactly_once else "read_uncommitted",
+        max_poll_records=config.max_poll_records,
+        # The supervisor's hang limit acts first; without one, a long handler is no reason
+        # to leave the group.
+        max_poll_interval_ms=int(((timeout or 7 * 86400) + 30) * 1000))
+
+
 def serve(child: Child, config, handler, table, log: logging.Logger) -> int:
-    import mq
+    """Run the child: its clients are the threaded ones for a plain handler, ``mq.aio``'s
+    (in one event loop) for an ``async def`` one (``workers/clients.py``)."""
     from mq.errors import ProducerFencedError
+    from workers.clients import AsyncClients, SyncClients
     from workers.config import is_async
     from workers.delivery import Delivery, OutputsLost
     from workers.handling import Counters
-    from workers.stats import RUNNING, STATE
 
     counters = Counters(table, child.slot)
     delivery = Delivery(config, child.slot)
-    engine = None
-
-    class Listener(mq.ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked):
-            if engine is not None:
-                engine.revoked(revoked)
-
-        def on_partitions_lost(self, lost):
-            if engine is not None:
-                engine.lost(lost)
-
-    def tick() -> None:
-        if not child.joined and consumer.group_metadata().member_epoch > 0:
-            child.joined = True
-            if not child.drain_requested:
-                table.set(child.slot, STATE, RUNNING)
-            log.debug("joined group %s", config.group_id)
-        if os.getppid() != child.parent:
-            child.drain_requested = True
-
-    consumer = None
+    kind = AsyncClients if is_async(handler) else SyncClients
+    clients = kind(delivery.producer_options(), consumer_options(config))
     try:
-        # Exactly once, even a child asked to drain at once fences its slot's transactional
-        # id first: a dead predecessor's transaction must not wait for its timeout.
-        if _connect(delivery.start, child, log, until_drain=not delivery.eos) is None or \
-                os.environ.get(ENV_FENCE):
-            return 0
-        timeout = config.handler_timeout_s
-        consumer = _connect(lambda: mq.Consumer(
-            *config.topics, group_id=config.group_id, socket=config.socket,
-            enable_auto_commit=False, value_bytes=True, listener=Listener(),
-            isolation_level="read_committed" if config.exactly_once else "read_uncommitted",
-            max_poll_records=config.max_poll_records,
-            # The supervisor's hang limit acts first; without one, a long handler is no
-            # reason to leave the group.
-            max_poll_interval_ms=int(((timeout or 7 * 86400) + 30) * 1000)), child, log)
-        if consumer is None:
-            return 0
-        delivery.consumer = consumer
-        args = (config, child.slot, handler, consumer, delivery, table, counters,
-                child.draining)
-        if is_async(handler):
-            from workers.aio import AsyncEngine
-            engine = AsyncEngine(*args)
-        else:
-            from workers.engine import SyncEngine
-            engine = SyncEngine(*args)
-        engine.tick = tick
-        engine.run()
-        engine.settle(engine.busy())
-        delivery.commit(sync=True)
-        counters.committed = delivery.commits
-        log.debug("drained")
-        return 0
+        return clients.drive(_serving(child, config, handler, table, log, clients, delivery,
+                                      counters))
     except ProducerFencedError as err:
         log.error("fenced: another producer uses transactional id %s (a second pool with "
                   "this group and transactional_id_prefix?): %s",
@@ -184,14 +148,53 @@ def serve(child: Child, config, handler, table, log: logging.Logger) -> int:
     except Exception:                              # noqa: BLE001 -- reported, then exit 1
         log.exception("child failed")
         return 1
+
+
+def _serving(child: Child, config, handler, table, log: logging.Logger, clients, delivery,
+             counters):
+    """The child's life as steps: connect, run the engine, commit, close."""
+    from workers.config import is_async
+    from workers.stats import RUNNING, STATE
+
+    def tick() -> None:
+        if not child.joined and consumer.group_metadata().member_epoch > 0:
+            child.joined = True
+            if not child.drain_requested:
+                table.set(child.slot, STATE, RUNNING)
+            log.debug("joined group %s", config.group_id)
+        if os.getppid() != child.parent:
+            child.drain_requested = True
+
+    try:
+        # Exactly once, even a child asked to drain at once fences its slot's transactional
+        # id first: a dead predecessor's transaction must not wait for its timeout.
+        if delivery.eos and (yield from _connecting("start_producer", child, log,
+                                                    until_drain=False)) is None:
+            return 0
+        if os.environ.get(ENV_FENCE):
+            return 0
+        consumer = yield from _connecting("start_consumer", child, log)
+        if consumer is None:
+            return 0
+        args = (config, child.slot, handler, clients, delivery, table, counters,
+                child.draining)
+        if is_async(handler):
+            from workers.aio import AsyncEngine
+            engine = AsyncEngine(*args)
+        else:
+            from workers.engine import SyncEngine
+            engine = SyncEngine(*args)
+        engine.tick = tick
+        clients.listener.engine = engine
+        yield ("engine", engine)
+        yield from engine.settle(engine.busy())
+        yield from delivery.commit(sync=True)
+        counters.committed = delivery.commits
+        log.debug("drained")
+        return 0
     finally:
         counters.publish()
-        if consumer is not None:
-            try:
-                consumer.close()
-            except Exception as err:               # noqa: BLE001 -- closing anyway
-                log.warning("closing the consumer: %s", err)
-        delivery.close()
+        yield ("close",)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """A child's writes: handler outputs, dead letters and committed offsets, at least once or
 exactly once. The engines (``engine.py``, ``aio.py``) decide *what* is done; this decides how
-it becomes durable.
+it becomes durable. Its operations are generators of steps (``clients.py``), which the
+child's clients perform: blocking calls of the threaded clients for a plain handler, awaits of
+``mq.aio``'s for an ``async def`` one, whose handlers go on meanwhile.
 
 Positions: ``done[tp]`` is the offset after the partition's done prefix — every record below
 it was handled or dead-lettered, and its outputs were handed to the producer. Only ``done``
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NoReturn
 
 import mq
 from mq.errors import (
@@ -39,6 +42,7 @@ from mq.errors import (
     RecordListTooLargeError,
     UnknownTopicOrPartitionError,
 )
+from workers.clients import Op
 from workers.config import PoolConfig
 from workers.failures import dead_letter_headers
 
@@ -81,12 +85,12 @@ class TransactionAborted(MQError):
         self.refused = list(refused)
 
 
-def _again_on_timeout(call) -> None:
+def _again_on_timeout(step: str) -> Op[None]:
     """``commit_transaction``/``abort_transaction``: ``TimeoutError`` means still under way;
     calling again finishes it."""
     for attempt in range(_TRIES):
         try:
-            call()
+            yield (step,)
             return
         except TimeoutError:
             if attempt == _TRIES - 1:
@@ -94,19 +98,18 @@ def _again_on_timeout(call) -> None:
 
 
 class Delivery:
-    """Outputs, dead letters and commits of one child (see the module doc)."""
+    """Outputs, dead letters and commits of one child (see the module doc). Its operations
+    are generators of steps (``clients.Op``), which the child's clients perform."""
 
     def __init__(self, config: PoolConfig, slot: int) -> None:
         self.config = config
         self.slot = slot
         self.eos = config.exactly_once
-        self.consumer: mq.Consumer | None = None
         self.done: dict[mq.TopicPartition, int] = {}
         self.committed: dict[mq.TopicPartition, int] = {}
         self.commits = 0                      # records committed (the counter table's)
-        self._producer: mq.Producer | None = None
-        self._pending: list = []                # (future, record, dead letter?, the send)
-        self.on_refused = None                  # at least once: (record, error, dlq) -> None
+        self._pending: list = []                # (future, record, dead letter?, the output)
+        self.on_refused = None                  # at least once: (record, error, dlq) -> Op
         self._sent: dict = {}                   # the async commit in flight
         self._blocked = 0.0                     # seconds in sends since the last commit (EOS)
         self._interval = config.commit_interval_ms / 1000
@@ -115,37 +118,19 @@ class Delivery:
         self._topics: set[str] = set()          # output topics known to exist
 
     # --- setup ------------------------------------------------------------------------------
-    def start(self) -> Delivery:
-        """Exactly once: the transactional producer, before the consumer exists."""
-        if self.eos and self._producer is None:
-            producer = self._new_producer()
-            try:
-                producer.init_transactions()
-            except BaseException:
-                producer.close(timeout=1)
-                raise
-            self._producer = producer
-        return self
-
-    def _new_producer(self) -> mq.Producer:
+    def producer_options(self) -> dict:
+        """The producer's keywords (``mq.Producer``'s and ``mq.aio.Producer``'s)."""
         kw: dict = {"socket": self.config.socket, "linger_ms": 5}
         if self.eos:
             kw.update(transactional_id=self.config.transactional_id(self.slot),
                       transaction_timeout_ms=self.config.transaction_timeout_ms)
-        return mq.Producer(**kw)
-
-    @property
-    def producer(self) -> mq.Producer:
-        if self._producer is None:
-            self._producer = self._new_producer()
-        return self._producer
+        return kw
 
     # --- writes -----------------------------------------------------------------------------
     def normalize(self, outputs) -> list[tuple]:
         """A handler's outputs — ``(topic, key, value)`` or ``(topic, key, value, headers)``
         tuples; keys and values bytes-like, str (sent as UTF-8) or None — as a list of
-        4-tuples. Raises ``BadOutput`` for anything else (the record's attempt failed),
-        ``MissingOutputTopic`` for a topic that does not exist (yet)."""
+        4-tuples. Raises ``BadOutput`` for anything else (the record's attempt failed)."""
         try:
             items = list(outputs)
         except TypeError as err:
@@ -156,32 +141,32 @@ class Delivery:
             if not isinstance(item, tuple) or len(item) not in (3, 4) or \
                     not isinstance(item[0], str):
                 raise BadOutput(f"an output is (topic, key, value[, headers]), got {item!r}")
-            topic, key, value = item[0], _encoded(item[1]), _encoded(item[2])
-            if topic not in self._topics:
-                try:
-                    self.producer.partitions_for(topic)
-                except UnknownTopicOrPartitionError as err:
-                    raise MissingOutputTopic(f"output topic {topic!r} does not exist (create "
-                                             f"it: mq topics create {topic} --partitions N)"
-                                             ) from err
-                self._topics.add(topic)
-            out.append((topic, key, value, item[3] if len(item) == 4 else None))
+            out.append((item[0], _encoded(item[1]), _encoded(item[2]),
+                        item[3] if len(item) == 4 else None))
         return out
 
-    def send_normalized(self, outputs: list[tuple], record) -> None:
-        """Send checked outputs of ``record``. Raises ``BadOutput`` for an output the producer
-        refuses at once (too large for the topic): the attempt failed. Exactly once that
-        aborts the transaction instead, which may hold the record's other outputs:
-        ``TransactionAborted`` naming the record."""
-        for topic, key, value, headers in outputs:
+    def learn(self, outputs: list[tuple]) -> Op[None]:
+        """Check that the outputs' topics exist (once each): ``MissingOutputTopic`` for one
+        that does not (yet)."""
+        for output in outputs:
+            topic = output[0]
+            if topic in self._topics:
+                continue
             try:
-                self._send(topic, key, value, headers, record)
-            except BadOutput as err:
-                if self.eos:
-                    self._abort(err, [(record, f"BadOutput: {err}", False)])
-                raise
+                yield ("partitions_for", topic)
+            except UnknownTopicOrPartitionError as err:
+                raise MissingOutputTopic(f"output topic {topic!r} does not exist (create it: "
+                                         f"mq topics create {topic} --partitions N)") from err
+            self._topics.add(topic)
 
-    def dead_letter(self, record, error: str, attempts: int) -> None:
+    def send_normalized(self, outputs: list[tuple], record) -> Op[None]:
+        """Send ``normalize``d outputs of ``record``, their topics checked first (``learn``).
+        Raises ``BadOutput`` for an output the producer refuses at once (too large for the
+        topic): the attempt failed. Exactly once that aborts the transaction instead, which
+        may hold the record's other outputs: ``TransactionAborted`` naming the record."""
+        return self._send(outputs, record, False)
+
+    def dead_letter(self, record, error: str, attempts: int) -> Op[None]:
         """Send ``record`` to the dead-letter topic; one the producer refuses at once is
         logged and dropped (nothing else can be done with it)."""
         topic = self.config.dead_letter_topic
@@ -190,30 +175,34 @@ class Delivery:
                                       record.offset, error, attempts, self.config.group_id,
                                       record.timestamp_ms)
         try:
-            self._send(topic, record.key, record.value, headers, record, dead_letter=True)
+            yield from self._send([(topic, record.key, record.value, headers)], record, True)
         except BadOutput as err:
             log.error("could not dead-letter %s-%d@%d, skipped: %s", record.topic,
                       record.partition, record.offset, err)
 
-    def _send(self, topic, key, value, headers, record, dead_letter: bool = False) -> None:
-        producer = self.producer
-        if self.eos and not self._txn_open:
-            producer.begin_transaction()
+    def _send(self, outputs: list[tuple], record, dead_letter: bool) -> Op[None]:
+        if not dead_letter:
+            yield from self.learn(outputs)
+        eos = self.eos
+        if eos and not self._txn_open:
+            yield ("begin_transaction",)
             self._txn_open = True
-        try:
-            if self.eos:
-                started = time.monotonic()
-                fut = producer.send(topic, value=value, key=key, headers=headers)
+        for output in outputs:
+            started = time.monotonic() if eos else 0.0
+            try:
+                fut = yield ("send", *output)
+            except _RECORD_ERRORS as err:
+                bad = BadOutput(f"{type(err).__name__}: {err}")
+                if eos and not dead_letter:
+                    yield from self._abort(bad, [(record, f"BadOutput: {bad}", False)])
+                raise bad from err
+            except ProducerFencedError:
+                raise
+            except InvalidTxnStateError as err:         # an earlier send of the txn failed
+                yield from self._abort(err)
+            if eos:
                 self._blocked += time.monotonic() - started
-            else:
-                fut = producer.send(topic, value=value, key=key, headers=headers)
-        except _RECORD_ERRORS as err:
-            raise BadOutput(f"{type(err).__name__}: {err}") from err
-        except ProducerFencedError:
-            raise
-        except InvalidTxnStateError as err:             # an earlier send of the txn failed
-            self._abort(err)
-        self._pending.append((fut, record, dead_letter, (topic, key, value, headers)))
+            self._pending.append((fut, record, dead_letter, output))
 
     # --- commits ----------------------------------------------------------------------------
     def due(self, now: float) -> bool:
@@ -226,31 +215,31 @@ class Delivery:
         return {tp: done[tp] for tp in (done if tps is None else tps)
                 if tp in done and base.get(tp) != done[tp]}
 
-    def commit(self, sync: bool = False, tps=None) -> None:
+    def commit(self, sync: bool = False, tps=None) -> Op[None]:
         """Make the done positions durable (all, or of ``tps``). ``sync``: wait for it (at
         least once; a transaction always waits). Raises ``OutputsLost`` (at least once),
         ``TransactionAborted`` and ``ProducerFencedError`` (exactly once).
 
         The next commit is due ``commit_interval_ms`` later, or ``_BLOCKED_FACTOR`` times as
-        long as this one blocked, if that is longer. Exactly once, the blocking includes the
+        long as this one took, if that is longer. Exactly once, that includes the
         transaction's sends: the first record of each partition in a transaction waits for
         AddPartitionsToTxn, which the coordinator makes durable (an fsync each), and the
         commit waits for the sends' fsync, then the markers and their fsyncs. On a loaded box
         that added up to 100-300 ms per transaction, and a child committing every 100 ms
         spent most of its time waiting. So a child spends at most about a fifth of its time
-        blocked in commits, and batches more records per transaction when they are slow."""
+        in commits, and batches more records per transaction when they are slow."""
         started = time.monotonic()
         try:
-            self._commit(sync, tps)
+            if self.eos:
+                yield from self._commit_transaction()
+            else:
+                yield from self._commit(sync, tps)
         finally:
             now = time.monotonic()
             blocked, self._blocked = now - started + self._blocked, 0.0
             self._next_commit = now + max(self._interval, _BLOCKED_FACTOR * blocked)
 
-    def _commit(self, sync: bool, tps) -> None:
-        if self.eos:
-            self._commit_transaction()
-            return
+    def _commit(self, sync: bool, tps) -> Op[None]:
         if self._sent and not sync:     # sync: whatever an async commit in flight may carry
             return                      # one async commit in flight at a time
         changed = self.changed(tps)
@@ -259,19 +248,20 @@ class Delivery:
         for _ in range(3):                  # refused outputs' dead letters, checked too
             if not self._pending:
                 break
-            self._producer.flush()                        # type: ignore[union-attr]
-            failed = [item for item in self._pending if not item[0].succeeded()]
-            self._pending = []
-            for record, error, dead_letter in self._resend_alone(failed):
-                self.on_refused(record, error, dead_letter)   # type: ignore[misc]
-        consumer = self.consumer
-        assert consumer is not None
+            # An async handler's records may send meanwhile: theirs are for the next commit.
+            pending, self._pending = self._pending, []
+            yield ("flush",)
+            errors = yield ("outcomes", [item[0] for item in pending])
+            failed = [(item, error) for item, error in zip(pending, errors)
+                      if error is not None]
+            for record, error, dead_letter in (yield from self._resend_alone(failed)):
+                yield from self.on_refused(record, error, dead_letter)  # type: ignore[misc]
         if sync:
-            consumer.commit(changed)
+            yield ("commit", changed)
             self._confirmed(changed)
         else:
             self._sent = dict(changed)
-            consumer.commit_async(changed, self._committed_async)
+            yield ("commit_async", changed, self._committed_async)
 
     def _confirmed(self, offsets: dict) -> None:
         for tp, offset in offsets.items():
@@ -280,70 +270,68 @@ class Delivery:
                 self.commits += 0 if before is None else offset - before
                 self.committed[tp] = offset
 
-    def _committed_async(self, offsets: dict, error: Exception | None) -> None:
+    def _committed_async(self, offsets: dict, error: BaseException | None) -> None:
         self._sent = {}
         if error is not None:
             log.warning("commit failed (the next one retries it): %s", error)
         else:
             self._confirmed(offsets)
 
-    def _commit_transaction(self) -> None:
+    def _commit_transaction(self) -> Op[None]:
         changed = self.changed()
         if not changed and not self._txn_open:
             return
-        producer = self.producer
         try:
             if not self._txn_open:
-                producer.begin_transaction()
+                yield ("begin_transaction",)
                 self._txn_open = True
             if changed:
-                producer.send_offsets_to_transaction(changed, self.consumer)
-            _again_on_timeout(producer.commit_transaction)
+                yield ("send_offsets", changed)
+            yield from _again_on_timeout("commit_transaction")
         except ProducerFencedError:
             raise
         except (MQError, TimeoutError) as err:
-            self._abort(err)
+            yield from self._abort(err)
         self._txn_open = False
         self._pending = []
         self._confirmed(changed)
 
-    def _resend_alone(self, failed: list) -> list[tuple]:
-        """At least once: send each failed output again on its own and wait for it. A batch
-        fails as a whole, and the batches queued behind a failed one fail with its error, so
-        only a send that fails alone is its record's fault: ``(record, error, a dead
-        letter?)`` of those. Raises ``OutputsLost`` for any other failure."""
+    def _resend_alone(self, failed: list) -> Op[list[tuple]]:
+        """At least once: send each failed output (``(pending item, error)``) again on its
+        own and wait for it. A batch fails as a whole, and the batches queued behind a failed
+        one fail with its error, so only a send that fails alone is its record's fault:
+        ``(record, error, a dead letter?)`` of those. Raises ``OutputsLost`` for any other
+        failure."""
         refused = []
-        for fut, record, dead_letter, (topic, key, value, headers) in failed:
+        for (_, record, dead_letter, output), first in failed:
             try:
-                self.producer.send(topic, value=value, key=key, headers=headers).get()
+                yield ("send_and_wait", *output)
             except _RECORD_ERRORS as err:
                 refused.append((record, f"BadOutput: {type(err).__name__}: {err}",
                                 dead_letter))
             except (MQError, TimeoutError) as err:
                 raise OutputsLost(f"an output or dead letter was not acknowledged: "
-                                  f"{fut.exception()}; sent again: {err}") from err
+                                  f"{first}; sent again: {err}") from err
         return refused
 
     @staticmethod
-    def _refused(pending) -> list[tuple]:
+    def _refused(pending: list, errors: list) -> list[tuple]:
         """Exactly once: ``(record, error, a dead letter?)`` of the sends of an aborted
         transaction that failed for a record's fault (``_RECORD_ERRORS``). Several records
         may be named for one culprit (a batch fails as a whole): the engines try each again
         in a transaction of its own."""
-        out = []
-        for fut, record, dead_letter, _ in pending:
-            if fut.is_done and fut.failed() and isinstance(fut.exception(), _RECORD_ERRORS):
-                exc = fut.exception()
-                out.append((record, f"BadOutput: {type(exc).__name__}: {exc}", dead_letter))
-        return out
+        return [(record, f"BadOutput: {type(exc).__name__}: {exc}", dead_letter)
+                for (_, record, dead_letter, _), exc in zip(pending, errors)
+                if isinstance(exc, _RECORD_ERRORS)]
 
-    def _abort(self, err: BaseException, refused=()):
-        refused = list(refused) + self._refused(self._pending)
-        self._pending = []
+    def _abort(self, err: BaseException, refused=()) -> Op[NoReturn]:
+        pending, self._pending = self._pending, []
+        errors = (yield ("outcomes", [item[0] for item in pending])) if pending else []
+        refused = list(refused) + self._refused(pending, errors)
         log.warning("transaction failed, aborting it and going back to the committed "
                     "offsets: %s: %s", type(err).__name__, err)
         try:
-            _again_on_timeout(self.producer.abort_transaction)
+            yield from _again_on_timeout("abort_transaction")
         except ProducerFencedError:
             raise
         except (MQError, TimeoutError) as again:
@@ -353,10 +341,10 @@ class Delivery:
         raise TransactionAborted(f"{type(err).__name__}: {err}", refused) from err
 
     # --- partitions come and go ---------------------------------------------------------------
-    def revoked(self, tps) -> None:
+    def revoked(self, tps) -> Op[None]:
         """Commit before the partitions go: their next owner starts where this one stopped."""
         try:
-            self.commit(sync=True, tps=None if self.eos else tps)
+            yield from self.commit(sync=True, tps=None if self.eos else tps)
         finally:
             self.forget(tps)
 
@@ -366,7 +354,7 @@ class Delivery:
             self.committed.pop(tp, None)
             self._sent.pop(tp, None)
 
-    def lost(self) -> None:
+    def lost(self) -> Op[None]:
         """Every partition was taken without a revocation: commit nothing; an open
         transaction's offsets would be refused, so abort it."""
         self.done.clear()
@@ -375,14 +363,9 @@ class Delivery:
         self._pending = []
         if self.eos and self._txn_open:
             try:
-                self._abort(MQError("the group took this member's partitions"))
+                yield from self._abort(MQError("the group took this member's partitions"))
             except TransactionAborted:
                 pass
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close(timeout=10)
-            self._producer = None
 
 
 def _encoded(value):

@@ -29,6 +29,7 @@ import logging
 import time
 
 import mq
+from workers.clients import Op
 from workers.delivery import BadOutput, MissingOutputTopic, TransactionAborted
 from workers.failures import error_text
 from workers.handling import Base
@@ -59,7 +60,7 @@ class SyncEngine(Base):
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         """Until ``draining()``; then the done positions are committed."""
-        delivery, counters = self.delivery, self.counters
+        delivery, counters, run = self.delivery, self.counters, self.run_op
         while not self.draining():
             self.tick()
             self.refresh_suspects()
@@ -67,13 +68,13 @@ class SyncEngine(Base):
                 worked = self.work()
                 if not self.ready():
                     timeout = 0.0 if worked else self.idle_timeout()
-                    batch = self.poll(timeout)
+                    batch = run(self.poll(timeout))
                     idle = not batch and not self.ready()
                 else:
                     idle = False
                 if idle or delivery.due(time.monotonic()):
-                    self.settle(self.busy())
-                    delivery.commit()
+                    run(self.settle(self.busy()))
+                    run(delivery.commit())
             except TransactionAborted as err:
                 self.aborted(err)
             counters.committed = delivery.commits
@@ -136,7 +137,7 @@ class SyncEngine(Base):
         records, i = work
         n = len(records)
         w, e = self.words, self.entry
-        handler, counters, delivery = self.handler, self.counters, self.delivery
+        handler, counters, delivery, run = self.handler, self.counters, self.delivery, self.run_op
         w[e] = self.topic_index[tp.topic]
         w[e + 1] = tp.partition
         suspects = self.suspects
@@ -149,7 +150,7 @@ class SyncEngine(Base):
                 if refusal is not None and refusal != "isolate":
                     self.tries.pop(tp, None)
                     if refusal[0] == "dead":
-                        self.give_up(r, refusal[1], 1)
+                        run(self.give_up(r, refusal[1], 1))
                     else:
                         self.skip(r)
                     i += 1
@@ -157,7 +158,7 @@ class SyncEngine(Base):
                     continue
                 if refusal == "isolate":             # exactly once: its own transaction
                     isolate = True
-                    delivery.commit()
+                    run(delivery.commit())
                 verdict = self.start_checked(tp, r)
                 if verdict is _WAIT:
                     work[1] = i
@@ -183,8 +184,8 @@ class SyncEngine(Base):
             counters.handler_ns += _monotonic_ns() - t0
             if error is None and outputs:
                 try:
-                    delivery.send_normalized(outputs, r)   # exactly once: raises
-                except BadOutput as err:                   # TransactionAborted instead
+                    run(delivery.send_normalized(outputs, r))  # exactly once: raises
+                except BadOutput as err:                       # TransactionAborted instead
                     error = err
             if error is not None:
                 if self.failed(tp, r, attempt, error):
@@ -199,7 +200,7 @@ class SyncEngine(Base):
                     self.topic_waits.pop(tp, None)
                 if isolate:
                     delivery.done[tp] = r.offset + 1
-                    delivery.commit()                # raises TransactionAborted if it was it
+                    run(delivery.commit())           # raises TransactionAborted if it was it
                     self.isolated(r)
             i += 1
             delivery.done[tp] = r.offset + 1
@@ -222,7 +223,7 @@ class SyncEngine(Base):
                     return _WAIT
         if tp in self.tries and self.tries[tp][0] >= self.config.max_attempts:
             attempts, error = self.tries.pop(tp)
-            self.give_up(r, error, attempts)
+            self.run_op(self.give_up(r, error, attempts))
             return _DEAD
         return _GO
 
@@ -246,22 +247,22 @@ class SyncEngine(Base):
                         self.config.max_attempts, delay * 1000, text, extra=record_fields(r),
                         exc_info=log.isEnabledFor(logging.DEBUG))
             if self.delivery.eos:
-                self.delivery.commit()               # keep the transaction short
+                self.run_op(self.delivery.commit())  # keep the transaction short
             return True
         self.tries.pop(tp, None)
-        self.give_up(r, text, attempt)
+        self.run_op(self.give_up(r, text, attempt))
         return False
 
     # --- partitions come and go ---------------------------------------------------------------
-    def revoked(self, tps) -> None:
+    def revoked(self, tps) -> Op[None]:
         try:
-            self.settle(self.busy())
-            self.delivery.revoked(tps)
+            yield from self.settle(self.busy())
+            yield from self.delivery.revoked(tps)
         finally:
             self.drop(tps)
 
-    def lost(self, tps) -> None:
-        self.delivery.lost()
+    def lost(self, tps) -> Op[None]:
+        yield from self.delivery.lost()
         self.drop(list(self.pending) + list(tps))
 
     def drop(self, tps) -> None:

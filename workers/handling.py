@@ -3,7 +3,9 @@ counters they publish to the counter table, and what they know about a record's 
 attempts — deaths in the handler (the supervisor's ring), retry hints of other children,
 outputs refused in an aborted transaction — with the decisions that follow (retry delay,
 dead letter or skip), and the steps of their loops that are the same (``poll``,
-``aborted``, ``seek_committed``). The loops themselves are the engines'.
+``aborted``, ``seek_committed``). The loops themselves are the engines'. What talks to the
+broker (``poll``, ``settle``, ``give_up``...) is an operation of steps (``clients.Op``) that
+the engine runs with its clients (``run``: a call, or a coroutine to await).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import mq
+from workers.clients import Op
 from workers.config import PoolConfig
 from workers.delivery import Delivery, TransactionAborted
 from workers.failures import backoff_s, death_error
@@ -62,13 +65,14 @@ class Base:
     """What both engines share: the attempts a death spent, failure decisions, dead letters,
     revocation."""
 
-    def __init__(self, config: PoolConfig, slot: int, handler: Callable, consumer: mq.Consumer,
+    def __init__(self, config: PoolConfig, slot: int, handler: Callable, clients,
                  delivery: Delivery, table: StatsTable, counters: Counters,
                  draining: Callable[[], bool]) -> None:
         self.config = config
         self.slot = slot
         self.handler = handler
-        self.consumer = consumer
+        self.consumer = clients.consumer          # local calls: pause, seek, assignment...
+        self.run_op = clients.run                 # the rest: steps (clients.py)
         self.delivery = delivery
         self.table = table
         self.counters = counters
@@ -108,9 +112,9 @@ class Base:
         """``r``'s key in the counter table's entries: (topic index, partition, offset)."""
         return (self.topic_index[r.topic], r.partition, r.offset)
 
-    def poll(self, timeout_s: float) -> dict:
+    def poll(self, timeout_s: float) -> Op[dict]:
         """Poll for up to ``timeout_s`` and take what came; returns the batch."""
-        batch = self.consumer.poll(timeout_ms=timeout_s * 1000)
+        batch = yield ("poll", timeout_s)
         if batch:
             self.refresh_suspects()             # hints written before a rebalance
         for tp, records in batch.items():
@@ -154,11 +158,11 @@ class Base:
             self.hinted.discard(key)
             self.table.clear_hint(self.slot, *key)
 
-    def give_up(self, r, error: str, attempts: int) -> None:
+    def give_up(self, r, error: str, attempts: int) -> Op[None]:
         """The last attempt failed: dead-letter ``r`` (or log and skip it)."""
         self.hint_done(r)
         if self.config.dead_letter_topic is not None:
-            self.delivery.dead_letter(r, error, attempts)
+            yield from self.delivery.dead_letter(r, error, attempts)
             self.counters.dead_lettered += 1
             log.error("dead-lettered after %d attempts to %s: %s", attempts,
                       self.config.dead_letter_topic, error, extra=record_fields(r))
@@ -167,23 +171,23 @@ class Base:
             log.error("skipped after %d failed attempts (no dead-letter topic): %s",
                       attempts, error, extra=record_fields(r))
 
-    def settle(self, busy) -> None:
+    def settle(self, busy) -> Op[None]:
         """Move the done position of every partition with nothing left to handle
         (``busy``: the partitions that have) up to the consumer's position: past transaction
         markers, aborted records and compaction gaps, which never reach the handler. Without
         it a transactional input would keep a lag of one (its last marker) forever."""
-        done, consumer = self.delivery.done, self.consumer
+        done = self.delivery.done
         for tp, offset in list(done.items()):
             if tp in busy:
                 continue
             try:
-                position = consumer.position(tp)
+                position = yield ("position", tp)
             except (ValueError, mq.MQError):
                 continue                            # no longer assigned
             if position > offset:
                 done[tp] = position
 
-    def on_refused(self, r, error: str, dead_letter: bool) -> None:
+    def on_refused(self, r, error: str, dead_letter: bool) -> Op[None]:
         """The producer refused an output (or the dead letter) of ``r``, which was handled:
         at least once, dead-letter it now (or, its dead letter refused, skip it)."""
         log.error("%s refused: %s", "its dead letter was" if dead_letter else "an output was",
@@ -191,7 +195,7 @@ class Base:
         if dead_letter:
             self.counters.skipped += 1
         else:
-            self.give_up(r, error, 1)
+            yield from self.give_up(r, error, 1)
 
     def remember_refused(self, refused) -> None:
         """Exactly once, a transaction was aborted because outputs of these records were

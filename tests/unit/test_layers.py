@@ -17,6 +17,7 @@ import functools
 import pathlib
 
 import mq
+import mq.aio
 from mq import errors
 
 TOP = pathlib.Path(mq.__file__).parent.parent
@@ -46,15 +47,16 @@ ALLOWED = {
     "mq.__main__": {"mq.cli"},
     "pyspark_mq": {"mq.spark"},
     # public names only (test_workers_use_only_public_names)
-    "workers": {"mq.client", "mq.protocol", *PLUMBING},
+    "workers": {"mq.client", "mq.protocol", "mq.aio", *PLUMBING},
     "bench": {"mq.client", "mq.aio", "mq.protocol", "mq.log", "mq.broker", "mq.spark",
               "mq.testing", "workers", *PLUMBING},
 }
 
-# What ``workers`` may import from mq: the public package's names, the public errors, and
-# the plumbing modules (any of their names).
+# What ``workers`` may import from mq: the public package's names (mq's and mq.aio's), the
+# public errors, and the plumbing modules (any of their names).
 PUBLIC = {"mq": set(mq.__all__) | {name.removeprefix("mq.") for name in PLUMBING},
-          "mq.errors": set(errors.__all__), **{name: None for name in PLUMBING}}
+          "mq.aio": set(mq.aio.__all__), "mq.errors": set(errors.__all__),
+          **{name: None for name in PLUMBING}}
 
 
 
