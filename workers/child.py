@@ -130,13 +130,18 @@ def serve(child: Child, config, handler, table, log: logging.Logger) -> int:
     from workers.delivery import Delivery, OutputsLost
     from workers.handling import Counters
 
+    if is_async(handler):
+        from workers.aio import AsyncEngine as engine_type
+        kind = AsyncClients
+    else:
+        from workers.engine import SyncEngine as engine_type
+        kind = SyncClients
     counters = Counters(table, child.slot)
     delivery = Delivery(config, child.slot)
-    kind = AsyncClients if is_async(handler) else SyncClients
     clients = kind(delivery.producer_options(), consumer_options(config))
     try:
         return clients.drive(_serving(child, config, handler, table, log, clients, delivery,
-                                      counters))
+                                      counters, engine_type))
     except ProducerFencedError as err:
         log.error("fenced: another producer uses transactional id %s (a second pool with "
                   "this group and transactional_id_prefix?): %s",
@@ -151,9 +156,8 @@ def serve(child: Child, config, handler, table, log: logging.Logger) -> int:
 
 
 def _serving(child: Child, config, handler, table, log: logging.Logger, clients, delivery,
-             counters):
-    """The child's life as steps: connect, run the engine, commit, close."""
-    from workers.config import is_async
+             counters, engine_type):
+    """The child's life as steps (``clients.Op``): connect, run the engine, commit, close."""
     from workers.stats import RUNNING, STATE
 
     def tick() -> None:
@@ -168,22 +172,15 @@ def _serving(child: Child, config, handler, table, log: logging.Logger, clients,
     try:
         # Exactly once, even a child asked to drain at once fences its slot's transactional
         # id first: a dead predecessor's transaction must not wait for its timeout.
-        if delivery.eos and (yield from _connecting("start_producer", child, log,
-                                                    until_drain=False)) is None:
-            return 0
+        if delivery.eos:
+            yield from _connecting("start_producer", child, log, until_drain=False)
         if os.environ.get(ENV_FENCE):
             return 0
         consumer = yield from _connecting("start_consumer", child, log)
         if consumer is None:
             return 0
-        args = (config, child.slot, handler, clients, delivery, table, counters,
-                child.draining)
-        if is_async(handler):
-            from workers.aio import AsyncEngine
-            engine = AsyncEngine(*args)
-        else:
-            from workers.engine import SyncEngine
-            engine = SyncEngine(*args)
+        engine = engine_type(config, child.slot, handler, clients, delivery, table, counters,
+                             child.draining)
         engine.tick = tick
         clients.listener.engine = engine
         yield ("engine", engine)

@@ -10,6 +10,11 @@ steered by environment variables the children inherit:
 - values starting ``poison`` raise ``ValueError`` until the file ``WK_FIXED`` exists;
   ``hang`` sleeps for an hour; ``crash`` ends the child with ``os._exit(13)``; ``big`` adds a
   second output of 20,000 bytes (too large for a topic with ``max.message.bytes=10000``).
+- ``awatch``: ``ahandle``, but a record valued ``watch`` first awaits, a millisecond at a
+  time, until it sees another task of its loop suspended in a commit step of the child's
+  clients (``workers/clients.py``), for up to 20 s. Its ``done`` event names the step
+  (``committing``, None if it saw none) and every ``done`` event counts the child's threads
+  (``threads``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 
 _FD = os.open(os.environ["WK_EVENTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) \
@@ -36,12 +42,13 @@ def parse_output(value: bytes) -> tuple[int, int, bytes]:
     return int(partition), int(offset), reversed_value[::-1]
 
 
-def event(kind: str, r) -> None:
+def event(kind: str, r, **extra) -> None:
     if _FD is not None:
         os.write(_FD, json.dumps({
             "kind": kind, "pid": os.getpid(), "slot": _SLOT, "partition": r.partition,
             "offset": r.offset, "key": None if r.key is None else bytes(r.key).decode(),
-            "value": bytes(r.value).decode(), "t": time.monotonic_ns()}).encode() + b"\n")
+            "value": bytes(r.value).decode(), "t": time.monotonic_ns(), **extra}).encode()
+            + b"\n")
 
 
 def _behave(r) -> None:
@@ -77,4 +84,35 @@ async def ahandle(r):
     await asyncio.sleep(_SLEEP * (1 + (r.offset % 3)))       # uneven: completion reorders
     _behave(r)
     event("done", r)
+    return _outputs(r)
+
+
+_COMMIT_STEPS = {"flush", "commit", "send_offsets", "commit_transaction"}
+_CLIENTS = os.path.join("workers", "clients.py")
+
+
+def _suspended_in_a_commit() -> str | None:
+    """The commit step of the child's clients that a task of this loop awaits, if any: its
+    chain of awaited coroutines goes through it."""
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        while hasattr(coro, "cr_code"):
+            code = coro.cr_code
+            if code.co_name in _COMMIT_STEPS and code.co_filename.endswith(_CLIENTS):
+                return code.co_name
+            coro = coro.cr_await
+    return None
+
+
+async def awatch(r):
+    event("call", r)
+    seen = None
+    if bytes(r.value) == b"watch":
+        deadline = time.monotonic() + 20
+        while seen is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+            seen = _suspended_in_a_commit()
+    else:
+        await asyncio.sleep(_SLEEP)
+    event("done", r, threads=threading.active_count(), committing=seen)
     return _outputs(r)
