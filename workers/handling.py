@@ -5,7 +5,7 @@ outputs refused in an aborted transaction — with the decisions that follow (re
 dead letter or skip), and the steps of their loops that are the same (``poll``,
 ``aborted``, ``seek_committed``). The loops themselves are the engines'. What talks to the
 broker (``poll``, ``settle``, ``give_up``...) is an operation of steps (``clients.Op``) that
-the engine runs with its clients (``run``: a call, or a coroutine to await).
+the engine runs with its clients (``run_op``: a call, or a coroutine to await).
 """
 
 from __future__ import annotations

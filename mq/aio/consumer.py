@@ -468,18 +468,17 @@ class Consumer:
     # --- flow control ---------------------------------------------------------------------------
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop returning records of these partitions until ``resume`` (what ``getone``
-        holds of them is read again after)."""
-        for tp in partitions:
-            c = self._fetcher.cursor(tp)
-            self._forget(c.tp)
-            c.paused = True
+        holds of them is read again after), as ``mq.Consumer.pause``."""
+        tps = [self._fetcher.cursor(tp).tp for tp in partitions]
+        for tp in tps:
+            self._forget(tp)
+        self._fetcher.pause(tps)
 
     def resume(self, *partitions: TopicPartition) -> None:
-        for tp in partitions:
-            self._fetcher.cursor(tp).paused = False
+        self._fetcher.resume(partitions)
 
     def paused(self) -> set[TopicPartition]:
-        return {c.tp for c in self._fetcher.order if c.paused}
+        return self._fetcher.paused()
 
     # --- reading --------------------------------------------------------------------------------
     async def getmany(self, timeout_ms: float = 0, max_records: int | None = None

@@ -462,17 +462,15 @@ class Consumer:
     # --- flow control ---------------------------------------------------------------------------
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop returning records of these partitions until ``resume``."""
-        for tp in partitions:
-            c = self._fetcher.cursor(tp)
-            self._fetcher.rewind([c.tp])
-            c.paused = True
+        tps = [self._fetcher.cursor(tp).tp for tp in partitions]
+        self._fetcher.rewind(tps)
+        self._fetcher.pause(tps)
 
     def resume(self, *partitions: TopicPartition) -> None:
-        for tp in partitions:
-            self._fetcher.cursor(tp).paused = False
+        self._fetcher.resume(partitions)
 
     def paused(self) -> set[TopicPartition]:
-        return {c.tp for c in self._fetcher.order if c.paused}
+        return self._fetcher.paused()
 
     # --- polling --------------------------------------------------------------------------------
     def poll(self, timeout_ms: float = 0, max_records: int | None = None

@@ -234,6 +234,20 @@ class Fetcher:
                 out[tp] = pos
         return out
 
+    # --- flow control ---------------------------------------------------------------------------
+    def pause(self, tps: Iterable[TopicPartition]) -> None:
+        """Take no records of ``tps`` until ``resume``. Raises ``ValueError`` for a partition
+        not assigned."""
+        for tp in tps:
+            self.cursor(tp).paused = True
+
+    def resume(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self.cursor(tp).paused = False
+
+    def paused(self) -> set[TopicPartition]:
+        return {c.tp for c in self.order if c.paused}
+
     def watched(self) -> list[tuple[TopicPartition, int]]:
         """``(tp, offset)`` of the partitions a wait is for: unpaused, with a position."""
         return [(c.tp, c.offset) for c in self.order if not c.paused and c.offset is not None]

@@ -106,6 +106,24 @@ def test_max_records_and_fairness_between_partitions(driver):
     f.close()
 
 
+def test_paused_partitions_are_not_taken_until_resumed(driver):
+    produce(driver, T0, b"a")
+    produce(driver, T1, b"b")
+    f = fetcher_of(driver)
+    f.assign([T0, T1])
+    f.pause([T0])
+    assert f.paused() == {T0}
+    assert values(f.take(None, 10, in_group=False), T1) == [b"b"]
+    assert f.take(None, 10, in_group=False) == {}
+    assert f.watched() == [(T1, 1)]                  # a wait is not for a paused partition
+    f.resume([T0])
+    assert f.paused() == set()
+    assert values(f.take(None, 10, in_group=False), T0) == [b"a"]
+    with pytest.raises(ValueError, match="not assigned"):
+        f.pause([TopicPartition("t", 7)])
+    f.close()
+
+
 def test_a_position_is_chosen_by_auto_offset_reset(driver):
     produce(driver, T0, b"a", b"b")
     latest = fetcher_of(driver, auto_offset_reset="latest")
