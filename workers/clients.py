@@ -123,10 +123,13 @@ class SyncClients:
     def begin_transaction(self) -> None:
         self.producer.begin_transaction()
 
-    def send(self, topic: str, key, value, headers):
+    def send(self, output: tuple):
+        """``output``: ``(topic, key, value, headers)``."""
+        topic, key, value, headers = output
         return self.producer.send(topic, value=value, key=key, headers=headers)
 
-    def send_and_wait(self, topic: str, key, value, headers) -> None:
+    def send_and_wait(self, output: tuple) -> None:
+        topic, key, value, headers = output
         self.producer.send(topic, value=value, key=key, headers=headers).get()
 
     def flush(self) -> None:
@@ -184,6 +187,7 @@ class AsyncClients:
         self._consumer_options = dict(consumer_options)
         self._topics = self._consumer_options.pop("topics")
         self._producer: mq.aio.Producer | None = None
+        self._starting = asyncio.Lock()
         self.consumer: mq.aio.Consumer | None = None
         self.listener = Listener(self)
         self._commits: set[asyncio.Task] = set()
@@ -206,18 +210,20 @@ class AsyncClients:
         """Run ``op`` in a new event loop, which the clients belong to."""
         return asyncio.run(self.run(op))
 
-    @property
-    def producer(self) -> mq.aio.Producer:
+    async def producer(self) -> mq.aio.Producer:
+        """The producer, started (connected; exactly once, its transactions initialized). A
+        start that fails leaves none: the next step makes a new one."""
         if self._producer is None:
-            self._producer = mq.aio.Producer(**self._producer_options)
+            async with self._starting:
+                if self._producer is None:
+                    producer = mq.aio.Producer(**self._producer_options)
+                    await producer.start()        # it stops itself if this fails
+                    self._producer = producer
         return self._producer
 
     # --- the steps ----------------------------------------------------------------------------
     async def start_producer(self) -> mq.aio.Producer:
-        producer = mq.aio.Producer(**self._producer_options)
-        await producer.start()                    # init_transactions; stops itself if it fails
-        self._producer = producer
-        return producer
+        return await self.producer()
 
     async def start_consumer(self) -> mq.aio.Consumer:
         consumer = mq.aio.Consumer(*self._topics, listener=self.listener,
@@ -227,33 +233,37 @@ class AsyncClients:
         return consumer
 
     async def partitions_for(self, topic: str) -> set[int]:
-        return await self.producer.partitions_for(topic)
+        return await (await self.producer()).partitions_for(topic)
 
     async def begin_transaction(self) -> None:
-        await self.producer.begin_transaction()
+        await (await self.producer()).begin_transaction()
 
-    async def send(self, topic: str, key, value, headers) -> asyncio.Future:
-        future = await self.producer.send(topic, value=value, key=key, headers=headers)
+    async def send(self, output: tuple) -> asyncio.Future:
+        topic, key, value, headers = output
+        producer = await self.producer()
+        future = await producer.send(topic, value=value, key=key, headers=headers)
         future.add_done_callback(_retrieve)
         return future
 
-    async def send_and_wait(self, topic: str, key, value, headers) -> None:
-        await self.producer.send_and_wait(topic, value=value, key=key, headers=headers)
+    async def send_and_wait(self, output: tuple) -> None:
+        topic, key, value, headers = output
+        producer = await self.producer()
+        await producer.send_and_wait(topic, value=value, key=key, headers=headers)
 
     async def flush(self) -> None:
-        await self.producer.flush()
+        await (await self.producer()).flush()
 
     async def outcomes(self, futures: list) -> list:
         return [f.exception() if f.done() else _not_acknowledged() for f in futures]
 
     async def send_offsets(self, offsets: dict) -> None:
-        await self.producer.send_offsets_to_transaction(offsets, self.consumer)
+        await (await self.producer()).send_offsets_to_transaction(offsets, self.consumer)
 
     async def commit_transaction(self) -> None:
-        await self.producer.commit_transaction()
+        await (await self.producer()).commit_transaction()
 
     async def abort_transaction(self) -> None:
-        await self.producer.abort_transaction()
+        await (await self.producer()).abort_transaction()
 
     async def poll(self, timeout_s: float) -> dict:
         return await self.consumer.getmany(timeout_ms=timeout_s * 1000)   # type: ignore

@@ -180,29 +180,58 @@ class Delivery:
             log.error("could not dead-letter %s-%d@%d, skipped: %s", record.topic,
                       record.partition, record.offset, err)
 
+    def send_now(self, outputs: list[tuple], record, send) -> Op[None] | None:
+        """``send_normalized`` for a plain handler's loop, without an operation per record:
+        when the sends are the only steps (the topics known; exactly once, the transaction
+        open), each output goes through ``send`` (the threaded clients' step). Returns None,
+        or the operation that does the rest: all of it when another step comes first, the
+        refusal (``BadOutput``, ``TransactionAborted``) of a send that raised."""
+        if self.eos and not self._txn_open:
+            return self.send_normalized(outputs, record)
+        for output in outputs:
+            if output[0] not in self._topics:
+                return self.send_normalized(outputs, record)
+        for output in outputs:
+            started = time.monotonic() if self.eos else 0.0
+            try:
+                fut = send(output)
+            except Exception as err:                # noqa: BLE001 -- _refuse sorts it out
+                return self._refuse(err, record, False)
+            self._sent_output(fut, record, False, output, started)
+        return None
+
     def _send(self, outputs: list[tuple], record, dead_letter: bool) -> Op[None]:
         if not dead_letter:
             yield from self.learn(outputs)
-        eos = self.eos
-        if eos and not self._txn_open:
+        if self.eos and not self._txn_open:
             yield ("begin_transaction",)
             self._txn_open = True
         for output in outputs:
-            started = time.monotonic() if eos else 0.0
+            started = time.monotonic() if self.eos else 0.0
             try:
-                fut = yield ("send", *output)
-            except _RECORD_ERRORS as err:
-                bad = BadOutput(f"{type(err).__name__}: {err}")
-                if eos and not dead_letter:
-                    yield from self._abort(bad, [(record, f"BadOutput: {bad}", False)])
-                raise bad from err
-            except ProducerFencedError:
-                raise
-            except InvalidTxnStateError as err:         # an earlier send of the txn failed
-                yield from self._abort(err)
-            if eos:
-                self._blocked += time.monotonic() - started
-            self._pending.append((fut, record, dead_letter, output))
+                fut = yield ("send", output)
+            except Exception as err:                # noqa: BLE001 -- _refuse sorts it out
+                yield from self._refuse(err, record, dead_letter)
+            self._sent_output(fut, record, dead_letter, output, started)
+
+    def _sent_output(self, fut, record, dead_letter: bool, output: tuple, started: float) -> None:
+        if self.eos:
+            self._blocked += time.monotonic() - started
+        self._pending.append((fut, record, dead_letter, output))
+
+    def _refuse(self, err: Exception, record, dead_letter: bool) -> Op[NoReturn]:
+        """A send of ``record``'s raised ``err``: ``BadOutput`` if the record is at fault
+        (exactly once, an output's aborts the transaction: ``TransactionAborted`` naming the
+        record), ``TransactionAborted`` if an earlier send broke the transaction, else
+        ``err``."""
+        if isinstance(err, _RECORD_ERRORS):
+            bad = BadOutput(f"{type(err).__name__}: {err}")
+            if self.eos and not dead_letter:
+                yield from self._abort(bad, [(record, f"BadOutput: {bad}", False)])
+            raise bad from err
+        if isinstance(err, InvalidTxnStateError):
+            yield from self._abort(err)
+        raise err
 
     # --- commits ----------------------------------------------------------------------------
     def due(self, now: float) -> bool:
@@ -305,7 +334,7 @@ class Delivery:
         refused = []
         for (_, record, dead_letter, output), first in failed:
             try:
-                yield ("send_and_wait", *output)
+                yield ("send_and_wait", output)
             except _RECORD_ERRORS as err:
                 refused.append((record, f"BadOutput: {type(err).__name__}: {err}",
                                 dead_letter))

@@ -53,6 +53,7 @@ class SyncEngine(Base):
         self.parked: dict[mq.TopicPartition, float] = {}     # tp -> when to try its head
         self.tries: dict[mq.TopicPartition, tuple[int, str]] = {}   # head's attempts, error
         self.topic_waits: dict[mq.TopicPartition, int] = {}  # head's waits for an output topic
+        self.send = self.clients.send                        # an output, at once
         self.entry = table_entry = self.table.inflight_entry(self.slot, 0)
         self.words = self.table.words
         self.words[table_entry + 4] = 0
@@ -137,7 +138,8 @@ class SyncEngine(Base):
         records, i = work
         n = len(records)
         w, e = self.words, self.entry
-        handler, counters, delivery, run = self.handler, self.counters, self.delivery, self.run_op
+        handler, counters, delivery = self.handler, self.counters, self.delivery
+        run, send = self.run_op, self.send
         w[e] = self.topic_index[tp.topic]
         w[e + 1] = tp.partition
         suspects = self.suspects
@@ -184,8 +186,10 @@ class SyncEngine(Base):
             counters.handler_ns += _monotonic_ns() - t0
             if error is None and outputs:
                 try:
-                    run(delivery.send_normalized(outputs, r))  # exactly once: raises
-                except BadOutput as err:                       # TransactionAborted instead
+                    rest = delivery.send_now(outputs, r, send)
+                    if rest is not None:
+                        run(rest)                   # exactly once: raises
+                except BadOutput as err:            # TransactionAborted instead
                     error = err
             if error is not None:
                 if self.failed(tp, r, attempt, error):

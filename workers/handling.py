@@ -71,6 +71,7 @@ class Base:
         self.config = config
         self.slot = slot
         self.handler = handler
+        self.clients = clients
         self.consumer = clients.consumer          # local calls: pause, seek, assignment...
         self.run_op = clients.run                 # the rest: steps (clients.py)
         self.delivery = delivery
