@@ -14,6 +14,10 @@ consumer group's steps (``mq/client/consumer_group.py``):
   and the child runs no thread: handlers' awaits go on during a poll, a flush, a commit or
   a transaction.
 
+A plain handler's outputs are the one exception, for speed (an operation costs about 0.5 us
+more than a call, per record): ``Delivery.send_now`` calls ``SyncClients.send`` itself when
+the sends are the only steps.
+
 Steps: ``start_producer``, ``start_consumer``, ``partitions_for``, ``begin_transaction``,
 ``send`` (returns the record's future), ``send_and_wait``, ``flush``, ``outcomes`` (of
 futures: None for a record acknowledged, else its error), ``send_offsets``,
