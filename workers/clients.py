@@ -244,7 +244,7 @@ class AsyncClients:
 
     async def send(self, output: tuple) -> asyncio.Future:
         topic, key, value, headers = output
-        producer = await self.producer()
+        producer = self._producer or await self.producer()
         future = await producer.send(topic, value=value, key=key, headers=headers)
         future.add_done_callback(_retrieve)
         return future

@@ -274,17 +274,22 @@ class Delivery:
         changed = self.changed(tps)
         if not changed:
             return
+        # What was sent before the done positions were taken; an async handler's records
+        # may send meanwhile, for the next commit.
+        pending, self._pending = self._pending, []
         for _ in range(3):                  # refused outputs' dead letters, checked too
-            if not self._pending:
+            if not pending:
                 break
-            # An async handler's records may send meanwhile: theirs are for the next commit.
-            pending, self._pending = self._pending, []
             yield ("flush",)
             errors = yield ("outcomes", [item[0] for item in pending])
             failed = [(item, error) for item, error in zip(pending, errors)
                       if error is not None]
+            mark = len(self._pending)
             for record, error, dead_letter in (yield from self._resend_alone(failed)):
                 yield from self.on_refused(record, error, dead_letter)  # type: ignore[misc]
+            pending = self._pending[mark:]                  # the dead letters just sent
+            del self._pending[mark:]
+        self._pending += pending                            # left for the next commit
         if sync:
             yield ("commit", changed)
             self._confirmed(changed)
