@@ -20,9 +20,12 @@ tasks are released by the loop (``finish``), never from a callback: releasing ma
 The clients are ``mq.aio``'s (``clients.AsyncClients``): the loop awaits the broker — polls,
 flushes, commits, transactions, revocations (the rebalance listener's methods are awaited
 inside ``getmany``) — and never blocks on it, so running handlers go on meanwhile, and the
-child has no thread but the loop's. The loop awaits a poll of up to ``_IDLE_POLL_S`` only
-when no task runs; otherwise it polls without waiting and waits for a task to finish for at
-most ``_BUSY_WAIT_S`` (a new record waits that long at most for a free place to be noticed).
+child has no thread but the loop's. A commit is a task of its own: while it runs, the loop
+starts the records it already holds, and releases and polls nothing (so no revocation and no
+send of a release comes between the commit's steps). The loop awaits a poll of up to
+``_IDLE_POLL_S`` only when no task runs; otherwise it polls without waiting and waits for a
+task to finish for at most ``_BUSY_WAIT_S`` (a new record waits that long at most for a free
+place to be noticed).
 Revoked partitions' tasks are cancelled before their done positions are committed; an aborted
 transaction cancels every task and reads again from the committed positions.
 """
@@ -78,35 +81,53 @@ class AsyncEngine(Base):
             self.words[self.table.inflight_entry(self.slot, i) + 4] = 0
 
     async def run(self) -> None:
-        """Until ``draining()``; then the running records finish (or are cancelled)."""
+        """Until ``draining()``; then the running records finish (or are cancelled). A commit
+        is a task: meanwhile the loop goes on starting the records it holds, and releases
+        nothing and polls nothing (no revocation comes) until the commit is done."""
         delivery, counters, run = self.delivery, self.counters, self.run_op
         limit = self.config.concurrency
+        committing: asyncio.Task | None = None
         while not self.draining():
             self.tick()
             self.refresh_suspects()
             try:
-                await run(self.finish())
+                if committing is not None and committing.done():
+                    done, committing = committing, None
+                    done.result()               # TransactionAborted, OutputsLost, fenced...
+                if committing is None:
+                    await run(self.finish())
                 self.schedule()
                 polled = False
-                if len(self.tasks) < limit:
+                if committing is None and len(self.tasks) < limit:
                     timeout = 0.0 if self.tasks or self.ready() else _IDLE_POLL_S
                     polled = bool(await run(self.poll(timeout)))
                     self.schedule()
                 idle = not polled and not self.tasks
-                if idle or delivery.due(time.monotonic()):
-                    await run(self.settle(self.busy()))
-                    await run(delivery.commit())
+                if committing is None and (idle or delivery.due(time.monotonic())):
+                    committing = asyncio.get_running_loop().create_task(self.commit())
             except TransactionAborted as err:
                 self.aborted(err)
             counters.committed = delivery.commits
             counters.publish()
-            if self.tasks:
-                await asyncio.wait(list(self.tasks), return_when=asyncio.FIRST_COMPLETED,
-                                   timeout=_BUSY_WAIT_S if len(self.tasks) < limit
-                                   else _IDLE_POLL_S)
+            waiting = list(self.tasks) if committing is None else [*self.tasks, committing]
+            if waiting:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=_BUSY_WAIT_S if len(self.tasks) < limit and
+                                   committing is None else _IDLE_POLL_S)
             else:
                 await asyncio.sleep(0)
+        if committing is not None:
+            try:
+                await committing
+            except TransactionAborted as err:
+                self.aborted(err)
         await self.finish_running()
+
+    async def commit(self) -> None:
+        """Move the idle partitions' done positions past what never reaches the handler,
+        then commit."""
+        await self.run_op(self.settle(self.busy()))
+        await self.run_op(self.delivery.commit())
 
     async def finish_running(self) -> None:
         """Draining: let running records finish for most of ``drain_timeout_s`` (the
@@ -210,9 +231,10 @@ class AsyncEngine(Base):
                 async with cm:
                     out = await self.handler(r)
                 outputs = None if out is None else self.delivery.normalize(out)
-                if outputs:                     # exactly once, released in offset order
-                    await self.run_op(self.delivery.learn(outputs) if self.delivery.eos
-                                      else self.delivery.send_normalized(outputs, r))
+                if outputs and not self.delivery.eos:
+                    await self.run_op(self.delivery.send_normalized(outputs, r))
+                elif outputs and not self.delivery.known(outputs):   # sent when released
+                    await self.run_op(self.delivery.learn(outputs))
             except Exception as err:            # noqa: BLE001 -- the handler's failure
                 if isinstance(err, MissingOutputTopic) and not cm.expired():
                     attempt, waits = attempt - 1, waits + 1      # not the record's fault

@@ -145,6 +145,13 @@ class Delivery:
                         item[3] if len(item) == 4 else None))
         return out
 
+    def known(self, outputs: list[tuple]) -> bool:
+        """Every output's topic is known to exist (``learn`` has nothing to do)."""
+        for output in outputs:
+            if output[0] not in self._topics:
+                return False
+        return True
+
     def learn(self, outputs: list[tuple]) -> Op[None]:
         """Check that the outputs' topics exist (once each): ``MissingOutputTopic`` for one
         that does not (yet)."""
@@ -188,7 +195,7 @@ class Delivery:
         refusal (``BadOutput``, ``TransactionAborted``) of a send that raised."""
         if self.eos and not self._txn_open:
             return self.send_normalized(outputs, record)
-        for output in outputs:
+        for output in outputs:                     # known(), without a call per record
             if output[0] not in self._topics:
                 return self.send_normalized(outputs, record)
         for output in outputs:
@@ -197,11 +204,13 @@ class Delivery:
                 fut = send(output)
             except Exception as err:                # noqa: BLE001 -- _refuse sorts it out
                 return self._refuse(err, record, False)
-            self._sent_output(fut, record, False, output, started)
+            if self.eos:                            # _sent_output, inlined
+                self._blocked += time.monotonic() - started
+            self._pending.append((fut, record, False, output))
         return None
 
     def _send(self, outputs: list[tuple], record, dead_letter: bool) -> Op[None]:
-        if not dead_letter:
+        if not dead_letter and not self.known(outputs):
             yield from self.learn(outputs)
         if self.eos and not self._txn_open:
             yield ("begin_transaction",)
