@@ -2,10 +2,11 @@
 
 The writes, commits and transactions of ``delivery.Delivery``, the engines' reads, settles
 and dead letters, and the child's start and shutdown (``child.serve``) are written once, as
-generators of steps (``Op``). A step is ``(name, *args)``: the runner calls its method of
-that name and sends the result back into the generator, or throws in what it raised. Two
-runners perform them, as ``ConsumerGroup.run`` and ``mq.aio.Consumer._run`` perform the
-consumer group's steps (``mq/client/consumer_group.py``):
+generators of steps (``Op``). A step is ``(name, *args)``: the runner (``_drive``) calls the
+clients' method of that name and sends the result back into the generator, awaited if it is
+a coroutine, or throws in what it raised. Two kinds of clients perform them, as
+``ConsumerGroup.run`` and ``mq.aio.Consumer._run`` perform the consumer group's steps
+(``mq/client/consumer_group.py``):
 
 - ``SyncClients``, for a plain handler's child (``engine.SyncEngine``): the threaded
   ``mq.Producer`` and ``mq.Consumer``, each step a blocking call;
@@ -28,9 +29,10 @@ futures: None for a record acknowledged, else its error), ``send_offsets``,
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
 import mq
@@ -43,6 +45,25 @@ log = logging.getLogger("workers.child")
 
 T = TypeVar("T")
 Op = Generator[tuple, Any, T]
+
+
+async def _drive(clients, op: Op[T]) -> T:
+    """Run ``op`` with ``clients``: each step is the call of their method of that name, its
+    result (awaited if the method is a coroutine) sent back into ``op``, or what it raised
+    thrown in. The one runner of both kinds of clients."""
+    try:
+        step = next(op)
+        while True:
+            try:
+                value = getattr(clients, step[0])(*step[1:])
+                if inspect.isawaitable(value):
+                    value = await value
+            except BaseException as err:            # noqa: BLE001 -- the op's to handle
+                step = op.throw(err)
+                continue
+            step = op.send(value)
+    except StopIteration as stop:
+        return stop.value
 
 
 def _not_acknowledged() -> TimeoutError:
@@ -82,18 +103,14 @@ class SyncClients:
         self.listener = Listener(self)
 
     def run(self, op: Op[T]) -> T:
-        """Drive ``op``: every step a call, its result sent back (its error thrown in)."""
+        """Drive ``op``, every step a call: ``_drive``, whose coroutine never waits here."""
+        coro = _drive(self, op)
         try:
-            step = next(op)
-            while True:
-                try:
-                    value = getattr(self, step[0])(*step[1:])
-                except BaseException as err:        # noqa: BLE001 -- the op's to handle
-                    step = op.throw(err)
-                    continue
-                step = op.send(value)
+            coro.send(None)
         except StopIteration as stop:
             return stop.value
+        coro.close()
+        raise AssertionError("a step of the threaded clients returned an awaitable")
 
     def drive(self, op: Op[T]) -> T:
         return self.run(op)
@@ -196,19 +213,9 @@ class AsyncClients:
         self.listener = Listener(self)
         self._commits: set[asyncio.Task] = set()
 
-    async def run(self, op: Op[T]) -> T:
-        """Drive ``op``: every step awaited, its result sent back (its error thrown in)."""
-        try:
-            step = next(op)
-            while True:
-                try:
-                    value = await getattr(self, step[0])(*step[1:])
-                except BaseException as err:        # noqa: BLE001 -- the op's to handle
-                    step = op.throw(err)
-                    continue
-                step = op.send(value)
-        except StopIteration as stop:
-            return stop.value
+    def run(self, op: Op[T]) -> Coroutine[Any, Any, T]:
+        """Drive ``op``, every step awaited (``_drive``): a coroutine."""
+        return _drive(self, op)
 
     def drive(self, op: Op[T]) -> T:
         """Run ``op`` in a new event loop, which the clients belong to."""

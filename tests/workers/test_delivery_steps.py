@@ -6,6 +6,8 @@ answers the transactional producer's requests."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 import mq
@@ -72,23 +74,13 @@ class Scripted(SyncClients):
         self.called("commit_async", offsets)
         self.callback = lambda: callback(offsets, None)
 
-    def begin_transaction(self):
-        self.called("begin_transaction")
-
-    def flush(self):
-        self.called("flush")
-
-    def send_offsets(self, offsets):
-        self.called("send_offsets", offsets)
-
-    def commit_transaction(self):
-        self.called("commit_transaction")
-
-    def abort_transaction(self):
-        self.called("abort_transaction")
-
-    def commit(self, offsets):
-        self.called("commit", offsets)
+    # The steps with nothing to answer: recorded (or raising what ``errors`` holds).
+    begin_transaction = functools.partialmethod(called, "begin_transaction")
+    flush = functools.partialmethod(called, "flush")
+    send_offsets = functools.partialmethod(called, "send_offsets")
+    commit_transaction = functools.partialmethod(called, "commit_transaction")
+    abort_transaction = functools.partialmethod(called, "abort_transaction")
+    commit = functools.partialmethod(called, "commit")
 
 
 class Record:
