@@ -64,6 +64,8 @@ in the middle of a swapped segment keeps reading the pre-clean bytes, which are 
 the segment-set generation changes: the broker must bump it on every swap
 (``PartitionLog.swap_count`` changes even when the segment list keeps its shape);
 ``PartitionReader`` re-lists on a generation change and drops maps whose inode was replaced.
+A listing can fall between the renames, when no ``.log`` covers the group: the reader lists
+the ``.swap`` for its base then, so it never reads past the group's offsets.
 
 Pure parts: section boundaries, dirty ratio, eligibility and grouping take ``SegmentMeta``
 values and ``now_ms``; only the map build and the recopy read files.

@@ -735,10 +735,14 @@ class PartitionLog:
         between any two renames is undone or finished by ``_finish_leftovers`` at the next
         open: while any ``.cleaned`` file remains the swap is dropped; once all are ``.swap``
         the swap replaces every segment whose base lies in ``[new base, new next offset)``,
-        which is why ``new`` must end past the base of ``old[-1]``. The in-memory list changes
-        last, in one splice, so an exception half-way leaves this object serving the old
-        segments (still readable through their open files); reopen to finish the swap. The
-        replaced segments are deleted after ``file.delete.delay.ms``, like retention's.
+        which is why ``new`` must end past the base of ``old[-1]``. Client readers list the
+        directory at any moment: from the first rename of ``old`` until ``new``'s ``.log``
+        gets its final name no ``.log`` covers the group's offsets, and ``new``'s
+        ``.log.swap`` does (``PartitionReader`` lists it in the segment's place), so this
+        order of renames is a contract with them too. The in-memory list changes last, in one
+        splice, so an exception half-way leaves this object serving the old segments (still
+        readable through their open files); reopen to finish the swap. The replaced segments
+        are deleted after ``file.delete.delay.ms``, like retention's.
 
         Must run on the thread that appends to and reads this log. Raises ``ValueError``,
         before touching any file, when ``old`` is no longer a run of inactive segments here

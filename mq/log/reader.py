@@ -19,8 +19,9 @@ Invariants and policies:
   the batch that holds the wanted offset (or, across a gap left by compaction, the first batch
   whose last offset is >= it), and never a byte at or past the readable end.
 - The scan of batch headers decides; the ``.index`` only gives a starting position. An entry is
-  used only if it lies before the readable end and the batch header found there ends at the
-  offset the entry names; otherwise the scan starts at byte 0. An active segment's index is
+  used only if it lies before the readable end and a batch header found there ends at the
+  offset the entry names; otherwise (bytes that are no batch header included: mid-swap the
+  ``.index`` found can be another file's) the scan starts at byte 0. An active segment's index is
   preallocated with zeros and is trimmed (shrunk) by the broker at roll, so it is read with
   ``pread`` — a mapped index could raise SIGBUS once the broker shrinks the file under it —
   and zero entries count as "past the end" in the floor search.
@@ -39,9 +40,22 @@ Invariants and policies:
   would raise SIGBUS on pages past the new end; the broker publishes readable ends below it.)
 - Re-listing: the segment list is read with ``os.listdir`` at open, when the broker's
   segment-set generation changes, and when the readable end names a segment not yet listed.
-  Segments that disappeared are dropped (maps as above); a file that vanished between the
-  listing and the open is looked for under its ``.deleted`` name (Kafka renames before it
-  deletes), else the read raises ``OffsetOutOfRangeError``.
+  Segments that disappeared or whose file was replaced (another inode) are dropped (maps as
+  above); a file that vanished between the listing and the open is looked for under its
+  ``.deleted`` name (Kafka renames before it deletes), else the read raises
+  ``OffsetOutOfRangeError``.
+- Compaction swaps (``PartitionLog.replace_segments``) rename ``.cleaned`` -> ``.swap``, the
+  replaced segments -> ``.deleted``, then ``.swap`` -> final names. Between the second and the
+  third step no ``.log`` holds the group's offsets: a listing that took only ``.log`` files
+  would have a hole there, and a read would go on to the next segment's first batch, past
+  every record of the group — latest values included. So a ``<base>.log.swap`` is listed as
+  the segment of ``<base>``, ahead of a ``<base>.log`` (the one it replaces): its offsets run
+  to the end of the group, so every listing covers every offset. The segment's files are
+  then opened under their ``.swap`` names, else under the final names the swap renames them
+  to. Replaced segments still listed overlap it: a read goes on by offset, so they only add
+  a scan that finds nothing new, or serve pre-clean bytes (which hold every latest record).
+- Positions are per file: the sequential-read hint and a rolled segment's final size are
+  dropped when the segment's file turns out to be another inode (a swap at the same base).
 """
 
 from __future__ import annotations
@@ -87,37 +101,56 @@ _PAST_END: Final = 1 << 63
 class _Segment:
     """One ``.log`` file: its descriptor, its current map and whether its size is final."""
 
-    __slots__ = ("base", "path", "fd", "ino", "map", "view", "mapped", "final_size")
+    __slots__ = ("base", "path", "swapping", "fd", "ino", "map", "view", "mapped", "final_size",
+                 "txns")
 
-    def __init__(self, base: int, path: str) -> None:
+    def __init__(self, base: int, path: str, swapping: bool = False) -> None:
         self.base = base
         self.path = path
+        self.swapping = swapping      # listed by its ``.swap`` file (module doc)
         self.fd = -1
         self.ino = -1
         self.map: mmap.mmap | None = None
         self.view: memoryview | None = None
         self.mapped = 0               # bytes covered by ``view``
         self.final_size = -1          # >= 0 once the segment is known to be rolled
+        # ((inode, size) of the ``.txnindex`` read, its entries): read again when it changed
+        self.txns: tuple[tuple[int, int], list[AbortedTxn]] | None = None
 
     def __del__(self) -> None:
         if self.fd >= 0:                  # a reader dropped without close()
             os.close(self.fd)
 
+    def names(self, kind: str) -> tuple[str, str]:
+        """Where this segment's ``kind`` file (``.log``, ``.index``...) is, in the order to
+        look: mid-swap its ``.swap`` name, then the final name the swap renames it to;
+        otherwise the final name, then the ``.deleted`` name it carries before its unlink."""
+        path = self.path[:-len(files.LOG_SUFFIX)] + kind
+        return (path + files.SWAP_SUFFIX, path) if self.swapping else \
+            (path, path + files.DELETED_SUFFIX)
+
     def open(self) -> None:
-        """Open the ``.log`` (or its ``.deleted`` name). Raises ``FileNotFoundError``."""
+        """Open the ``.log`` (under ``names``). Raises ``FileNotFoundError``."""
         if self.fd >= 0:
             return
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            fd = os.open(self.path + files.DELETED_SUFFIX, os.O_RDONLY | os.O_CLOEXEC)
-        self.fd = fd
-        self.ino = os.fstat(fd).st_ino
+        fd = _open_first(self.names(files.LOG_SUFFIX))
+        ino = os.fstat(fd).st_ino
+        if ino != self.ino:
+            self.final_size = -1          # not the file measured before (replaced by a swap)
+        self.fd, self.ino = fd, ino
+
+    def file_ino(self) -> int | None:
+        """Inode of the ``.log`` this segment would open now; None when there is none."""
+        for path in self.names(files.LOG_SUFFIX):
+            ino = _inode(path)
+            if ino is not None:
+                return ino
+        return None
 
     def size(self) -> int:
+        self.open()                       # first: a reopened file may be another one
         if self.final_size >= 0:
             return self.final_size
-        self.open()
         return os.fstat(self.fd).st_size
 
     def remap(self) -> None:
@@ -157,9 +190,8 @@ class _Segment:
         """Start position for a scan towards ``offset``: the largest usable ``.index`` entry
         at or below it, else 0. Entries at or past ``limit``, zero (preallocated) entries and
         entries whose batch header disagrees are not usable."""
-        path = self.path[:-len(files.LOG_SUFFIX)] + files.INDEX_SUFFIX
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _open_first(self.names(files.INDEX_SUFFIX))
         except OSError:
             return 0
         usable: dict[int, tuple[int, int]] = {}
@@ -181,10 +213,25 @@ class _Segment:
         if slot < 0:
             return 0
         rel, pos = usable[slot]                   # floor_slot probed it: usable and <= target
-        head = self.header(pos, limit)
+        try:
+            head = self.header(pos, limit)
+        except CorruptRecordError:
+            return 0                      # no batch there: the index of another file (a swap)
         if head is None or head[0] + head[2] != self.base + rel:
             return 0                      # a stale or damaged entry: the scan from 0 decides
         return pos
+
+    def aborted_transactions(self) -> list[AbortedTxn]:
+        """The entries of this segment's ``.txnindex`` (none without one)."""
+        for path in self.names(files.TXNINDEX_SUFFIX):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if self.txns is None or self.txns[0] != (st.st_ino, st.st_size):
+                self.txns = ((st.st_ino, st.st_size), read_entries(path))
+            return self.txns[1]
+        return []
 
     def header(self, pos: int, limit: int) -> tuple[int, int, int] | None:
         """``(base offset, size, last offset delta)`` of the whole batch at ``pos`` ending at or
@@ -225,10 +272,9 @@ class PartitionReader:
         self._segments: dict[int, _Segment] = {}
         self._mapped: collections.OrderedDict[int, _Segment] = collections.OrderedDict()
         self._generation: int | None = None
-        # Where the last read ended: (segment base, next offset, byte position). Sequential
-        # reads start there without an index lookup or a scan.
-        self._hint: tuple[int, int, int] | None = None
-        self._aborted: dict[int, tuple[int, list[AbortedTxn]]] = {}   # base -> (size, entries)
+        # Where the last read ended: (segment base, its inode, next offset, byte position).
+        # Sequential reads start there without an index lookup or a scan.
+        self._hint: tuple[int, int, int, int] | None = None
         self.closed = False
         self.refresh()
 
@@ -239,33 +285,37 @@ class PartitionReader:
         return list(self._bases)
 
     def refresh(self) -> None:
-        """Re-list the directory: pick up new segments, drop deleted or replaced ones."""
+        """Re-list the directory: pick up new segments, drop deleted or replaced ones. A
+        compaction swap's ``.swap`` segment is listed in place of the segment at its base
+        (module doc)."""
         self._check_open()
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             names = []                    # the partition (or its topic) was deleted
-        bases = []
+        listed: dict[int, bool] = {}      # base -> listed by its .swap file
         for name in names:
             parsed = files.parse_segment_name(name)
-            if parsed is not None and parsed[1] == files.LOG_SUFFIX and not parsed[2]:
-                bases.append(parsed[0])
-        bases.sort()
-        keep = set(bases)
+            if parsed is not None and parsed[1] == files.LOG_SUFFIX:
+                if parsed[2] == files.SWAP_SUFFIX:
+                    listed[parsed[0]] = True
+                elif not parsed[2]:
+                    listed.setdefault(parsed[0], False)
         for base in list(self._segments):
             seg = self._segments[base]
-            if base not in keep or (seg.fd >= 0 and _inode(seg.path) not in (seg.ino, None)):
+            if listed.get(base) is not seg.swapping or \
+                    (seg.ino >= 0 and seg.file_ino() not in (seg.ino, None)):
                 self._drop(base)          # deleted, or swapped for a new file (compaction)
-        for base in bases:
+        for base, swapping in listed.items():
             if base not in self._segments:
                 self._segments[base] = _Segment(
-                    base, os.path.join(self.dir, files.segment_name(base, files.LOG_SUFFIX)))
-        self._bases = bases
+                    base, os.path.join(self.dir, files.segment_name(base, files.LOG_SUFFIX)),
+                    swapping)
+        self._bases = sorted(listed)
         if self._hint is not None and self._hint[0] not in self._segments:
             self._hint = None
 
     def _drop(self, base: int) -> None:
-        self._aborted.pop(base, None)
         seg = self._segments.pop(base)
         self._mapped.pop(base, None)
         seg.close()
@@ -285,21 +335,14 @@ class PartitionReader:
         ``.txnindex`` files of the segment holding ``start`` and every later one (a marker
         may come in a later segment than its data) — what a ``read_committed`` reader of
         that range must skip (``txnindex.AbortedTxnFilter``). A file is read again only when
-        its size changed (the active segment's grows)."""
+        it changed (the active segment's grows; a swap replaces one)."""
         self._check_open()
         bases = self._bases
         first = max(bisect.bisect_right(bases, start) - 1, 0)
         out: list[AbortedTxn] = []
         for base in bases[first:]:
-            path = os.path.join(self.dir, files.segment_name(base, files.TXNINDEX_SUFFIX))
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                continue
-            cached = self._aborted.get(base)
-            if cached is None or cached[0] != size:
-                cached = self._aborted[base] = (size, read_entries(path))
-            out += [t for t in cached[1] if t.last_offset >= start and t.first_offset < end]
+            out += [t for t in self._segments[base].aborted_transactions()
+                    if t.last_offset >= start and t.first_offset < end]
         return sorted(out, key=lambda t: t.first_offset)
 
     # --- reading ------------------------------------------------------------------------------
@@ -380,19 +423,20 @@ class PartitionReader:
             return [], False
         self._ensure_mapped(seg, limit)
         hint = self._hint
-        if hint is not None and (hint[0] != seg.base or hint[1] > offset or hint[2] > limit):
-            hint = None
-        if hint is not None and hint[1] == offset:
-            pos = hint[2]                 # sequential read: no lookup, no scan
+        if hint is not None and (hint[0] != seg.base or hint[1] != seg.ino or hint[2] > offset
+                                 or hint[3] > limit):
+            hint = None                   # another segment, or another file at its base
+        if hint is not None and hint[2] == offset:
+            pos = hint[3]                 # sequential read: no lookup, no scan
         else:
             pos = seg.index_floor(offset, limit) if offset > seg.base else 0
-            if hint is not None and hint[2] > pos:
-                pos = hint[2]             # closer than the index entry
+            if hint is not None and hint[3] > pos:
+                pos = hint[3]             # closer than the index entry
         # Scan batch headers to the first batch whose last offset reaches ``offset``.
         while True:
             head = seg.header(pos, limit)
             if head is None:
-                self._hint = (seg.base, offset, pos)
+                self._hint = (seg.base, seg.ino, offset, pos)
                 return [], False
             base, size, last_delta = head
             if base + last_delta >= offset:
@@ -434,7 +478,7 @@ class PartitionReader:
                 more = pos < limit
                 break
         if out:
-            self._hint = (seg.base, out[-1].next_offset, pos)
+            self._hint = (seg.base, seg.ino, out[-1].next_offset, pos)
         return out, more
 
     def _ensure_mapped(self, seg: _Segment, limit: int) -> None:
@@ -509,6 +553,17 @@ def _header_in(buf, pos: int, limit: int, path: str, file_pos: int
 def _bad_frame(path: str, pos: int, length: int, magic: int) -> CorruptRecordError:
     return CorruptRecordError(path, pos, f"batch length {length} / magic {magic} cannot start "
                               "a RecordBatch v2")
+
+
+def _open_first(paths: tuple[str, ...]) -> int:
+    """A read-only descriptor of the first of ``paths`` that exists. Raises
+    ``FileNotFoundError`` (for the last) when none does."""
+    for path in paths[:-1]:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+    return os.open(paths[-1], os.O_RDONLY | os.O_CLOEXEC)
 
 
 def _inode(path: str) -> int | None:
