@@ -55,7 +55,8 @@ Invariants and policies:
   to. Replaced segments still listed overlap it: a read goes on by offset, so they only add
   a scan that finds nothing new, or serve pre-clean bytes (which hold every latest record).
 - Positions are per file: the sequential-read hint and a rolled segment's final size are
-  dropped when the segment's file turns out to be another inode (a swap at the same base).
+  dropped when the segment's file turns out to be another inode (a swap at the same base),
+  also when a segment closed by the map limit is opened again.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ class PartitionReader:
         for base in list(self._segments):
             seg = self._segments[base]
             if listed.get(base) is not seg.swapping or \
-                    (seg.ino >= 0 and seg.file_ino() not in (seg.ino, None)):
+                    (seg.fd >= 0 and seg.file_ino() not in (seg.ino, None)):
                 self._drop(base)          # deleted, or swapped for a new file (compaction)
         for base, swapping in listed.items():
             if base not in self._segments:
