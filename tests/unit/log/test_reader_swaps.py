@@ -98,7 +98,7 @@ def test_readers_at_every_step_of_a_swap_read_every_latest_record(tmp_path, max_
     """After each rename of every swap of a pass: a new reader (its listing taken there), a
     reader that read everything before the pass and re-lists there (a consumer seeing a new
     segment-set generation), and one that never re-lists on its own (it does when a file it
-    listed is gone) each read from every offset."""
+    listed is gone) each read from every fourth offset."""
     log = Swapping(str(tmp_path / "t-0"), updates=60, fillers=30)
     plog = log.plog
     relisting = PartitionReader(plog.dir)
@@ -138,12 +138,12 @@ def test_a_segment_swapped_at_its_base_is_read_from_its_new_bytes(tmp_path, evic
     """A reader that stopped at the end of a segment, which a swap then replaced by a longer
     cleaned file at the same base, goes on at the next offset: positions and the final size
     it knew were those of the old file. (At the old end position the new file holds a later
-    batch of the same size, so reusing it would skip the records in between.) Its map may
-    have been dropped meanwhile (``max_mapped_segments``): the new file is another inode."""
+    batch of the same size, so reusing it would skip the records in between.) Its file may
+    have been closed meanwhile, as the ``max_mapped_segments`` limit closes one: it is
+    opened again as another inode."""
     log = Swapping(str(tmp_path / "t-0"), updates=12, fillers=30)
     plog = log.plog
-    first = plog.segments[0]
-    size = first.size
+    size = plog.segments[0].size
     reader = PartitionReader(plog.dir)
     batches = reader.read(0, *log.end(), size, generation=1)
     assert batches[-1].next_offset == plog.segments[1].base_offset
