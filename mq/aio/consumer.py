@@ -425,12 +425,18 @@ class Consumer:
             c.seek(self._fetcher.bound(await self._state(c.tp)))
 
     async def position(self, partition: TopicPartition) -> int:
-        """The offset of the next record ``getmany``/``getone`` returns for ``partition``."""
+        """The offset of the next record ``getmany``/``getone`` returns for ``partition``; a
+        member's partition whose newer offsets an unfinished transaction holds waits for it
+        (``read_committed``), as ``mq.Consumer.position`` does."""
         tp = TopicPartition(*partition)
         for r in self._buffered:
             if (r.topic, r.partition) == tp:
                 return r.offset
         c = self._fetcher.cursor(tp)
+        if c.position is None and c.held:          # waits for the transaction holding it
+            committed = await self.committed(tp)
+            if c.offset is None:
+                self._group.start(tp, committed)
         if c.position is None:
             self._fetcher.reset(c, await self._state(tp), None)
         return c.position

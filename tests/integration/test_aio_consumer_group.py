@@ -176,6 +176,32 @@ def test_consume_transform_produce_exactly_once(broker):
     assert sorted(int(v) for v in values) == sorted(range(400))
 
 
+def test_position_waits_for_a_transaction_holding_the_groups_offsets(broker):
+    """read_committed: a partition whose newer committed offset an open transaction holds is
+    not started at the older one; position() waits for the transaction (KIP-447)."""
+    tp = mq.TopicPartition("t", 0)
+    producer = mq.Producer(socket=broker.socket, transactional_id="holder")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction({tp: 5}, "g")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with mq.aio.Consumer("t", socket=broker.socket, group_id="g",
+                                   isolation_level="read_committed") as c:
+            deadline = time.monotonic() + WAIT
+            while tp not in c.assignment():
+                assert time.monotonic() < deadline
+                await c.getmany(timeout_ms=50)
+            position = asyncio.ensure_future(c.position(tp))
+            await loop.run_in_executor(None, producer.commit_transaction)
+            return await asyncio.wait_for(position, WAIT)
+    try:
+        assert asyncio.run(main()) == 5
+    finally:
+        producer.close()
+
+
 def test_group_mistakes_are_clear(broker):
     with pytest.raises(ValueError, match="pattern"):
         mq.aio.Consumer(pattern="t.*")
