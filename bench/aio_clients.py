@@ -72,13 +72,16 @@ from bench.harness import (
     Rows,
     WorkerError,
     add_run_arguments,
+    add_section_arguments,
     finish_run,
     fmt_rate,
     fmt_ratio,
     hist_stats,
     json_bytes,
+    kafka_listener_broker,
     machine_facts,
     merge_hists,
+    parse_sections,
     pip_install_missing,
     process_cpu,
     progress_printer,
@@ -436,26 +439,15 @@ def ensure_installed() -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m bench.aio_clients", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 1 run, no warm-up, runs of ~0.2 s for the fastest side, "
-                        "0.5 s latency points (under 20 s)")
-    p.add_argument("--runs", type=int, default=None, help="repetitions (default 5, 1 quick)")
-    p.add_argument("--only", default=",".join(SECTIONS),
-                   help=f"comma-separated subset of {','.join(SECTIONS)}")
+    add_section_arguments(p, SECTIONS, quick_help=(
+        "a smoke run: 1 run, no warm-up, runs of ~0.2 s for the fastest side, "
+                          "0.5 s latency points (under 20 s)"))
     p.add_argument("--profile", action="store_true",
                    help="also cProfile one mq.aio producer run of 100 B records and print the "
                         "top functions by own time")
     add_run_arguments(p, "aio_clients", dir_help="parent of the temp dir (the broker's data); "
                       "default: the system temp dir. A real disk: acks=all waits for fdatasync")
-    args = p.parse_args(argv)
-    args.only = [s for s in args.only.split(",") if s]
-    if set(args.only) - set(SECTIONS):
-        p.error(f"unknown section(s) {','.join(sorted(set(args.only) - set(SECTIONS)))}; "
-                f"known: {','.join(SECTIONS)}")
-    args.runs = args.runs or (1 if args.quick else 5)
-    if args.runs < 5 and not args.quick:
-        progress(f"warning: --runs {args.runs} is below the method's minimum of 5")
-    return args
+    return parse_sections(p, argv, SECTIONS)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -463,7 +455,6 @@ def run(args: argparse.Namespace) -> dict:
     the sections of ``args.only``, the table printed and the JSON written. Returns the
     results (the JSON's content)."""
     versions = ensure_installed()
-    import mq.testing
     idle = wait_idle(args.wait_idle, progress=progress)
     base = tempfile.mkdtemp(prefix="mq-aio-", dir=args.dir)
     t_start = time.perf_counter()
@@ -471,10 +462,7 @@ def run(args: argparse.Namespace) -> dict:
     try:
         meta = machine_facts(base, wait_idle=idle, start_method="fork")
         meta["packages"].update(versions)
-        cfg = os.path.join(base, "broker.toml")
-        with open(cfg, "w") as f:
-            f.write('kafka_listeners = ["127.0.0.1:0"]\n')
-        broker = mq.testing.BrokerProcess(os.path.join(base, "data"), config_file=cfg).start()
+        broker = kafka_listener_broker(base)
         ctx = Ctx(args, base, broker)
         progress(f"temp dir {base}; broker pid {broker.pid}, Kafka listener {ctx.bootstrap}")
         res: dict = {"meta": meta, "params": {

@@ -303,6 +303,44 @@ def add_run_arguments(parser: argparse.ArgumentParser, name: str, *,
                                  "(< 0.25 CPU over 5 s)")
 
 
+def add_section_arguments(parser: argparse.ArgumentParser, sections: Sequence[str],
+                          quick_help: str) -> None:
+    """``--quick`` (``quick_help`` says what a smoke run does), ``--runs`` (default 5, 1
+    quick: ``parse_sections``) and ``--only`` (a comma-separated subset of ``sections``)."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--runs", type=int, default=None,
+                        help="repetitions (default 5, 1 quick)")
+    parser.add_argument("--only", default=",".join(sections),
+                        help=f"comma-separated subset of {','.join(sections)}")
+
+
+def parse_sections(parser: argparse.ArgumentParser, argv: list[str] | None,
+                   sections: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` with ``add_section_arguments``' options settled: ``only``
+    a list (an unknown section is a usage error), ``runs`` its default, and a warning for
+    fewer runs than the method's minimum of 5."""
+    args = parser.parse_args(argv)
+    args.only = [s for s in args.only.split(",") if s]
+    unknown = set(args.only) - set(sections)
+    if unknown:
+        parser.error(f"unknown section(s) {','.join(sorted(unknown))}; "
+                     f"known: {','.join(sections)}")
+    args.runs = args.runs or (1 if args.quick else 5)
+    if args.runs < 5 and not args.quick:
+        progress(f"warning: --runs {args.runs} is below the method's minimum of 5")
+    return args
+
+
+def kafka_listener_broker(base: str):
+    """A started ``mq.testing.BrokerProcess`` on ``base``/data with a Kafka listener on a
+    free loopback port (its config file in ``base``)."""
+    import mq.testing
+    cfg = os.path.join(base, "broker.toml")
+    with open(cfg, "w") as f:
+        f.write('kafka_listeners = ["127.0.0.1:0"]\n')
+    return mq.testing.BrokerProcess(os.path.join(base, "data"), config_file=cfg).start()
+
+
 def run_sections(sections: dict[str, Callable[[], Any]], only: Collection[str], results: dict,
                  contention: dict, meter: type[CpuMeter] = FamilyMeter,
                  progress: Callable[[str], None] = progress) -> None:
