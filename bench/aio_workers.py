@@ -124,19 +124,7 @@ def aio_producer(start, socket: str, topic: str, values: list[bytes], n: int) ->
 async def _aio_producer(start, socket: str, topic: str, values: list[bytes], n: int) -> dict:
     import mq.aio
     async with mq.aio.Producer(socket, **PRODUCE) as p:
-        await p.partitions_for(topic)
-        send, k = p.send, len(values)
-        futures: list = [None] * n
-        quiet_gc()
-        start()
-        clock = _Clock()
-        for i in range(n):
-            futures[i] = await send(topic, values[i % k], partition=0)
-        t_sent = time.perf_counter_ns()
-        await p.flush()
-        for f in futures:
-            last = await f
-        return clock.stop(n, t_sent=t_sent, last_offset=last.offset)
+        return await _timed_sends(p, start, topic, values, n)
 
 
 def aiokafka_producer(start, bootstrap: str, topic: str, values: list[bytes], n: int) -> dict:
@@ -149,21 +137,27 @@ async def _aiokafka_producer(start, bootstrap: str, topic: str, values: list[byt
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, **AIOKAFKA_PRODUCE)
     await p.start()
     try:
-        await p.partitions_for(topic)
-        send, k = p.send, len(values)
-        futures: list = [None] * n
-        quiet_gc()
-        start()
-        clock = _Clock()
-        for i in range(n):
-            futures[i] = await send(topic, values[i % k], partition=0)
-        t_sent = time.perf_counter_ns()
-        await p.flush()
-        for f in futures:
-            last = await f
-        return clock.stop(n, t_sent=t_sent, last_offset=last.offset)
+        return await _timed_sends(p, start, topic, values, n)
     finally:
         await p.stop()
+
+
+async def _timed_sends(p, start, topic: str, values: list[bytes], n: int) -> dict:
+    """``n`` sends of ``values`` (cycled) to partition 0 of ``topic`` through ``p``, an
+    asyncio producer of either family (they take the same calls), timed from ``start()``."""
+    await p.partitions_for(topic)
+    send, k = p.send, len(values)
+    futures: list = [None] * n
+    quiet_gc()
+    start()
+    clock = _Clock()
+    for i in range(n):
+        futures[i] = await send(topic, values[i % k], partition=0)
+    t_sent = time.perf_counter_ns()
+    await p.flush()
+    for f in futures:
+        last = await f
+    return clock.stop(n, t_sent=t_sent, last_offset=last.offset)
 
 
 # --- consume: partition 0 from offset 0 until n records, the length of every value taken ----
