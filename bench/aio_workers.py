@@ -262,18 +262,25 @@ def aio_lat_producer(start, socket: str, topic: str, size: int, rate: float, n: 
 async def _aio_lat_producer(start, socket: str, topic: str, size: int, rate: float,
                             n: int) -> dict:
     import mq.aio
-    stamp = _stamped(size)
     async with mq.aio.Producer(socket, **LATENCY) as p:
-        await p.partitions_for(topic)
-        send = p.send
-
-        async def one(t_i: int) -> None:
-            await send(topic, stamp(t_i), partition=0)
-        quiet_gc()
-        start()
-        res = await aio_paced_loop(one, rate, n)
-        await p.flush()
+        res = await _paced_sends(p, start, topic, size, rate, n)
     res["cpu_s"] = harness.cpu_seconds()
+    return res
+
+
+async def _paced_sends(p, start, topic: str, size: int, rate: float, n: int) -> dict:
+    """``n`` stamped sends of ``size`` bytes at ``rate`` per second through ``p``, an asyncio
+    producer of either family (they take the same calls), from ``start()``; flushed."""
+    stamp = _stamped(size)
+    await p.partitions_for(topic)
+    send = p.send
+
+    async def one(t_i: int) -> None:
+        await send(topic, stamp(t_i), partition=0)
+    quiet_gc()
+    start()
+    res = await aio_paced_loop(one, rate, n)
+    await p.flush()
     return res
 
 
@@ -317,19 +324,10 @@ def aiokafka_lat_producer(start, bootstrap: str, topic: str, size: int, rate: fl
 async def _aiokafka_lat_producer(start, bootstrap: str, topic: str, size: int, rate: float,
                                  n: int) -> dict:
     from aiokafka import AIOKafkaProducer
-    stamp = _stamped(size)
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, **LATENCY)
     await p.start()
     try:
-        await p.partitions_for(topic)
-        send = p.send
-
-        async def one(t_i: int) -> None:
-            await send(topic, stamp(t_i), partition=0)
-        quiet_gc()
-        start()
-        res = await aio_paced_loop(one, rate, n)
-        await p.flush()
+        res = await _paced_sends(p, start, topic, size, rate, n)
     finally:
         await p.stop()
     res["cpu_s"] = harness.cpu_seconds()

@@ -35,14 +35,13 @@ import asyncio
 import collections
 import inspect
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 
 from mq.aio.connection import AsyncConnection, open_connection
 from mq.aio.membership import AsyncMembership
 from mq.client.admin_ops import first_error
-from mq.client.consumer import check_group_options, check_read_options
+from mq.client.consumer import check_group_options, check_read_options, check_subscription
 from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
 from mq.client.consumer_group import (FRESH_METADATA, ConsumerGroup, ConsumerRebalanceListener,
                                       CommitRetry, GroupOp, Joined, Notify, SendCommit)
@@ -284,17 +283,7 @@ class Consumer:
         ``mq.Consumer.subscribe``; ``listener``'s methods may be coroutines. Called in the
         event loop (the heartbeat is a task of it)."""
         self._check_open()
-        if self.group_id is None:
-            raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
-                             "constructor or use assign()")
-        topics = [topics] if isinstance(topics, str) else list(topics)
-        if bool(topics) == (pattern is not None):
-            raise ValueError("subscribe to topic names or to a pattern (exactly one)")
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
+        topics = check_subscription(self.group_id, topics, pattern)
         if listener is not None:
             self._group.listener = listener
         if not self._started:

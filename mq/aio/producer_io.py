@@ -108,9 +108,6 @@ class AsyncProducerIO:
         self._create_future = None                # the loop's, from open()
 
     # --- start and stop -----------------------------------------------------------------------
-    def start(self, init_producer_id: bool) -> None:
-        """The record path's start: nothing until ``open`` (which the producer awaits)."""
-
     async def open(self, init_producer_id: bool) -> None:
         """Connect (InitProducerId first if ``init_producer_id``) and start the clock's
         task."""

@@ -117,7 +117,8 @@ from mq.errors import (
 from mq.protocol.messages import Api
 
 __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
-           "ConsumerRebalanceListener", "check_group_options", "check_read_options"]
+           "ConsumerRebalanceListener", "check_group_options", "check_read_options",
+           "check_subscription"]
 
 
 def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_records: int,
@@ -143,6 +144,26 @@ def check_group_options(group_id: str | None, pattern: str | None, session_timeo
     if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
         raise ValueError("session_timeout_ms, max_poll_interval_ms and "
                          "auto_commit_interval_ms must be positive")
+
+
+def check_subscription(group_id: str | None, topics: Iterable[str] | str,
+                       pattern: str | None) -> list[str]:
+    """``subscribe``'s topics as a list; ``ValueError`` for a subscription no consumer takes
+    (``mq.aio``'s too)."""
+    if group_id is None:
+        raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
+                         "constructor or use assign()")
+    topics = [topics] if isinstance(topics, str) else list(topics)
+    if bool(topics) == (pattern is not None):
+        raise ValueError("subscribe to topic names or to a pattern (exactly one)")
+    if not all(isinstance(t, str) and t for t in topics):
+        raise ValueError("topic names must be non-empty strings")
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
+    return topics
 
 
 class Consumer:
@@ -325,19 +346,7 @@ class Consumer:
         partitions of ``topics``, or of every topic whose name matches the regex ``pattern``
         (full match; internal topics never match), including topics created later."""
         self._check_open()
-        if self.group_id is None:
-            raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
-                             "constructor or use assign()")
-        topics = [topics] if isinstance(topics, str) else list(topics)
-        if bool(topics) == (pattern is not None):
-            raise ValueError("subscribe to topic names or to a pattern (exactly one)")
-        if not all(isinstance(t, str) and t for t in topics):
-            raise ValueError("topic names must be non-empty strings")
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
+        topics = check_subscription(self.group_id, topics, pattern)
         if listener is not None:
             self._group.listener = listener
         self._subscribed = ()
