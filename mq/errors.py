@@ -17,7 +17,7 @@ __all__ = [
     "MQError", "StorageError", "CorruptRecordError", "CorruptIndexError",
     "UnsupportedCodecError", "InvalidOffsetError", "IndexFullError", "OffsetOutOfRangeError",
     "NoOffsetForPartitionError", "DataLossError", "ClosedError", "MetadataChangedError",
-    "WouldBlock", "CommitFailedError", "ConfigError",
+    "WouldBlock", "CommitFailedError", "ConfigError", "UnsupportedOperationError",
     "LogDirLockedError", "DataDirError", "LogTransferError", "FileLimitError", "LogWriteError",
     "CheckpointError",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
@@ -160,6 +160,11 @@ class CommitFailedError(MQError):
     (fenced, or given to another member after a rebalance or a broker restart), so another
     member may own them now (Kafka's ``CommitFailedException``). Nothing was committed; the
     next ``poll`` drops the partitions (``on_partitions_lost`` or ``on_partitions_revoked``)."""
+
+
+class UnsupportedOperationError(MQError):
+    """An operation this client's backend cannot do: mq's own ones (``broker_stats``...)
+    asked of a Kafka cluster."""
 
 
 class ConfigError(MQError, ValueError):

@@ -41,7 +41,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from mq.aio.connection import AsyncConnection, open_connection
 from mq.aio.membership import AsyncMembership
 from mq.client.admin_ops import first_error
-from mq.client.consumer import check_group_options, check_read_options, check_subscription
+from mq.client.consumer_options import (
+    check_group_options,
+    check_read_options,
+    check_subscription,
+)
 from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
 from mq.client.consumer_group import (FRESH_METADATA, ConsumerGroup, ConsumerRebalanceListener,
                                       CommitRetry, GroupOp, Joined, Notify, SendCommit)

@@ -15,6 +15,7 @@ from typing import Any
 
 from mq.client import admin_ops as ops
 from mq.client.connection import Connection
+from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.types import TopicPartition
 
 __all__ = ["Admin", "fetch_committed", "run"]
@@ -53,7 +54,24 @@ def _blocking(op: Callable[..., ops.Op]) -> Callable:
 
 
 class Admin:
-    def __init__(self, socket: str | None = None, timeout: float = 30.0) -> None:
+    """Topics, groups, transactions, ACLs and users (the module doc). ``bootstrap_servers``
+    ("host:port,...", else ``$MQ_BOOTSTRAP_SERVERS`` when no ``socket`` is given) and
+    ``kafka_config`` (librdkafka properties): a Kafka cluster's instead
+    (``mq/client/kafka/admin.py`` says what differs)."""
+
+    def __new__(cls, socket: str | None = None, timeout: float = 30.0, *,
+                bootstrap_servers: str | Iterable[str] | None = None,
+                kafka_config: dict | None = None) -> Any:
+        servers = bootstrap(socket, bootstrap_servers)
+        backend_args(servers, (), kafka_config)
+        if servers is None:
+            return super().__new__(cls)
+        from mq.client.kafka.admin import KafkaAdmin
+        return KafkaAdmin(servers, timeout, kafka_config)
+
+    def __init__(self, socket: str | None = None, timeout: float = 30.0, *,
+                 bootstrap_servers: str | Iterable[str] | None = None,
+                 kafka_config: dict | None = None) -> None:
         self._conn = Connection(socket, "mq-admin", timeout)
 
     @property

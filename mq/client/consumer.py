@@ -100,13 +100,19 @@ from the aborted transaction's first offset up to its ABORT marker (Kafka's fetc
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from mq.client.consumer_driver import ConsumerDriver
 from mq.client.consumer_group import CommitCallback, ConsumerGroup, ConsumerRebalanceListener
+from mq.client.consumer_options import (
+    check_group_options,
+    check_read_options,
+    check_subscription,
+)
 from mq.client.fetcher import Fetcher, Record
+from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
     BrokerUnavailableError,
@@ -117,53 +123,7 @@ from mq.errors import (
 from mq.protocol.messages import Api
 
 __all__ = ["Consumer", "Record", "TopicPartition", "NoOffsetForPartitionError",
-           "ConsumerRebalanceListener", "check_group_options", "check_read_options",
-           "check_subscription"]
-
-
-def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_records: int,
-                       max_partition_fetch_bytes: int) -> None:
-    """Raise ``ValueError`` for a reading option no consumer takes (``mq.aio``'s too)."""
-    if auto_offset_reset not in ("earliest", "latest", "none"):
-        raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got "
-                         f"{auto_offset_reset!r}")
-    if isolation_level not in ("read_uncommitted", "read_committed"):
-        raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
-                         f"got {isolation_level!r}")
-    if max_poll_records < 1 or max_partition_fetch_bytes < 1:
-        raise ValueError("max_poll_records and max_partition_fetch_bytes must be positive")
-
-
-def check_group_options(group_id: str | None, pattern: str | None, session_timeout_ms: int,
-                        max_poll_interval_ms: int, auto_commit_interval_ms: int) -> None:
-    """Raise ``ValueError`` for group options no consumer takes (``mq.aio``'s too)."""
-    if group_id is not None and (not isinstance(group_id, str) or not group_id):
-        raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
-    if pattern is not None and group_id is None:
-        raise ValueError("a pattern subscription needs a group_id")
-    if session_timeout_ms <= 0 or max_poll_interval_ms <= 0 or auto_commit_interval_ms <= 0:
-        raise ValueError("session_timeout_ms, max_poll_interval_ms and "
-                         "auto_commit_interval_ms must be positive")
-
-
-def check_subscription(group_id: str | None, topics: Iterable[str] | str,
-                       pattern: str | None) -> list[str]:
-    """``subscribe``'s topics as a list; ``ValueError`` for a subscription no consumer takes
-    (``mq.aio``'s too)."""
-    if group_id is None:
-        raise ValueError("subscribe() needs a group_id; without one, pass topics to the "
-                         "constructor or use assign()")
-    topics = [topics] if isinstance(topics, str) else list(topics)
-    if bool(topics) == (pattern is not None):
-        raise ValueError("subscribe to topic names or to a pattern (exactly one)")
-    if not all(isinstance(t, str) and t for t in topics):
-        raise ValueError("topic names must be non-empty strings")
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
-    return topics
+           "ConsumerRebalanceListener"]
 
 
 class Consumer:
@@ -183,6 +143,9 @@ class Consumer:
     ``value_bytes``/``key_deserializer``/``value_deserializer``: see the module docstring.
     ``consumer_timeout_ms``: iteration stops after this long without a record (default:
     never). ``check_crcs``: verify each batch's CRC-32C before decoding it (Kafka's default).
+    ``bootstrap_servers`` ("host:port,...") and ``kafka_config`` (librdkafka properties:
+    security...): a Kafka cluster instead of the local broker, with the same options and API
+    (``mq/client/kafka/consumer.py`` says what differs).
 
     Raises ``BrokerUnavailableError`` when no broker answers, ``UnknownTopicOrPartitionError``
     for a topic that does not exist (without a group; a group may subscribe to a topic
@@ -190,6 +153,19 @@ class Consumer:
     ``poll`` raises ``CorruptRecordError`` for a damaged batch (after returning the records
     before it).
     """
+
+    def __new__(cls, *topics: str, socket: str | None = None,
+                bootstrap_servers: str | Iterable[str] | None = None,
+                kafka_config: dict | None = None, **options) -> Any:
+        """The local consumer, or with a Kafka cluster (``bootstrap_servers``, else
+        ``$MQ_BOOTSTRAP_SERVERS`` when no ``socket`` is given) the backend on it
+        (``mq/client/kafka/consumer.py``), which takes the same options."""
+        servers = bootstrap(socket, bootstrap_servers)
+        backend_args(servers, (), kafka_config)
+        if servers is None:
+            return super().__new__(cls)
+        from mq.client.kafka.consumer import KafkaConsumer
+        return KafkaConsumer(servers, *topics, kafka_config=kafka_config, **options)
 
     def __init__(self, *topics: str, group_id: str | None = None, socket: str | None = None,
                  auto_offset_reset: str = "earliest", enable_auto_commit: bool = True,
@@ -201,7 +177,9 @@ class Consumer:
                  listener: ConsumerRebalanceListener | None = None,
                  group_instance_id: str | None = None, assignor: str | None = None,
                  session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
-                 auto_commit_interval_ms: int = 5_000) -> None:
+                 auto_commit_interval_ms: int = 5_000,
+                 bootstrap_servers: str | Iterable[str] | None = None,
+                 kafka_config: dict | None = None) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
         check_group_options(group_id, pattern, session_timeout_ms, max_poll_interval_ms,

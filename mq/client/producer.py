@@ -70,6 +70,7 @@ from typing import Any
 from mq.client.batch_accumulator import BatchAccumulator
 from mq.client.connection import resolve_socket
 from mq.client.idempotence import ProducerIdentity, resolve_idempotence
+from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.partitioner import DefaultPartitioner, murmur2
 from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState
 from mq.client.producer_io import ProducerIO
@@ -158,6 +159,9 @@ class Producer:
     stays open longer than ``transaction_timeout_ms``. ``shared_batches``: with acks, send
     batches of 32 KiB and more through a shared-memory arena the broker writes the log from
     (``arena.py``) instead of through the socket, when the broker takes one (default True).
+    ``bootstrap_servers`` ("host:port,...") and ``kafka_config`` (librdkafka properties:
+    security...): a Kafka cluster instead of the local broker, with the same options and API
+    (``mq/client/kafka/producer.py`` says what differs).
 
     Raises ``BrokerUnavailableError`` if no broker answers on the socket, ``ValueError`` for
     settings that conflict (``enable_idempotence=True`` or a ``transactional_id`` with
@@ -170,6 +174,23 @@ class Producer:
     # record path over an event loop's driver instead.
     _io_type: type = ProducerIO
 
+    def __new__(cls, socket: str | None = None, *args: Any,
+                bootstrap_servers: str | Iterable[str] | None = None,
+                kafka_config: dict | None = None, **options: Any) -> Any:
+        """The local producer, or with a Kafka cluster (``bootstrap_servers``, else
+        ``$MQ_BOOTSTRAP_SERVERS`` when no ``socket`` is given) the backend on it
+        (``mq/client/kafka/``), which takes the same options."""
+        servers = bootstrap(socket, bootstrap_servers)
+        backend_args(servers, args, kafka_config)
+        if servers is None:
+            return super().__new__(cls)
+        return cls._kafka_backend()(servers, kafka_config=kafka_config, **options)
+
+    @staticmethod
+    def _kafka_backend() -> type:
+        from mq.client.kafka.producer import KafkaProducer
+        return KafkaProducer
+
     def __init__(self, socket: str | None = None, acks: int | str = "all", linger_ms: float = 5,
                  batch_size: int = 16384, compression_type: str | None = None,
                  partitioner: Any = None, max_request_size: int = 1048576,
@@ -180,7 +201,9 @@ class Producer:
                  key_serializer: Callable[[Any], bytes] | None = None,
                  value_serializer: Callable[[Any], bytes] | None = None,
                  enable_idempotence: bool | None = None, transactional_id: str | None = None,
-                 transaction_timeout_ms: int = 60000, shared_batches: bool = True) -> None:
+                 transaction_timeout_ms: int = 60000, shared_batches: bool = True,
+                 bootstrap_servers: str | Iterable[str] | None = None,
+                 kafka_config: dict | None = None) -> None:
         if acks not in _ACKS:
             raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
         if type(transaction_timeout_ms) is not int or transaction_timeout_ms <= 0:

@@ -1,0 +1,333 @@
+"""``mq.Admin`` on a Kafka cluster: mq's admin API over librdkafka's admin client, with the
+same method names, arguments and result shapes where the cluster can answer them.
+
+Topics, configs, records, groups and their offsets, ACLs and SCRAM users map onto Kafka's
+admin APIs one for one. What a cluster reports differently: ``describe_topic`` gives each
+partition's leader, replicas and in-sync replicas (there is no local slot, size or offline
+flag), and a group's members name their client and host instead of a process id.
+``broker_stats`` (the local broker's own figures) and the transaction listings (librdkafka
+has no DescribeTransactions) raise ``UnsupportedOperationError``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mq.client.kafka.config import with_overrides
+from mq.client.kafka.errors import raising
+from mq.client.types import TopicPartition
+from mq.errors import ClosedError, ResourceNotFoundError, UnsupportedOperationError
+
+__all__ = ["KafkaAdmin"]
+
+_SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+_SCRAM_ITERATIONS = 4096
+
+
+def _results(futures: Mapping[Any, Any], what: str) -> dict[Any, Any]:
+    """Every future's result, by key; the first failure raised as mq's exception."""
+    out = {}
+    for key, fut in futures.items():
+        with raising(f"{what} {key}" if isinstance(key, str) else what):
+            out[key] = fut.result()
+    return out
+
+
+class KafkaAdmin:
+    """``mq.Admin(bootstrap_servers=...)``: see the module doc and ``mq.Admin``'s."""
+
+    def __init__(self, servers: str, timeout: float = 30.0,
+                 kafka_config: Mapping[str, Any] | None = None) -> None:
+        from confluent_kafka.admin import AdminClient
+        self._timeout = timeout
+        self._conf = with_overrides(servers, {}, kafka_config)
+        with raising("admin"):
+            self._rd = AdminClient(self._conf)
+        self._closed = False
+
+    def _client(self) -> Any:
+        if self._closed:
+            raise ClosedError("admin client is closed")
+        return self._rd
+
+    @property
+    def broker_info(self) -> dict:
+        """The cluster's id and controller, and its brokers (``{id: "host:port"}``)."""
+        result = self._client().describe_cluster(request_timeout=self._timeout)
+        with raising("describe cluster"):
+            info = result.result()
+        return {"cluster_id": info.cluster_id, "controller": info.controller.id,
+                "brokers": {n.id: f"{n.host}:{n.port}" for n in info.nodes}}
+
+    # --- topics ----------------------------------------------------------------------------
+    def _metadata(self, topic: str | None = None) -> Any:
+        with raising("metadata"):
+            return self._client().list_topics(topic, timeout=self._timeout)
+
+    def create_topic(self, name: str, partitions: int = 1, config: dict[str, Any] | None = None,
+                     replication_factor: int = -1) -> dict:
+        """Create ``name`` (``replication_factor`` -1: the cluster's default)."""
+        from confluent_kafka.admin import NewTopic
+        topic = NewTopic(name, partitions, replication_factor,
+                         config={k: str(v) for k, v in (config or {}).items()})
+        _results(self._client().create_topics([topic], request_timeout=self._timeout),
+                 "create topic")
+        return {"id": None, "partitions": partitions, "config": dict(topic.config)}
+
+    def delete_topic(self, name: str) -> None:
+        _results(self._client().delete_topics([name], request_timeout=self._timeout),
+                 "delete topic")
+
+    def list_topics(self) -> list[str]:
+        return sorted(t for t in self._metadata().topics if not t.startswith("__"))
+
+    def describe_topic(self, name: str) -> dict:
+        """``{name, id, partitions, config, overrides, offsets: [(start, end)], leaders,
+        replicas, isr}``."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec, ResourceType
+        rd = self._client()
+        [desc] = _results(rd.describe_topics(TopicCollection([name]),
+                                             request_timeout=self._timeout),
+                          "describe topic").values()
+        [entries] = _results(rd.describe_configs([ConfigResource(ResourceType.TOPIC, name)],
+                                                 request_timeout=self._timeout),
+                             "describe configs").values()
+        parts = sorted(desc.partitions, key=lambda p: p.id)
+        ends = [self._offsets(name, len(parts), spec)
+                for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
+        return {"name": name, "id": str(desc.topic_id), "partitions": len(parts),
+                "config": {k: e.value for k, e in entries.items()},
+                "overrides": {k: e.value for k, e in entries.items()
+                              if e.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value},
+                "offsets": list(zip(*ends)),
+                "leaders": [p.leader.id if p.leader is not None else None for p in parts],
+                "replicas": [[n.id for n in p.replicas] for p in parts],
+                "isr": [[n.id for n in p.isr] for p in parts]}
+
+    def _offsets(self, name: str, count: int, spec: Any) -> list[int]:
+        from confluent_kafka import TopicPartition as RdPartition
+        futures = self._client().list_offsets({RdPartition(name, p): spec
+                                               for p in range(count)},
+                                              request_timeout=self._timeout)
+        found = _results(futures, "list offsets")
+        return [found[tp].offset for tp in sorted(found, key=lambda t: t.partition)]
+
+    def create_partitions(self, name: str, total: int) -> dict:
+        from confluent_kafka.admin import NewPartitions
+        _results(self._client().create_partitions([NewPartitions(name, total)],
+                                                  request_timeout=self._timeout),
+                 "create partitions")
+        return {"id": None, "partitions": total, "config": {}}
+
+    def alter_config(self, name: str, config: dict[str, Any]) -> dict:
+        """Set (or, with value ``None``, reset) topic configs; returns the topic's config."""
+        from confluent_kafka.admin import (
+            AlterConfigOpType,
+            ConfigEntry,
+            ConfigResource,
+            ResourceType,
+        )
+        entries = [ConfigEntry(k, None if v is None else str(v),
+                               incremental_operation=AlterConfigOpType.DELETE if v is None
+                               else AlterConfigOpType.SET) for k, v in config.items()]
+        resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
+        _results(self._client().incremental_alter_configs([resource],
+                                                          request_timeout=self._timeout),
+                 "alter config")
+        return self.describe_topic(name)["config"]
+
+    def delete_records(self, name: str, partition: int, before_offset: int) -> int:
+        """Delete the records before ``before_offset``; the partition's new start offset."""
+        from confluent_kafka import TopicPartition as RdPartition
+        found = _results(self._client().delete_records(
+            [RdPartition(name, partition, before_offset)], request_timeout=self._timeout),
+            "delete records")
+        return next(iter(found.values())).low_watermark
+
+    # --- groups ----------------------------------------------------------------------------
+    def list_groups(self) -> list[dict]:
+        """``[{group, state, members}]``."""
+        with raising("list groups"):
+            listed = self._client().list_consumer_groups(
+                request_timeout=self._timeout).result()
+        ids = sorted(g.group_id for g in listed.valid)
+        if not ids:
+            return []
+        described = _results(self._client().describe_consumer_groups(
+            ids, request_timeout=self._timeout), "describe group")
+        return [{"group": g, "state": described[g].state.name.title(),
+                 "members": len(described[g].members)} for g in ids]
+
+    def describe_group(self, group: str) -> dict:
+        """``{group, state, assignor, members: [{member_id, instance_id, client_id, host,
+        assignment}], offsets: [{topic, partition, committed_offset, metadata, end_offset,
+        lag}]}``."""
+        [desc] = _results(self._client().describe_consumer_groups(
+            [group], request_timeout=self._timeout), "describe group").values()
+        members = [{"member_id": m.member_id, "instance_id": m.group_instance_id,
+                    "client_id": m.client_id, "host": m.host,
+                    "assignment": sorted([tp.topic, tp.partition]
+                                         for tp in m.assignment.topic_partitions)}
+                   for m in desc.members]
+        offsets = self.list_group_offsets(group, with_metadata=True)
+        ends: dict[TopicPartition, int] = {}
+        if offsets:
+            from confluent_kafka import TopicPartition as RdPartition
+            from confluent_kafka.admin import OffsetSpec
+            found = _results(self._client().list_offsets(
+                {RdPartition(*tp): OffsetSpec.latest() for tp in offsets},
+                request_timeout=self._timeout), "list offsets")
+            ends = {TopicPartition(t.topic, t.partition): r.offset for t, r in found.items()}
+        return {"group": group, "state": desc.state.name.title(),
+                "assignor": desc.partition_assignor or None, "members": members,
+                "offsets": [{"topic": tp.topic, "partition": tp.partition,
+                             "committed_offset": off, "metadata": meta,
+                             "end_offset": ends.get(tp),
+                             "lag": None if ends.get(tp) is None else max(0, ends[tp] - off)}
+                            for tp, (off, meta) in sorted(offsets.items())]}
+
+    def delete_group(self, group: str) -> None:
+        _results(self._client().delete_consumer_groups([group], request_timeout=self._timeout),
+                 "delete group")
+
+    def list_group_offsets(self, group: str, with_metadata: bool = False
+                           ) -> dict[TopicPartition, Any]:
+        """``{tp: committed offset}`` (``(offset, metadata)`` with ``with_metadata``)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+        [result] = _results(self._client().list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group)], request_timeout=self._timeout),
+            "list group offsets").values()
+        out: dict[TopicPartition, Any] = {}
+        for tp in sorted(result.topic_partitions, key=lambda t: (t.topic, t.partition)):
+            if tp.offset >= 0:
+                key = TopicPartition(tp.topic, tp.partition)
+                out[key] = (tp.offset, tp.metadata or "") if with_metadata else tp.offset
+        return out
+
+    def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        """Set the group's committed offsets (the group must have no live members)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+        from confluent_kafka import TopicPartition as RdPartition
+        request = ConsumerGroupTopicPartitions(group, [RdPartition(t, p, o)
+                                                       for (t, p), o in offsets.items()])
+        _results(self._client().alter_consumer_group_offsets([request],
+                                                             request_timeout=self._timeout),
+                 "alter group offsets")
+
+    # --- what a cluster does not answer ------------------------------------------------------
+    def _unsupported(self, what: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(f"{what} is mq's own and not available on a Kafka "
+                                         "cluster")
+
+    def broker_stats(self) -> dict:
+        raise self._unsupported("broker_stats (the local broker's figures)")
+
+    def list_transactions(self) -> list[dict]:
+        raise self._unsupported("listing transactions (librdkafka has no ListTransactions)")
+
+    def describe_transactions(self, transactional_ids: Iterable[str] | None = None
+                              ) -> list[dict]:
+        raise self._unsupported("describing transactions (librdkafka has no "
+                                "DescribeTransactions)")
+
+    def describe_transaction(self, transactional_id: str) -> dict:
+        return self.describe_transactions([transactional_id])[0]
+
+    # --- ACLs: mq's bindings are lists of Kafka's codes ----------------------------------------
+    @staticmethod
+    def _binding(values: list, filter_: bool) -> Any:
+        from confluent_kafka.admin import (
+            AclBinding,
+            AclBindingFilter,
+            AclOperation,
+            AclPermissionType,
+            ResourcePatternType,
+            ResourceType,
+        )
+        rtype, name, pattern, principal, host, operation, permission = values
+        try:
+            args = (ResourceType(rtype), name, ResourcePatternType(pattern), principal, host,
+                    AclOperation(operation), AclPermissionType(permission))
+        except ValueError as err:
+            raise ValueError(f"ACL binding {values!r}: {err}") from err
+        return (AclBindingFilter if filter_ else AclBinding)(*args)
+
+    @staticmethod
+    def _codes(binding: Any) -> list:
+        return [binding.restype.value, binding.name, binding.resource_pattern_type.value,
+                binding.principal, binding.host, binding.operation.value,
+                binding.permission_type.value]
+
+    def create_acls(self, bindings: Iterable[list]) -> None:
+        _results(self._client().create_acls([self._binding(list(b), False) for b in bindings],
+                                            request_timeout=self._timeout), "create acls")
+
+    def describe_acls(self, acl_filter: list) -> list[list]:
+        fut = self._client().describe_acls(self._binding(list(acl_filter), True),
+                                           request_timeout=self._timeout)
+        with raising("describe acls"):
+            return [self._codes(b) for b in fut.result()]
+
+    def delete_acls(self, filters: Iterable[list]) -> list[list]:
+        found = _results(self._client().delete_acls(
+            [self._binding(list(f), True) for f in filters], request_timeout=self._timeout),
+            "delete acls")
+        removed: dict[tuple, list] = {}
+        for bindings in found.values():
+            for b in bindings:
+                codes = self._codes(b)
+                removed.setdefault(tuple(codes), codes)
+        return list(removed.values())
+
+    # --- SCRAM users -----------------------------------------------------------------------
+    def describe_user_scram_credentials(self, users: Iterable[str] | None = None
+                                        ) -> dict[str, list[tuple[str, int]]]:
+        fut = self._client().describe_user_scram_credentials(
+            None if users is None else list(users), request_timeout=self._timeout)
+        found = _results(fut, "describe users") if isinstance(fut, dict) else \
+            _results({"": fut}, "describe users")[""]
+        return {user: [(i.mechanism.name.replace("_", "-"), i.iterations)
+                       for i in desc.scram_credential_infos]
+                for user, desc in found.items()}
+
+    def alter_user_scram_credentials(self, deletions: Iterable[tuple[str, str]] = (),
+                                     upsertions: Iterable[tuple] = ()) -> None:
+        raise self._unsupported("altering credentials with a salted password (add_user "
+                                "and delete_user work)")
+
+    def add_user(self, name: str, password: str, iterations: int = _SCRAM_ITERATIONS) -> None:
+        """Give ``name`` SCRAM-SHA-256 and -512 credentials for ``password``."""
+        from confluent_kafka.admin import (
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+        upsertions = [UserScramCredentialUpsertion(
+            name, ScramCredentialInfo(ScramMechanism[m.replace("-", "_")], iterations),
+            password.encode(), os.urandom(32)) for m in _SCRAM]
+        _results(self._client().alter_user_scram_credentials(
+            upsertions, request_timeout=self._timeout), "add user")
+
+    def delete_user(self, name: str) -> None:
+        """Remove every credential of ``name``."""
+        from confluent_kafka.admin import ScramMechanism, UserScramCredentialDeletion
+        held = self.describe_user_scram_credentials([name]).get(name)
+        if not held:
+            raise ResourceNotFoundError(f"no user {name!r}")
+        deletions = [UserScramCredentialDeletion(name, ScramMechanism[m.replace("-", "_")])
+                     for m, _ in held]
+        _results(self._client().alter_user_scram_credentials(
+            deletions, request_timeout=self._timeout), "delete user")
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> KafkaAdmin:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,84 @@
+"""librdkafka's errors as mq's exceptions, so code written for the local broker catches the
+same classes on a cluster.
+
+A broker's error (code 0 and up) is Kafka's code, the one ``mq.errors.ERRORS_BY_CODE`` maps
+already. librdkafka's own (negative codes, ``_TRANSPORT``, ``_MSG_TIMED_OUT``...) are mapped
+below by meaning; one without a meaning here stays an ``UnknownServerError`` that keeps its
+code. The exception's message is librdkafka's, prefixed with its error name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mq.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    ConfigError,
+    InvalidTxnStateError,
+    NoOffsetForPartitionError,
+    ProducerFencedError,
+    RequestTimedOutError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
+
+__all__ = ["from_kafka", "raising"]
+
+
+def _local() -> dict[int, type[Exception]]:
+    from confluent_kafka import KafkaError as E
+    return {
+        E._TRANSPORT: BrokerUnavailableError, E._ALL_BROKERS_DOWN: BrokerUnavailableError,
+        E._RESOLVE: BrokerUnavailableError, E._AUTHENTICATION: BrokerUnavailableError,
+        E._SSL: BrokerUnavailableError,
+        E._MSG_TIMED_OUT: RequestTimedOutError, E._TIMED_OUT: RequestTimedOutError,
+        E._TIMED_OUT_QUEUE: RequestTimedOutError,
+        E._UNKNOWN_TOPIC: UnknownTopicOrPartitionError,
+        E._UNKNOWN_PARTITION: UnknownTopicOrPartitionError,
+        E._FENCED: ProducerFencedError,
+        E._STATE: InvalidTxnStateError,
+        E._AUTO_OFFSET_RESET: NoOffsetForPartitionError,
+        E._DESTROY: ClosedError, E._PURGE_QUEUE: ClosedError, E._PURGE_INFLIGHT: ClosedError,
+        E._INVALID_ARG: ConfigError,
+    }
+
+
+_LOCAL: dict[int, type[Exception]] | None = None
+
+
+def from_kafka(err: Any, what: str = "") -> Exception:
+    """The mq exception for a ``KafkaError`` (or a ``KafkaException`` carrying one);
+    ``what`` (the operation) prefixes the message."""
+    global _LOCAL
+    if hasattr(err, "args") and err.args and hasattr(err.args[0], "code"):
+        err = err.args[0]                   # a KafkaException
+    code = err.code()
+    message = f"{what}: {err.str()}" if what else err.str()
+    if code >= 0:
+        out: Exception = error_for_code(code, message)
+    else:
+        if _LOCAL is None:
+            _LOCAL = _local()
+        cls = _LOCAL.get(code)
+        message = f"{message} ({err.name()})"
+        out = UnknownServerError(message, code) if cls is None else cls(message)
+    return out
+
+
+class raising:
+    """``with raising("what"):`` turns a ``KafkaException`` raised inside into mq's
+    exception (``from_kafka``), chained to it."""
+
+    def __init__(self, what: str = "") -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        from confluent_kafka import KafkaException
+        if isinstance(exc, KafkaException):
+            raise from_kafka(exc, self.what) from exc
+        return False
