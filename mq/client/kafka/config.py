@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mq.errors import ConfigError
+
 __all__ = ["ENV", "bootstrap", "backend_args", "read_properties", "with_overrides"]
 
 ENV = "MQ_BOOTSTRAP_SERVERS"
@@ -65,6 +67,11 @@ def with_overrides(servers: str, derived: Mapping[str, Any],
                    kafka_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """librdkafka's configuration: the cluster, what mq derived from its options (``None``
     values left out: librdkafka's default), then the user's own properties."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError as err:
+        raise ConfigError("a Kafka cluster needs confluent-kafka: pip install 'mq[kafka]'") \
+            from err
     conf: dict[str, Any] = {"bootstrap.servers": servers, "logger": _LibrdkafkaLog()}
     conf.update((k, v) for k, v in derived.items() if v is not None)
     if kafka_config:
