@@ -12,6 +12,7 @@ those; ``read_properties`` reads the same from a Java-style ``client.properties`
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -67,11 +68,8 @@ def with_overrides(servers: str, derived: Mapping[str, Any],
                    kafka_config: Mapping[str, Any] | None) -> dict[str, Any]:
     """librdkafka's configuration: the cluster, what mq derived from its options (``None``
     values left out: librdkafka's default), then the user's own properties."""
-    try:
-        import confluent_kafka  # noqa: F401
-    except ImportError as err:
-        raise ConfigError("a Kafka cluster needs confluent-kafka: pip install 'mq[kafka]'") \
-            from err
+    if importlib.util.find_spec("confluent_kafka") is None:
+        raise ConfigError("a Kafka cluster needs confluent-kafka: pip install 'mq[kafka]'")
     conf: dict[str, Any] = {"bootstrap.servers": servers, "logger": _LibrdkafkaLog()}
     conf.update((k, v) for k, v in derived.items() if v is not None)
     if kafka_config:
