@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mq.aio.connection import AsyncConnection, open_connection
 from mq.client import admin_ops as ops
+from mq.client.kafka.config import backend_args, bootstrap
 from mq.errors import ClosedError
 
 __all__ = ["Admin", "run"]
@@ -50,7 +51,21 @@ def _awaitable(op: Callable[..., ops.Op]) -> Callable:
 class Admin:
     """Connects on ``start()`` (or ``async with``, or the first call)."""
 
-    def __init__(self, socket: str | None = None, timeout: float = 30.0) -> None:
+    def __new__(cls, socket: str | None = None, timeout: float = 30.0, *,
+                bootstrap_servers: str | Iterable[str] | None = None,
+                kafka_config: dict | None = None) -> Any:
+        """This client, or on a Kafka cluster (``bootstrap_servers``, else
+        ``$MQ_BOOTSTRAP_SERVERS`` when no ``socket`` is given) ``kafka.AsyncKafkaAdmin``."""
+        servers = bootstrap(socket, bootstrap_servers)
+        backend_args(servers, (), kafka_config)
+        if servers is None:
+            return super().__new__(cls)
+        from mq.aio.kafka import AsyncKafkaAdmin
+        return AsyncKafkaAdmin(servers, timeout, kafka_config)
+
+    def __init__(self, socket: str | None = None, timeout: float = 30.0, *,
+                 bootstrap_servers: str | Iterable[str] | None = None,
+                 kafka_config: dict | None = None) -> None:
         self._socket = socket
         self._timeout = timeout
         self._conn: AsyncConnection | None = None

@@ -37,6 +37,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
 
 from mq.aio.connection import AsyncConnection, open_connection
 from mq.aio.membership import AsyncMembership
@@ -50,6 +51,7 @@ from mq.client.consumer_driver import RECONNECT_BACKOFF_S, ConsumerDriver
 from mq.client.consumer_group import (FRESH_METADATA, ConsumerGroup, ConsumerRebalanceListener,
                                       CommitRetry, GroupOp, Joined, Notify, SendCommit)
 from mq.client.fetcher import Fetcher, Record
+from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (BrokerUnavailableError, ClosedError, MetadataChangedError, MQError,
                        UnknownTopicOrPartitionError)
@@ -173,6 +175,19 @@ class Consumer:
     ``group_id``, subscribes the group to ``topics`` (or ``pattern``). Options as
     ``mq.Consumer``'s; connects on ``start()`` or ``async with``."""
 
+    def __new__(cls, *topics: str, socket: str | None = None,
+                bootstrap_servers: str | Iterable[str] | None = None,
+                kafka_config: dict | None = None, **options: Any) -> Any:
+        """This consumer, or on a Kafka cluster (``bootstrap_servers``, else
+        ``$MQ_BOOTSTRAP_SERVERS`` when no ``socket`` is given) ``kafka.AsyncKafkaConsumer``,
+        with the same options and coroutines."""
+        servers = bootstrap(socket, bootstrap_servers)
+        backend_args(servers, (), kafka_config)
+        if servers is None:
+            return super().__new__(cls)
+        from mq.aio.kafka import AsyncKafkaConsumer
+        return AsyncKafkaConsumer(servers, *topics, kafka_config=kafka_config, **options)
+
     def __init__(self, *topics: str, socket: str | None = None, group_id: str | None = None,
                  auto_offset_reset: str = "earliest", enable_auto_commit: bool = True,
                  isolation_level: str = "read_uncommitted", max_poll_records: int = 500,
@@ -182,7 +197,9 @@ class Consumer:
                  pattern: str | None = None, listener: ConsumerRebalanceListener | None = None,
                  group_instance_id: str | None = None, assignor: str | None = None,
                  session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
-                 auto_commit_interval_ms: int = 5_000) -> None:
+                 auto_commit_interval_ms: int = 5_000,
+                 bootstrap_servers: str | Iterable[str] | None = None,
+                 kafka_config: dict | None = None) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
         check_group_options(group_id, pattern, session_timeout_ms, max_poll_interval_ms,

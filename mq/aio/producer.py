@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mq.aio.producer_io import AsyncProducerIO, AsyncTransactions
+from mq.client.connection import resolve_socket
+from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.producer import Producer as RecordPath
 from mq.client.types import RecordMetadata
 from mq.errors import ClosedError, InvalidTxnStateError, WouldBlock
@@ -56,15 +58,29 @@ class Producer:
     or the first send. A transactional producer runs ``init_transactions`` in ``start()``,
     as aiokafka does."""
 
+    def __new__(cls, socket: str | None = None, *,
+                bootstrap_servers: str | Iterable[str] | None = None,
+                kafka_config: dict | None = None, **options: Any) -> Any:
+        """This producer, or on a Kafka cluster (``bootstrap_servers``, else
+        ``$MQ_BOOTSTRAP_SERVERS`` when no ``socket`` is given) ``kafka.AsyncKafkaProducer``,
+        with the same options and coroutines."""
+        servers = bootstrap(socket, bootstrap_servers)
+        backend_args(servers, (), kafka_config)
+        if servers is None:
+            return super().__new__(cls)
+        from mq.aio.kafka import AsyncKafkaProducer
+        return AsyncKafkaProducer(servers, kafka_config=kafka_config, **options)
+
     def __init__(self, socket: str | None = None, *,
                  key_serializer: Callable[[Any], bytes] | None = None,
                  value_serializer: Callable[[Any], bytes] | None = None,
-                 **options: Any) -> None:
+                 bootstrap_servers: str | Iterable[str] | None = None,
+                 kafka_config: dict | None = None, **options: Any) -> None:
         # Serialized here, before the record path: a send the driver makes wait is sent
         # again, and a serializer must run once per record.
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
-        self._path = _EventLoopRecordPath(socket, **options)
+        self._path = _EventLoopRecordPath(resolve_socket(socket), **options)
         self._io: AsyncProducerIO = self._path._io
         self._max_block_s = self._path._max_block_s
         self._metadata_wait_s = min(self._max_block_s, self._path._request_timeout_s)

@@ -170,6 +170,8 @@ def _derived(acks: int, linger_ms: float, batch_size: int, compression_type: str
     if transactional_id is not None:
         conf["transactional.id"] = transactional_id
         conf["transaction.timeout.ms"] = transaction_timeout_ms
+        # librdkafka: a record may not outlive its transaction
+        conf["delivery.timeout.ms"] = min(int(delivery_timeout_ms), transaction_timeout_ms)
     return conf
 
 
@@ -246,6 +248,27 @@ class KafkaProducer:
         once for a bad record, an unknown topic or partition, after ``close()``, and
         ``TimeoutError`` when librdkafka's queue stays full for ``max_block_ms``."""
         rd = self._handle()
+        fut = KafkaFuture(self._lock)
+        args = self.record(topic, value, key, partition, headers, timestamp_ms)
+        args["on_delivery"] = fut._deliver
+        deadline = None
+        while True:
+            try:
+                self.produce(rd, topic, args)
+                return fut
+            except BufferError:                     # librdkafka's queue is full: wait
+                now = time.monotonic()
+                deadline = deadline or now + self._max_block_s
+                if now >= deadline:
+                    raise TimeoutError(f"no room in the producer's queue within "
+                                       f"{self._max_block_s} s") from None
+                rd.poll(0.05)
+
+    def record(self, topic: str, value: Any, key: Any, partition: int | None,
+               headers: Iterable | None, timestamp_ms: int | None) -> dict[str, Any]:
+        """``send()``'s checks and serialization: librdkafka's ``produce`` arguments for the
+        record (``mq.aio``'s producer shares them). Asks the cluster for the topic's
+        partitions when it has not yet."""
         if value is not None:
             if self._value_serializer is not None:
                 value = self._value_serializer(value)
@@ -268,31 +291,28 @@ class KafkaProducer:
         elif type(partition) is not int or not 0 <= partition < partitions:
             raise UnknownTopicOrPartitionError(f"{topic} has no partition {partition!r} "
                                                f"(it has {partitions})")
-        fut = KafkaFuture(self._lock)
-        args: dict[str, Any] = {"value": value, "key": key, "on_delivery": fut._deliver}
+        args: dict[str, Any] = {"value": value, "key": key}
         if partition is not None:
             args["partition"] = partition
         if headers:
             args["headers"] = headers
         if timestamp_ms is not None and timestamp_ms >= 0:
             args["timestamp"] = timestamp_ms
-        deadline = None
-        while True:
-            try:
-                rd.produce(topic, **args)
-                return fut
-            except BufferError:                     # librdkafka's queue is full: wait
-                now = time.monotonic()
-                deadline = deadline or now + self._max_block_s
-                if now >= deadline:
-                    raise TimeoutError(f"no room in the producer's queue within "
-                                       f"{self._max_block_s} s") from None
-                rd.poll(0.05)
-            except Exception as err:
-                from confluent_kafka import KafkaException
-                if isinstance(err, KafkaException):
-                    raise from_kafka(err, f"send to {topic}") from err
-                raise
+        return args
+
+    @staticmethod
+    def produce(rd: Any, topic: str, args: dict[str, Any]) -> None:
+        """Hand a record to librdkafka; ``BufferError`` when its queue is full."""
+        from confluent_kafka import KafkaException
+        try:
+            rd.produce(topic, **args)
+        except KafkaException as err:
+            raise from_kafka(err, f"send to {topic}") from err
+
+    def known(self, topic: str) -> bool:
+        """Whether ``send()`` to ``topic`` would not ask the cluster for its partitions."""
+        fetched = self._topics.get(topic)
+        return fetched is not None and time.monotonic() - fetched[0] < _TOPIC_TTL_S
 
     def send_many(self, topic: str, values: Iterable, keys: Iterable | None = None,
                   partition: int | None = None, headers: Iterable | None = None,
