@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mq.client.kafka.config import with_overrides
-from mq.client.kafka.errors import raising
+from mq.client.kafka.errors import raising, results
 from mq.client.types import TopicPartition
 from mq.errors import ClosedError, ResourceNotFoundError, UnsupportedOperationError
 
@@ -24,15 +24,6 @@ __all__ = ["KafkaAdmin"]
 
 _SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _SCRAM_ITERATIONS = 4096
-
-
-def _results(futures: Mapping[Any, Any], what: str) -> dict[Any, Any]:
-    """Every future's result, by key; the first failure raised as mq's exception."""
-    out = {}
-    for key, fut in futures.items():
-        with raising(f"{what} {key}" if isinstance(key, str) else what):
-            out[key] = fut.result()
-    return out
 
 
 class KafkaAdmin:
@@ -46,6 +37,10 @@ class KafkaAdmin:
         with raising("admin"):
             self._rd = AdminClient(self._conf)
         self._closed = False
+
+    def _run(self, call: Any, what: str) -> dict:
+        """An admin call's results by key (``errors.results``)."""
+        return results(call, what, self._timeout)
 
     def _client(self) -> Any:
         if self._closed:
@@ -72,12 +67,12 @@ class KafkaAdmin:
         from confluent_kafka.admin import NewTopic
         topic = NewTopic(name, partitions, replication_factor,
                          config={k: str(v) for k, v in (config or {}).items()})
-        _results(self._client().create_topics([topic], request_timeout=self._timeout),
+        self._run(lambda: self._client().create_topics([topic], request_timeout=self._timeout),
                  "create topic")
         return {"id": None, "partitions": partitions, "config": dict(topic.config)}
 
     def delete_topic(self, name: str) -> None:
-        _results(self._client().delete_topics([name], request_timeout=self._timeout),
+        self._run(lambda: self._client().delete_topics([name], request_timeout=self._timeout),
                  "delete topic")
 
     def list_topics(self) -> list[str]:
@@ -89,10 +84,10 @@ class KafkaAdmin:
         from confluent_kafka import TopicCollection
         from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec, ResourceType
         rd = self._client()
-        [desc] = _results(rd.describe_topics(TopicCollection([name]),
+        [desc] = self._run(lambda: rd.describe_topics(TopicCollection([name]),
                                              request_timeout=self._timeout),
                           "describe topic").values()
-        [entries] = _results(rd.describe_configs([ConfigResource(ResourceType.TOPIC, name)],
+        [entries] = self._run(lambda: rd.describe_configs([ConfigResource(ResourceType.TOPIC, name)],
                                                  request_timeout=self._timeout),
                              "describe configs").values()
         parts = sorted(desc.partitions, key=lambda p: p.id)
@@ -109,15 +104,14 @@ class KafkaAdmin:
 
     def _offsets(self, name: str, count: int, spec: Any) -> list[int]:
         from confluent_kafka import TopicPartition as RdPartition
-        futures = self._client().list_offsets({RdPartition(name, p): spec
-                                               for p in range(count)},
-                                              request_timeout=self._timeout)
-        found = _results(futures, "list offsets")
+        found = self._run(lambda: self._client().list_offsets(
+            {RdPartition(name, p): spec for p in range(count)}, request_timeout=self._timeout),
+            "list offsets")
         return [found[tp].offset for tp in sorted(found, key=lambda t: t.partition)]
 
     def create_partitions(self, name: str, total: int) -> dict:
         from confluent_kafka.admin import NewPartitions
-        _results(self._client().create_partitions([NewPartitions(name, total)],
+        self._run(lambda: self._client().create_partitions([NewPartitions(name, total)],
                                                   request_timeout=self._timeout),
                  "create partitions")
         return {"id": None, "partitions": total, "config": {}}
@@ -134,7 +128,7 @@ class KafkaAdmin:
                                incremental_operation=AlterConfigOpType.DELETE if v is None
                                else AlterConfigOpType.SET) for k, v in config.items()]
         resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
-        _results(self._client().incremental_alter_configs([resource],
+        self._run(lambda: self._client().incremental_alter_configs([resource],
                                                           request_timeout=self._timeout),
                  "alter config")
         return self.describe_topic(name)["config"]
@@ -142,7 +136,7 @@ class KafkaAdmin:
     def delete_records(self, name: str, partition: int, before_offset: int) -> int:
         """Delete the records before ``before_offset``; the partition's new start offset."""
         from confluent_kafka import TopicPartition as RdPartition
-        found = _results(self._client().delete_records(
+        found = self._run(lambda: self._client().delete_records(
             [RdPartition(name, partition, before_offset)], request_timeout=self._timeout),
             "delete records")
         return next(iter(found.values())).low_watermark
@@ -156,7 +150,7 @@ class KafkaAdmin:
         ids = sorted(g.group_id for g in listed.valid)
         if not ids:
             return []
-        described = _results(self._client().describe_consumer_groups(
+        described = self._run(lambda: self._client().describe_consumer_groups(
             ids, request_timeout=self._timeout), "describe group")
         return [{"group": g, "state": described[g].state.name.title(),
                  "members": len(described[g].members)} for g in ids]
@@ -165,7 +159,7 @@ class KafkaAdmin:
         """``{group, state, assignor, members: [{member_id, instance_id, client_id, host,
         assignment}], offsets: [{topic, partition, committed_offset, metadata, end_offset,
         lag}]}``."""
-        [desc] = _results(self._client().describe_consumer_groups(
+        [desc] = self._run(lambda: self._client().describe_consumer_groups(
             [group], request_timeout=self._timeout), "describe group").values()
         members = [{"member_id": m.member_id, "instance_id": m.group_instance_id,
                     "client_id": m.client_id, "host": m.host,
@@ -177,7 +171,7 @@ class KafkaAdmin:
         if offsets:
             from confluent_kafka import TopicPartition as RdPartition
             from confluent_kafka.admin import OffsetSpec
-            found = _results(self._client().list_offsets(
+            found = self._run(lambda: self._client().list_offsets(
                 {RdPartition(*tp): OffsetSpec.latest() for tp in offsets},
                 request_timeout=self._timeout), "list offsets")
             ends = {TopicPartition(t.topic, t.partition): r.offset for t, r in found.items()}
@@ -190,14 +184,14 @@ class KafkaAdmin:
                             for tp, (off, meta) in sorted(offsets.items())]}
 
     def delete_group(self, group: str) -> None:
-        _results(self._client().delete_consumer_groups([group], request_timeout=self._timeout),
+        self._run(lambda: self._client().delete_consumer_groups([group], request_timeout=self._timeout),
                  "delete group")
 
     def list_group_offsets(self, group: str, with_metadata: bool = False
                            ) -> dict[TopicPartition, Any]:
         """``{tp: committed offset}`` (``(offset, metadata)`` with ``with_metadata``)."""
         from confluent_kafka import ConsumerGroupTopicPartitions
-        [result] = _results(self._client().list_consumer_group_offsets(
+        [result] = self._run(lambda: self._client().list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(group)], request_timeout=self._timeout),
             "list group offsets").values()
         out: dict[TopicPartition, Any] = {}
@@ -213,7 +207,7 @@ class KafkaAdmin:
         from confluent_kafka import TopicPartition as RdPartition
         request = ConsumerGroupTopicPartitions(group, [RdPartition(t, p, o)
                                                        for (t, p), o in offsets.items()])
-        _results(self._client().alter_consumer_group_offsets([request],
+        self._run(lambda: self._client().alter_consumer_group_offsets([request],
                                                              request_timeout=self._timeout),
                  "alter group offsets")
 
@@ -262,7 +256,7 @@ class KafkaAdmin:
                 binding.permission_type.value]
 
     def create_acls(self, bindings: Iterable[list]) -> None:
-        _results(self._client().create_acls([self._binding(list(b), False) for b in bindings],
+        self._run(lambda: self._client().create_acls([self._binding(list(b), False) for b in bindings],
                                             request_timeout=self._timeout), "create acls")
 
     def describe_acls(self, acl_filter: list) -> list[list]:
@@ -272,7 +266,7 @@ class KafkaAdmin:
             return [self._codes(b) for b in fut.result()]
 
     def delete_acls(self, filters: Iterable[list]) -> list[list]:
-        found = _results(self._client().delete_acls(
+        found = self._run(lambda: self._client().delete_acls(
             [self._binding(list(f), True) for f in filters], request_timeout=self._timeout),
             "delete acls")
         removed: dict[tuple, list] = {}
@@ -285,10 +279,13 @@ class KafkaAdmin:
     # --- SCRAM users -----------------------------------------------------------------------
     def describe_user_scram_credentials(self, users: Iterable[str] | None = None
                                         ) -> dict[str, list[tuple[str, int]]]:
-        fut = self._client().describe_user_scram_credentials(
-            None if users is None else list(users), request_timeout=self._timeout)
-        found = _results(fut, "describe users") if isinstance(fut, dict) else \
-            _results({"": fut}, "describe users")[""]
+        def call() -> Any:
+            fut = self._client().describe_user_scram_credentials(
+                None if users is None else list(users), request_timeout=self._timeout)
+            return fut if isinstance(fut, dict) else {"": fut}
+        found = self._run(call, "describe users")
+        if "" in found and isinstance(found[""], dict):
+            found = found[""]
         return {user: [(i.mechanism.name.replace("_", "-"), i.iterations)
                        for i in desc.scram_credential_infos]
                 for user, desc in found.items()}
@@ -308,7 +305,7 @@ class KafkaAdmin:
         upsertions = [UserScramCredentialUpsertion(
             name, ScramCredentialInfo(ScramMechanism[m.replace("-", "_")], iterations),
             password.encode(), os.urandom(32)) for m in _SCRAM]
-        _results(self._client().alter_user_scram_credentials(
+        self._run(lambda: self._client().alter_user_scram_credentials(
             upsertions, request_timeout=self._timeout), "add user")
 
     def delete_user(self, name: str) -> None:
@@ -319,7 +316,7 @@ class KafkaAdmin:
             raise ResourceNotFoundError(f"no user {name!r}")
         deletions = [UserScramCredentialDeletion(name, ScramMechanism[m.replace("-", "_")])
                      for m, _ in held]
-        _results(self._client().alter_user_scram_credentials(
+        self._run(lambda: self._client().alter_user_scram_credentials(
             deletions, request_timeout=self._timeout), "delete user")
 
     # --- lifecycle -------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from mq.client.consumer_options import (
 )
 from mq.client.fetcher import Record
 from mq.client.kafka.config import with_overrides
-from mq.client.kafka.errors import from_kafka, raising
+from mq.client.kafka.errors import from_kafka, raising, results
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
     ClosedError,
@@ -120,7 +120,9 @@ class KafkaConsumer:
             self._rd = RdConsumer(self._conf)
         self._admin: Any = None
         self._closed = False
-        self._handed: dict[TopicPartition, int] = {}   # next offset after records handed out
+        # positions known here: after the records handed out, or sought (librdkafka forgets a
+        # position at a seek until the next record)
+        self._handed: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._whole: tuple[str, ...] = tuple(topics) if group_id is None else ()
         self._pattern: re.Pattern | None = None
@@ -393,7 +395,7 @@ class KafkaConsumer:
 
     def _seek(self, rd_tp: Any) -> None:
         from confluent_kafka import KafkaException
-        self._handed.pop(_tp(rd_tp), None)
+        self._handed[_tp(rd_tp)] = rd_tp.offset     # the position now, also to auto-commit
         deadline = time.monotonic() + self._timeout
         while True:
             try:
@@ -449,14 +451,11 @@ class KafkaConsumer:
                                        if k in _ADMIN_KEYS or k.startswith(("sasl.", "ssl."))})
         level = (IsolationLevel.READ_COMMITTED if self.isolation_level == "read_committed"
                  else IsolationLevel.READ_UNCOMMITTED)
-        futures = self._admin.list_offsets(
+        found = results(lambda: self._admin.list_offsets(
             {RdPartition(tp.topic, tp.partition): spec for tp, spec in specs.items()},
-            isolation_level=level, request_timeout=self._timeout)
-        out = {}
-        for rd_tp, fut in futures.items():
-            with raising(f"offsets of {rd_tp.topic}-{rd_tp.partition}"):
-                out[_tp(rd_tp)] = fut.result()
-        return out
+            isolation_level=level, request_timeout=self._timeout), "list offsets",
+            self._timeout)
+        return {_tp(rd_tp): info for rd_tp, info in found.items()}
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]
                           ) -> dict[TopicPartition, int]:

@@ -9,6 +9,8 @@ code. The exception's message is librdkafka's, prefixed with its error name.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mq.errors import (
@@ -24,7 +26,7 @@ from mq.errors import (
     error_for_code,
 )
 
-__all__ = ["from_kafka", "raising"]
+__all__ = ["from_kafka", "raising", "results"]
 
 
 def _local() -> dict[int, type[Exception]]:
@@ -82,3 +84,29 @@ class raising:
         if isinstance(exc, KafkaException):
             raise from_kafka(exc, self.what) from exc
         return False
+
+
+# Kafka's retriable answers while leaders move or a partition is new, which librdkafka's
+# admin results do not flag: LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER,
+# REQUEST_TIMED_OUT, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
+# NOT_ENOUGH_REPLICAS, KAFKA_STORAGE_ERROR, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+# OFFSET_NOT_AVAILABLE.
+_RETRIABLE = frozenset({5, 6, 7, 14, 15, 16, 19, 56, 74, 75, 78})
+
+
+def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float) -> dict[Any, Any]:
+    """The results of an admin call (``call()`` returns its futures by key), asked again
+    while the cluster answers with a retriable error (a leader moving, a partition just
+    created) for up to ``timeout`` seconds; other failures raised as mq's exceptions."""
+    from confluent_kafka import KafkaException
+    deadline = time.monotonic() + timeout
+    while True:
+        futures = call()
+        try:
+            return {key: fut.result() for key, fut in futures.items()}
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _RETRIABLE) or \
+                    time.monotonic() >= deadline:
+                raise from_kafka(err, what) from exc
+        time.sleep(0.1)
