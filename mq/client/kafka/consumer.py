@@ -435,8 +435,9 @@ class KafkaConsumer:
             if committed is not None:
                 return committed
         if self.auto_offset_reset == "none":
-            raise NoOffsetForPartitionError(f"{tp.topic}-{tp.partition} has no position and "
-                                            "auto_offset_reset is 'none'")
+            raise NoOffsetForPartitionError(-1, self.beginning_offsets([tp])[tp],
+                                            self.end_offsets([tp])[tp],
+                                            f"{tp.topic}-{tp.partition}")
         ends = (self.beginning_offsets if self.auto_offset_reset == "earliest"
                 else self.end_offsets)([tp])
         return ends[tp]

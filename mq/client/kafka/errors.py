@@ -29,7 +29,11 @@ from mq.errors import (
 __all__ = ["from_kafka", "raising", "results"]
 
 
-def _local() -> dict[int, type[Exception]]:
+def _no_offset(message: str) -> NoOffsetForPartitionError:
+    return NoOffsetForPartitionError(-1, -1, -1, message)
+
+
+def _local() -> dict[int, Callable[[str], Exception]]:
     from confluent_kafka import KafkaError as E
     return {
         E._TRANSPORT: BrokerUnavailableError, E._ALL_BROKERS_DOWN: BrokerUnavailableError,
@@ -41,13 +45,13 @@ def _local() -> dict[int, type[Exception]]:
         E._UNKNOWN_PARTITION: UnknownTopicOrPartitionError,
         E._FENCED: ProducerFencedError,
         E._STATE: InvalidTxnStateError,
-        E._AUTO_OFFSET_RESET: NoOffsetForPartitionError,
+        E._AUTO_OFFSET_RESET: _no_offset,
         E._DESTROY: ClosedError, E._PURGE_QUEUE: ClosedError, E._PURGE_INFLIGHT: ClosedError,
         E._INVALID_ARG: ConfigError,
     }
 
 
-_LOCAL: dict[int, type[Exception]] | None = None
+_LOCAL: dict[int, Callable[[str], Exception]] | None = None
 
 
 def from_kafka(err: Any, what: str = "") -> Exception:
