@@ -114,6 +114,9 @@ class KafkaConsumer:
             "partition.assignment.strategy": _ASSIGNORS.get(assignor or ""),
             "max.partition.fetch.bytes": max_partition_fetch_bytes,
             "check.crcs": check_crcs,
+            # librdkafka's default (1000) postpones a partition's next fetch by a second
+            # whenever 100,000 records wait locally: a backlog read stalls every 100,000.
+            "fetch.queue.backoff.ms": 10,
         }, kafka_config)
         from confluent_kafka import Consumer as RdConsumer
         with raising("consumer"):
