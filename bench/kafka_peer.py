@@ -124,10 +124,13 @@ def _free_port() -> int:
 
 def server_properties(workdir: str, port: int, controller_port: int,
                       sasl_ssl_port: int | None = None,
-                      keystore: str | None = None) -> list[str]:
+                      keystore: str | None = None, node_id: int = 1,
+                      voters: str | None = None) -> list[str]:
     """The lines of ``server.properties`` for one combined node with a PLAINTEXT listener on
     ``port`` and, given ``sasl_ssl_port``, a SASL_SSL one (SCRAM-SHA-256; TLS with the PEM
-    ``keystore``: key and certificate in one file)."""
+    ``keystore``: key and certificate in one file). Alone, or with ``voters`` ("1@host:port,
+    ..."), node ``node_id`` of a cluster whose internal topics have three replicas, two in
+    sync (``bench.kafka_cluster``)."""
     plain, c = f"127.0.0.1:{port}", f"127.0.0.1:{controller_port}"
     listeners = [f"PLAINTEXT://{plain}", f"CONTROLLER://{c}"]
     protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
@@ -139,18 +142,22 @@ def server_properties(workdir: str, port: int, controller_port: int,
                   "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config="
                   "org.apache.kafka.common.security.scram.ScramLoginModule required;",
                   "ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}"]
+    replicas = "1" if voters is None else "3"
+    in_sync = "1" if voters is None else "2"
+    quorum = (f"controller.quorum.bootstrap.servers={c}" if voters is None
+              else f"controller.quorum.voters={voters}")
     return [
-        "process.roles=broker,controller", "node.id=1",
-        f"controller.quorum.bootstrap.servers={c}",
+        "process.roles=broker,controller", f"node.id={node_id}", quorum,
         f"listeners={','.join(listeners)}", f"advertised.listeners={','.join(listeners)}",
         "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
         f"listener.security.protocol.map={','.join(protocols)}", *secure,
         f"log.dirs={workdir}/data", f"metadata.log.dir={workdir}/meta",
-        "offsets.topic.replication.factor=1",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
+        f"offsets.topic.replication.factor={replicas}",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={in_sync}",
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={in_sync}",
+        f"default.replication.factor={replicas}", f"min.insync.replicas={in_sync}",
         "offsets.topic.num.partitions=1", "transaction.state.log.num.partitions=1",
         "group.initial.rebalance.delay.ms=0", ""]
 
@@ -163,13 +170,16 @@ def scram_arguments(users: dict[str, str]) -> list[str]:
 
 class KafkaNode:
     """One Kafka KRaft node in ``workdir`` (made fresh), on free loopback ports; with
-    ``sasl_ssl``, a SASL_SSL listener too (``secure_bootstrap``)."""
+    ``sasl_ssl``, a SASL_SSL listener too (``secure_bootstrap``). A node of a cluster
+    (``bench.kafka_cluster``) is given its ``node_id``, and ``join(voters, cluster_id)`` before
+    it is launched."""
 
     def __init__(self, workdir: str, heap_mb: int = 1024,
-                 sasl_ssl: SaslSsl | None = None) -> None:
+                 sasl_ssl: SaslSsl | None = None, node_id: int = 1) -> None:
         self.workdir = os.path.abspath(workdir)
         self.heap_mb = heap_mb
         self.sasl_ssl = sasl_ssl
+        self.node_id = node_id
         self.port = _free_port()
         self.controller_port = _free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
@@ -177,16 +187,23 @@ class KafkaNode:
         self.secure_bootstrap = f"127.0.0.1:{self.secure_port}" if sasl_ssl else None
         self.proc: subprocess.Popen | None = None
         self.started_s: float | None = None      # seconds from exec to a listening broker
+        self._voters: str | None = None
+        self._cluster_id: str | None = None
+        self._launched_at = 0.0
+
+    def join(self, voters: str, cluster_id: str) -> None:
+        """Make this node one of a cluster's: its static quorum and the cluster's id."""
+        self._voters, self._cluster_id = voters, cluster_id
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
 
-    def _java(self, cp: str) -> list[str]:
+    def java(self, cp: str | None = None) -> list[str]:
         return ["java", f"-Xms{min(256, self.heap_mb)}m", f"-Xmx{self.heap_mb}m",
                 f"-Dlog4j2.configurationFile=file:{self.workdir}/log4j2.properties",
-                f"-Dkafka.logs.dir={self.workdir}/logs", "-cp", cp]
+                f"-Dkafka.logs.dir={self.workdir}/logs", "-cp", cp or classpath()]
 
     def _keystore(self) -> str | None:
         """Kafka's PEM key store: the key, then the certificate, in one file."""
@@ -200,40 +217,56 @@ class KafkaNode:
         return path
 
     def start(self, timeout: float = 120.0) -> KafkaNode:
-        cp = classpath()
+        self.prepare()
+        self.launch()
+        self.wait(timeout)
+        return self
+
+    def prepare(self) -> None:
+        """A fresh workdir: the properties written and the storage formatted."""
+        java = self.java()
         shutil.rmtree(self.workdir, ignore_errors=True)
         os.makedirs(self.workdir)
         props = os.path.join(self.workdir, "server.properties")
         with open(props, "w") as f:
             f.write("\n".join(server_properties(self.workdir, self.port, self.controller_port,
-                                                self.secure_port, self._keystore())))
+                                                self.secure_port, self._keystore(),
+                                                self.node_id, self._voters)))
         with open(os.path.join(self.workdir, "log4j2.properties"), "w") as f:
             f.write(_LOG4J2)
-        java = self._java(cp)
-        cluster_id = subprocess.run(java + ["kafka.tools.StorageTool", "random-uuid"],
-                                    capture_output=True, text=True, check=True).stdout.strip()
+        cluster_id = self._cluster_id or subprocess.run(
+            java + ["kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True,
+            check=True).stdout.strip()
         users = self.sasl_ssl.users if self.sasl_ssl else {}
+        quorum = ["--standalone"] if self._voters is None else []
         subprocess.run(java + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
-                               props, "--standalone", *scram_arguments(users)],
+                               props, *quorum, *scram_arguments(users)],
                        capture_output=True, text=True, check=True)
-        t0 = time.monotonic()
-        log = open(os.path.join(self.workdir, "stdout.log"), "wb")
-        self.proc = subprocess.Popen(java + ["kafka.Kafka", props], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        while time.monotonic() - t0 < timeout:
+
+    def launch(self) -> None:
+        """Start the JVM on the prepared workdir (again after a kill), without waiting."""
+        self._launched_at = time.monotonic()
+        with open(os.path.join(self.workdir, "stdout.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                self.java() + ["kafka.Kafka", os.path.join(self.workdir, "server.properties")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float = 120.0, brokers: int = 1) -> None:
+        """Until the node answers and Metadata names ``brokers`` brokers."""
+        assert self.proc is not None
+        while time.monotonic() - self._launched_at < timeout:
             if self.proc.poll() is not None:
                 raise PeerUnavailable(f"Kafka exited with {self.proc.returncode}: see "
                                       f"{self.workdir}/stdout.log")
-            if self._ready():
-                self.started_s = time.monotonic() - t0
-                return self
+            if self._ready(brokers):
+                self.started_s = time.monotonic() - self._launched_at
+                return
             time.sleep(0.1)
         self.stop()
         raise PeerUnavailable(f"Kafka did not start within {timeout:.0f} s")
 
-    def _ready(self) -> bool:
-        """Its listener answers and it reports itself as a broker (Metadata names a node)."""
+    def _ready(self, brokers: int = 1) -> bool:
+        """Its listener answers and Metadata names ``brokers`` nodes."""
         from confluent_kafka.admin import AdminClient
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -244,7 +277,7 @@ class KafkaNode:
             meta = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
         except Exception:       # confluent_kafka.KafkaException: not up yet
             return False
-        return bool(meta.brokers)
+        return len(meta.brokers) >= brokers
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM (Kafka's clean shutdown), then SIGKILL after ``timeout``."""
