@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -48,16 +49,27 @@ log = logging.getLogger("mq.producer")
 
 _ACKS = {0: 0, 1: 1, -1: -1, "all": -1, "0": 0, "1": 1, "-1": -1}
 _TOPIC_TTL_S = 30.0                      # how long a send trusts a topic's partition count
+_FORKABLE: weakref.WeakSet = weakref.WeakSet()   # producers a forked child must reopen
+
+
+def _after_fork_in_child() -> None:
+    for producer in _FORKABLE:
+        producer._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class KafkaFuture:
     """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it,
-    with ``mq.FutureRecordMetadata``'s methods."""
+    with ``mq.FutureRecordMetadata``'s methods. Its event is made only when someone waits
+    before the outcome is in (an Event per record would be a third of ``send()``'s cost)."""
 
-    __slots__ = ("_event", "_metadata", "_error", "_callbacks", "_lock")
+    __slots__ = ("_done", "_event", "_metadata", "_error", "_callbacks", "_lock")
 
     def __init__(self, lock: threading.Lock) -> None:
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
         self._metadata: RecordMetadata | None = None
         self._error: BaseException | None = None
         self._callbacks: list | None = None
@@ -78,19 +90,26 @@ class KafkaFuture:
 
     def _settle(self, metadata: RecordMetadata | None, error: BaseException | None) -> None:
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return
             self._metadata, self._error = metadata, error
             callbacks, self._callbacks = self._callbacks, None
-            self._event.set()
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
         for fn, args, kwargs, errback in callbacks or ():
             self._run(fn, args, kwargs, errback)
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
         """Wait for the outcome. Raises the failure, or ``TimeoutError`` after ``timeout``
         seconds."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"record not acknowledged within {timeout} s")
+        if not self._done:
+            with self._lock:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+            if not self._done and not self._event.wait(timeout):
+                raise TimeoutError(f"record not acknowledged within {timeout} s")
         if self._error is not None:
             raise self._error
         assert self._metadata is not None
@@ -98,17 +117,17 @@ class KafkaFuture:
 
     @property
     def is_done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def succeeded(self) -> bool:
-        return self._event.is_set() and self._error is None
+        return self._done and self._error is None
 
     def failed(self) -> bool:
-        return self._event.is_set() and self._error is not None
+        return self._done and self._error is not None
 
     def exception(self) -> BaseException | None:
         """The failure, or ``None`` (not done yet, or succeeded)."""
-        return self._error if self._event.is_set() else None
+        return self._error if self._done else None
 
     @property
     def attempts(self) -> int:
@@ -128,7 +147,7 @@ class KafkaFuture:
 
     def _add(self, fn: Callable, args: tuple, kwargs: dict, errback: bool) -> None:
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append((fn, args, kwargs, errback))
@@ -146,7 +165,7 @@ class KafkaFuture:
             log.exception("producer callback %r raised", fn)
 
     def __repr__(self) -> str:
-        state = ("pending" if not self._event.is_set() else f"failed: {self._error!r}"
+        state = ("pending" if not self._done else f"failed: {self._error!r}"
                  if self._error is not None else f"{self._metadata}")
         return f"<KafkaFuture {state}>"
 
@@ -222,6 +241,8 @@ class KafkaProducer:
         with raising("producer"):
             self._rd = RdProducer(self._conf)
         self._pid = os.getpid()
+        self._forked = False                        # set in a forked child (_FORKABLE)
+        _FORKABLE.add(self)
         self._lock = threading.Lock()               # the futures' lock
         self._stopping = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="mq-kafka-producer",
@@ -237,7 +258,7 @@ class KafkaProducer:
     def _handle(self) -> Any:
         if self._closed:
             raise ClosedError("producer is closed")
-        if self._pid != os.getpid():
+        if self._forked:
             self._open()      # a forked child: the parent's handle and thread are not ours
         return self._rd
 
