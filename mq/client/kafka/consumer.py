@@ -425,7 +425,8 @@ class KafkaConsumer:
 
     def position(self, partition: TopicPartition) -> int:
         """Offset of the next record ``poll`` will return for ``partition``; a partition
-        never read yet starts at its committed offset, else by ``auto_offset_reset``."""
+        never read yet starts at its committed offset, else by ``auto_offset_reset``, and
+        stays there (sought) until it is read."""
         self._check_open()
         tp = TopicPartition(*partition)
         if tp in self._handed:
@@ -433,17 +434,18 @@ class KafkaConsumer:
         [rd_tp] = self._rd.position([self._rd_tp(tp)])
         if rd_tp.offset >= 0:
             return rd_tp.offset
-        if self.group_id is not None:
-            committed = self.committed(tp)
-            if committed is not None:
-                return committed
-        if self.auto_offset_reset == "none":
-            raise NoOffsetForPartitionError(-1, self.beginning_offsets([tp])[tp],
-                                            self.end_offsets([tp])[tp],
-                                            f"{tp.topic}-{tp.partition}")
-        ends = (self.beginning_offsets if self.auto_offset_reset == "earliest"
-                else self.end_offsets)([tp])
-        return ends[tp]
+        resolved = self.committed(tp) if self.group_id is not None else None
+        if resolved is None:
+            if self.auto_offset_reset == "none":
+                raise NoOffsetForPartitionError(-1, self.beginning_offsets([tp])[tp],
+                                                self.end_offsets([tp])[tp],
+                                                f"{tp.topic}-{tp.partition}")
+            resolved = (self.beginning_offsets if self.auto_offset_reset == "earliest"
+                        else self.end_offsets)([tp])[tp]
+        # pinned, as locally: librdkafka would resolve it anew when it starts fetching, and
+        # with "latest" skip what arrived in between
+        self._seek(self._rd_tp(tp, resolved))
+        return resolved
 
     def _list_offsets(self, specs: dict[TopicPartition, Any]) -> dict[TopicPartition, Any]:
         """ListOffsets through an admin client: ``{tp: ListOffsetsResultInfo}``."""
