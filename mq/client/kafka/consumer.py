@@ -31,7 +31,6 @@ import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mq.client.consumer_options import (
@@ -69,6 +68,11 @@ class _GroupMetadata(ConsumerGroupMetadata):
 
 def _tp(rd_tp: Any) -> TopicPartition:
     return TopicPartition(rd_tp.topic, rd_tp.partition)
+
+
+def _offsets_key(rd_offsets: list) -> tuple:
+    """A commit's offsets, comparable with librdkafka's report of it."""
+    return tuple(sorted((t.topic, t.partition, t.offset) for t in rd_offsets))
 
 
 class KafkaConsumer:
@@ -117,6 +121,7 @@ class KafkaConsumer:
             # librdkafka's default (1000) postpones a partition's next fetch by a second
             # whenever 100,000 records wait locally: a backlog read stalls every 100,000.
             "fetch.queue.backoff.ms": 10,
+            "on_commit": self._on_commit,
         }, kafka_config)
         from confluent_kafka import Consumer as RdConsumer
         with raising("consumer"):
@@ -131,8 +136,7 @@ class KafkaConsumer:
         self._pattern: re.Pattern | None = None
         self._subscription: list[str] = []
         self._checked_at = 0.0
-        self._async: ThreadPoolExecutor | None = None
-        self._async_done: list[tuple] = []
+        self._async_pending: list[tuple] = []      # commit_async's, until librdkafka reports
         self._iterator: Iterator[Record] | None = None
         try:
             if group_id is not None and (topics or pattern is not None):
@@ -321,27 +325,36 @@ class KafkaConsumer:
                 del self._handed[tp]
 
     def commit_async(self, offsets: Mapping | None = None, callback: Any = None) -> None:
-        """Commit without waiting; ``callback(offsets, error_or_None)`` runs inside a later
-        ``poll``, ``commit`` or ``close``."""
+        """Commit without waiting (librdkafka's asynchronous commit); ``callback(offsets,
+        error_or_None)`` runs inside a later ``poll``, ``commit`` or ``close``."""
         self._check_open()
+        if self.group_id is None:
+            raise ValueError("commit_async() needs a group_id")
         rd_offsets = self._offsets(offsets)
-        if self._async is None:
-            self._async = ThreadPoolExecutor(1, thread_name_prefix="mq-kafka-commit")
+        if not rd_offsets:
+            return
+        self._async_pending.append((_offsets_key(rd_offsets), callback,
+                                    {_tp(t): t.offset for t in rd_offsets}))
+        with raising("commit"):
+            self._rd.commit(offsets=rd_offsets, asynchronous=True)
 
-        def run() -> None:
-            error = None
-            try:
-                self._commit(rd_offsets)
-            except Exception as err:
-                error = err
-            if callback is not None:
-                self._async_done.append((callback, {_tp(t): t.offset for t in rd_offsets},
-                                         error))
-        self._async.submit(run)
-
-    def _run_async_callbacks(self) -> None:
-        while self._async_done:
-            callback, offsets, error = self._async_done.pop(0)
+    def _on_commit(self, err: Any, partitions: list) -> None:
+        """librdkafka's commit report (inside ``poll``): the matching ``commit_async``'s
+        callback, with the commit's error, if any (an auto-commit's report matches none)."""
+        key = _offsets_key(partitions)
+        for i, (pending, callback, offsets) in enumerate(self._async_pending):
+            if pending == key:
+                del self._async_pending[i]
+                break
+        else:
+            return
+        failed = next((t.error for t in partitions if t.error is not None), None)
+        error = err or failed
+        if error is not None:
+            error = (CommitFailedError(f"commit refused by the group's rebalance: "
+                                       f"{error.str()}") if error.name() in _NOT_MEMBER
+                     else from_kafka(error, "commit"))
+        if callback is not None:
             callback(offsets, error)
 
     def committed(self, partition: TopicPartition) -> int | None:
@@ -523,7 +536,6 @@ class KafkaConsumer:
     def _poll(self, timeout_s: float | None, max_records: int
               ) -> dict[TopicPartition, list[Record]]:
         self._store_handed()
-        self._run_async_callbacks()
         if (self._whole or self._pattern is not None) and \
                 time.monotonic() - self._checked_at > _RECHECK_S:
             self._follow()
@@ -601,9 +613,9 @@ class KafkaConsumer:
                 self._commit_handed()
             except Exception as err:          # noqa: BLE001 - closing goes on
                 log.warning("consumer closing without committing what it handed out: %s", err)
-            if self._async is not None:
-                self._async.shutdown(wait=True)
-                self._run_async_callbacks()
+            deadline = time.monotonic() + 1.0   # commit_async's reports, for a second at most
+            while self._async_pending and time.monotonic() < deadline:
+                self._rd.poll(0.05)
         finally:
             self._closed = True
             self._rd.close()
