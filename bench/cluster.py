@@ -7,6 +7,7 @@ one run, and how long a write stalls when a node dies.
 ::
 
     python3 -m bench.cluster [--quick] [--runs 5] [--only clients,failover] [--records N]
+                             [--bootstrap-server HOST:PORT,...]
                              [--out bench/out/cluster.json] [--dir /tmp] [--wait-idle 300]
 
 Sections (``--only``):
@@ -95,9 +96,10 @@ def _rate_and_cpu(result: dict) -> dict:
 # --- the targets ------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _targets(base: str, which: list[str]):
+def _targets(base: str, which: list[str], servers: str | None = None):
     """``{name: client arguments}`` for the local broker, mq's Kafka listener and the Kafka
-    cluster (as asked), all running until the block ends."""
+    cluster (as asked: ``servers``' if given, else one started here), all running until the
+    block ends."""
     import mq
     from bench.kafka_cluster import KafkaCluster
     with contextlib.ExitStack() as stack:
@@ -110,7 +112,9 @@ def _targets(base: str, which: list[str]):
                 [listener] = admin.broker_stats()["broker"]["kafka_listeners"]
             out["mq"] = {"socket": broker.socket}
             out["mq-listener"] = {"bootstrap_servers": listener.rpartition("://")[2]}
-        if "kafka" in which:
+        if "kafka" in which and servers is not None:
+            out["kafka"] = {"bootstrap_servers": servers}
+        elif "kafka" in which:
             progress("starting a three-node Kafka cluster")
             cluster = stack.enter_context(KafkaCluster(os.path.join(base, "kafka"),
                                                        fast_failover=True))
@@ -125,9 +129,10 @@ def _topic(where: dict, name: str) -> None:
         admin.create_topic(name, PARTITIONS)
 
 
-def clients(base: str, runs: int, n: int) -> dict:
-    out: dict = {"records": n, "value_bytes": len(VALUE), "partitions": PARTITIONS, "runs": []}
-    with _targets(base, ["mq", "mq-listener", "kafka"]) as targets:
+def clients(base: str, runs: int, n: int, servers: str | None) -> dict:
+    out: dict = {"records": n, "value_bytes": len(VALUE), "partitions": PARTITIONS, "runs": [],
+                 "cluster": servers or "three nodes started by the benchmark"}
+    with _targets(base, ["mq", "mq-listener", "kafka"], servers) as targets:
         for r in range(runs):
             row = {}
             for name in harness.rotated(list(targets), r):
@@ -283,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     harness.add_section_arguments(parser, SECTIONS, "1 run of 20,000 records, 1 failover each")
     parser.add_argument("--records", type=int, default=None,
                         help="records per client run (default 200,000; 20,000 quick)")
+    parser.add_argument("--bootstrap-server", default=None, metavar="HOST:PORT[,...]",
+                        help="measure the clients on this Kafka cluster instead of starting "
+                             "one (the failover section always starts its own)")
     harness.add_run_arguments(parser, "cluster", dir_help="parent of the brokers' temp dirs")
     args = harness.parse_sections(parser, argv, SECTIONS)
     n = args.records or (20_000 if args.quick else 200_000)
@@ -292,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"decoder": harness.decoder_state()}
     contention: dict = {}
     try:
-        harness.run_sections({"clients": lambda: clients(base, args.runs, n),
+        harness.run_sections({"clients": lambda: clients(base, args.runs, n,
+                                                         args.bootstrap_server),
                               "failover": lambda: failover(base, args.runs)},
                              args.only, results, contention)
     finally:
