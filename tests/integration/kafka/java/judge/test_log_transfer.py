@@ -276,8 +276,7 @@ def test_import_kafka_topic_into_mq(kafka_node, tmp_path):
             admin.create_topic(IMPORTED, 2)
         assert_refused(transfer("import-kafka", IMPORTED, kafka_dir, b.data_dir),
                        "Kafka's log dir", "in use")
-        kafka_node.proc.kill()                           # kill -9: no clean-shutdown marker
-        kafka_node.proc.wait()
+        kafka_node.kill()                                # kill -9: no clean-shutdown marker
         assert_refused(transfer("import-kafka", IMPORTED, kafka_dir, b.data_dir),
                        "mq's data dir", "in use")
     before = listing(kafka_dir, mq_dir)
