@@ -3,15 +3,28 @@
 After each test that used ``tmp_path``, no shared-memory region or semaphore of a data dir under
 it may be left in /dev/shm (``mq.protocol.state.leftovers``): names come from the data dir, so
 the check sees only this test's, whatever runs beside it.
+
+The Kafka test helpers are importable by name from every directory: ``kclients`` (librdkafka),
+and ``javakafka``, ``kafkanode`` and ``kafkacluster`` (Apache Kafka from Maven jars); the
+``kafka_cluster`` fixture (a three-node Kafka cluster per run, ``kafkaclusterplugin``) is
+every test's.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from mq.log.files import LOCK_FILE
 from mq.protocol.state import leftovers
+
+KAFKA = Path(__file__).resolve().parent / "integration" / "kafka"
+for helpers in (KAFKA, KAFKA / "java"):
+    if str(helpers) not in sys.path:
+        sys.path.insert(0, str(helpers))
+pytest_plugins = ["kafkaclusterplugin"]
 
 settings.register_profile("ci", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
