@@ -37,11 +37,12 @@ def admin(bootstrap: str) -> AdminClient:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1,
-                 config: dict[str, str] | None = None) -> None:
-    """CreateTopics, waiting until the topic is in Metadata with all its partitions."""
+                 config: dict[str, str] | None = None, replication_factor: int = 1) -> None:
+    """CreateTopics, waiting until the topic is in Metadata with all its partitions (one
+    replica each unless ``replication_factor`` says otherwise: a cluster's tests give 3)."""
     client = admin(bootstrap)
-    futures = client.create_topics([NewTopic(name, partitions, 1, config=config or {})],
-                                   operation_timeout=WAIT)
+    futures = client.create_topics([NewTopic(name, partitions, replication_factor,
+                                              config=config or {})], operation_timeout=WAIT)
     futures[name].result(WAIT)
     wait_for(lambda: _partitions(client, name) == partitions, WAIT, 0.05,
              f"topic {name} with {partitions} partitions in Metadata")
