@@ -12,6 +12,7 @@ has no DescribeTransactions) raise ``UnsupportedOperationError``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -69,11 +70,29 @@ class KafkaAdmin:
                          config={k: str(v) for k, v in (config or {}).items()})
         self._run(lambda: self._client().create_topics([topic], request_timeout=self._timeout),
                  "create topic")
+        self._settle(name, lambda t: t is not None and len(t.partitions) == partitions and
+                     all(p.leader >= 0 for p in t.partitions.values()), "created")
         return {"id": None, "partitions": partitions, "config": dict(topic.config)}
 
     def delete_topic(self, name: str) -> None:
         self._run(lambda: self._client().delete_topics([name], request_timeout=self._timeout),
                  "delete topic")
+        self._settle(name, lambda t: t is None, "deleted")
+
+    def _settle(self, name: str, done: Any, what: str) -> None:
+        """Return as the local broker does, once the change is there to see: until the
+        cluster's metadata shows ``name`` as ``done`` wants it (each node learns a change from
+        the metadata log in its own time). ``TimeoutError`` after the admin timeout."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            topics = self._metadata().topics
+            found = topics.get(name)
+            if done(found if found is None or found.error is None else None):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {name!r} was {what} but the cluster's metadata "
+                                   f"does not show it within {self._timeout} s")
+            time.sleep(0.05)
 
     def list_topics(self) -> list[str]:
         return sorted(t for t in self._metadata().topics if not t.startswith("__"))
@@ -114,6 +133,8 @@ class KafkaAdmin:
         self._run(lambda: self._client().create_partitions([NewPartitions(name, total)],
                                                   request_timeout=self._timeout),
                  "create partitions")
+        self._settle(name, lambda t: t is not None and len(t.partitions) == total and
+                     all(p.leader >= 0 for p in t.partitions.values()), "grown")
         return {"id": None, "partitions": total, "config": {}}
 
     def alter_config(self, name: str, config: dict[str, Any]) -> dict:

@@ -23,6 +23,7 @@ cluster does not know is created on the first send if the cluster auto-creates t
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -49,12 +50,18 @@ log = logging.getLogger("mq.producer")
 
 _ACKS = {0: 0, 1: 1, -1: -1, "all": -1, "0": 0, "1": 1, "-1": -1}
 _TOPIC_TTL_S = 30.0                      # how long a send trusts a topic's partition count
+# A topic created a moment ago through another node may be unknown to the node asked: each
+# learns it from the metadata log in its own time.
+_NEW_TOPIC_GRACE_S = 1.0
 _FORKABLE: weakref.WeakSet = weakref.WeakSet()   # producers a forked child must reopen
 
 
 def _after_fork_in_child() -> None:
+    """Mark the producers to reopen, and leak their handles: a handle's destructor joins
+    librdkafka threads that the child does not have (a crash, also at the child's exit)."""
     for producer in _FORKABLE:
         producer._forked = True
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(producer._rd))
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -466,7 +473,8 @@ def topic_partitions(rd: Any, topic: str, timeout: float) -> int:
     """How many partitions ``topic`` has, asking the cluster through the librdkafka handle
     ``rd``. Raises ``UnknownTopicOrPartitionError``, ``BrokerUnavailableError``."""
     from confluent_kafka import KafkaError
-    deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    deadline, unknown_until = now + timeout, now + min(timeout, _NEW_TOPIC_GRACE_S)
     while True:
         with raising(f"metadata of {topic}"):
             meta = rd.list_topics(topic, max(0.1, deadline - time.monotonic()))
@@ -474,7 +482,8 @@ def topic_partitions(rd: Any, topic: str, timeout: float) -> int:
         err = info.error if info is not None else None
         if info is not None and info.partitions and err is None:
             return len(info.partitions)
-        if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART and \
+                time.monotonic() >= unknown_until:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         if time.monotonic() >= deadline:          # being created, or its leader elected
             raise (from_kafka(err, f"metadata of {topic}") if err is not None else

@@ -95,8 +95,9 @@ def test_a_node_killed_under_load_loses_nothing_acknowledged(kafka_cluster):
 
 def test_topics_are_replicated_three_times_with_two_in_sync(kafka_cluster):
     topic = _topic("defaults")
-    create_topic(kafka_cluster.bootstrap, topic, PARTITIONS, replication_factor=-1)
-    states = kafka_cluster.partitions(topic)
+    with kafka_cluster.all_up():             # no other test's node down meanwhile
+        create_topic(kafka_cluster.bootstrap, topic, PARTITIONS, replication_factor=-1)
+        states = kafka_cluster.partitions(topic)
     assert [len(p.replicas) for p in states] == [3] * PARTITIONS
     assert {p.leader for p in states} == {1, 2, 3}            # leaders spread over the nodes
     client = admin(kafka_cluster.bootstrap)

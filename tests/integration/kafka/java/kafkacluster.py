@@ -158,6 +158,14 @@ class KafkaCluster:
                 node.wait_ready(timeout, brokers=len(self.nodes))
                 self.wait_in_sync(timeout)
 
+    @contextlib.contextmanager
+    def all_up(self, timeout: float = WAIT) -> Iterator[None]:
+        """Every node up and every partition in sync for the block (``node_down`` waits)."""
+        with _locked(self.root / "down.lock"):
+            self._reload()
+            self.wait_in_sync(timeout)
+            yield
+
     def partitions(self, *topics: str, timeout: float = 30.0) -> list[PartitionState]:
         """Every partition of ``topics`` (all topics, internal ones included, when none are
         given) with its leader, replicas and ISR. A topic that the node asked does not know
