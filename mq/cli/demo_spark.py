@@ -344,8 +344,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """``mq demo --spark`` (module doc). Raises ``MQError`` (one line) on failure."""
     _check_args(args)
-    cluster = Cluster.from_args(args)
     check_requirements()
+    cluster = Cluster.from_args(args)           # after: mq.spark's modules import PySpark
     if cluster is not None:
         probe(cluster)
     temp = tempfile.mkdtemp(prefix="mq-demo-spark-")
