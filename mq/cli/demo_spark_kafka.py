@@ -14,7 +14,7 @@ a local mq broker.
 - Spark's Kafka connector: ``--connector-jars`` (jars on disk, e.g. what Maven fetched from
   ``tests/java/spark/pom.xml``: no download), else Spark fetches
   ``mq.spark.kafka_connector.PACKAGE`` from Maven Central (``spark.jars.packages``, into Ivy's
-  cache under ``~/.ivy2*``; once).
+  cache under ``~/.ivy2*``; once, about 10 MB: not the jars PySpark ships, ``EXCLUDES``).
 - Before anything starts, one metadata request must be answered within ``PROBE_S``, so an
   unreachable cluster is one error line in bounded time.
 """
@@ -78,10 +78,10 @@ class Cluster:
 
     def spark_conf(self) -> dict[str, str]:
         """Spark settings that put the connector on the class path."""
-        from mq.spark.kafka_connector import PACKAGE
+        from mq.spark.kafka_connector import EXCLUDES, PACKAGE
         if self.jars:
             return {"spark.jars": ",".join(self.jars)}
-        return {"spark.jars.packages": PACKAGE}
+        return {"spark.jars.packages": PACKAGE, "spark.jars.excludes": ",".join(EXCLUDES)}
 
     def options(self) -> dict[str, str]:
         """The connector's ``kafka.*`` options besides ``kafka.bootstrap.servers``."""

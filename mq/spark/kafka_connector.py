@@ -19,13 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["PACKAGE", "VERSION", "connector_options", "java_properties"]
+__all__ = ["EXCLUDES", "PACKAGE", "VERSION", "connector_options", "java_properties"]
 
 # Maven Central serves the connector up to 4.2.0 while PySpark is at 4.3.0; the 4.2 connector
 # runs on Spark 4.2 and 4.3 (Scala 2.13, the same DataSource V2 API). tests/java/spark/pom.xml
 # pins the same version (tests/unit/spark/test_kafka_connector.py holds them together).
 VERSION = "4.2.0"
 PACKAGE = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{VERSION}"
+# What the connector depends on besides its token provider, kafka-clients and commons-pool2:
+# jars PySpark ships (Hadoop's client, 110 MB of the 125 MB, and compression, logging), which
+# Spark's --packages would fetch again and put on the class path twice (spark.jars.excludes).
+EXCLUDES = ("org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime",
+            "org.xerial.snappy:snappy-java", "at.yawk.lz4:lz4-java", "org.slf4j:slf4j-api",
+            "org.scala-lang.modules:scala-parallel-collections_2.13",
+            "com.google.code.findbugs:jsr305")
 
 _LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",

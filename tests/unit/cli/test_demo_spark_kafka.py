@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from mq.cli.demo_spark_kafka import Cluster
-from mq.spark.kafka_connector import PACKAGE
+from mq.spark.kafka_connector import EXCLUDES, PACKAGE
 
 
 def args(**given) -> argparse.Namespace:
@@ -48,7 +48,9 @@ def test_the_cluster_for_the_clients_and_for_spark(tmp_path):
     assert 'username="alice"' in cluster.options()["kafka.sasl.jaas.config"]
     plain = Cluster.from_args(args(bootstrap_server="k1:9092"))
     assert plain.clients == {"bootstrap_servers": "k1:9092", "kafka_config": None}
-    assert plain.spark_conf() == {"spark.jars.packages": PACKAGE} and plain.options() == {}
+    assert plain.spark_conf() == {"spark.jars.packages": PACKAGE,
+                                  "spark.jars.excludes": ",".join(EXCLUDES)}
+    assert plain.options() == {}
 
 
 def test_bad_input_is_one_usage_error(tmp_path):
