@@ -1,7 +1,10 @@
 """``mq demo --spark --bootstrap-server`` as a user runs it (``python -m mq demo`` in a
 subprocess: producer processes on ``mq.Producer(bootstrap_servers=...)``, local-mode Spark with
 its own Kafka connector, ``format("kafka")`` source and sink, Python workers), against a real
-Apache Kafka and against mq's own Kafka listener: both backends meet one contract.
+Apache Kafka and against mq's own Kafka listener: both backends meet one contract. mq's
+listener is the SASL_SSL one (SCRAM-SHA-256 in TLS, the ``java`` conftest's), reached with a
+``--command-config`` file of librdkafka's properties, so the demo's producers, admin and
+reader use them as they are and Spark's connector (a Java client) as translated.
 
 The connector's jars are ``javakafka``'s Maven resolution of ``tests/java/spark/pom.xml``, given
 as ``--connector-jars`` (no Ivy download at test time). What the demo claims is checked here
@@ -13,6 +16,7 @@ each of them, keyed by its customer, and any total written again is the same."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import json
 import os
@@ -34,13 +38,29 @@ ORDERS = 2000
 WINDOW_MS = 5000
 
 
-@pytest.fixture(params=["kafka", "mq"])
-def bootstrap(request) -> str:
+@dataclasses.dataclass(frozen=True)
+class Target:
+    bootstrap: str
+    config: dict                    # librdkafka's properties
+
+
+@pytest.fixture
+def kafka_super_users() -> list[str]:
+    return ["alice"]                # the demo deletes and creates topics: no ACLs to grant
+
+
+@pytest.fixture
+def target(backend, security, request) -> Target:
     """The cluster the demo runs on: Apache Kafka (one node for now; the shared cluster
-    fixture takes its place by its name here) or mq's own Kafka listener."""
-    if request.param == "kafka":
-        return request.getfixturevalue("kafka_node").bootstrap
-    return request.getfixturevalue("kafka_mq").bootstrap
+    fixture takes its place by its name here) or mq's own Kafka listener on ``security``
+    (SASL_SSL), as alice."""
+    if backend == "kafka":
+        return Target(request.getfixturevalue("kafka_node").bootstrap, {})
+    users, ca = request.getfixturevalue("kafka_users"), request.getfixturevalue("test_ca")
+    return Target(request.getfixturevalue("kafka_mq").bootstrap, {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": "alice", "sasl.password": users["alice"],
+        "ssl.ca.location": str(ca.cert)})
 
 
 @pytest.fixture(scope="session")
@@ -63,9 +83,9 @@ def epoch_ms(text: str) -> int:
     return round(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def read_topic(bootstrap: str, topic: str) -> list:
-    with mq.Consumer(topic, bootstrap_servers=bootstrap, value_bytes=True,
-                     isolation_level="read_committed") as consumer:
+def read_topic(target: Target, topic: str) -> list:
+    with mq.Consumer(topic, bootstrap_servers=target.bootstrap, kafka_config=target.config,
+                     value_bytes=True, isolation_level="read_committed") as consumer:
         consumer.seek_to_beginning()
         tps = sorted(consumer.assignment())
         ends = consumer.end_offsets(tps)
@@ -102,12 +122,17 @@ def parquet_totals(path) -> dict:
     return rows
 
 
-def test_demo_spark_on_a_kafka_cluster_writes_exact_totals(bootstrap, connector_jars, tmp_path):
+@pytest.mark.parametrize("backend, security", [("kafka", "PLAINTEXT"), ("mq", "SASL_SSL")])
+def test_demo_spark_on_a_kafka_cluster_writes_exact_totals(target, connector_jars, tmp_path):
     output = tmp_path / "output"
+    config = tmp_path / "client.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in target.config.items()))
+    bootstrap = target.bootstrap
     proc = subprocess.run(
         [sys.executable, "-m", "mq", "demo", "--spark", "--bootstrap-server", bootstrap,
-         "--connector-jars", connector_jars, "--records", str(ORDERS), "--rate", "2000",
-         "--partitions", "2", "--output", str(output)],
+         "--command-config", str(config), "--connector-jars", connector_jars,
+         "--records", str(ORDERS), "--rate", "2000", "--partitions", "2",
+         "--output", str(output)],
         capture_output=True, text=True, env=environ(tmp_path), timeout=420, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out, err = proc.stdout, proc.stderr
@@ -129,7 +154,7 @@ def test_demo_spark_on_a_kafka_cluster_writes_exact_totals(bootstrap, connector_
     assert os.listdir(tmp_path / "tmp") == []            # its temporary dir is gone
 
     # The orders, once each; the totals they make, exactly once in Parquet.
-    events = read_topic(bootstrap, "mq-demo-orders")
+    events = read_topic(target, "mq-demo-orders")
     orders = [r for r in events if b"order_id" in r.value]
     assert len(orders) == ORDERS and len(events) == ORDERS + 2     # + start and end of stream
     assert len({json.loads(r.value)["order_id"] for r in orders}) == ORDERS
@@ -140,7 +165,7 @@ def test_demo_spark_on_a_kafka_cluster_writes_exact_totals(bootstrap, connector_
 
     # The topic: at least once; each (window, customer) keyed by its customer, all the same.
     got: dict = collections.defaultdict(set)
-    for record in read_topic(bootstrap, "mq-demo-order-totals"):
+    for record in read_topic(target, "mq-demo-order-totals"):
         total = json.loads(record.value, parse_float=Decimal)
         assert record.key == total["customer"].encode()
         start = epoch_ms(total["window_start"])
