@@ -133,7 +133,7 @@ def test_demo_spark_on_a_kafka_cluster_writes_exact_totals(target, connector_jar
          "--command-config", str(config), "--connector-jars", connector_jars,
          "--records", str(ORDERS), "--rate", "2000", "--partitions", "2",
          "--output", str(output)],
-        capture_output=True, text=True, env=environ(tmp_path), timeout=420, check=False)
+        capture_output=True, text=True, env=environ(tmp_path), timeout=540, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out, err = proc.stdout, proc.stderr
     assert "Traceback" not in out + err
