@@ -72,6 +72,7 @@ examples:
   mq demo --data-dir /tmp/mq-demo --records 2000
   mq demo --spark                     the Spark pipeline (see above)
   mq demo --spark --records 50000 --rate 5000 --output /tmp/totals
+  mq demo --spark --bootstrap-server kafka-1:9092,kafka-2:9092 --command-config client.properties
 afterwards (with a broker running, e.g. 'mq broker &'):
   mq topics describe demo
   mq consume demo --from-beginning --max-messages 5 --print-key

@@ -26,6 +26,11 @@ command, from nothing to a checked summary.
    and from the topic (a ``read_committed`` consumer), and checks them against what the
    producers sent. Then Spark, the producers and a broker the demo started stop; temporary
    directories are removed (kept after a failure, and named in the error).
+
+With ``--bootstrap-server`` the same runs on a Kafka cluster (``demo_spark_kafka``): no
+broker is started, the clients get ``bootstrap_servers=``, the query ``format("kafka")``
+through Spark's own Kafka connector. Its sink is at least once, so the check takes Parquet
+(exactly once) as the truth and the topic's totals once per (window, customer).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import tempfile
 import time
 
 from mq.cli.common import start_broker
+from mq.cli.demo_spark_kafka import ORDERS, TOTALS, Cluster, probe, recreate_topics
 from mq.cli.demo_spark_orders import Producers, iso_ms
 from mq.errors import MQError
 
@@ -65,7 +71,14 @@ runs on Apache Kafka with format("kafka") and kafka.bootstrap.servers (mq.spark.
 Without --socket or --data-dir the broker runs on a temporary data dir; without --output the
 Parquet files and checkpoints go to a temporary dir; both are removed at the end. Spark runs
 in local mode (local[2]): its executors read the broker's log files. Needs PySpark
-({INSTALL_PYSPARK}) and Java 17 ({INSTALL_JAVA})."""
+({INSTALL_PYSPARK}) and Java 17 ({INSTALL_JAVA}).
+
+On a Kafka cluster (--bootstrap-server): no local broker; the producers are mq.Producer with
+bootstrap_servers, the query reads and writes with format("kafka") through Spark's own Kafka
+connector (spark-sql-kafka-0-10, which Spark fetches from Maven Central once, or
+--connector-jars), and the topics are 'mq-demo-orders' and 'mq-demo-order-totals' (deleted
+and created afresh). Kafka's sink is at least once (no transactions): the check takes the
+Parquet files (exactly once) as the truth and each (window, customer) of the topic once."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,13 +91,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--output", metavar="DIR",
                        help="keep the Parquet files, checkpoints and spark.log in DIR (new or "
                             "empty)")
+    group.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]",
+                       help="run on this Kafka cluster instead of a local broker")
+    group.add_argument("--command-config", metavar="FILE",
+                       help="the cluster's client properties (librdkafka's names, "
+                            "key=value lines: security.protocol, sasl.mechanism, "
+                            "sasl.username, sasl.password, ssl.ca.location...), also "
+                            "given to Spark's connector")
+    group.add_argument("--connector-jars", metavar="JAR[,JAR...]",
+                       help="Spark's Kafka connector and its dependencies on disk (globs "
+                            "allowed: spark-sql-kafka-0-10, spark-token-provider-kafka-0-10, "
+                            "kafka-clients, commons-pool2), instead of fetching it")
 
 
 def wants_spark(args: argparse.Namespace) -> bool:
     """Whether ``mq demo`` runs the Spark pipeline. Raises ``ValueError`` (a usage error) for
     Spark-only options without ``--spark``."""
-    if not args.spark and (args.rate is not None or args.output is not None):
-        raise ValueError("--rate and --output go with --spark")
+    if not args.spark and any(value is not None for value in (
+            args.rate, args.output, args.bootstrap_server, args.command_config,
+            args.connector_jars)):
+        raise ValueError("--rate, --output, --bootstrap-server, --command-config and "
+                         "--connector-jars go with --spark")
     return args.spark
 
 
@@ -167,8 +194,11 @@ def _output_to(path: str):
             os.close(f)
 
 
-def _spark(work: str, socket: str):
-    os.environ["MQ_SOCKET"] = socket            # the pipeline names no broker (module doc)
+def _spark(work: str, socket: str | None, conf: dict[str, str]):
+    """Local-mode Spark, for the broker at ``socket`` or (None) a Kafka cluster, with the
+    settings ``conf`` (the Kafka connector's)."""
+    if socket is not None:
+        os.environ["MQ_SOCKET"] = socket        # the pipeline names no broker (module doc)
     os.environ["PYSPARK_PYTHON"] = sys.executable     # workers import mq from this Python
     from pyspark.sql import SparkSession
 
@@ -183,6 +213,7 @@ def _spark(work: str, socket: str):
                      .config("spark.sql.session.timeZone", "UTC")
                      .config("spark.driver.memory", "1g")
                      .config("spark.local.dir", os.path.join(work, "spark-local"))
+                     .config(map=conf)
                      .getOrCreate())
     except Exception as err:        # PySparkRuntimeError: the JVM died or did not answer
         raise MQError(f"Spark did not start ({str(err).splitlines()[0]}); its output is in "
@@ -196,10 +227,10 @@ def _end_offsets(admin, topic: str) -> dict[tuple[str, str], int]:
             for p, (_, end) in enumerate(admin.describe_topic(topic)["offsets"])}
 
 
-def _send_event(socket: str, topic: str, value: str) -> None:
+def _send_event(clients: dict, topic: str, value: str) -> None:
     """One event (a start or end of stream: module doc), acknowledged."""
     from mq.client.producer import Producer
-    with Producer(socket=socket) as producer:
+    with Producer(**clients) as producer:
         producer.send(topic, value.encode(), partition=0).get(timeout=60)
 
 
@@ -212,9 +243,9 @@ def _poll(queries: list, stats: list) -> None:
             s.add(progress)
 
 
-def _warm_up(admin, socket: str, queries: list, stats: list, topic: str) -> None:
+def _warm_up(admin, clients: dict, queries: list, stats: list, topic: str) -> None:
     """Have each query run its first micro-batch, on a start-of-stream event (module doc)."""
-    _send_event(socket, topic, '{"start_of_stream": true}')
+    _send_event(clients, topic, '{"start_of_stream": true}')
     ends = _end_offsets(admin, topic)
     deadline = time.monotonic() + STALL_S
     while not all(s.has_read(ends) for s in stats):
@@ -230,7 +261,7 @@ def _query_error(query) -> MQError:
     return MQError(f"the Spark query {query.name} failed: {text}")
 
 
-def _watch(admin, socket: str, producers: Producers, queries: list, stats: list,
+def _watch(admin, clients: dict, producers: Producers, queries: list, stats: list,
            topic: str) -> None:
     """Progress lines until both queries wrote every window (module doc, steps 5 and 6)."""
     from mq.cli.demo_spark_report import progress_line
@@ -248,7 +279,7 @@ def _watch(admin, socket: str, producers: Producers, queries: list, stats: list,
         history.append((now, produced))
         if final is None and producers.finished:
             event_ms = int(time.time() * 1000) + (WINDOW_S + WATERMARK_S + 1) * 1000
-            _send_event(socket, topic, f'{{"event_time": "{iso_ms(event_ms)}", '
+            _send_event(clients, topic, f'{{"event_time": "{iso_ms(event_ms)}", '
                         '"end_of_stream": true}')
             final = _end_offsets(admin, topic)
             _step(f"producers done; an end-of-stream event at {iso_ms(event_ms)} moves the "
@@ -270,13 +301,13 @@ def _watch(admin, socket: str, producers: Producers, queries: list, stats: list,
 
 # --- the run ----------------------------------------------------------------------------------
 
-def _read_totals(socket: str, topic: str) -> list[tuple[int, dict]]:
+def _read_totals(clients: dict, topic: str) -> list[tuple[int, dict]]:
     """(record timestamp ms, total) of every committed record of the results topic."""
     from decimal import Decimal
 
     from mq.client.consumer import Consumer
     out = []
-    with Consumer(topic, socket=socket, value_bytes=True,
+    with Consumer(topic, value_bytes=True, **clients,
                   isolation_level="read_committed") as consumer:
         consumer.seek_to_beginning()
         tps = sorted(consumer.assignment())
@@ -314,14 +345,22 @@ def run(args: argparse.Namespace) -> int:
     """``mq demo --spark`` (module doc). Raises ``MQError`` (one line) on failure."""
     _check_args(args)
     check_requirements()
+    cluster = Cluster.from_args(args)           # after: mq.spark's modules import PySpark
+    if cluster is not None:
+        probe(cluster)
     temp = tempfile.mkdtemp(prefix="mq-demo-spark-")
     work = os.path.abspath(args.output) if args.output else os.path.join(temp, "output")
     os.makedirs(work, exist_ok=True)
     keep = False
     broker = None
     try:
-        socket, broker, data_dir = _broker(args, temp)
-        summary, problems = _pipeline(args, socket, work)
+        if cluster is None:
+            socket, broker, data_dir = _broker(args, temp)
+            clients = {"socket": socket}
+        else:
+            _step(f"using the Kafka cluster at {cluster.servers}")
+            clients = cluster.clients
+        summary, problems = _pipeline(args, clients, cluster, work)
     except MQError as err:
         if not os.path.exists(os.path.join(work, "spark.log")):
             raise                                   # before Spark: nothing to look at
@@ -346,7 +385,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         out("The Parquet files and checkpoints were in a temporary dir, now removed "
             "(--output DIR keeps them).\n")
-    if not (args.data_dir or args.socket):
+    if cluster is not None:
+        out(f"The topics {ORDERS} and {TOTALS} stay on the cluster.\nTry next:\n"
+            f"  mq consume {TOTALS} --bootstrap-server {cluster.servers} --from-beginning "
+            "--max-messages 5 --print-key\n")
+    elif not (args.data_dir or args.socket):
         out("The broker's data dir was temporary too, now removed (--data-dir DIR keeps the "
             "topics).\n")
     else:
@@ -359,50 +402,88 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pipeline(args: argparse.Namespace, socket: str, work: str) -> tuple[str, list[str]]:
+def _topics(admin, cluster: Cluster | None, partitions: int) -> tuple[str, str]:
+    """The orders and totals topics, created afresh: (orders, totals)."""
+    from mq.spark import pipeline
+    if cluster is not None:
+        recreate_topics(admin, (ORDERS, TOTALS), partitions)
+        return ORDERS, TOTALS
+    for name in (pipeline.ORDERS, pipeline.TOTALS):
+        if name in admin.list_topics():
+            admin.delete_topic(name)
+        admin.create_topic(name, partitions)
+    return pipeline.ORDERS, pipeline.TOTALS
+
+
+def _start_queries(spark, cluster: Cluster | None, orders: str, totals_topic: str,
+                   work: str) -> list:
+    """The two queries of ``mq.spark.pipeline``: to the topic and to Parquet. Raises
+    ``MQError`` when Spark refuses them (no Kafka connector on the class path, a bad
+    option)."""
+    from pyspark.errors import PySparkException
+
+    from mq.spark import pipeline
+    fmt, servers, options = ("mq", None, None) if cluster is None else \
+        ("kafka", cluster.servers, cluster.options())
+    checkpoints = os.path.join(work, "checkpoints")
+    queries: list = []
+    try:
+        totals = pipeline.order_totals(spark, fmt, servers, orders, options)
+        queries.append(pipeline.to_topic(totals, os.path.join(checkpoints, f"to-{fmt}"), fmt,
+                                         servers, totals_topic, options=options))
+        queries.append(pipeline.to_parquet(totals, os.path.join(work, "order-totals.parquet"),
+                                           os.path.join(checkpoints, "to-parquet")))
+    except PySparkException as err:
+        for query in queries:
+            query.stop()
+        raise MQError(f"Spark refused the query: {str(err).strip().splitlines()[0]}") from err
+    return queries
+
+
+def _pipeline(args: argparse.Namespace, clients: dict, cluster: Cluster | None, work: str
+              ) -> tuple[str, list[str]]:
     """Topics, producers, Spark and the two queries, the watch, the summary; everything this
-    starts is stopped before it returns or raises."""
+    starts is stopped before it returns or raises. ``clients``: the mq clients' keyword
+    arguments (``socket=``, or a cluster's)."""
     from mq.cli.demo_spark_report import QueryStats, report
     from mq.client.admin import Admin
     from mq.spark import pipeline
 
-    with Admin(socket) as admin:
-        for name in (pipeline.ORDERS, pipeline.TOTALS):
-            if name in admin.list_topics():
-                admin.delete_topic(name)
-            admin.create_topic(name, args.partitions)
+    with Admin(**clients) as admin:
+        orders, totals_topic = _topics(admin, cluster, args.partitions)
     rate = 10_000 if args.rate is None else args.rate
-    producers = Producers(socket, pipeline.ORDERS, args.records, rate, PRODUCERS)
+    producers = Producers(clients, orders, args.records, rate, PRODUCERS)
     producers.start()
     spark = None
     queries: list = []
     try:
         producers.wait_ready()
-        _step(f"starting Spark (local[2]); its output goes to {work}/spark.log")
-        spark = _spark(work, socket)
-        parquet = os.path.join(work, "order-totals.parquet")
-        totals = pipeline.order_totals(spark)
-        queries.append(pipeline.to_topic(totals, os.path.join(work, "checkpoints", "to-mq")))
-        queries.append(pipeline.to_parquet(totals, parquet,
-                                           os.path.join(work, "checkpoints", "to-parquet")))
+        fetch = "; it fetches Spark's Kafka connector from Maven Central the first time" \
+            if cluster is not None and not cluster.jars else ""
+        _step(f"starting Spark (local[2]); its output goes to {work}/spark.log{fetch}")
+        spark = _spark(work, clients.get("socket"),
+                       cluster.spark_conf() if cluster is not None else {})
+        queries = _start_queries(spark, cluster, orders, totals_topic, work)
         stats = [QueryStats(q.name) for q in queries]
         _step(f"queries {' and '.join(q.name for q in queries)} started; their first "
               "micro-batch (Python workers start, code is generated) runs on a start-of-stream "
               "event, before the orders")
-        with Admin(socket) as admin:
-            _warm_up(admin, socket, queries, stats, pipeline.ORDERS)
+        with Admin(**clients) as admin:
+            _warm_up(admin, clients, queries, stats, orders)
             _step(f"{PRODUCERS} producers write {args.records:,} orders to "
-                  f"'{pipeline.ORDERS}' ({args.partitions} partitions) at "
+                  f"'{orders}' ({args.partitions} partitions) at "
                   f"{f'{rate:,}/s' if rate else 'full speed'}")
             since = time.time()
             producers.go.set()
-            _watch(admin, socket, producers, queries, stats, pipeline.ORDERS)
+            _watch(admin, clients, producers, queries, stats, orders)
         for query in queries:
             query.stop()
         _step("every window written; reading the results back")
         return report(args.records, args.partitions, list(producers.done.values()), stats,
-                      since, _read_totals(socket, pipeline.TOTALS), _parquet_totals(spark, parquet),
-                      pipeline.WATERMARK_S)
+                      since, _read_totals(clients, totals_topic),
+                      _parquet_totals(spark, os.path.join(work, "order-totals.parquet")),
+                      pipeline.WATERMARK_S, cluster=cluster.servers if cluster else None,
+                      orders_topic=orders, totals_topic=totals_topic)
     finally:
         for query in queries:
             with contextlib.suppress(Exception):

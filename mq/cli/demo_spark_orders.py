@@ -58,17 +58,18 @@ def order_event(order_id: str, customer: str, cents: int, event_ms: int) -> byte
             f'"event_time": "{iso_ms(event_ms)}"}}').encode()
 
 
-def _produce(index: int, socket: str, topic: str, count: int, rate: float, go, sent,
+def _produce(index: int, clients: dict, topic: str, count: int, rate: float, go, sent,
              results) -> None:
     """Write ``count`` orders at ``rate`` per second (open loop: order ``i`` is due at
-    ``i / rate`` s after the go; 0 = unpaced). Reports its total of cents."""
+    ``i / rate`` s after the go; 0 = unpaced) with ``mq.Producer(**clients)`` (the local broker
+    or a Kafka cluster). Reports its total of cents."""
     _worker_signals()
     try:
         from mq.client.producer import Producer
         rng = random.Random(index)
         failed: list = []
         cents_total = 0
-        with Producer(socket=socket) as producer:
+        with Producer(**clients) as producer:
             producer.partitions_for(topic)              # metadata before the go
             results.put(("ready", index, None))
             go.wait()
@@ -103,7 +104,7 @@ def _produce(index: int, socket: str, topic: str, count: int, rate: float, go, s
 class Producers:
     """The producer processes and what they reported."""
 
-    def __init__(self, socket: str, topic: str, records: int, rate: int,
+    def __init__(self, clients: dict, topic: str, records: int, rate: int,
                  processes: int = 2) -> None:
         ctx = multiprocessing.get_context("fork")
         self.results = ctx.Queue()
@@ -111,7 +112,7 @@ class Producers:
         self.sent = [ctx.RawValue("q", 0) for _ in range(processes)]
         counts = [records // processes + (i < records % processes) for i in range(processes)]
         self.procs = [ctx.Process(target=_produce, name=f"mq-demo-producer-{i}", daemon=True,
-                                  args=(i, socket, topic, counts[i], rate / processes,
+                                  args=(i, clients, topic, counts[i], rate / processes,
                                         self.go, self.sent[i], self.results))
                       for i in range(processes)]
         self.ready = 0

@@ -38,14 +38,18 @@ that is, in the query itself::
 The mq code passes no connection option: the source and the sink find the broker by
 ``$MQ_SOCKET`` (or the default data dir), which Spark's Python workers inherit. What changes
 with the move is outside the code: Spark needs its Kafka connector
-(``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``); Kafka's sink is at
-least once (mq's streaming sink is exactly once per micro-batch, for ``read_committed``
-readers); and the executors may run anywhere (mq's executors map the broker's log files
-read-only, so mq runs in local mode, or on a cluster whose executors share the broker's
-host).
+(``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0``,
+``mq.spark.kafka_connector.PACKAGE``); a secured cluster's client settings go in ``options``
+as ``kafka.*`` (``mq.spark.kafka_connector.connector_options``); Kafka's sink is at least once
+(mq's streaming sink is exactly once per micro-batch, for ``read_committed`` readers); and the
+executors may run anywhere (mq's executors map the broker's log files read-only, so mq runs in
+local mode, or on a cluster whose executors share the broker's host). ``mq demo --spark
+--bootstrap-server HOST:PORT`` runs this pipeline on a Kafka cluster.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -61,17 +65,19 @@ WINDOW_S = 5           # tumbling windows of event time
 WATERMARK_S = 5        # how late an order may arrive; the demo's arrive < 1 s late
 
 
-def _connect(stream, fmt: str, servers: str | None):
-    """``format(fmt)`` plus, for Kafka, ``kafka.bootstrap.servers``: the whole difference."""
-    stream = stream.format(fmt)
+def _connect(stream, fmt: str, servers: str | None, options: Mapping[str, str] | None):
+    """``format(fmt)`` plus, for Kafka, ``kafka.bootstrap.servers`` (and the cluster's
+    ``kafka.*`` security options, if any): the whole difference."""
+    stream = stream.format(fmt).options(**(options or {}))
     return stream.option("kafka.bootstrap.servers", servers) if servers else stream
 
 
 def order_totals(spark: SparkSession, fmt: str = "mq", servers: str | None = None,
-                 topic: str = ORDERS) -> DataFrame:
+                 topic: str = ORDERS, options: Mapping[str, str] | None = None) -> DataFrame:
     """The streaming DataFrame of totals: ``window_start``, ``window_end``, ``customer``,
-    ``orders`` (count), ``amount`` (sum, decimal), ``last_order_at`` (newest produce time)."""
-    orders = _connect(spark.readStream, fmt, servers) \
+    ``orders`` (count), ``amount`` (sum, decimal), ``last_order_at`` (newest produce time).
+    ``options``: more of the source's options (``kafka.security.protocol``...)."""
+    orders = _connect(spark.readStream, fmt, servers, options) \
         .option("subscribe", topic).option("startingOffsets", "earliest").load()
     parsed = orders.select(
         F.from_json(F.col("value").cast("string"), ORDER_SCHEMA).alias("order"),
@@ -86,11 +92,13 @@ def order_totals(spark: SparkSession, fmt: str = "mq", servers: str | None = Non
 
 
 def to_topic(totals: DataFrame, checkpoint: str, fmt: str = "mq", servers: str | None = None,
-             topic: str = TOTALS, trigger: str = "1 second") -> StreamingQuery:
-    """Start the query writing each total as a JSON record keyed by its customer."""
+             topic: str = TOTALS, trigger: str = "1 second",
+             options: Mapping[str, str] | None = None) -> StreamingQuery:
+    """Start the query writing each total as a JSON record keyed by its customer.
+    ``options``: more of the sink's options (``kafka.security.protocol``...)."""
     records = totals.select(F.col("customer").alias("key"),
                             F.to_json(F.struct(*totals.columns)).alias("value"))
-    return (_connect(records.writeStream, fmt, servers)
+    return (_connect(records.writeStream, fmt, servers, options)
             .option("topic", topic).option("checkpointLocation", checkpoint)
             .outputMode("append").queryName(f"totals-to-{fmt}")
             .trigger(processingTime=trigger).start())

@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from decimal import Decimal
@@ -158,3 +159,31 @@ def test_without_pyspark_one_line_says_how_to_install_it(tmp_path):
                           capture_output=True, text=True, env=environ(tmp_path), timeout=120,
                           check=False)
     _assert_one_error(proc, "PySpark", "pip install 'mq[spark]'")
+
+
+def test_an_unreachable_kafka_cluster_is_one_line(tmp_path):
+    """``--bootstrap-server`` where nothing listens: one line within the probe's 10 s (the
+    port is this test's: bound, never listening, so a connection is refused)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        address = "127.0.0.1:%d" % held.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "mq", "demo", "--spark",
+                               "--bootstrap-server", address], capture_output=True, text=True,
+                              env=environ(tmp_path), timeout=120, check=False)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"mq: error: no answer from the Kafka cluster at {address} "
+                                  "within 10 s (")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bootstrap-server", "k:9092"], "--bootstrap-server, --command-config and "
+                                       "--connector-jars go with --spark"),
+    (["--spark", "--bootstrap-server", "k:9092", "--socket", "/tmp/mq.sock"],
+     "--socket and --data-dir name a local broker, --bootstrap-server a Kafka cluster"),
+    (["--spark", "--command-config", "client.properties"], "go with --bootstrap-server")])
+def test_kafka_options_that_do_not_go_together_are_one_usage_error(tmp_path, argv, message):
+    proc = subprocess.run([sys.executable, "-m", "mq", "demo", *argv], capture_output=True,
+                          text=True, env=environ(tmp_path), timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert len(proc.stderr.splitlines()) == 1 and message in proc.stderr, proc.stderr
