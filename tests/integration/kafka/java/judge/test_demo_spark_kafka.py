@@ -51,11 +51,10 @@ def kafka_super_users() -> list[str]:
 
 @pytest.fixture
 def target(backend, security, request) -> Target:
-    """The cluster the demo runs on: Apache Kafka (one node for now; the shared cluster
-    fixture takes its place by its name here) or mq's own Kafka listener on ``security``
-    (SASL_SSL), as alice."""
+    """The cluster the demo runs on: the tests' three-node Apache Kafka cluster, or mq's own
+    Kafka listener on ``security`` (SASL_SSL), as alice."""
     if backend == "kafka":
-        return Target(request.getfixturevalue("kafka_node").bootstrap, {})
+        return Target(request.getfixturevalue("kafka_cluster").bootstrap, {})
     users, ca = request.getfixturevalue("kafka_users"), request.getfixturevalue("test_ca")
     return Target(request.getfixturevalue("kafka_mq").bootstrap, {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
