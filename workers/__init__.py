@@ -70,6 +70,7 @@ def run(handler: Callable | str, config: PoolConfig | None = None, **options: An
     function = load_handler(ref) if isinstance(handler, str) else handler
     config = dataclasses.replace(
         given, handler=ref, asynchronous=is_async(function),
+        bootstrap_servers=given.bootstrap_servers or _bootstrap_from_env(given),
         stats_path=given.stats_path or default_stats_path(given.group_id),
         sys_path=tuple(os.path.abspath(p) if p else os.getcwd() for p in sys.path))
     _check_topics(config)
@@ -115,10 +116,18 @@ _OPTIONS = frozenset(field.name for field in dataclasses.fields(PoolConfig)) - {
     "handler", "asynchronous", "sys_path"}
 
 
+def _bootstrap_from_env(config: PoolConfig) -> str | None:
+    """``$MQ_BOOTSTRAP_SERVERS`` when no broker is named, as mq's clients read it: written
+    into the config, so that every child and the checks agree on the backend."""
+    if config.socket is not None:
+        return None
+    return os.environ.get("MQ_BOOTSTRAP_SERVERS") or None
+
+
 def _check_topics(config: PoolConfig) -> None:
     from mq import Admin
     from mq.errors import UnknownTopicOrPartitionError
-    with Admin(config.socket) as admin:
+    with Admin(**config.broker_options()) as admin:
         existing = set(admin.list_topics())
     for topic in (*config.topics, config.dead_letter_topic):
         if topic is not None and topic not in existing:

@@ -29,6 +29,7 @@ ENV_CONFIG, ENV_SLOT, ENV_PARENT = "MQ_WORKERS_CONFIG", "MQ_WORKERS_SLOT", "MQ_W
 ENV_FENCE = "MQ_WORKERS_FENCE"
 EXIT_FENCED, EXIT_STARTUP, EXIT_OUTPUTS_LOST = 3, 70, 75
 _PR_SET_PDEATHSIG = 1
+_MAX_POLL_INTERVAL_MS = 86_400_000     # librdkafka's upper bound of max.poll.interval.ms
 
 
 def die_with_parent(parent: int) -> None:
@@ -110,15 +111,16 @@ def _connecting(step: str, child: Child, log: logging.Logger, until_drain: bool 
 
 def consumer_options(config) -> dict:
     """The consumer's topics and keywords (``mq.Consumer``'s and ``mq.aio.Consumer``'s)."""
-    timeout = config.handler_timeout_s
+    # The supervisor's hang limit acts first; without one, a long handler is no reason to
+    # leave the group (a week; librdkafka takes at most a day).
+    interval_ms = int(((config.handler_timeout_s or 7 * 86400) + 30) * 1000)
+    if config.bootstrap_servers is not None:
+        interval_ms = min(interval_ms, _MAX_POLL_INTERVAL_MS)
     return dict(
-        topics=config.topics, group_id=config.group_id, socket=config.socket,
+        topics=config.topics, group_id=config.group_id, **config.broker_options(),
         enable_auto_commit=False, value_bytes=True,
         isolation_level="read_committed" if config.exactly_once else "read_uncommitted",
-        max_poll_records=config.max_poll_records,
-        # The supervisor's hang limit acts first; without one, a long handler is no reason
-        # to leave the group.
-        max_poll_interval_ms=int(((timeout or 7 * 86400) + 30) * 1000))
+        max_poll_records=config.max_poll_records, max_poll_interval_ms=interval_ms)
 
 
 def serve(child: Child, config, handler, table, log: logging.Logger) -> int:
@@ -161,7 +163,7 @@ def _serving(child: Child, config, handler, table, log: logging.Logger, clients,
     from workers.stats import RUNNING, STATE
 
     def tick() -> None:
-        if not child.joined and consumer.group_metadata().member_epoch > 0:
+        if not child.joined and _joined(consumer, config):
             child.joined = True
             if not child.drain_requested:
                 table.set(child.slot, STATE, RUNNING)
@@ -192,6 +194,15 @@ def _serving(child: Child, config, handler, table, log: logging.Logger, clients,
     finally:
         counters.publish()
         yield ("close",)
+
+
+def _joined(consumer, config) -> bool:
+    """The consumer is a member of its group: it has an epoch from the local broker. A
+    Kafka cluster's consumer reports none (-1; librdkafka keeps the generation to itself),
+    so there a member id, which the coordinator gives at the join, tells."""
+    meta = consumer.group_metadata()
+    return meta.member_epoch > 0 or (config.bootstrap_servers is not None and
+                                     bool(meta.member_id))
 
 
 if __name__ == "__main__":

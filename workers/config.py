@@ -102,6 +102,11 @@ def is_async(handler: Callable) -> bool:
     return inspect.iscoroutinefunction(handler)
 
 
+def _aio_on_kafka() -> bool:
+    """``mq.aio`` has its Kafka clients (an async handler's child uses ``mq.aio``'s)."""
+    return importlib.util.find_spec("mq.aio.kafka") is not None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolConfig:
     """Every setting of a pool, checked at construction (``ValueError`` in one line).
@@ -137,6 +142,8 @@ class PoolConfig:
     handler_timeout_s: float | None = 300.0
     drain_timeout_s: float = 30.0
     socket: str | None = None
+    bootstrap_servers: str | None = None     # a Kafka cluster ("host:port,...")
+    kafka_config: dict[str, Any] | None = None   # its librdkafka properties
     concurrency: int = 16
     ordering: str = "key"
     commit_interval_ms: float = 100.0
@@ -179,6 +186,18 @@ class PoolConfig:
              f"handler_timeout_s must be > 0 (or None), got {self.handler_timeout_s!r}")
         need(self.drain_timeout_s >= 0, f"drain_timeout_s must be >= 0, got "
                                         f"{self.drain_timeout_s!r}")
+        need(self.socket is None or self.bootstrap_servers is None,
+             "give socket (the local broker) or bootstrap_servers (a Kafka cluster), not both")
+        need(self.kafka_config is None or self.bootstrap_servers is not None,
+             "kafka_config is for a Kafka cluster: give bootstrap_servers too")
+        need(self.kafka_config is None or isinstance(self.kafka_config, dict) and all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool))
+            for k, v in self.kafka_config.items()),
+             f"kafka_config must map librdkafka property names to str, int, float or bool "
+             f"values (the children get it as JSON), got {self.kafka_config!r}")
+        need(not (self.asynchronous and self.bootstrap_servers is not None) or _aio_on_kafka(),
+             "async def handlers on a Kafka cluster need mq.aio's Kafka clients, which this "
+             "mq does not have yet: use a plain handler with bootstrap_servers")
         need(isinstance(self.concurrency, int) and 1 <= self.concurrency <= 4096,
              f"concurrency must be 1 to 4096, got {self.concurrency!r}")
         need(self.ordering in ORDERINGS, f"ordering must be one of {ORDERINGS}, got "
@@ -201,6 +220,12 @@ class PoolConfig:
     def inflight_entries(self) -> int:
         """In-flight entries a child's row needs: one per record it may run at once."""
         return self.concurrency if self.asynchronous else 1
+
+    def broker_options(self) -> dict[str, Any]:
+        """Where the clients connect: ``mq.Producer``'s, ``mq.Consumer``'s and ``mq.Admin``'s
+        keywords for the local broker or the Kafka cluster."""
+        return {"socket": self.socket, "bootstrap_servers": self.bootstrap_servers,
+                "kafka_config": self.kafka_config}
 
     def transactional_id(self, slot: int) -> str:
         """Stable per slot: a restarted child fences its dead predecessor's transaction."""

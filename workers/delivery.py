@@ -120,10 +120,13 @@ class Delivery:
     # --- setup ------------------------------------------------------------------------------
     def producer_options(self) -> dict:
         """The producer's keywords (``mq.Producer``'s and ``mq.aio.Producer``'s)."""
-        kw: dict = {"socket": self.config.socket, "linger_ms": 5}
+        kw: dict = {**self.config.broker_options(), "linger_ms": 5}
         if self.eos:
             kw.update(transactional_id=self.config.transactional_id(self.slot),
                       transaction_timeout_ms=self.config.transaction_timeout_ms)
+            if self.config.bootstrap_servers is not None:
+                # librdkafka refuses a delivery timeout (120 s) longer than the transaction's
+                kw.update(delivery_timeout_ms=min(120_000, self.config.transaction_timeout_ms))
         return kw
 
     # --- writes -----------------------------------------------------------------------------

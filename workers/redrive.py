@@ -22,10 +22,12 @@ _TIMEOUT_S = 30.0
 
 def redrive(dead_letter_topic: str, to: str | None = None, group_id: str | None = None,
             socket: str | None = None, max_messages: int | None = None,
-            dry_run: bool = False) -> list[dict]:
+            dry_run: bool = False, bootstrap_servers: str | None = None,
+            kafka_config: dict | None = None) -> list[dict]:
     """Send the dead letters past the cursor to ``to``; returns one dict per record
     (``offset``, ``partition``, ``to``, ``error``, ``attempts``). ``dry_run``: send and
-    commit nothing. Raises ``mq.errors.UnknownTopicOrPartitionError`` (the dead-letter
+    commit nothing. ``socket``: the local broker's; ``bootstrap_servers`` and
+    ``kafka_config``: a Kafka cluster's, as ``mq.Consumer`` takes them. Raises ``mq.errors.UnknownTopicOrPartitionError`` (the dead-letter
     topic, or a target), ``ValueError`` for a dead letter without ``mq.dlq.topic`` when
     ``to`` is not given, ``mq.BrokerUnavailableError``."""
     import mq
@@ -35,8 +37,10 @@ def redrive(dead_letter_topic: str, to: str | None = None, group_id: str | None 
 
     group = group_id or f"mq-workers-redrive.{dead_letter_topic}"
     moved: list[dict] = []
-    with Consumer(group_id=group, socket=socket, isolation_level="read_committed",
-                  enable_auto_commit=False, value_bytes=True) as consumer:
+    broker = {"socket": socket, "bootstrap_servers": bootstrap_servers,
+              "kafka_config": kafka_config}
+    with Consumer(group_id=group, isolation_level="read_committed", enable_auto_commit=False,
+                  value_bytes=True, **broker) as consumer:
         parts = consumer.partitions_for_topic(dead_letter_topic)
         if parts is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {dead_letter_topic!r}")
@@ -49,7 +53,10 @@ def redrive(dead_letter_topic: str, to: str | None = None, group_id: str | None 
             else:
                 consumer.seek(tp, committed)
         ends = consumer.end_offsets(tps)
-        producer = None if dry_run else mq.Producer(socket=socket, transactional_id=group)
+        # librdkafka refuses a delivery timeout (120 s) longer than the transaction's (60 s)
+        txn = {"transactional_id": group} if bootstrap_servers is None else {
+            "transactional_id": group, "delivery_timeout_ms": 60_000}
+        producer = None if dry_run else mq.Producer(**txn, **broker)
         try:
             if producer is not None:
                 producer.init_transactions()
