@@ -55,8 +55,12 @@ SIGHUP restarts the children one at a time, importing the handler anew.
 exit status: 0 after a drain; 1 when every child is stopped by a crash loop, or on an error
 (no broker, unknown topic); 2 for a bad argument or a handler that cannot be imported.
 
+On a Kafka cluster (--bootstrap-server), pools of one --group on several hosts form one
+consumer group; mq workers stats still shows this host's pool.
+
 examples:
   mq workers run jobs:handle --topic jobs --group billing
+  mq workers run jobs:handle --topic jobs --group billing --bootstrap-server k1:9092,k2:9092
   mq workers run etl.steps:enrich --topic raw --group enrich --processes 8 --exactly-once
   mq workers run jobs:handle --topic jobs --group billing --log-format json 2>>pool.log
   mq workers run jobs:handle --topic jobs --group billing --metrics 127.0.0.1:9401"""
@@ -134,6 +138,7 @@ def add_parser(subparsers) -> None:
                      help="serve the counters as OpenMetrics at http://HOST:PORT/metrics "
                           "(port 0: a free one, logged)")
     add_socket_argument(run)
+    _add_cluster_arguments(run)
     run.set_defaults(run=run_pool)
 
     redrive = commands.add_parser("redrive", help="move dead letters back to a topic",
@@ -149,6 +154,7 @@ def add_parser(subparsers) -> None:
     redrive.add_argument("--dry-run", action="store_true", help="list, move nothing")
     redrive.add_argument("--json", action="store_true", help="one JSON object per record")
     add_socket_argument(redrive)
+    _add_cluster_arguments(redrive)
     redrive.set_defaults(run=run_redrive)
 
     stats = commands.add_parser("stats", help="counters of the running pools",
@@ -164,6 +170,25 @@ def add_parser(subparsers) -> None:
                        help="the same in Prometheus' text format (node_exporter's textfile "
                             "collector)")
     stats.set_defaults(run=run_stats)
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]",
+                        help="a Kafka cluster instead of the local broker (default: "
+                             "$MQ_BOOTSTRAP_SERVERS when --socket is not given)")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="the cluster's client properties (security.protocol, sasl.*, "
+                             "ssl.*...; librdkafka's names), as Kafka's tools take them")
+
+
+def _broker(args: argparse.Namespace) -> dict:
+    """The pool's or redrive's ``socket``, ``bootstrap_servers`` and ``kafka_config``."""
+    from mq.client.kafka.config import read_properties
+    if args.command_config is not None and args.bootstrap_server is None:
+        raise ValueError("--command-config is for a Kafka cluster: give --bootstrap-server too")
+    return {"socket": socket_of(args), "bootstrap_servers": args.bootstrap_server,
+            "kafka_config": None if args.command_config is None
+            else read_properties(args.command_config)}
 
 
 def _float(text: str, low: float, strict: bool) -> float:
@@ -201,7 +226,7 @@ def run_pool(args: argparse.Namespace) -> int:
                        dead_letter_topic=args.dead_letter_topic,
                        exactly_once=args.exactly_once,
                        handler_timeout_s=args.handler_timeout_s,
-                       drain_timeout_s=args.drain_timeout_s, socket=socket_of(args),
+                       drain_timeout_s=args.drain_timeout_s, **_broker(args),
                        concurrency=args.concurrency, ordering=args.ordering,
                        commit_interval_ms=args.commit_interval_ms,
                        transactional_id_prefix=args.transactional_id_prefix,
@@ -211,8 +236,9 @@ def run_pool(args: argparse.Namespace) -> int:
 
 def run_redrive(args: argparse.Namespace) -> int:
     import workers
-    moved = workers.redrive(args.dlq, to=args.to, group_id=args.group, socket=socket_of(args),
-                            max_messages=args.max_messages, dry_run=args.dry_run)
+    moved = workers.redrive(args.dlq, to=args.to, group_id=args.group,
+                            max_messages=args.max_messages, dry_run=args.dry_run,
+                            **_broker(args))
     for m in moved:
         if args.json:
             sys.stdout.write(json_line({"topic": args.dlq, **m, "dryRun": args.dry_run}))
