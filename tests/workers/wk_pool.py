@@ -57,14 +57,43 @@ def read_events(path) -> list[dict]:
     return [json.loads(line) for line in data.split(b"\n")[:-1] if line]
 
 
+class Cluster:
+    """A Kafka cluster (Apache Kafka, or mq's Kafka listener), which the helpers take in place
+    of a socket: its ``bootstrap`` and the librdkafka properties (``kafka_config``) of the
+    pools' clients, which a pool reads from a ``--command-config`` file."""
+
+    def __init__(self, bootstrap: str, kafka_config: dict | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.kafka_config = kafka_config
+
+    def pool_args(self, directory: Path) -> list[str]:
+        args = ["--bootstrap-server", self.bootstrap]
+        if self.kafka_config:
+            path = directory / "client.properties"
+            path.write_text("".join(f"{k}={v}\n" for k, v in self.kafka_config.items()))
+            args += ["--command-config", str(path)]
+        return args
+
+
+def client(broker: str | Cluster) -> dict:
+    """mq's clients' keywords for a broker's socket or a ``Cluster``."""
+    if isinstance(broker, Cluster):
+        return {"bootstrap_servers": broker.bootstrap}
+    return {"socket": broker}
+
+
 class Pool:
-    """``python -m mq workers run HANDLER ...`` with stderr, stats and events in ``directory``."""
+    """``python -m mq workers run HANDLER ...`` with stderr, stats and events in ``directory``,
+    on the broker of ``socket`` or on a ``Cluster``."""
 
     _count = 0
 
-    def __init__(self, directory: Path, socket: str, handler: str = "wk_handlers:handle",
+    def __init__(self, directory: Path, socket: str | Cluster, handler: str = "wk_handlers:handle",
                  topics=("jobs",), group: str = "g", processes: int = 2, args=(),
-                 env: dict | None = None, events: Path | None = None) -> None:
+                 env: dict | None = None, events: Path | None = None,
+                 stats_file: bool = True) -> None:
+        """``stats_file``: the counter table in ``directory``; False: in its default place
+        (``/dev/shm``, where ``mq workers stats GROUP`` finds it)."""
         Pool._count += 1
         n = Pool._count
         self.directory = directory
@@ -74,8 +103,11 @@ class Pool:
         self.stats_path = directory / f"pool{n}.stats"
         self.stderr_path = directory / f"pool{n}.stderr"
         cmd = [sys.executable, "-m", "mq", "workers", "run", handler, "--group", group,
-               "--processes", str(processes), "--socket", socket,
-               "--stats-file", str(self.stats_path), *map(str, args)]
+               "--processes", str(processes),
+               *(socket.pool_args(directory) if isinstance(socket, Cluster)
+                 else ["--socket", socket]),
+               *(["--stats-file", str(self.stats_path)] if stats_file else []),
+               *map(str, args)]
         for topic in topics:
             cmd += ["--topic", topic]
         full_env = dict(ENV, WK_EVENTS=str(self.events),
@@ -86,6 +118,8 @@ class Pool:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=err, env=full_env,
                                          cwd=directory)
+        if not stats_file:
+            self.stats_path = Path(workers.stats.default_stats_path(group, self.proc.pid))
 
     # --- looking ----------------------------------------------------------------------------
     def stderr(self) -> str:
@@ -145,13 +179,15 @@ class Pool:
         if self.proc.poll() is None:
             self.proc.kill()                 # the children die with it (PR_SET_PDEATHSIG)
         self.proc.wait()
+        self.stats_path.unlink(missing_ok=True)         # a killed pool's is left behind
 
 
 class Feeder(threading.Thread):
     """Writes ``b"f%06d" % seq`` to partition ``seq % partitions`` at ``rate`` records/s until
     ``stop()``; ``acked`` holds what the broker acknowledged."""
 
-    def __init__(self, socket: str, topic: str, partitions: int, rate: float) -> None:
+    def __init__(self, socket: str | Cluster, topic: str, partitions: int,
+                 rate: float) -> None:
         super().__init__(daemon=True, name="wk-feeder")
         self.socket, self.topic, self.partitions, self.rate = socket, topic, partitions, rate
         self.acked: list[bytes] = []
@@ -161,7 +197,7 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         try:
-            with mq.Producer(socket=self.socket, linger_ms=1) as p:
+            with mq.Producer(**client(self.socket), linger_ms=1) as p:
                 start = time.monotonic()
                 while not self._done.is_set():
                     ahead = start + self.sent / self.rate - time.monotonic()
@@ -183,28 +219,40 @@ class Feeder(threading.Thread):
         return self.acked
 
 
-def produce(socket: str, topic: str, values, partition=None, key=None) -> None:
-    with mq.Producer(socket=socket, linger_ms=2) as p:
+def produce(socket: str | Cluster, topic: str, values, partition=None, key=None) -> None:
+    with mq.Producer(**client(socket), linger_ms=2) as p:
         for i, value in enumerate(values):
             p.send(topic, value=value, key=key(i) if callable(key) else key,
                    partition=partition(i) if callable(partition) else partition)
         p.flush(TIMEOUT)
 
 
-def ends(socket: str, topic: str, isolation: str = "read_uncommitted") -> dict:
-    with mq.Consumer(topic, socket=socket, isolation_level=isolation) as c:
+def ends(socket: str | Cluster, topic: str, isolation: str = "read_uncommitted") -> dict:
+    with mq.Consumer(topic, **client(socket), isolation_level=isolation) as c:
         return c.end_offsets(sorted(c.assignment()))
 
 
-def committed(socket: str, group: str) -> dict:
-    with mq.Admin(socket) as admin:
+def committed(socket: str | Cluster, group: str) -> dict:
+    with mq.Admin(**client(socket)) as admin:
         return admin.list_group_offsets(group)
 
 
-def caught_up(socket: str, group: str, topic: str) -> bool:
+def coordinator_not_ready(err: mq.errors.UnknownServerError) -> bool:
+    """Kafka's COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE or NOT_COORDINATOR,
+    which mq.errors has no class of: a group's coordinator is loading its offsets (a Kafka
+    node just started) or moving; asking again is the answer."""
+    return err.code in (14, 15, 16)
+
+
+def caught_up(socket: str | Cluster, group: str, topic: str) -> bool:
     """The group committed the end of every partition of ``topic`` (an empty one needs
     no commit)."""
-    done = committed(socket, group)
+    try:
+        done = committed(socket, group)
+    except mq.errors.UnknownServerError as err:
+        if not coordinator_not_ready(err):
+            raise
+        return False
     return all(done.get(tp, 0) == end for tp, end in ends(socket, topic).items())
 
 
@@ -225,19 +273,29 @@ def run_pool_script(script, socket: str, group: str, topic: str, cwd) -> None:
             proc.wait()
 
 
-def read_all(socket: str, topic: str, isolation: str = "read_uncommitted") -> list:
-    """Every record of ``topic`` up to its end as it is now."""
+def read_all(socket: str | Cluster, topic: str, isolation: str = "read_uncommitted",
+             markers: bool = False) -> list:
+    """Every record of ``topic`` up to its end as it is now. ``markers``: the topic ends in
+    transaction markers (aborted records too, maybe), before which a Kafka cluster's
+    consumer's position stops (``test_pool_kafka.py``); so a record ``END`` is appended to
+    each partition, outside any transaction, and read up to (and left out)."""
     out: list = []
     deadline = time.monotonic() + TIMEOUT
-    with mq.Consumer(topic, socket=socket, isolation_level=isolation, value_bytes=True) as c:
+    with mq.Consumer(topic, **client(socket), isolation_level=isolation,
+                     value_bytes=True) as c:
         tps = sorted(c.assignment())
+        if markers:
+            produce(socket, topic, [END] * len(tps), partition=lambda i: tps[i].partition)
         c.seek_to_beginning()
         end = c.end_offsets(tps)
         while not all(c.position(tp) >= end[tp] for tp in tps):
             assert time.monotonic() < deadline, f"{isolation} read of {topic} stuck"
             for records in c.poll(timeout_ms=100).values():
                 out.extend(records)
-    return out
+    return [r for r in out if r.value != END] if markers else out
+
+
+END = b"wk-pool-end"
 
 
 def calls(events: list[dict], kind: str = "call") -> collections.Counter:

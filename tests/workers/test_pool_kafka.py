@@ -1,0 +1,235 @@
+"""Worker pools on a Kafka cluster (issue 24): ``mq workers run --bootstrap-server`` with the
+contract the local tests hold pools to — retries and dead letters, redrive, two pools of one
+group splitting the partitions, exactly-once outputs across a child killed with SIGKILL, and a
+drain on SIGTERM that a restart repeats nothing of. Each test runs on every bootstrap of
+``cluster``: mq's own Kafka listener and a real Apache Kafka node, held to one contract.
+
+The pools read their librdkafka properties from a ``--command-config`` file: a session timeout
+of 6 s (Kafka's minimum; 45 s by default), after which the group drops a member killed with
+SIGKILL and gives its partitions to the others, and heartbeats every 0.5 s, which carry
+rebalances to the members. The Kafka node is shared by the session's tests, so every test
+names its topics and group uniquely.
+
+On a cluster a consumer's position stops before the transaction markers (and aborted
+records) that end a partition, where the local one moves past them: ``read_all(...,
+markers=True)`` appends a plain record to each partition and reads up to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from wk_handlers import parse_output, transform
+from wk_pool import (
+    Cluster,
+    Feeder,
+    Pool,
+    calls,
+    caught_up,
+    committed,
+    coordinator_not_ready,
+    mq_run,
+    produce,
+    read_all,
+    read_events,
+)
+
+import mq
+import mq.testing
+
+KAFKA_CONFIG = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+TIMEOUT = 90.0             # a condition that waits for a dead member's session to expire
+
+
+@pytest.fixture(params=["mq", "kafka"])
+def cluster(request) -> Cluster:
+    """The bootstrap a test's pools run on: ``mq`` (a broker of the test's own with a Kafka
+    listener) or ``kafka`` (the session's Apache Kafka node)."""
+    if request.param == "mq":
+        return Cluster(request.getfixturevalue("kafka_listener"), KAFKA_CONFIG)
+    return Cluster(request.getfixturevalue("kafka_node").bootstrap, KAFKA_CONFIG)
+
+
+@pytest.fixture
+def name():
+    """``name("in")``: a topic or group name of this test's own."""
+    tag = uuid.uuid4().hex[:8]
+    return lambda what: f"{what}-{tag}"
+
+
+def create(cluster: Cluster, partitions: dict[str, int]) -> None:
+    """Create the topics, then wait until the cluster's metadata lists them."""
+    with mq.Admin(bootstrap_servers=cluster.bootstrap) as admin:
+        for topic, count in partitions.items():
+            admin.create_topic(topic, count)
+        mq.testing.wait_for(lambda: set(partitions) <= set(admin.list_topics()), timeout=30,
+                            message="the new topics in the metadata")
+
+
+def progressed(pool: Pool, since: int):
+    """A condition: a record was handled after ``since`` (CLOCK_MONOTONIC ns)."""
+    return lambda: any(e["t"] > since and e["kind"] == "done"
+                       for e in read_events(pool.events)[-200:])
+
+
+def test_retries_dead_letters_and_redrive(cluster, tmp_path, pools, name):
+    source, dlq, out, group = name("in"), name("dlq"), name("out"), name("g")
+    create(cluster, {source: 2, dlq: 1, out: 2})
+    values = [b"poison%d" % i if i in (5, 16) else b"v%02d" % i for i in range(30)]
+    produce(cluster, source, values, partition=lambda i: i % 2)
+    fixed = tmp_path / "fixed"
+    pool = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+                args=["--dead-letter-topic", dlq, "--max-retries", "2",
+                      "--retry-backoff-ms", "10"],
+                env={"WK_OUTPUT": out, "WK_FIXED": str(fixed)})
+    pools(pool)
+    pool.wait_for(lambda: caught_up(cluster, group, source), "every record handled",
+                  timeout=TIMEOUT)
+    good = {v for v in values if not v.startswith(b"poison")}
+    done = {e["value"].encode() for e in read_events(pool.events) if e["kind"] == "done"}
+    assert done == good
+    assert {parse_output(r.value)[2] for r in read_all(cluster, out)} == good
+
+    dead = read_all(cluster, dlq)
+    assert sorted(r.value for r in dead) == [b"poison16", b"poison5"]
+    for r in dead:
+        headers = dict(r.headers)
+        assert headers["mq.dlq.topic"] == source.encode()
+        assert headers["mq.dlq.attempts"] == b"3"
+        assert headers["mq.dlq.group"] == group.encode()
+        assert headers["mq.dlq.error"].startswith(b"ValueError: poison")
+    rows = [json.loads(line) for line in
+            mq_run("workers", "stats", "--file", pool.stats_path, "--json").out.splitlines()]
+    assert sum(row["dead_lettered"] for row in rows) == 2
+    assert sum(row["failed"] for row in rows) == 6
+    assert sum(row["handled"] for row in rows) == len(good)
+
+    fixed.touch()
+    redrive = ("workers", "redrive", dlq, "--bootstrap-server", cluster.bootstrap)
+    moved = mq_run(*redrive, "--json")
+    assert moved.code == 0, moved
+    assert sorted((m["offset"], m["to"]) for m in map(json.loads, moved.out.splitlines())) \
+        == [(0, source), (1, source)]
+    pool.wait_for(lambda: {b"poison5", b"poison16"} <= {
+        e["value"].encode() for e in read_events(pool.events) if e["kind"] == "done"},
+        "the redriven records handled", timeout=TIMEOUT)
+    again = mq_run(*redrive)
+    assert again.code == 0 and "moved 0 record(s)" in again.err, again
+    assert pool.stop() == 0, pool.stderr()[-4000:]
+
+
+def test_two_pools_of_one_group_split_the_partitions(cluster, tmp_path, pools, name):
+    """Two pools ("hosts") of one group: four members, a partition each, every record
+    handled once; ``mq workers stats GROUP`` shows both pools' tables."""
+    source, group = name("in"), name("g")
+    create(cluster, {source: 4})
+    first, second = (Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+                          stats_file=False) for _ in range(2))
+    pools(first)
+    pools(second)
+
+    def split() -> bool:
+        try:
+            with mq.Admin(bootstrap_servers=cluster.bootstrap) as admin:
+                members = admin.describe_group(group)["members"]
+        except mq.errors.RequestTimedOutError:
+            return False                    # the coordinator is busy with the rebalance
+        except mq.errors.UnknownServerError as err:
+            if not coordinator_not_ready(err):
+                raise
+            return False
+        return len(members) == 4 and all(len(m["assignment"]) == 1 for m in members)
+    first.wait_for(split, "four members with a partition each", timeout=TIMEOUT)
+    produce(cluster, source, [b"v%03d" % i for i in range(200)], partition=lambda i: i % 4)
+    first.wait_for(lambda: caught_up(cluster, group, source), "every record handled",
+                   timeout=TIMEOUT)
+
+    events = read_events(first.events)
+    assert sorted(e["value"] for e in events if e["kind"] == "done") == \
+        ["v%03d" % i for i in range(200)]
+    partitions = [{e["partition"] for e in events if e["pid"] in set(pool.child_pids())}
+                  for pool in (first, second)]
+    assert len(partitions[0]) == len(partitions[1]) == 2 and \
+        partitions[0] | partitions[1] == {0, 1, 2, 3}, partitions
+
+    shown = mq_run("workers", "stats", group, "--json")
+    assert shown.code == 0, shown
+    rows = [json.loads(line) for line in shown.out.splitlines()]
+    assert sorted(row["file"] for row in rows) == sorted(
+        [str(first.stats_path)] * 2 + [str(second.stats_path)] * 2)
+    assert sum(row["handled"] for row in rows) == 200
+    assert first.stop() == 0 and second.stop() == 0
+
+
+def test_exactly_once_outputs_across_a_child_killed(cluster, tmp_path, pools, name):
+    """``--exactly-once`` under load: two children are killed with SIGKILL, one after the
+    other; a ``read_committed`` reader of the outputs sees one output per input, none twice."""
+    source, out, group = name("in"), name("out"), name("g")
+    create(cluster, {source: 2, out: 2})
+    produce(cluster, source, [b"u%04d" % i for i in range(300)], partition=lambda i: i % 2)
+    feeder = Feeder(cluster, source, 2, rate=100)
+    feeder.start()
+    pool = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+                args=["--exactly-once"], env={"WK_OUTPUT": out, "WK_SLEEP_MS": "2"})
+    pools(pool)
+    pool.wait_ready()
+    killed: set[int] = set()
+    for _ in range(2):
+        pool.wait_for(progressed(pool, time.monotonic_ns()), "progress since the last kill",
+                      timeout=TIMEOUT)
+        victim = next(s["pid"] for s in pool.slots()
+                      if s["state"] == "running" and s["pid"] not in killed)
+        os.kill(victim, signal.SIGKILL)
+        killed.add(victim)
+    acked = feeder.stop()
+    pool.wait_for(lambda: caught_up(cluster, group, source), "every input handled",
+                  timeout=TIMEOUT)
+    pool.wait_for(lambda: pool.total("deaths") == 2, "both deaths counted")
+    assert pool.stop() == 0, pool.stderr()[-4000:]
+
+    inputs = {(r.partition, r.offset): r.value for r in read_all(cluster, source)}
+    assert sorted(inputs.values()) == sorted([b"u%04d" % i for i in range(300)] + acked)
+    outputs = collections.Counter()
+    for r in read_all(cluster, out, "read_committed", markers=True):
+        p, o, value = parse_output(r.value)
+        assert inputs.get((p, o)) == value and r.value == transform(p, o, value), r.value
+        outputs[(p, o)] += 1
+    assert [k for k, n in outputs.items() if n > 1] == [], "an input with two outputs"
+    assert sorted(set(inputs) - set(outputs)) == [], "an input without an output"
+
+
+def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, tmp_path, pools, name):
+    source, group = name("in"), name("g")
+    create(cluster, {source: 4})
+    feeder = Feeder(cluster, source, 4, rate=500)
+    feeder.start()
+    first = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+                 env={"WK_SLEEP_MS": "1"})
+    pools(first)
+    first.wait_for(lambda: len(calls(read_events(first.events), "done")) > 200, "some work",
+                   timeout=TIMEOUT)
+    assert first.stop() == 0, first.stderr()[-4000:]
+    events = read_events(first.events)
+    assert set(calls(events)) == set(calls(events, "done")), "a record was left half-done"
+    handled: dict[int, list[int]] = collections.defaultdict(list)
+    for p, o in calls(events, "done"):
+        handled[p].append(o)
+    for tp, offset in committed(cluster, group).items():
+        assert sorted(handled[tp.partition]) == list(range(offset)), \
+            f"{tp}: committed {offset} is not right after what was handled"
+
+    second = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+                  events=first.events)
+    pools(second)
+    feeder.stop()
+    second.wait_for(lambda: caught_up(cluster, group, source), "the rest", timeout=TIMEOUT)
+    assert second.stop() == 0
+    done = calls(read_events(first.events), "done")
+    assert [k for k, n in done.items() if n > 1] == [], "a record ran twice"
+    assert set(done) == {(r.partition, r.offset) for r in read_all(cluster, source)}
