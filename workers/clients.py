@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import mq
 import mq.aio
-from mq.errors import ClosedError, MQError
+from mq.errors import ClosedError
 
 __all__ = ["AsyncClients", "Listener", "Op", "SyncClients"]
 
@@ -98,7 +98,6 @@ class SyncClients:
         self._producer_options = producer_options
         self._consumer_options = dict(consumer_options)
         self._topics = self._consumer_options.pop("topics")
-        self._cluster = self._consumer_options.get("bootstrap_servers") is not None
         self._producer: mq.Producer | None = None
         self.consumer: mq.Consumer | None = None
         self.listener = Listener(self)
@@ -180,17 +179,6 @@ class SyncClients:
         self.consumer.commit(offsets)                               # type: ignore[union-attr]
 
     def commit_async(self, offsets: dict, callback) -> None:
-        if self._cluster:
-            # On a Kafka cluster a commit_async in flight across a rebalance never called
-            # back, and the child committed nothing more (one commit in flight at a time):
-            # commit at once instead (a few ms, which paces the commits; delivery.py).
-            try:
-                self.consumer.commit(offsets)                       # type: ignore[union-attr]
-            except MQError as err:
-                callback(offsets, err)
-            else:
-                callback(offsets, None)
-            return
         self.consumer.commit_async(offsets, callback)               # type: ignore[union-attr]
 
     def sleep(self, seconds: float) -> None:

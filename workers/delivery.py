@@ -124,9 +124,6 @@ class Delivery:
         if self.eos:
             kw.update(transactional_id=self.config.transactional_id(self.slot),
                       transaction_timeout_ms=self.config.transaction_timeout_ms)
-            if self.config.bootstrap_servers is not None:
-                # librdkafka refuses a delivery timeout (120 s) longer than the transaction's
-                kw.update(delivery_timeout_ms=min(120_000, self.config.transaction_timeout_ms))
         return kw
 
     # --- writes -----------------------------------------------------------------------------

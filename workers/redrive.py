@@ -53,10 +53,7 @@ def redrive(dead_letter_topic: str, to: str | None = None, group_id: str | None 
             else:
                 consumer.seek(tp, committed)
         ends = consumer.end_offsets(tps)
-        # librdkafka refuses a delivery timeout (120 s) longer than the transaction's (60 s)
-        txn = {"transactional_id": group} if bootstrap_servers is None else {
-            "transactional_id": group, "delivery_timeout_ms": 60_000}
-        producer = None if dry_run else mq.Producer(**txn, **broker)
+        producer = None if dry_run else mq.Producer(transactional_id=group, **broker)
         try:
             if producer is not None:
                 producer.init_transactions()
