@@ -102,11 +102,6 @@ def is_async(handler: Callable) -> bool:
     return inspect.iscoroutinefunction(handler)
 
 
-def _aio_on_kafka() -> bool:
-    """``mq.aio`` has its Kafka clients (an async handler's child uses ``mq.aio``'s)."""
-    return importlib.util.find_spec("mq.aio.kafka") is not None
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolConfig:
     """Every setting of a pool, checked at construction (``ValueError`` in one line).
@@ -195,9 +190,9 @@ class PoolConfig:
             for k, v in self.kafka_config.items()),
              f"kafka_config must map librdkafka property names to str, int, float or bool "
              f"values (the children get it as JSON), got {self.kafka_config!r}")
-        need(not (self.asynchronous and self.bootstrap_servers is not None) or _aio_on_kafka(),
-             "async def handlers on a Kafka cluster need mq.aio's Kafka clients, which this "
-             "mq does not have yet: use a plain handler with bootstrap_servers")
+        need(not (self.asynchronous and self.bootstrap_servers is not None),
+             "async def handlers on a Kafka cluster are not supported yet (their children "
+             "stop reading once idle): use a plain handler with bootstrap_servers")
         need(isinstance(self.concurrency, int) and 1 <= self.concurrency <= 4096,
              f"concurrency must be 1 to 4096, got {self.concurrency!r}")
         need(self.ordering in ORDERINGS, f"ordering must be one of {ORDERINGS}, got "
