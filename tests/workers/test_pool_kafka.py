@@ -2,13 +2,14 @@
 contract the local tests hold pools to — retries and dead letters, redrive, two pools of one
 group splitting the partitions, exactly-once outputs across a child killed with SIGKILL, and a
 drain on SIGTERM that a restart repeats nothing of. Each test runs on every bootstrap of
-``cluster``: mq's own Kafka listener and a real Apache Kafka node, held to one contract.
+``cluster``: mq's own Kafka listener and a real three-node Apache Kafka cluster, held to one
+contract.
 
 The pools read their librdkafka properties from a ``--command-config`` file: a session timeout
 of 6 s (Kafka's minimum; 45 s by default), after which the group drops a member killed with
 SIGKILL and gives its partitions to the others, and heartbeats every 0.5 s, which carry
-rebalances to the members. The Kafka node is shared by the session's tests, so every test
-names its topics and group uniquely.
+rebalances to the members. The Kafka cluster is shared by the run's tests, so every test names
+its topics and group uniquely.
 
 On a cluster a consumer's position stops before the transaction markers (and aborted
 records) that end a partition, where the local one moves past them: ``read_all(...,
@@ -42,18 +43,21 @@ from wk_pool import (
 
 import mq
 import mq.testing
+from tests.integration.brokers import kafka_listener
 
 KAFKA_CONFIG = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 TIMEOUT = 90.0             # a condition that waits for a dead member's session to expire
 
 
 @pytest.fixture(params=["mq", "kafka"])
-def cluster(request) -> Cluster:
+def cluster(request, tmp_path):
     """The bootstrap a test's pools run on: ``mq`` (a broker of the test's own with a Kafka
-    listener) or ``kafka`` (the session's Apache Kafka node)."""
+    listener) or ``kafka`` (the run's three-node Apache Kafka cluster, ``kafka_cluster``)."""
     if request.param == "mq":
-        return Cluster(request.getfixturevalue("kafka_listener"), KAFKA_CONFIG)
-    return Cluster(request.getfixturevalue("kafka_node").bootstrap, KAFKA_CONFIG)
+        with kafka_listener(tmp_path) as (_, address):
+            yield Cluster(address, KAFKA_CONFIG)
+    else:
+        yield Cluster(request.getfixturevalue("kafka_cluster").bootstrap, KAFKA_CONFIG)
 
 
 @pytest.fixture
@@ -202,6 +206,15 @@ def test_exactly_once_outputs_across_a_child_killed(cluster, tmp_path, pools, na
         outputs[(p, o)] += 1
     assert [k for k, n in outputs.items() if n > 1] == [], "an input with two outputs"
     assert sorted(set(inputs) - set(outputs)) == [], "an input without an output"
+
+
+def test_an_async_handler_is_refused_on_a_cluster(cluster, tmp_path, name):
+    source = name("in")
+    create(cluster, {source: 1})
+    result = mq_run("workers", "run", "wk_handlers:ahandle", "--topic", source, "--group",
+                    name("g"), *cluster.pool_args(tmp_path))
+    assert result.code == 2 and result.err.count("\n") == 1, result
+    assert "async def handlers on a Kafka cluster" in result.err
 
 
 def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, tmp_path, pools, name):
