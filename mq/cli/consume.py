@@ -15,12 +15,15 @@ assigns its partitions, each starts at the group's committed offset (else at the
 beginning with --from-beginning: Kafka's auto.offset.reset), positions are auto-committed, and
 a final commit on exit stores the position after the last *printed* record, so the next run of
 the group continues exactly there. For that, a stop signal only raises a flag checked between
-polls: a record that poll returned is always printed before the consumer stops.
+polls: a record that poll returned is always printed before the consumer stops. On a Kafka
+cluster (``--bootstrap-server``) the command makes those commits itself, every 5 s and on exit
+(``_Positions``), instead of the consumer's auto-commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import select
 import signal
 import sys
@@ -33,6 +36,7 @@ from mq.cli.common import (
     client_options,
     formatter,
     non_negative_int,
+    on_cluster,
     parse_datetime,
     plural,
     positive_int,
@@ -261,16 +265,21 @@ def _run_group(args: argparse.Namespace, render) -> int:
     def request_stop(signum, frame) -> None:
         stop.append(signum)
 
+    options = client_options(args)
+    # On a cluster the command commits what it printed itself: librdkafka's auto-commit at
+    # close commits the positions it stored at the last poll, which would undo the final
+    # commit of the records that poll returned.
+    cluster = on_cluster(options)
     previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
     try:
-        with Consumer(group_id=args.group, **client_options(args), enable_auto_commit=True,
+        with Consumer(group_id=args.group, **options, enable_auto_commit=not cluster,
                       auto_offset_reset="earliest" if args.from_beginning else "latest",
                       isolation_level=args.isolation_level) as consumer:
             # A group may subscribe to a topic that does not exist yet; here that is a typo.
             if consumer.partitions_for_topic(topic) is None:
                 raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
             consumer.subscribe([topic])
-            positions = _Positions(consumer)
+            positions = _Positions(consumer, _COMMIT_EVERY_S if cluster else None)
             count = _consume_group(consumer, args, render, stop, positions)
             consumer.commit(positions.final())   # after the last printed record
     finally:
@@ -307,6 +316,7 @@ def _consume(consumer, args: argparse.Namespace, render) -> tuple[int, bool]:
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _STOP_CHECK_MS = 200                  # --group: how often an idle poll looks at the stop flag
+_COMMIT_EVERY_S = 5.0                 # auto_commit_interval_ms's default
 
 
 class _Positions:
@@ -316,12 +326,17 @@ class _Positions:
     read from, and librdkafka's resolves an unread one anew each time it is asked (its end
     then, with auto.offset.reset=latest). Without the start position a partition is not
     committed, or committed at a later end, and the next run would skip what arrived there
-    meanwhile. So each assigned partition's position is asked once, when it is first seen."""
+    meanwhile. So each assigned partition's position is asked once, when it is first seen.
 
-    def __init__(self, consumer) -> None:
+    ``commit_every_s``: commit these offsets that often (a consumer without auto-commit);
+    a commit a rebalance refused is left to the next one."""
+
+    def __init__(self, consumer, commit_every_s: float | None = None) -> None:
         self.consumer = consumer
         self.started: dict = {}                 # tp -> position when first seen assigned
         self.printed: dict = {}                 # (topic, partition) -> after its last printed
+        self.every = commit_every_s
+        self.due = None if commit_every_s is None else time.monotonic() + commit_every_s
 
     def track(self, records) -> None:
         """After a poll: note the printed ``records`` and the partitions assigned now."""
@@ -333,6 +348,11 @@ class _Positions:
             self.printed.pop(tp, None)
         for tp in assigned - set(self.started):
             self.started[tp] = self.consumer.position(tp)
+        if self.due is not None and time.monotonic() >= self.due:
+            from mq.errors import CommitFailedError
+            with contextlib.suppress(CommitFailedError):
+                self.consumer.commit(self.final())
+            self.due = time.monotonic() + self.every
 
     def final(self) -> dict:
         """``{tp: offset to commit}`` for the partitions assigned now."""
