@@ -4,6 +4,8 @@ subcommand) with ``--command-config``, and ``$MQ_BOOTSTRAP_SERVERS`` when neithe
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from mq.cli.common import client_options, on_cluster
@@ -94,3 +96,25 @@ def test_a_bad_command_config_names_the_file_and_line(tmp_path):
 def test_workers_take_no_cluster_options():
     with pytest.raises(UsageError):
         build_parser().parse_args(["workers", "--bootstrap-server", "h:1", "stats"])
+
+
+def _parser_of(*names: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    for name in names:
+        [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = sub.choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("command", [
+    ("topics",), ("topics", "create"), ("topics", "list"), ("topics", "describe"),
+    ("topics", "alter"), ("topics", "delete"), ("produce",), ("consume",), ("offsets",),
+    ("groups",), ("groups", "list"), ("groups", "describe"), ("groups", "delete"),
+    ("groups", "reset-offsets"), ("transactions", "list"), ("transactions", "describe"),
+    ("acls", "add"), ("acls", "list"), ("acls", "delete"), ("users", "add"),
+    ("users", "delete"), ("users", "list"), ("top",),
+])
+def test_help_names_the_cluster_options(command):
+    text = _parser_of(*command).format_help()
+    assert "--bootstrap-server HOST:PORT" in text and "$MQ_BOOTSTRAP_SERVERS" in text
+    assert "--command-config FILE" in text and "client.properties" in text
