@@ -4,9 +4,12 @@ broker but without the lag's age; texts and JSON."""
 
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
 from top_snapshots import cluster_partition, cluster_snapshot, group, offset
 
-from mq.cli.top import plain
+from mq.cli.top import plain, render
 from mq.cli.top_model import (
     CLUSTER_TOPIC_COLUMNS,
     build_cluster_view,
@@ -103,3 +106,16 @@ def test_texts_and_json():
                               "partitions": 1, "underReplicated": 0, "offline": 0}
     assert out["topics"][0]["inRecordsPerSecond"] is None
     assert out["groups"][0]["lag"] == 2 and out["hiddenTopics"] == 0
+
+
+def test_the_live_frame_draws_a_cluster_and_its_unreachable_line():
+    snap = cluster_snapshot(partitions=[cluster_partition("orders", p, 10) for p in range(3)],
+                            groups=[group("g", [cluster_offset("orders", 0, 5, 10)])])
+    console = Console(width=80, file=io.StringIO(), force_terminal=False, color_system=None)
+    console.print(render(build_cluster_view(snap), 1.0, "metadata: transport failure"))
+    lines = console.file.getvalue().splitlines()
+    assert lines[0] == "cluster unreachable, retrying: metadata: transport failure"
+    assert lines[1].startswith("cluster c1  controller 1  partitions 3")
+    assert all(len(line) <= 80 for line in lines)
+    orders = next(line for line in lines if line.lstrip().startswith("orders"))
+    assert orders.split() == ["orders", "3", "3", "0", "0", "30", "-", "-"]
