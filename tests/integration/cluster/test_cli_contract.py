@@ -1,14 +1,13 @@
 """The ``mq`` command line on a Kafka cluster (issue 24): ``--bootstrap-server``,
 ``$MQ_BOOTSTRAP_SERVERS`` and ``--command-config`` on the client commands, run as real
-processes against mq's own Kafka listener (``kafka_mq``) and a real Apache Kafka node
-(``kafka_node``, this directory's conftest) alike: topics, produce and consume (keys, headers),
-offsets, groups (describe, reset, a member's final commit), ``top --once``, the errors a cluster
-gives (transactions are mq's own), a bad ``--command-config`` and a cluster that is not there
-(one ``mq: error:`` line each).
+processes against both of this directory's backends (mq's own Kafka listener and the shared
+three-node Apache Kafka cluster) alike: topics, produce and consume (keys, headers), offsets,
+groups (describe, reset, a member's final commit), ``top --once``, the errors a cluster gives
+(transactions are mq's own), a bad ``--command-config`` and a cluster that is not there (one
+``mq: error:`` line each).
 
-The Kafka node is shared by the session, so every test names its topics and groups uniquely.
-``bootstrap`` picks the target: a shared multi-node cluster fixture replaces ``kafka_node``
-there in one line.
+The cluster is shared by the run, so every test names its topics and groups uniquely; another
+test may have a node down meanwhile, so nothing here expects every replica in sync.
 """
 
 from __future__ import annotations
@@ -24,13 +23,11 @@ from cli_run import ENV, Lines, assert_one_error, json_lines, mq_process, mq_run
 from mq.cli.common import plural
 from mq.testing import wait_for
 
-TARGETS = {"mq": "kafka_mq", "kafka": "kafka_node"}
 
-
-@pytest.fixture(params=sorted(TARGETS))
-def bootstrap(request) -> str:
-    """HOST:PORT of mq's Kafka listener, or of Apache Kafka."""
-    return request.getfixturevalue(TARGETS[request.param]).bootstrap
+@pytest.fixture
+def bootstrap(backend) -> str:
+    """HOST:PORT[,...] of mq's Kafka listener, or of the Kafka cluster."""
+    return backend.bootstrap
 
 
 def unique(prefix: str) -> str:
@@ -70,8 +67,9 @@ def test_topics_create_list_describe_alter_delete(bootstrap):
         fields = dict(f.split(": ", 1) for f in text[1 + p].strip("\t").split("\t"))
         assert fields["Partition"] == str(p)
         assert (fields["StartOffset"], fields["EndOffset"]) == ("0", "0")
-        assert fields["Leader"] in fields["Replicas"].split(",")
-        assert fields["Isr"] == fields["Replicas"]
+        replicas = fields["Replicas"].split(",")
+        assert fields["Leader"] in fields["Isr"].split(",")
+        assert set(fields["Isr"].split(",")) <= set(replicas)
     assert "\t* retention.ms=3600000" in text
 
     [info] = json_lines(ok(on(bootstrap, "topics", "describe", topic, "--json")))
@@ -278,9 +276,9 @@ def test_top_once(bootstrap):
     ok(on(bootstrap, "consume", topic, "--group", group, "--from-beginning",
           "--max-messages", 4))
     snap = json.loads(ok(on(bootstrap, "top", "--once", "--json", "--interval", 0.2)).out)
-    assert snap["cluster"]["brokers"] and snap["cluster"]["offline"] == 0
+    assert snap["cluster"]["brokers"] and snap["cluster"]["controller"] is not None
     [row] = [t for t in snap["topics"] if t["topic"] == topic]
-    assert (row["partitions"], row["records"], row["offline"]) == (3, 6, 0)
+    assert (row["partitions"], row["records"]) == (3, 6)
     assert row["inRecordsPerSecond"] is not None
     [g] = [g for g in snap["groups"] if g["group"] == group]
     assert (g["lag"], g["topics"], g["lagSeconds"]) == (2, [topic], None)
