@@ -13,7 +13,7 @@ import itertools
 import sys
 
 from mq.cli import json_line
-from mq.cli.common import add_command_group, add_socket_argument, formatter, socket_of, table
+from mq.cli.common import add_broker_arguments, add_command_group, client_options, formatter, table
 from mq.protocol.acl_codes import (AclOperation, PatternType, Permission, ResourceType, display,
                                    parse)
 
@@ -26,7 +26,8 @@ Add, list and delete the ACLs of the Kafka listener (Kafka's kafka-acls). A Kafk
 authenticated as User:NAME may do only what an ALLOW ACL grants it and no DENY ACL takes away;
 kafka_super_users bypass ACLs; unauthenticated clients (User:ANONYMOUS, loopback PLAINTEXT)
 are held to ACLs only with kafka_acl_enforce_anonymous = true. mq's own clients on the Unix
-socket are not subject to ACLs."""
+socket are not subject to ACLs. With --bootstrap-server: a Kafka cluster's ACLs (it needs an
+authorizer)."""
 
 EPILOG = """\
 examples:
@@ -96,13 +97,13 @@ def _add_resource_options(p: argparse.ArgumentParser, patterns: tuple[str, ...])
                    help=f"how names match: {', '.join(patterns)}")
     p.add_argument("--operation", action="append", default=[], metavar="OP",
                    help="an operation (repeat for more)")
-    add_socket_argument(p)
+    add_broker_arguments(p)
 
 
 def add_parser(subparsers) -> None:
     commands = add_command_group(subparsers, "acls", "add, list or delete",
                                  help="Kafka listener ACLs (kafka-acls)",
-                                 description=DESCRIPTION, epilog=EPILOG)
+                                 description=DESCRIPTION, epilog=EPILOG, cluster=True)
     add = commands.add_parser("add", help="add ACLs", epilog=ADD_EPILOG,
                               description="Add an ACL for each principal, host, operation and "
                                           "resource given.", formatter_class=formatter)
@@ -208,7 +209,7 @@ def _print(bindings: list[list], as_json: bool) -> None:
 
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(socket_of(args))
+    return Admin(**client_options(args))
 
 
 def run_add(args: argparse.Namespace) -> int:

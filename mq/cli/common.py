@@ -1,5 +1,6 @@
-"""What the commands share: the client commands' ``--socket`` option (also before a subcommand:
-``mq topics --socket S list``), the partitions of a topic, ``key=value`` parsing, ISO 8601
+"""What the commands share: where the client commands' broker is (``--socket``, or a Kafka
+cluster's ``--bootstrap-server`` and ``--command-config``, also before a subcommand: ``mq topics
+--socket S list``), the partitions of a topic, ``key=value`` parsing, ISO 8601
 datetimes and integer argument types, tables; the offline tools' one-error-per-item loop; the
 broker ``mq demo`` starts (with or without ``--spark``).
 
@@ -14,17 +15,24 @@ import datetime as _dt
 from collections.abc import Callable, Iterable, Sequence
 
 from mq.cli import PROG, print_error
+from mq.client.kafka.config import ENV as BOOTSTRAP_ENV
+from mq.client.kafka.config import bootstrap, read_properties
 from mq.errors import MQError
 from mq.protocol.paths import path_argument
 
 __all__ = [
+    "BOOTSTRAP_HELP",
+    "COMMAND_CONFIG_HELP",
     "DATETIME_HELP",
     "SOCKET_HELP",
+    "add_broker_arguments",
     "add_command_group",
     "add_socket_argument",
+    "client_options",
     "formatter",
     "integer",
     "non_negative_int",
+    "on_cluster",
     "parse_datetime",
     "parse_key_values",
     "plural",
@@ -38,6 +46,12 @@ __all__ = [
 
 SOCKET_HELP = ("broker socket (default: $MQ_SOCKET, else <data dir>/mq.sock, the data dir being "
                "$MQ_DATA_DIR, else $XDG_STATE_HOME/mq, else ~/.local/state/mq)")
+
+BOOTSTRAP_HELP = (f"a Kafka cluster's HOST:PORT[,HOST:PORT...] instead of the local broker "
+                  f"(default: ${BOOTSTRAP_ENV} when no --socket is given)")
+
+COMMAND_CONFIG_HELP = ("with --bootstrap-server: a client.properties file of librdkafka "
+                       "properties (security.protocol, sasl.*, ssl.*), as Kafka's tools take it")
 
 DATETIME_HELP = """\
 datetimes are ISO 8601: 2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00, 2024-05-01 12:00,
@@ -57,14 +71,29 @@ def add_socket_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", metavar="PATH", type=path_argument, help=SOCKET_HELP)
 
 
-def add_command_group(subparsers, name: str, commands: str, **kwargs):
+def add_broker_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--socket``, ``--bootstrap-server`` and ``--command-config``: the local broker or a
+    Kafka cluster (read them with ``client_options``). ``prefix`` starts their dests (a
+    command group's own, so that a subcommand's defaults do not overwrite its values)."""
+    parser.add_argument("--socket", dest=f"{prefix}socket", metavar="PATH", type=path_argument,
+                        help=SOCKET_HELP)
+    parser.add_argument("--bootstrap-server", dest=f"{prefix}bootstrap_server",
+                        metavar="HOST:PORT", help=BOOTSTRAP_HELP)
+    parser.add_argument("--command-config", dest=f"{prefix}command_config", metavar="FILE",
+                        type=path_argument, help=COMMAND_CONFIG_HELP)
+
+
+def add_command_group(subparsers, name: str, commands: str, cluster: bool = False, **kwargs):
     """Add ``mq NAME``, a command with subcommands (``mq topics``, ``mq groups``), and return
     the subparsers to add them to. It takes ``--socket`` before the subcommand too (read it
-    with ``socket_of``); without a subcommand it is a usage error listing ``commands``."""
+    with ``socket_of``), and with ``cluster`` the Kafka cluster's options as well (read them
+    with ``client_options``); without a subcommand it is a usage error listing ``commands``."""
     parser = subparsers.add_parser(name, formatter_class=formatter, **kwargs)
-    # Its own dest: the subcommand's --socket default would overwrite the value.
-    parser.add_argument("--socket", dest="outer_socket", metavar="PATH", type=path_argument,
-                        help=SOCKET_HELP)
+    if cluster:
+        add_broker_arguments(parser, prefix="outer_")
+    else:
+        parser.add_argument("--socket", dest="outer_socket", metavar="PATH", type=path_argument,
+                            help=SOCKET_HELP)
 
     def no_command(args: argparse.Namespace) -> int:
         raise ValueError(f"no {name} command given: {commands} (see '{PROG} {name} --help')")
@@ -72,9 +101,44 @@ def add_command_group(subparsers, name: str, commands: str, **kwargs):
     return parser.add_subparsers(title="commands", metavar="COMMAND", dest=f"{name}_command")
 
 
+def _given(args: argparse.Namespace, name: str):
+    """Option ``name`` after the subcommand, else before it (``add_command_group``)."""
+    return getattr(args, name, None) or getattr(args, f"outer_{name}", None)
+
+
 def socket_of(args: argparse.Namespace) -> str | None:
     """``--socket`` after the subcommand, else before it (``add_command_group``)."""
-    return args.socket or getattr(args, "outer_socket", None)
+    return _given(args, "socket")
+
+
+def client_options(args: argparse.Namespace) -> dict:
+    """Where the command's clients go, as keyword arguments of ``Admin``, ``Producer`` and
+    ``Consumer``: ``{"socket"}`` for the local broker, or ``{"bootstrap_servers",
+    "kafka_config"}`` for a Kafka cluster (``--bootstrap-server``, else
+    ``$MQ_BOOTSTRAP_SERVERS`` unless ``--socket`` is given). ``ValueError`` (a usage error)
+    for both ``--socket`` and ``--bootstrap-server``, an empty server list, or
+    ``--command-config`` without a cluster; ``OSError`` for a config file that cannot be
+    read."""
+    socket, servers = socket_of(args), _given(args, "bootstrap_server")
+    config_file = _given(args, "command_config")
+    if socket is not None and servers is not None:
+        raise ValueError("give --socket (the local broker) or --bootstrap-server (a Kafka "
+                         "cluster), not both")
+    if servers is not None and not servers.replace(",", "").strip():
+        raise ValueError("--bootstrap-server is empty: give HOST:PORT[,HOST:PORT...]")
+    servers = bootstrap(socket, servers)
+    if servers is None:
+        if config_file is not None:
+            raise ValueError(f"--command-config is for a Kafka cluster: give --bootstrap-server "
+                             f"too (or set ${BOOTSTRAP_ENV})")
+        return {"socket": socket}
+    config = None if config_file is None else read_properties(config_file)
+    return {"bootstrap_servers": servers, "kafka_config": config}
+
+
+def on_cluster(options: dict) -> bool:
+    """Whether ``client_options`` chose a Kafka cluster."""
+    return "bootstrap_servers" in options
 
 
 def topic_partitions(consumer, topic: str, wanted: Iterable[int] | None = None) -> list:

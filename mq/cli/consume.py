@@ -15,12 +15,15 @@ assigns its partitions, each starts at the group's committed offset (else at the
 beginning with --from-beginning: Kafka's auto.offset.reset), positions are auto-committed, and
 a final commit on exit stores the position after the last *printed* record, so the next run of
 the group continues exactly there. For that, a stop signal only raises a flag checked between
-polls: a record that poll returned is always printed before the consumer stops.
+polls: a record that poll returned is always printed before the consumer stops. On a Kafka
+cluster (``--bootstrap-server``) the command makes those commits itself, every 5 s and on exit
+(``_Positions``), instead of the consumer's auto-commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import select
 import signal
 import sys
@@ -29,9 +32,11 @@ import time
 from mq.cli import json_line
 from mq.cli.common import (
     DATETIME_HELP,
-    add_socket_argument,
+    add_broker_arguments,
+    client_options,
     formatter,
     non_negative_int,
+    on_cluster,
     parse_datetime,
     plural,
     positive_int,
@@ -44,7 +49,7 @@ __all__ = ["add_parser", "emit", "record_json", "run"]
 DESCRIPTION = """\
 Print records of TOPIC to stdout (Kafka's kafka-console-consumer): by default the value of
 each new record, one per line, as it arrives. Reads every partition of the topic, or only
---partition P."""
+--partition P. With --bootstrap-server it reads from a Kafka cluster."""
 
 EPILOG = f"""\
 where to start (default: the end of each partition, i.e. only new records):
@@ -125,7 +130,7 @@ def add_parser(subparsers) -> None:
     for field in ("timestamp", "partition", "offset", "headers", "key"):
         parser.add_argument(f"--print-{field}", action="store_true",
                             help=f"text format: print the {field} before the value")
-    add_socket_argument(parser)
+    add_broker_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -213,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Reset to the beginning (partitions added later, positions deleted by retention);
         # the initial positions are set explicitly below.
-        with Consumer(topic, socket=args.socket, auto_offset_reset="earliest",
+        with Consumer(topic, **client_options(args), auto_offset_reset="earliest",
                       isolation_level=args.isolation_level) as consumer:
             if args.partition is not None:
                 consumer.assign(topic_partitions(consumer, topic, [args.partition]))
@@ -260,17 +265,23 @@ def _run_group(args: argparse.Namespace, render) -> int:
     def request_stop(signum, frame) -> None:
         stop.append(signum)
 
+    options = client_options(args)
+    # On a cluster the command commits what it printed itself: librdkafka's auto-commit at
+    # close commits the positions it stored at the last poll, which would undo the final
+    # commit of the records that poll returned.
+    cluster = on_cluster(options)
     previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
     try:
-        with Consumer(group_id=args.group, socket=args.socket, enable_auto_commit=True,
+        with Consumer(group_id=args.group, **options, enable_auto_commit=not cluster,
                       auto_offset_reset="earliest" if args.from_beginning else "latest",
                       isolation_level=args.isolation_level) as consumer:
             # A group may subscribe to a topic that does not exist yet; here that is a typo.
             if consumer.partitions_for_topic(topic) is None:
                 raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
             consumer.subscribe([topic])
-            count = _consume_group(consumer, args, render, stop)
-            consumer.commit()        # positions = after the last printed record
+            positions = _Positions(consumer, _COMMIT_EVERY_S if cluster else None)
+            count = _consume_group(consumer, args, render, stop, positions)
+            consumer.commit(positions.final())   # after the last printed record
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -305,9 +316,53 @@ def _consume(consumer, args: argparse.Namespace, render) -> tuple[int, bool]:
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _STOP_CHECK_MS = 200                  # --group: how often an idle poll looks at the stop flag
+_COMMIT_EVERY_S = 5.0                 # auto_commit_interval_ms's default
 
 
-def _consume_group(consumer, args: argparse.Namespace, render, stop: list) -> int:
+class _Positions:
+    """What a group member commits on exit: for each assigned partition the offset after its
+    last printed record, or where it started if none was printed. Kafka's consumer gives
+    every assigned partition a position in poll; mq's consumers only the partitions they
+    read from, and librdkafka's resolves an unread one anew each time it is asked (its end
+    then, with auto.offset.reset=latest). Without the start position a partition is not
+    committed, or committed at a later end, and the next run would skip what arrived there
+    meanwhile. So each assigned partition's position is asked once, when it is first seen.
+
+    ``commit_every_s``: commit these offsets that often (a consumer without auto-commit);
+    a commit a rebalance refused is left to the next one."""
+
+    def __init__(self, consumer, commit_every_s: float | None = None) -> None:
+        self.consumer = consumer
+        self.started: dict = {}                 # tp -> position when first seen assigned
+        self.printed: dict = {}                 # (topic, partition) -> after its last printed
+        self.every = commit_every_s
+        self.due = None if commit_every_s is None else time.monotonic() + commit_every_s
+
+    def track(self, records) -> None:
+        """After a poll: note the printed ``records`` and the partitions assigned now."""
+        for r in records:
+            self.printed[(r.topic, r.partition)] = r.offset + 1
+        assigned = self.consumer.assignment()
+        for tp in set(self.started) - assigned:     # revoked: another member's now
+            del self.started[tp]
+            self.printed.pop(tp, None)
+        for tp in assigned - set(self.started):
+            self.started[tp] = self.consumer.position(tp)
+        if self.due is not None and time.monotonic() >= self.due:
+            from mq.errors import CommitFailedError
+            with contextlib.suppress(CommitFailedError):
+                self.consumer.commit(self.final())
+            self.due = time.monotonic() + self.every
+
+    def final(self) -> dict:
+        """``{tp: offset to commit}`` for the partitions assigned now."""
+        assigned = self.consumer.assignment()
+        return {tp: self.printed.get(tp, start)
+                for tp, start in self.started.items() if tp in assigned}
+
+
+def _consume_group(consumer, args: argparse.Namespace, render, stop: list,
+                   positions: _Positions) -> int:
     """Like ``_consume``, but the stop signals only append to ``stop``, which is checked
     between polls (so an idle poll waits at most 200 ms at a time): records that ``poll``
     returned, and so moved the positions the final commit stores, are always printed.
@@ -322,17 +377,13 @@ def _consume_group(consumer, args: argparse.Namespace, render, stop: list) -> in
             wait_ms = min(wait_ms, max(0.0, (idle_until - time.monotonic()) * 1000))
         want = 500 if limit is None else min(500, limit - printed[0])
         batch = consumer.poll(timeout_ms=wait_ms, max_records=want)
-        # Kafka's consumer gives every assigned partition a position in poll; this one only
-        # the partitions it reads from. Without a position a partition is not committed, and
-        # the next run (auto.offset.reset=latest) would skip what arrived there meanwhile.
-        for tp in consumer.assignment():
-            consumer.position(tp)
-        if batch:
-            records = [r for rs in batch.values() for r in rs]
+        records = [r for rs in batch.values() for r in rs]
+        if records:
             emit(out, render(records), len(records), printed)
             if timeout_ms is not None:
                 idle_until = time.monotonic() + timeout_ms / 1000
-        elif idle_until is not None and time.monotonic() >= idle_until:
+        positions.track(records)
+        if not records and idle_until is not None and time.monotonic() >= idle_until:
             break
     return printed[0]
 

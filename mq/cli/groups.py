@@ -22,24 +22,24 @@ from decimal import Decimal
 from mq.cli import json_line
 from mq.cli.common import (
     DATETIME_HELP,
+    add_broker_arguments,
     add_command_group,
-    add_socket_argument,
+    client_options,
     formatter,
     integer,
     non_negative_int,
     parse_datetime,
     plural,
-    socket_of,
     table,
     topic_partitions,
 )
 
-__all__ = ["add_parser", "clamp", "parse_duration", "parse_topic_spec", "run_delete",
-           "run_describe", "run_list", "run_reset_offsets"]
+__all__ = ["add_parser", "clamp", "parse_duration", "parse_topic_spec", "partition_rows",
+           "run_delete", "run_describe", "run_list", "run_reset_offsets"]
 
 DESCRIPTION = """\
 List, describe and delete consumer groups and reset their committed offsets on the running
-broker (Kafka's kafka-consumer-groups). A group exists while it has live members or committed
+broker, or on a Kafka cluster with --bootstrap-server (Kafka's kafka-consumer-groups). A group exists while it has live members or committed
 offsets."""
 
 EPILOG = """\
@@ -74,6 +74,12 @@ member that is gone but keeps its partitions until its session times out).
 --json prints only the partitions, one object per line: {"group", "topic", "partition",
 "committedOffset", "endOffset", "lag", "lagSeconds", "memberId", "pid"} (null where the text
 shows '-').
+
+On a Kafka cluster (--bootstrap-server) members are named by client and host, as Kafka's
+tool does: the partitions' columns end in MEMBER-ID HOST CLIENT-ID (no LAG-SECONDS, no PID;
+a partition assigned but never committed shows '-' offsets), the members' are MEMBER-ID
+INSTANCE-ID HOST CLIENT-ID #PARTITIONS ASSIGNMENT, and --json has "host" and "clientId" in
+place of "lagSeconds" and "pid".
 
 examples:
   mq groups describe billing
@@ -120,14 +126,14 @@ def add_parser(subparsers) -> None:
     commands = add_command_group(subparsers, "groups", "list, describe, delete or reset-offsets",
                                  help="list, describe, delete consumer groups; reset their "
                                       "offsets",
-                                 description=DESCRIPTION, epilog=EPILOG)
+                                 description=DESCRIPTION, epilog=EPILOG, cluster=True)
 
     lst = commands.add_parser("list", help="groups with their state and live member count",
                               description="Print every consumer group with its state and "
                                           "number of live members.",
                               epilog=LIST_EPILOG, formatter_class=formatter)
     lst.add_argument("--json", action="store_true", help="one JSON object per group per line")
-    add_socket_argument(lst)
+    add_broker_arguments(lst)
     lst.set_defaults(run=run_list)
 
     describe = commands.add_parser("describe", help="offsets, lag and members of a group",
@@ -138,7 +144,7 @@ def add_parser(subparsers) -> None:
     describe.add_argument("group", metavar="GROUP", help="group id")
     describe.add_argument("--json", action="store_true",
                           help="one JSON object per partition per line")
-    add_socket_argument(describe)
+    add_broker_arguments(describe)
     describe.set_defaults(run=run_describe)
 
     delete = commands.add_parser("delete", help="delete a group's committed offsets",
@@ -146,7 +152,7 @@ def add_parser(subparsers) -> None:
                                              "members, with its committed offsets.",
                                  epilog=DELETE_EPILOG, formatter_class=formatter)
     delete.add_argument("group", metavar="GROUP", help="group id")
-    add_socket_argument(delete)
+    add_broker_arguments(delete)
     delete.set_defaults(run=run_delete)
 
     reset = commands.add_parser("reset-offsets", help="set a group's committed offsets",
@@ -174,7 +180,7 @@ def add_parser(subparsers) -> None:
     mode = reset.add_mutually_exclusive_group(required=True)
     mode.add_argument("--dry-run", action="store_true", help="print the plan only")
     mode.add_argument("--execute", action="store_true", help="apply the plan")
-    add_socket_argument(reset)
+    add_broker_arguments(reset)
     reset.set_defaults(run=run_reset_offsets)
 
 
@@ -251,7 +257,7 @@ def _lag_seconds(lag_ms: int | None) -> float | None:
 
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(socket_of(args))
+    return Admin(**client_options(args))
 
 
 def _live(members: list[dict]) -> list[dict]:
@@ -288,33 +294,84 @@ def run_list(args: argparse.Namespace) -> int:
 def run_describe(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         desc = admin.describe_group(args.group)
-    group, offsets = desc["group"], desc["offsets"]
+    rows = partition_rows(desc)
     if args.json:
-        sys.stdout.write("".join(json_line({
-            "group": group, "topic": o["topic"], "partition": o["partition"],
-            "committedOffset": o["committed_offset"], "endOffset": o["end_offset"],
-            "lag": o["lag"], "lagSeconds": _lag_seconds(o["lag_ms"]),
-            "memberId": o["member_id"], "pid": o["pid"]}) for o in offsets))
+        sys.stdout.write("".join(json_line(row) for row in rows))
         return 0
-    live = _live(desc["members"])
-    if live:
-        status = (f"Consumer group {group!r}: {desc['state']}, {plural(len(live), 'member')}, "
-                  f"group epoch {desc['group_epoch']}, assignor {desc['assignor']}.")
-    else:
-        status = f"Consumer group {group!r} has no active members."
-    out = [status, "", table(
-        ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS",
-         "MEMBER-ID", "PID"),
-        ((group, o["topic"], o["partition"], o["committed_offset"], o["end_offset"], o["lag"],
-          _lag_seconds(o["lag_ms"]), o["member_id"], o["pid"]) for o in offsets)).rstrip("\n")]
+    columns = _CLUSTER_COLUMNS if _on_cluster(desc) else _LOCAL_COLUMNS
+    out = [_status(desc), "", table([c for c, _ in columns],
+                                    ([row[key] for _, key in columns] for row in rows)
+                                    ).rstrip("\n")]
     if desc["members"]:
-        out += ["", table(
-            ("MEMBER-ID", "INSTANCE-ID", "PID", "EPOCH", "STATE", "#PARTITIONS", "ASSIGNMENT"),
-            ((m["member_id"], m["instance_id"], m["pid"], m["member_epoch"],
-              "Away" if m.get("away") else m["state"], len(m["assignment"]),
-              _assignment(m["assignment"])) for m in desc["members"])).rstrip("\n")]
+        out += ["", _members_table(desc).rstrip("\n")]
     sys.stdout.write("\n".join(out) + "\n")
     return 0
+
+
+# The partitions table: (header, --json key). A Kafka cluster names a member's client and host
+# (Kafka's columns) where mq has its process id and the age of the oldest unconsumed record.
+_LOCAL_COLUMNS = (("GROUP", "group"), ("TOPIC", "topic"), ("PARTITION", "partition"),
+                  ("CURRENT-OFFSET", "committedOffset"), ("LOG-END-OFFSET", "endOffset"),
+                  ("LAG", "lag"), ("LAG-SECONDS", "lagSeconds"), ("MEMBER-ID", "memberId"),
+                  ("PID", "pid"))
+_CLUSTER_COLUMNS = _LOCAL_COLUMNS[:6] + (("MEMBER-ID", "memberId"), ("HOST", "host"),
+                                         ("CLIENT-ID", "clientId"))
+
+
+def _on_cluster(desc: dict) -> bool:
+    """A Kafka cluster's description: no group epoch, members with a client id and host."""
+    return "group_epoch" not in desc
+
+
+def partition_rows(desc: dict) -> list[dict]:
+    """``Admin.describe_group``'s partitions as ``--json`` objects (camelCase, None where
+    unknown): on a Kafka cluster with each owner's member id, host and client id (from the
+    members' assignments), and the assigned partitions without a committed offset too.
+    Raises ``GroupIdNotFoundError`` for a cluster's group that does not exist (Kafka
+    describes it as Dead with nothing in it)."""
+    group = desc["group"]
+    if not _on_cluster(desc):
+        return [{"group": group, "topic": o["topic"], "partition": o["partition"],
+                 "committedOffset": o["committed_offset"], "endOffset": o["end_offset"],
+                 "lag": o["lag"], "lagSeconds": _lag_seconds(o["lag_ms"]),
+                 "memberId": o["member_id"], "pid": o["pid"]} for o in desc["offsets"]]
+    from mq.errors import GroupIdNotFoundError
+    if desc["state"] == "Dead" and not desc["members"] and not desc["offsets"]:
+        raise GroupIdNotFoundError(f"group {group!r} does not exist")
+    owners = {(t, p): m for m in desc["members"] for t, p in m["assignment"]}
+    offsets = {(o["topic"], o["partition"]): o for o in desc["offsets"]}
+    rows = []
+    for key in sorted(offsets.keys() | owners.keys()):
+        o, m = offsets.get(key, {}), owners.get(key, {})
+        rows.append({"group": group, "topic": key[0], "partition": key[1],
+                     "committedOffset": o.get("committed_offset"),
+                     "endOffset": o.get("end_offset"), "lag": o.get("lag"),
+                     "memberId": m.get("member_id"), "host": m.get("host"),
+                     "clientId": m.get("client_id")})
+    return rows
+
+
+def _status(desc: dict) -> str:
+    group, live = desc["group"], _live(desc["members"])
+    if not live:
+        return f"Consumer group {group!r} has no active members."
+    epoch = "" if _on_cluster(desc) else f"group epoch {desc['group_epoch']}, "
+    return (f"Consumer group {group!r}: {desc['state']}, {plural(len(live), 'member')}, "
+            f"{epoch}assignor {desc['assignor']}.")
+
+
+def _members_table(desc: dict) -> str:
+    members = desc["members"]
+    if _on_cluster(desc):
+        return table(("MEMBER-ID", "INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS",
+                      "ASSIGNMENT"),
+                     ((m["member_id"], m["instance_id"], m["host"], m["client_id"],
+                       len(m["assignment"]), _assignment(m["assignment"])) for m in members))
+    return table(("MEMBER-ID", "INSTANCE-ID", "PID", "EPOCH", "STATE", "#PARTITIONS",
+                  "ASSIGNMENT"),
+                 ((m["member_id"], m["instance_id"], m["pid"], m["member_epoch"],
+                   "Away" if m.get("away") else m["state"], len(m["assignment"]),
+                   _assignment(m["assignment"])) for m in members))
 
 
 def _assignment(partitions: list) -> str | None:
@@ -339,11 +396,13 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def run_reset_offsets(args: argparse.Namespace) -> int:
+    from mq.client.admin import Admin
     from mq.client.consumer import Consumer
     from mq.errors import NonEmptyGroupError
 
     group = args.group
-    with _admin(args) as admin, Consumer(socket=socket_of(args)) as consumer:
+    options = client_options(args)
+    with Admin(**options) as admin, Consumer(**options) as consumer:
         if args.execute:
             _refuse_if_live(admin, group)
         tps = sorted({tp for topic, wanted in args.topic

@@ -51,8 +51,10 @@ COMMAND_MODULES: tuple[str, ...] = (
 DESCRIPTION = """\
 mq: a single-host persistent message queue with Apache Kafka's data model and on-disk log
 format. Client commands find the broker at --socket, else $MQ_SOCKET, else <data dir>/mq.sock
-(data dir: $MQ_DATA_DIR, else $XDG_STATE_HOME/mq, else ~/.local/state/mq). dump-log and
-log check work on a data directory without a broker."""
+(data dir: $MQ_DATA_DIR, else $XDG_STATE_HOME/mq, else ~/.local/state/mq); with
+--bootstrap-server HOST:PORT (or $MQ_BOOTSTRAP_SERVERS, without --socket) they talk to an
+Apache Kafka cluster instead, --command-config FILE holding its client properties (SASL, TLS).
+dump-log and log check work on a data directory without a broker."""
 
 EPILOG = """\
 examples:
@@ -64,6 +66,7 @@ examples:
   mq transactions describe billing-1            state and partitions of a transactional id
   mq acls add --allow-principal User:alice --operation Read --topic orders
   mq top                                        live view: topics, rates, groups, lag
+  mq topics list --bootstrap-server k1:9092     the same commands on a Kafka cluster
   mq workers run jobs:handle --topic jobs --group billing --processes 4
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log
   mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline

@@ -7,7 +7,8 @@ import sys
 
 from mq.cli.common import (
     DATETIME_HELP,
-    add_socket_argument,
+    add_broker_arguments,
+    client_options,
     formatter,
     non_negative_int,
     parse_datetime,
@@ -20,7 +21,7 @@ DESCRIPTION = """\
 Print an offset of every partition of TOPIC as TOPIC:PARTITION:OFFSET lines (Kafka's
 GetOffsetShell): the latest offset (the high watermark: the offset the next record gets), the
 earliest (the log start offset), or the first offset whose record timestamp is at or after a
-given time (-1 when no record is that recent)."""
+given time (-1 when no record is that recent). With --bootstrap-server: a Kafka cluster's."""
 
 EPILOG = f"""\
 --time takes earliest (or -2), latest (or -1, the default), a timestamp in milliseconds since
@@ -44,7 +45,7 @@ def add_parser(subparsers) -> None:
                              "(default latest)")
     parser.add_argument("--partition", type=non_negative_int, metavar="P",
                         help="only partition P (default: every partition)")
-    add_socket_argument(parser)
+    add_broker_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from mq.client.consumer import Consumer
 
     when = parse_time(args.time)
-    with Consumer(socket=args.socket) as consumer:
+    with Consumer(**client_options(args)) as consumer:
         tps = topic_partitions(consumer, args.topic,
                                None if args.partition is None else [args.partition])
         consumer.assign(tps)

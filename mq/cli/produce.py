@@ -14,7 +14,8 @@ import argparse
 import sys
 
 from mq.cli.common import (
-    add_socket_argument,
+    add_broker_arguments,
+    client_options,
     formatter,
     non_negative_int,
     parse_key_values,
@@ -27,7 +28,8 @@ DESCRIPTION = """\
 Read records from stdin, one per line, and produce them to TOPIC (Kafka's
 kafka-console-producer). Without --key-separator each line is a value with a null key;
 with it, each line is KEY<SEP>VALUE, split at the first SEP. Without --partition, keyed
-records go to murmur2(key) % partitions (as in Kafka) and unkeyed ones are spread in batches."""
+records go to murmur2(key) % partitions (as in Kafka) and unkeyed ones are spread in batches.
+With --bootstrap-server the records go to a Kafka cluster (through librdkafka)."""
 
 EPILOG = """\
 At EOF every record is flushed and acknowledged (--acks all: fsync'd to disk; 1: written by
@@ -65,7 +67,7 @@ def add_parser(subparsers) -> None:
                         help="batch compression codec (default none)")
     parser.add_argument("--linger-ms", type=non_negative_int, default=5, metavar="MS",
                         help="wait up to MS for a batch to fill before sending (default 5)")
-    add_socket_argument(parser)
+    add_broker_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -92,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
     if separator == b"":
         raise ValueError("--key-separator must not be empty")
     topic = args.topic
+    options = client_options(args)
     # Check the topic and partition before reading stdin, and size the producer's largest
     # request to the topic's max.message.bytes so that a too-large line fails at its send().
-    with Admin(args.socket) as admin:
+    with Admin(**options) as admin:
         info = admin.describe_topic(topic)
     partitions = info["partitions"]
     if args.partition is not None and args.partition >= partitions:
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     sent = 0
     stop: str | None = None
     interrupted = False
-    producer = Producer(socket=args.socket, acks=acks, linger_ms=args.linger_ms,
+    producer = Producer(**options, acks=acks, linger_ms=args.linger_ms,
                         batch_size=65536, compression_type=compression,
                         max_request_size=max(max_message, 128))
     try:

@@ -2,7 +2,10 @@
 
 Every frame is one ``Admin.broker_stats()`` round trip; ``mq.cli.top_model`` turns two
 consecutive snapshots into the tables (rates are differences of the broker's counters), and
-this module only draws them and runs the loop.
+this module only draws them and runs the loop. On a Kafka cluster (``--bootstrap-server``) a
+snapshot is a few admin calls instead (``cluster_snapshot``: each topic's offsets, leaders and
+replicas, each group's offsets), and the view shows the cluster's health in place of the
+broker's figures.
 
 The loop's promises: q or Ctrl-C quits with status 0 and the terminal as it was (rich's
 alternate screen, and the tty's mode put back); a broker that goes away after the first frame
@@ -24,26 +27,28 @@ import sys
 import time
 
 from mq.cli import error_message
-from mq.cli.common import add_socket_argument, formatter, socket_of, table
+from mq.cli.common import add_broker_arguments, client_options, formatter, on_cluster, table
 from mq.cli.top_model import (
     GROUP_COLUMNS,
-    TOPIC_COLUMNS,
+    ClusterView,
     View,
-    broker_lines,
+    build_cluster_view,
     build_view,
     group_cells,
+    summary_lines,
     to_json,
-    topic_cells,
+    topics_table,
 )
-from mq.errors import MQError
+from mq.errors import GroupIdNotFoundError, MQError, UnknownTopicOrPartitionError
 
-__all__ = ["add_parser", "plain", "render", "run"]
+__all__ = ["add_parser", "cluster_snapshot", "plain", "render", "run"]
 
 DESCRIPTION = """\
 A live view of the running broker, refreshed every --interval seconds: its topics (partitions,
 size, records, rate in), its consumer groups (state, members, lag in records and the age of the
 oldest unconsumed record) and the broker itself (pid, uptime, connections, fsync latency over
-the last interval, the log cleaner). q or Ctrl-C quits.
+the last interval, the log cleaner); or of a Kafka cluster with --bootstrap-server (below). q or
+Ctrl-C quits.
 
 Rate in is what producers append. Rate out is what consumer groups commit, summed over groups:
 consumers read the log directly through memory maps, so the broker sees consumption only
@@ -65,7 +70,16 @@ examples:
   mq top                                        live view, every second
   mq top --interval 5 --all                     every 5 s, internal topics too
   mq top --once                                 one snapshot (rates over 1 s) for a script
-  mq top --once --json | jq '.groups[] | {group, lag}'"""
+  mq top --once --json | jq '.groups[] | {group, lag}'
+  mq top --bootstrap-server kafka1:9092          a Kafka cluster's topics and groups
+
+on a Kafka cluster (--bootstrap-server): the first line names the cluster, its controller and
+how many partitions are under-replicated (fewer in-sync replicas than replicas) or offline (no
+leader), the second its brokers. The topics table is TOPIC PARTS RF URP OFFLINE RECORDS
+IN-REC/S OUT-REC/S: RF the replication factor, IN-REC/S how fast the high watermarks move
+(offsets per second). There is no size, fsync or lag age; --all shows nothing more (the
+cluster's admin API lists no internal topics). --json has "cluster" in place of "broker".
+Each refresh is a few admin requests per topic and group."""
 
 _MIN_TIMEOUT_S = 5.0      # a stats call slower than this is a broker that does not answer
 # The longest --interval: a view refreshed less than daily is no live view, and a sleep of 1e300
@@ -85,7 +99,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--all", action="store_true",
                         help="show internal topics (__consumer_offsets, ...) too")
     parser.add_argument("--json", action="store_true", help="with --once: one JSON object")
-    add_socket_argument(parser)
+    add_broker_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -106,22 +120,30 @@ def _seconds(text: str) -> float:
 class Source:
     """Snapshots over one admin connection, made again after a failure (broker restarts)."""
 
-    def __init__(self, socket: str | None, timeout: float) -> None:
-        self.socket = socket
+    def __init__(self, options: dict, timeout: float) -> None:
+        self.options = options
         self.timeout = timeout
+        self.cluster = on_cluster(options)
         self._admin = None
 
     def snapshot(self) -> dict:
-        """``Admin.broker_stats()``; raises ``MQError`` or ``OSError`` (the connection is then
-        dropped, and the next call connects again)."""
+        """``Admin.broker_stats()``, or a cluster's ``cluster_snapshot``; raises ``MQError``
+        or ``OSError`` (the connection is then dropped, and the next call connects again)."""
         from mq.client.admin import Admin
         try:
             if self._admin is None:
-                self._admin = Admin(self.socket, timeout=self.timeout)
+                self._admin = Admin(**self.options, timeout=self.timeout)
+            if self.cluster:
+                return cluster_snapshot(self._admin)
             return self._admin.broker_stats()
         except BaseException:
             self.close()
             raise
+
+    def view(self, cur: dict, prev: dict | None, show_internal: bool) -> View | ClusterView:
+        if self.cluster:
+            return build_cluster_view(cur, prev)
+        return build_view(cur, prev, show_internal)
 
     def close(self) -> None:
         admin, self._admin = self._admin, None
@@ -130,18 +152,47 @@ class Source:
                 admin.close()
 
 
+def cluster_snapshot(admin) -> dict:
+    """A Kafka cluster as ``mq.cli.top_model`` reads it (the format above
+    ``build_cluster_view``), from ``admin``'s topic and group descriptions. A topic or
+    group deleted while it is read is left out."""
+    now_ms = time.time_ns() // 1_000_000
+    partitions = []
+    for name in admin.list_topics():
+        try:
+            info = admin.describe_topic(name)
+        except UnknownTopicOrPartitionError:
+            continue
+        partitions += [{"topic": name, "partition": p, "log_start_offset": start,
+                        "high_watermark": end, "leader": leader, "replicas": replicas,
+                        "isr": isr}
+                       for p, ((start, end), leader, replicas, isr) in enumerate(zip(
+                           info["offsets"], info["leaders"], info["replicas"], info["isr"],
+                           strict=True))]
+    groups = []
+    for g in admin.list_groups():
+        try:
+            desc = admin.describe_group(g["group"])
+        except GroupIdNotFoundError:
+            continue
+        groups.append({"group": g["group"], "state": desc["state"], "members": g["members"],
+                       "offsets": desc["offsets"]})
+    return {"cluster": {**admin.broker_info, "now_ms": now_ms}, "partitions": partitions,
+            "groups": groups}
+
+
 # --- plain text (--once, and live without a terminal) -----------------------------------------
 
-def plain(view: View) -> str:
-    """The snapshot as text: the broker lines, then the topics and groups tables."""
-    topics = table(TOPIC_COLUMNS, (topic_cells(t) for t in view.topics))
+def plain(view: View | ClusterView) -> str:
+    """The snapshot as text: the summary lines, then the topics and groups tables."""
+    topics = table(*topics_table(view))
     groups = table(GROUP_COLUMNS, (group_cells(g) for g in view.groups))
-    return "\n".join([*broker_lines(view), "", topics, groups])
+    return "\n".join([*summary_lines(view), "", topics, groups])
 
 
 # --- rich -------------------------------------------------------------------------------------
 
-def render(view: View, interval: float, error: str | None = None):
+def render(view: View | ClusterView, interval: float, error: str | None = None):
     """The live frame (a rich renderable): summary lines, topics, groups and a key line;
     ``error`` (the broker is unreachable) in red on top of the last ``view``. It fits any
     width: number columns keep their width and names are cut with an ellipsis."""
@@ -155,7 +206,7 @@ _GAP = 3            # between two columns: 1 padding + 1 divider + 1 padding (bo
 
 
 class _Frame:
-    def __init__(self, view: View, interval: float, error: str | None) -> None:
+    def __init__(self, view: View | ClusterView, interval: float, error: str | None) -> None:
         self.view, self.interval, self.error = view, interval, error
 
     def __rich_console__(self, console, options):
@@ -166,11 +217,12 @@ class _Frame:
 
         view, width = self.view, options.max_width
         if self.error is not None:
-            yield line(f"broker unreachable, retrying: {self.error}", "bold red")
-        for text in broker_lines(view):
+            what = "cluster" if isinstance(view, ClusterView) else "broker"
+            yield line(f"{what} unreachable, retrying: {self.error}", "bold red")
+        for text in summary_lines(view):
             yield line(text, "" if self.error is None else "dim")
         yield line("")
-        yield _table(TOPIC_COLUMNS, [topic_cells(t) for t in view.topics], width)
+        yield _table(*topics_table(view), width)
         yield line("")
         yield _table(GROUP_COLUMNS, [group_cells(g) for g in view.groups], width)
         hidden = (f"  {view.hidden_topics} internal topic(s) hidden (--all)"
@@ -254,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--json needs --once (the live view is for a terminal)")
     if not args.once and args.interval <= 0:
         raise ValueError("the live view needs an --interval above 0")
-    source = Source(socket_of(args), max(_MIN_TIMEOUT_S, 2 * args.interval))
+    source = Source(client_options(args), max(_MIN_TIMEOUT_S, 2 * args.interval))
     try:
         first = source.snapshot()       # no broker at the start: one error line, exit 1
         if args.once:
@@ -271,7 +323,7 @@ def _once(source: Source, first: dict, args: argparse.Namespace) -> int:
     if args.interval > 0:
         time.sleep(args.interval)       # the interval is what the rates are measured over
         prev, cur = first, source.snapshot()
-    view = build_view(cur, prev, args.all)
+    view = source.view(cur, prev, args.all)
     if args.json:
         sys.stdout.write(json.dumps(to_json(view)) + "\n")
     else:
@@ -287,14 +339,15 @@ def _batch(source: Source, first: dict, args: argparse.Namespace) -> int:
     try:
         while True:
             if cur is not None:
-                sys.stdout.write(plain(build_view(cur, prev, args.all)) + "\n")
+                sys.stdout.write(plain(source.view(cur, prev, args.all)) + "\n")
                 sys.stdout.flush()
             time.sleep(args.interval)
             prev = cur
             try:
                 cur = source.snapshot()
             except (MQError, OSError) as err:
-                sys.stderr.write(f"mq top: broker unreachable, retrying: {err}\n")
+                what = "cluster" if source.cluster else "broker"
+                sys.stderr.write(f"mq top: {what} unreachable, retrying: {err}\n")
                 prev = cur = None
     except KeyboardInterrupt:
         return 0
@@ -305,7 +358,7 @@ def _live(source: Source, first: dict, args: argparse.Namespace) -> int:
     from rich.live import Live
 
     console = Console()
-    view = build_view(first, None, args.all)
+    view = source.view(first, None, args.all)
     prev: dict | None = first
     try:
         with Keys() as keys, Live(render(view, args.interval), console=console, screen=True,
@@ -322,7 +375,7 @@ def _live(source: Source, first: dict, args: argparse.Namespace) -> int:
                     prev = None
                     live.update(render(view, args.interval, error_message(err)), refresh=True)
                     continue
-                view, prev = build_view(cur, prev, args.all), cur
+                view, prev = source.view(cur, prev, args.all), cur
                 live.update(render(view, args.interval), refresh=True)
     except KeyboardInterrupt:
         return 0

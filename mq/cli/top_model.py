@@ -19,6 +19,10 @@ of the cumulative buckets as Prometheus' ``histogram_quantile`` does: linear ins
 that holds the rank, the last finite bound when it falls in the +Inf bucket. With one snapshot
 (``--once --interval 0``, or the first frame) the figures are since the broker started.
 
+On a Kafka cluster (``mq top --bootstrap-server``) the snapshot is what the admin API gives
+(``build_cluster_view``, and the format above it): the high watermarks' advance stands for rate
+in, leaders and in-sync replicas for the partitions' health; there is no size, fsync or lag age.
+
 ``columns`` and ``cells`` give each table's headers and cell texts once, for both the rich view
 and the plain ``--once`` tables; cells never contain spaces, so ``awk`` can split them.
 """
@@ -33,9 +37,11 @@ from dataclasses import dataclass
 from mq.broker import space
 
 __all__ = [
-    "BrokerRow", "GroupRow", "TopicRow", "View", "broker_lines", "build_view", "format_bytes",
-    "format_count", "format_duration", "format_seconds", "group_cells", "histogram_quantile",
-    "to_json", "topic_cells", "GROUP_COLUMNS", "TOPIC_COLUMNS",
+    "BrokerRow", "ClusterRow", "ClusterTopicRow", "ClusterView", "GroupRow", "TopicRow", "View",
+    "broker_lines", "build_cluster_view", "build_view", "cluster_lines", "cluster_topic_cells",
+    "format_bytes", "format_count", "format_duration", "format_seconds", "group_cells",
+    "histogram_quantile", "summary_lines", "to_json", "topic_cells", "topics_table",
+    "CLUSTER_TOPIC_COLUMNS", "GROUP_COLUMNS", "TOPIC_COLUMNS",
 ]
 
 
@@ -215,20 +221,7 @@ def build_view(cur: dict, prev: dict | None = None, show_internal: bool = False)
             out_records_per_second=_sum_rates(r for (_, t, _), r in commits.items() if t == topic)
             if seconds is not None else None))
 
-    groups = []
-    for g in sorted(cur["groups"], key=lambda g: g["group"]):
-        offsets = g["offsets"]
-        lags = [o["lag"] for o in offsets if o["lag"] is not None]
-        ages = [o["lag_ms"] for o in offsets if o["lag_ms"] is not None]
-        groups.append(GroupRow(
-            group=g["group"], state=g["state"], members=g["members"],
-            topics=tuple(sorted({o["topic"] for o in offsets})),
-            lag=sum(lags) if lags else None,
-            lag_seconds=max(ages) / 1000 if ages else None,
-            out_records_per_second=_sum_rates(r for (name, _, _), r in commits.items()
-                                         if name == g["group"]) if seconds is not None
-            else None))
-
+    groups = _group_rows(cur, commits, seconds)
     b, cleaner = cur["broker"], cur["cleaner"]
     count, per_second, mean, p99 = _fsync(prev, cur, seconds)
     broker = BrokerRow(
@@ -240,6 +233,104 @@ def build_view(cur: dict, prev: dict | None = None, show_internal: bool = False)
         cleaner_bytes_read=cleaner["bytes_read"], cleaner_bytes_written=cleaner["bytes_written"])
     return View(broker=broker, topics=tuple(topics), groups=tuple(groups),
                 interval_seconds=seconds, hidden_topics=hidden)
+
+
+def _group_rows(cur: dict, commits: dict, seconds: float | None) -> tuple[GroupRow, ...]:
+    """The groups of snapshot ``cur``, sorted; ``lag_ms`` may be missing (a cluster's)."""
+    groups = []
+    for g in sorted(cur["groups"], key=lambda g: g["group"]):
+        offsets = g["offsets"]
+        lags = [o["lag"] for o in offsets if o["lag"] is not None]
+        ages = [o["lag_ms"] for o in offsets if o.get("lag_ms") is not None]
+        groups.append(GroupRow(
+            group=g["group"], state=g["state"], members=g["members"],
+            topics=tuple(sorted({o["topic"] for o in offsets})),
+            lag=sum(lags) if lags else None,
+            lag_seconds=max(ages) / 1000 if ages else None,
+            out_records_per_second=_sum_rates(r for (name, _, _), r in commits.items()
+                                              if name == g["group"]) if seconds is not None
+            else None))
+    return tuple(groups)
+
+
+# --- a Kafka cluster ------------------------------------------------------------------------
+#
+# ``mq top --bootstrap-server``: what the admin API gives instead of the broker's counters.
+# A cluster snapshot is ``{"cluster": {"cluster_id", "controller", "brokers": {id: "host:port"},
+# "now_ms"}, "partitions": [{"topic", "partition", "log_start_offset", "high_watermark",
+# "leader", "replicas", "isr"}], "groups": [as the broker's, without "lag_ms"]}``; ``now_ms`` is
+# this machine's clock when the snapshot was taken. Rate in is how fast the high watermarks
+# move (offsets per second: transaction markers count too); a partition new in the interval
+# counts from 0; another cluster id is another cluster, and no base for rates.
+
+@dataclass(frozen=True)
+class ClusterTopicRow:
+    topic: str
+    partitions: int
+    replication_factor: int             # the most replicas a partition has
+    under_replicated: int               # partitions whose ISR is smaller than their replicas
+    offline: int                        # partitions without a leader
+    records: int                        # retained: Σ (high watermark - log start offset)
+    end_offset: int                     # Σ high watermarks
+    in_records_per_second: float | None
+    out_records_per_second: float | None     # committed by its groups, summed over groups
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    cluster_id: str | None
+    controller: int | None
+    brokers: tuple[str, ...]            # "id host:port", by id
+    partitions: int
+    under_replicated: int
+    offline: int
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    cluster: ClusterRow
+    topics: tuple[ClusterTopicRow, ...]
+    groups: tuple[GroupRow, ...]
+    interval_seconds: float | None
+    hidden_topics: int                  # always 0: a cluster's admin API lists no internal topic
+
+
+def build_cluster_view(cur: dict, prev: dict | None = None) -> ClusterView:
+    """``build_view`` for two snapshots of a Kafka cluster (the format above)."""
+    a, b = (None, cur["cluster"]) if prev is None else (prev["cluster"], cur["cluster"])
+    seconds = None
+    if a is not None and a["cluster_id"] == b["cluster_id"] and b["now_ms"] > a["now_ms"]:
+        seconds = (b["now_ms"] - a["now_ms"]) / 1000
+    commits = {} if seconds is None else _commit_rates(prev, cur, seconds)
+    before = {} if seconds is None else {(p["topic"], p["partition"]): p["high_watermark"]
+                                         for p in prev["partitions"]}
+    by_topic: dict[str, list[dict]] = {}
+    for p in cur["partitions"]:
+        by_topic.setdefault(p["topic"], []).append(p)
+    topics = []
+    for topic in sorted(by_topic):
+        parts = by_topic[topic]
+        topics.append(ClusterTopicRow(
+            topic=topic, partitions=len(parts),
+            replication_factor=max(len(p["replicas"]) for p in parts),
+            under_replicated=sum(len(p["isr"]) < len(p["replicas"]) for p in parts),
+            offline=sum(p["leader"] is None for p in parts),
+            records=sum(p["high_watermark"] - p["log_start_offset"] for p in parts),
+            end_offset=sum(p["high_watermark"] for p in parts),
+            in_records_per_second=_sum_rates(
+                _rate(before.get((topic, p["partition"]), 0), p["high_watermark"], seconds)
+                for p in parts),
+            out_records_per_second=_sum_rates(r for (_, t, _), r in commits.items() if t == topic)
+            if seconds is not None else None))
+    cluster = ClusterRow(
+        cluster_id=b["cluster_id"], controller=b["controller"],
+        brokers=tuple(f"{i} {address}" for i, address in sorted(b["brokers"].items())),
+        partitions=sum(t.partitions for t in topics),
+        under_replicated=sum(t.under_replicated for t in topics),
+        offline=sum(t.offline for t in topics))
+    return ClusterView(cluster=cluster, topics=tuple(topics),
+                       groups=_group_rows(cur, commits, seconds), interval_seconds=seconds,
+                       hidden_topics=0)
 
 
 # --- texts ----------------------------------------------------------------------------------
@@ -328,6 +419,38 @@ def broker_lines(view: View) -> tuple[str, str]:
             f"{format_bytes(b.cleaner_bytes_read)} read  data {b.data_dir}")
 
 
+CLUSTER_TOPIC_COLUMNS = ("TOPIC", "PARTS", "RF", "URP", "OFFLINE", "RECORDS", "IN-REC/S",
+                         "OUT-REC/S")
+
+
+def cluster_topic_cells(row: ClusterTopicRow) -> tuple[str, ...]:
+    """The texts of a cluster's topics-table row, in ``CLUSTER_TOPIC_COLUMNS`` order."""
+    return (row.topic, str(row.partitions), str(row.replication_factor),
+            str(row.under_replicated), str(row.offline), format_count(row.records),
+            format_count(row.in_records_per_second), format_count(row.out_records_per_second))
+
+
+def cluster_lines(view: ClusterView) -> tuple[str, str]:
+    """Two summary lines: the cluster and its partitions' health; then its brokers."""
+    c = view.cluster
+    return (f"cluster {c.cluster_id}  controller {'-' if c.controller is None else c.controller}"
+            f"  partitions {c.partitions}  under-replicated {c.under_replicated}  "
+            f"offline {c.offline}",
+            f"brokers {len(c.brokers)}: {', '.join(c.brokers) or '-'}")
+
+
+def summary_lines(view: View | ClusterView) -> tuple[str, str]:
+    """The two lines above the tables, for the local broker or a cluster."""
+    return cluster_lines(view) if isinstance(view, ClusterView) else broker_lines(view)
+
+
+def topics_table(view: View | ClusterView) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The topics table's columns and rows, for the local broker or a cluster."""
+    if isinstance(view, ClusterView):
+        return CLUSTER_TOPIC_COLUMNS, [cluster_topic_cells(t) for t in view.topics]
+    return TOPIC_COLUMNS, [topic_cells(t) for t in view.topics]
+
+
 # --- JSON -----------------------------------------------------------------------------------
 
 def _camel(name: str) -> str:
@@ -345,6 +468,6 @@ def _json_value(value):
     return value
 
 
-def to_json(view: View) -> dict:
+def to_json(view: View | ClusterView) -> dict:
     """The view as plain JSON values: camelCase keys, rates per second, null for unknown."""
     return _json_value(view)

@@ -9,12 +9,14 @@ import sys
 from mq.broker.space import format_bytes
 from mq.cli import json_line
 from mq.cli.common import (
+    add_broker_arguments,
     add_command_group,
-    add_socket_argument,
+    client_options,
     formatter,
+    on_cluster,
     parse_key_values,
     plural,
-    socket_of,
+    positive_int,
 )
 from mq.errors import InvalidPartitionsError
 from mq.protocol.limits import MAX_PARTITIONS_PER_TOPIC, check_partition_count
@@ -22,7 +24,8 @@ from mq.protocol.limits import MAX_PARTITIONS_PER_TOPIC, check_partition_count
 __all__ = ["add_parser", "run_alter", "run_create", "run_delete", "run_describe", "run_list"]
 
 DESCRIPTION = """\
-Create, list, describe, alter and delete topics on the running broker (Kafka's kafka-topics).
+Create, list, describe, alter and delete topics on the running broker, or on a Kafka cluster
+with --bootstrap-server (Kafka's kafka-topics).
 Topic configs use Kafka's names: retention.ms, retention.bytes, segment.bytes, segment.ms,
 max.message.bytes, cleanup.policy, message.timestamp.type, ..."""
 
@@ -45,17 +48,21 @@ examples:
 
 DESCRIBE_EPILOG = """\
 output:
-  Topic: orders  TopicId: 6f1c...  PartitionCount: 2
-    Partition: 0  StartOffset: 0  EndOffset: 1200
-    Partition: 1  StartOffset: 0  EndOffset: 1185
+  Topic: orders  TopicId: 6f1c...  PartitionCount: 2  Size: 2.1 MiB
+    Partition: 0  StartOffset: 0  EndOffset: 1200  Size: 1.1 MiB
+    Partition: 1  StartOffset: 0  EndOffset: 1185  Size: 1.0 MiB
   Configs (* = set on this topic; the others are the broker's defaults):
     * retention.ms=604800000
       segment.bytes=1073741824
     ...
   StartOffset is the log start offset (first readable record), EndOffset the high watermark
-  (the offset the next record gets). --json prints one object:
-  {"topic", "topicId", "partitions": [{"partition", "startOffset", "endOffset"}, ...],
-   "configs": {key: value, ...} (effective), "overrides": {key: value, ...}}
+  (the offset the next record gets), Size the bytes of its segments on disk; OFFLINE: why a
+  partition takes no writes. --json prints one object:
+  {"topic", "topicId", "partitions": [{"partition", "startOffset", "endOffset", "sizeBytes",
+   "offline"}, ...], "configs": {key: value, ...} (effective), "overrides": {key: value, ...}}
+  On a Kafka cluster (--bootstrap-server) the header ends in ReplicationFactor: N instead of
+  Size, and each partition shows Leader, Replicas and Isr (broker ids, as kafka-topics; Leader
+  'none' when it has none) instead of Size; in --json "leader", "replicas" and "isr".
 
 examples:
   mq topics describe orders
@@ -75,7 +82,7 @@ def add_parser(subparsers) -> None:
     commands = add_command_group(subparsers, "topics",
                                  "create, list, describe, alter or delete",
                                  help="create, list, describe, alter, delete topics",
-                                 description=DESCRIPTION, epilog=EPILOG)
+                                 description=DESCRIPTION, epilog=EPILOG, cluster=True)
 
     create = commands.add_parser("create", help="create a topic",
                                  description="Create a topic with N partitions and optional "
@@ -89,10 +96,10 @@ def add_parser(subparsers) -> None:
     create.add_argument("--config", action="append", metavar="KEY=VALUE",
                         help="a topic config override, e.g. retention.ms=604800000 "
                              "(repeatable)")
-    create.add_argument("--replication-factor", type=replication_factor, metavar="1",
-                        help="Kafka's option, for its scripts: mq keeps one copy of each "
-                             "partition, so only 1")
-    add_socket_argument(create)
+    create.add_argument("--replication-factor", type=positive_int, metavar="N",
+                        help="copies of each partition: a Kafka cluster's (default: its "
+                             "default.replication.factor); mq keeps one copy, so only 1")
+    add_broker_arguments(create)
     create.set_defaults(run=run_create)
 
     lst = commands.add_parser("list", help="list topic names, one per line",
@@ -100,7 +107,7 @@ def add_parser(subparsers) -> None:
                                           "sorted.",
                               epilog="examples:\n  mq topics list\n  mq topics list | wc -l",
                               formatter_class=formatter)
-    add_socket_argument(lst)
+    add_broker_arguments(lst)
     lst.set_defaults(run=run_list)
 
     describe = commands.add_parser("describe", help="partitions, offsets and configs of a topic",
@@ -110,7 +117,7 @@ def add_parser(subparsers) -> None:
                                    epilog=DESCRIBE_EPILOG, formatter_class=formatter)
     describe.add_argument("name", metavar="NAME", help="topic name")
     describe.add_argument("--json", action="store_true", help="print one JSON object")
-    add_socket_argument(describe)
+    add_broker_arguments(describe)
     describe.set_defaults(run=run_describe)
 
     alter = commands.add_parser("alter", help="change topic configs or add partitions",
@@ -123,7 +130,7 @@ def add_parser(subparsers) -> None:
     alter.add_argument("--partitions", type=partition_count, metavar="N",
                        help=f"new (larger) total number of partitions, at most "
                             f"{MAX_PARTITIONS_PER_TOPIC}")
-    add_socket_argument(alter)
+    add_broker_arguments(alter)
     alter.set_defaults(run=run_alter)
 
     delete = commands.add_parser("delete", help="delete a topic and all its data",
@@ -132,7 +139,7 @@ def add_parser(subparsers) -> None:
                                  epilog="examples:\n  mq topics delete orders",
                                  formatter_class=formatter)
     delete.add_argument("name", metavar="NAME", help="topic name")
-    add_socket_argument(delete)
+    add_broker_arguments(delete)
     delete.set_defaults(run=run_delete)
 
 
@@ -146,14 +153,6 @@ def partition_count(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
-def replication_factor(text: str) -> int:
-    """argparse type: Kafka's --replication-factor, which only 1 can satisfy on one host."""
-    if text.strip() != "1":
-        raise argparse.ArgumentTypeError(f"mq keeps one copy of each partition (on one host), "
-                                         f"so only 1 is possible, got {text}")
-    return 1
-
-
 @contextlib.contextmanager
 def _partitions_flag(count: int):
     """Name ``--partitions N`` in a refusal of the count (the broker's message does not)."""
@@ -165,13 +164,22 @@ def _partitions_flag(count: int):
 
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(socket_of(args))
+    return Admin(**client_options(args))
 
 
 def run_create(args: argparse.Namespace) -> int:
+    from mq.client.admin import Admin
     config = parse_key_values(args.config, "--config")
-    with _admin(args) as admin, _partitions_flag(args.partitions):
-        meta = admin.create_topic(args.name, args.partitions, config)
+    options = client_options(args)
+    extra = {}
+    if on_cluster(options):
+        extra["replication_factor"] = args.replication_factor or -1
+    elif args.replication_factor not in (None, 1):
+        raise ValueError(f"--replication-factor {args.replication_factor}: mq keeps one copy "
+                         "of each partition (on one host), so only 1 is possible (a Kafka "
+                         "cluster, --bootstrap-server, takes more)")
+    with Admin(**options) as admin, _partitions_flag(args.partitions):
+        meta = admin.create_topic(args.name, args.partitions, config, **extra)
     count = meta.get("partitions", args.partitions)
     sys.stdout.write(f"Created topic {args.name} with {plural(count, 'partition')}.\n")
     return 0
@@ -188,34 +196,63 @@ def run_describe(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         info = admin.describe_topic(args.name)
     config, overrides = info["config"], info["overrides"] or {}
+    # A Kafka cluster gives each partition's leader, replicas and ISR instead of mq's sizes.
+    partitions = _cluster_partitions(info) if "replicas" in info else _local_partitions(info)
     if args.json:
         sys.stdout.write(json_line({
-            "topic": info["name"], "topicId": info["id"],
-            "partitions": [{"partition": p, "startOffset": start, "endOffset": end,
-                            "sizeBytes": size, "offline": offline}
-                           for p, ((start, end), size, offline) in enumerate(zip(
-                               info["offsets"], info["size_bytes"], info["offline"]))],
+            "topic": info["name"], "topicId": info["id"], "partitions": partitions,
             "configs": dict(sorted(config.items())), "overrides": dict(sorted(overrides.items())),
         }))
         return 0
-    total = sum(size or 0 for size in info["size_bytes"])
-    lines = [(f"Topic: {info['name']}\tTopicId: {info['id']}\t"
-              f"PartitionCount: {info['partitions']}\tSize: {format_bytes(total)}")]
-    for p, ((start, end), size, offline) in enumerate(zip(info["offsets"], info["size_bytes"],
-                                                          info["offline"])):
-        line = f"\tPartition: {p}\tStartOffset: {start}\tEndOffset: {end}"
-        if size is not None:
-            line += f"\tSize: {format_bytes(size)}"
-        if offline:
-            line += f"\tOFFLINE: {offline}"
-        lines.append(line)
-
+    lines = [f"Topic: {info['name']}\tTopicId: {info['id']}\t"
+             f"PartitionCount: {info['partitions']}\t{_topic_extra(info)}"]
+    lines += ["\t" + "\t".join(f"{label}: {value}" for label, value in _partition_fields(p))
+              for p in partitions]
     lines.append("Configs (* = set on this topic; the others are the broker's defaults):")
     for key in sorted(config):
         mark = "*" if key in overrides else " "
         lines.append(f"\t{mark} {key}={config[key]}")
     sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
+
+
+def _local_partitions(info: dict) -> list[dict]:
+    return [{"partition": p, "startOffset": start, "endOffset": end, "sizeBytes": size,
+             "offline": offline}
+            for p, ((start, end), size, offline) in enumerate(zip(
+                info["offsets"], info["size_bytes"], info["offline"], strict=True))]
+
+
+def _cluster_partitions(info: dict) -> list[dict]:
+    return [{"partition": p, "startOffset": start, "endOffset": end, "leader": leader,
+             "replicas": replicas, "isr": isr}
+            for p, ((start, end), leader, replicas, isr) in enumerate(zip(
+                info["offsets"], info["leaders"], info["replicas"], info["isr"], strict=True))]
+
+
+def _topic_extra(info: dict) -> str:
+    """The header's last field: the size on the local broker, the replication factor on a
+    Kafka cluster."""
+    if "replicas" in info:
+        return f"ReplicationFactor: {max(map(len, info['replicas']), default=0)}"
+    return f"Size: {format_bytes(sum(size or 0 for size in info['size_bytes']))}"
+
+
+def _partition_fields(p: dict) -> list[tuple[str, object]]:
+    """A partition's text line as (label, value): Kafka's kafka-topics labels for a cluster's
+    leader, replicas and ISR ('none': no leader); mq's size and why it is offline."""
+    fields = [("Partition", p["partition"]), ("StartOffset", p["startOffset"]),
+              ("EndOffset", p["endOffset"])]
+    if "replicas" in p:
+        fields += [("Leader", "none" if p["leader"] is None else p["leader"]),
+                   ("Replicas", ",".join(map(str, p["replicas"]))),
+                   ("Isr", ",".join(map(str, p["isr"])))]
+        return fields
+    if p["sizeBytes"] is not None:
+        fields.append(("Size", format_bytes(p["sizeBytes"])))
+    if p["offline"]:
+        fields.append(("OFFLINE", p["offline"]))
+    return fields
 
 
 def run_alter(args: argparse.Namespace) -> int:

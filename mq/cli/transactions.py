@@ -14,14 +14,15 @@ import sys
 import time
 
 from mq.cli import json_line
-from mq.cli.common import add_command_group, add_socket_argument, formatter, socket_of, table
+from mq.cli.common import add_broker_arguments, add_command_group, client_options, formatter, table
 
 __all__ = ["add_parser", "describe_json", "describe_row", "run_describe", "run_list"]
 
 DESCRIPTION = """\
 List and describe the transactional ids of the running broker's transaction coordinator
 (Kafka's kafka-transactions). A transactional id exists once a producer called
-init_transactions() with it."""
+init_transactions() with it. Not on a Kafka cluster (--bootstrap-server): librdkafka has no
+ListTransactions or DescribeTransactions, so there they are one 'mq: error:' line, exit 1."""
 
 EPILOG = """\
 examples:
@@ -73,14 +74,14 @@ _OPEN = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 def add_parser(subparsers) -> None:
     commands = add_command_group(subparsers, "transactions", "list or describe",
                                  help="list and describe transactional ids (kafka-transactions)",
-                                 description=DESCRIPTION, epilog=EPILOG)
+                                 description=DESCRIPTION, epilog=EPILOG, cluster=True)
 
     lst = commands.add_parser("list", help="transactional ids with their producer id and state",
                               description="Print every transactional id the broker knows, "
                                           "with its producer id and state.",
                               epilog=LIST_EPILOG, formatter_class=formatter)
     lst.add_argument("--json", action="store_true", help="one JSON object per id per line")
-    add_socket_argument(lst)
+    add_broker_arguments(lst)
     lst.set_defaults(run=run_list)
 
     describe = commands.add_parser("describe", help="state, timing and partitions of one "
@@ -92,13 +93,13 @@ def add_parser(subparsers) -> None:
                                    epilog=DESCRIBE_EPILOG, formatter_class=formatter)
     describe.add_argument("transactional_id", metavar="TXN_ID", help="transactional id")
     describe.add_argument("--json", action="store_true", help="one JSON object")
-    add_socket_argument(describe)
+    add_broker_arguments(describe)
     describe.set_defaults(run=run_describe)
 
 
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(socket_of(args))
+    return Admin(**client_options(args))
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -12,14 +12,15 @@ import argparse
 import getpass
 import sys
 
-from mq.cli.common import add_command_group, add_socket_argument, formatter, socket_of, table
+from mq.cli.common import add_broker_arguments, add_command_group, client_options, formatter, table
 
 __all__ = ["add_parser"]
 
 DESCRIPTION = """\
 Add, delete and list the users that Kafka clients authenticate as on a SASL_PLAINTEXT or
 SASL_SSL listener (SCRAM-SHA-256, SCRAM-SHA-512, and PLAIN checked against the same
-verifiers). Whoever can connect to the broker's Unix socket can manage them."""
+verifiers). Whoever can connect to the broker's Unix socket can manage them. With
+--bootstrap-server: a Kafka cluster's SCRAM users (it needs Cluster Alter / Describe)."""
 
 EPILOG = """\
 examples:
@@ -31,7 +32,7 @@ examples:
 def add_parser(subparsers) -> None:
     commands = add_command_group(subparsers, "users", "add, delete or list",
                                  help="SASL users of the Kafka listener (SCRAM)",
-                                 description=DESCRIPTION, epilog=EPILOG)
+                                 description=DESCRIPTION, epilog=EPILOG, cluster=True)
     add = commands.add_parser("add", help="add a user, or set its password (from stdin)",
                               description="Add user NAME, or replace its password. The "
                               "password is read from standard input (its first line), or "
@@ -40,25 +41,25 @@ def add_parser(subparsers) -> None:
     add.add_argument("name", metavar="NAME")
     add.add_argument("--iterations", type=int, default=4096,
                      help="PBKDF2 iterations, 4096..16384 (default 4096)")
-    add_socket_argument(add)
+    add_broker_arguments(add)
     add.set_defaults(run=run_add)
     delete = commands.add_parser("delete", help="delete a user",
                                  description="Delete user NAME: it can no longer "
                                  "authenticate (connections already open stay).",
                                  formatter_class=formatter)
     delete.add_argument("name", metavar="NAME")
-    add_socket_argument(delete)
+    add_broker_arguments(delete)
     delete.set_defaults(run=run_delete)
     lst = commands.add_parser("list", help="users and their SCRAM mechanisms",
                               description="Print one line per user: its name and "
                               "mechanisms with their iterations.", formatter_class=formatter)
-    add_socket_argument(lst)
+    add_broker_arguments(lst)
     lst.set_defaults(run=run_list)
 
 
 def _admin(args: argparse.Namespace):
     from mq.client.admin import Admin
-    return Admin(socket_of(args))
+    return Admin(**client_options(args))
 
 
 def _read_password() -> str:

@@ -50,3 +50,18 @@ def fsync(counts, sum_seconds):
         total += n
         cumulative.append([bound, total])
     return {"count": total, "sum_seconds": sum_seconds, "buckets": cumulative}
+
+
+def cluster_partition(topic, p, hw=0, start=0, leader=1, replicas=(1, 2, 3), isr=None):
+    """A partition of a Kafka cluster snapshot (``mq.cli.top.cluster_snapshot``)."""
+    return {"topic": topic, "partition": p, "log_start_offset": start, "high_watermark": hw,
+            "leader": leader, "replicas": list(replicas),
+            "isr": list(replicas if isr is None else isr)}
+
+
+def cluster_snapshot(now_ms=10_000, partitions=(), groups=(), cluster_id="c1", controller=1,
+                     brokers=None):
+    return {"cluster": {"cluster_id": cluster_id, "controller": controller,
+                        "brokers": brokers or {1: "k1:9092", 2: "k2:9092", 3: "k3:9092"},
+                        "now_ms": now_ms},
+            "partitions": list(partitions), "groups": list(groups)}
