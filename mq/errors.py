@@ -25,6 +25,9 @@ __all__ = [
     # broker errors, one Kafka error code each
     "UnknownServerError", "BrokerOffsetOutOfRangeError", "CorruptMessageError",
     "UnknownTopicOrPartitionError", "RequestTimedOutError", "MessageTooLargeError",
+    "LeaderNotAvailableError", "NotLeaderOrFollowerError", "CoordinatorLoadInProgressError",
+    "CoordinatorNotAvailableError", "NotCoordinatorError", "NotEnoughReplicasError",
+    "NotEnoughReplicasAfterAppendError",
     "OffsetMetadataTooLargeError", "InvalidTopicError", "RecordListTooLargeError",
     "InvalidTimestampError", "UnsupportedVersionError", "TopicAlreadyExistsError",
     "InvalidPartitionsError", "InvalidConfigurationError", "InvalidRequestError",
@@ -298,6 +301,58 @@ class RequestTimedOutError(BrokerError):
     """The request did not complete in time."""
 
     code = 7
+    retriable = True
+
+
+# --- a cluster's answers while leaders and coordinators move (mq's one broker never gives them;
+# the Kafka backend does, mq/client/kafka/)
+
+class LeaderNotAvailableError(BrokerError):
+    """The partition has no leader at the moment (one is being elected)."""
+
+    code = 5
+    retriable = True
+
+
+class NotLeaderOrFollowerError(BrokerError):
+    """The node asked no longer leads the partition."""
+
+    code = 6
+    retriable = True
+
+
+class CoordinatorLoadInProgressError(BrokerError):
+    """The group or transaction coordinator is still loading its state."""
+
+    code = 14
+    retriable = True
+
+
+class CoordinatorNotAvailableError(BrokerError):
+    """The coordinator is not available (its node is starting or gone)."""
+
+    code = 15
+    retriable = True
+
+
+class NotCoordinatorError(BrokerError):
+    """The node asked is not the coordinator of the group or transactional id."""
+
+    code = 16
+    retriable = True
+
+
+class NotEnoughReplicasError(BrokerError):
+    """Fewer replicas are in sync than ``min.insync.replicas``: an acks=all write is refused."""
+
+    code = 19
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(BrokerError):
+    """Written by the leader, but the in-sync replicas fell below ``min.insync.replicas``."""
+
+    code = 20
     retriable = True
 
 

@@ -27,6 +27,13 @@ _SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _SCRAM_ITERATIONS = 4096
 
 
+def _hex(uuid: Any) -> str:
+    """A topic id as the local broker shows it: 32 hex digits (Kafka's tools show base64)."""
+    high = uuid.get_most_significant_bits() & (2**64 - 1)
+    low = uuid.get_least_significant_bits() & (2**64 - 1)
+    return f"{high:016x}{low:016x}"
+
+
 class KafkaAdmin:
     """``mq.Admin(bootstrap_servers=...)``: see the module doc and ``mq.Admin``'s."""
 
@@ -34,7 +41,7 @@ class KafkaAdmin:
                  kafka_config: Mapping[str, Any] | None = None) -> None:
         from confluent_kafka.admin import AdminClient
         self._timeout = timeout
-        self._conf = with_overrides(servers, {}, kafka_config)
+        self._conf = with_overrides(servers, {"client.id": "mq-admin"}, kafka_config)
         with raising("admin"):
             self._rd = AdminClient(self._conf)
         self._closed = False
@@ -112,7 +119,7 @@ class KafkaAdmin:
         parts = sorted(desc.partitions, key=lambda p: p.id)
         ends = [self._offsets(name, len(parts), spec)
                 for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
-        return {"name": name, "id": str(desc.topic_id), "partitions": len(parts),
+        return {"name": name, "id": _hex(desc.topic_id), "partitions": len(parts),
                 "config": {k: e.value for k, e in entries.items()},
                 "overrides": {k: e.value for k, e in entries.items()
                               if e.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value},
@@ -323,11 +330,12 @@ class KafkaAdmin:
             ScramMechanism,
             UserScramCredentialUpsertion,
         )
-        upsertions = [UserScramCredentialUpsertion(
-            name, ScramCredentialInfo(ScramMechanism[m.replace("-", "_")], iterations),
-            password.encode(), os.urandom(32)) for m in _SCRAM]
-        self._run(lambda: self._client().alter_user_scram_credentials(
-            upsertions, request_timeout=self._timeout), "add user")
+        for mechanism in _SCRAM:          # Kafka takes one alteration per user per request
+            upsertion = UserScramCredentialUpsertion(
+                name, ScramCredentialInfo(ScramMechanism[mechanism.replace("-", "_")],
+                                          iterations), password.encode(), os.urandom(32))
+            self._run(lambda u=upsertion: self._client().alter_user_scram_credentials(
+                [u], request_timeout=self._timeout), "add user")
 
     def delete_user(self, name: str) -> None:
         """Remove every credential of ``name``."""
@@ -335,10 +343,11 @@ class KafkaAdmin:
         held = self.describe_user_scram_credentials([name]).get(name)
         if not held:
             raise ResourceNotFoundError(f"no user {name!r}")
-        deletions = [UserScramCredentialDeletion(name, ScramMechanism[m.replace("-", "_")])
-                     for m, _ in held]
-        self._run(lambda: self._client().alter_user_scram_credentials(
-            deletions, request_timeout=self._timeout), "delete user")
+        for mechanism, _ in held:         # one alteration per user per request
+            deletion = UserScramCredentialDeletion(name,
+                                                   ScramMechanism[mechanism.replace("-", "_")])
+            self._run(lambda d=deletion: self._client().alter_user_scram_credentials(
+                [d], request_timeout=self._timeout), "delete user")
 
     # --- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 
 from mq.errors import ConfigError
 
-__all__ = ["ENV", "bootstrap", "backend_args", "read_properties", "with_overrides"]
+__all__ = ["ENV", "bootstrap", "backend_args", "connection_only", "read_properties",
+           "with_overrides"]
 
 ENV = "MQ_BOOTSTRAP_SERVERS"
 
@@ -93,3 +94,16 @@ def read_properties(path: str | os.PathLike) -> dict[str, str]:
             raise ValueError(f"{path}:{number}: not a key=value line: {line!r}")
         out[line[:sep].strip()] = line[sep + 1:].strip()
     return out
+
+
+# Properties about reaching the cluster, which every kind of librdkafka client takes.
+_CONNECTION = {"bootstrap.servers", "security.protocol", "client.id", "logger",
+               "socket.timeout.ms", "broker.address.family", "client.dns.lookup"}
+
+
+def connection_only(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Of a client's configuration, how to reach the cluster (addresses, security, logging):
+    what a helper client of another kind (an admin beside a consumer, a probe consumer
+    beside a producer) takes."""
+    return {k: v for k, v in conf.items()
+            if k in _CONNECTION or k.startswith(("sasl.", "ssl.", "oauthbearer."))}

@@ -26,8 +26,10 @@ the last stable offset.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,7 +41,7 @@ from mq.client.consumer_options import (
     check_subscription,
 )
 from mq.client.fetcher import Record
-from mq.client.kafka.config import with_overrides
+from mq.client.kafka.config import connection_only, with_overrides
 from mq.client.kafka.errors import from_kafka, raising, results
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
@@ -68,6 +70,15 @@ class _GroupMetadata(ConsumerGroupMetadata):
 
 def _tp(rd_tp: Any) -> TopicPartition:
     return TopicPartition(rd_tp.topic, rd_tp.partition)
+
+
+def _generation(native: bytes) -> int:
+    """The group generation librdkafka's serialized group metadata carries ("CGMDv2:" and
+    the generation as a native int32), the member's epoch in mq's terms; -1 if unknown."""
+    magic = b"CGMDv2:"
+    if isinstance(native, bytes) and native.startswith(magic) and len(native) >= len(magic) + 4:
+        return int.from_bytes(native[len(magic):len(magic) + 4], sys.byteorder, signed=True)
+    return -1
 
 
 def _offsets_key(rd_offsets: list) -> tuple:
@@ -107,6 +118,7 @@ class KafkaConsumer:
         self._listener = listener
         self._conf = with_overrides(servers, {
             "group.id": group_id or f"mq-unsubscribed-{uuid.uuid4()}",
+            "client.id": "mq-consumer",
             "enable.auto.commit": self.enable_auto_commit,
             "enable.auto.offset.store": False,
             "auto.commit.interval.ms": auto_commit_interval_ms,
@@ -131,6 +143,7 @@ class KafkaConsumer:
         # positions known here: after the records handed out, or sought (librdkafka forgets a
         # position at a seek until the next record)
         self._handed: dict[TopicPartition, int] = {}
+        self._sought: set[TopicPartition] = set()  # of those, the ones a seek set
         self._paused: set[TopicPartition] = set()
         self._whole: tuple[str, ...] = tuple(topics) if group_id is None else ()
         self._pattern: re.Pattern | None = None
@@ -276,9 +289,10 @@ class KafkaConsumer:
         self._check_open()
         if self.group_id is None:
             raise ValueError("group_metadata() needs a group_id")
-        out = _GroupMetadata(self.group_id, self._rd.memberid() or "", -1,
+        native = self._rd.consumer_group_metadata()
+        out = _GroupMetadata(self.group_id, self._rd.memberid() or "", _generation(native),
                              self._conf.get("group.instance.id"))
-        out.native_group_metadata = self._rd.consumer_group_metadata()
+        out.native_group_metadata = native
         return out
 
     def native_group_metadata(self) -> bytes:
@@ -323,6 +337,11 @@ class KafkaConsumer:
             tp = _tp(rd_tp)
             if self._handed.get(tp) == rd_tp.offset:
                 del self._handed[tp]
+        if self.enable_auto_commit:
+            # librdkafka's auto-commit (on its timer and at close) commits what is stored:
+            # stored as committed, or it would take an explicit commit back
+            with contextlib.suppress(KafkaException):
+                self._rd.store_offsets(offsets=rd_offsets)
 
     def commit_async(self, offsets: Mapping | None = None, callback: Any = None) -> None:
         """Commit without waiting (librdkafka's asynchronous commit); ``callback(offsets,
@@ -373,24 +392,37 @@ class KafkaConsumer:
         if not self.enable_auto_commit or not self._handed:
             return
         from confluent_kafka import KafkaException
-        from confluent_kafka import TopicPartition as RdPartition
-        handed = [RdPartition(tp.topic, tp.partition, o) for tp, o in self._handed.items()
-                  if only is None or tp in only]
+        handed = self._handed_positions(only)
         try:
             self._rd.store_offsets(offsets=handed)
         except KafkaException:
             pass                      # a partition no longer assigned: not ours to commit
+
+    def _handed_positions(self, only: set[TopicPartition] | None = None) -> list:
+        """librdkafka's offsets of the positions known here (``_handed``), each moved past
+        what librdkafka skipped after the last record handed out (a transaction's marker):
+        so a transactional input is committed to its end, as locally."""
+        from confluent_kafka import TopicPartition as RdPartition
+        tps = [RdPartition(tp.topic, tp.partition) for tp in self._handed
+               if only is None or tp in only]
+        if not tps:
+            return []
+        out = []
+        for rd_tp in self._rd.position(tps):
+            tp = _tp(rd_tp)
+            known = self._handed[tp]
+            if tp not in self._sought and rd_tp.offset > known:
+                known = rd_tp.offset
+            out.append(RdPartition(tp.topic, tp.partition, known))
+        return out
 
     def _commit_handed(self, only: set[TopicPartition] | None = None) -> None:
         """With auto-commit, commit the records handed out (before a revocation, on
         ``unsubscribe`` and ``close``); a refused commit is left to the next owner."""
         if not self.enable_auto_commit:
             return
-        from confluent_kafka import TopicPartition as RdPartition
-        handed = [RdPartition(tp.topic, tp.partition, o) for tp, o in self._handed.items()
-                  if only is None or tp in only]
         try:
-            self._commit(handed)
+            self._commit(self._handed_positions(only))
         except (CommitFailedError, UnknownTopicOrPartitionError):
             pass
 
@@ -411,7 +443,9 @@ class KafkaConsumer:
 
     def _seek(self, rd_tp: Any) -> None:
         from confluent_kafka import KafkaException
-        self._handed[_tp(rd_tp)] = rd_tp.offset     # the position now, also to auto-commit
+        tp = _tp(rd_tp)
+        self._handed[tp] = rd_tp.offset     # the position now, also to auto-commit
+        self._sought.add(tp)
         deadline = time.monotonic() + self._timeout
         while True:
             try:
@@ -443,7 +477,8 @@ class KafkaConsumer:
         self._check_open()
         tp = TopicPartition(*partition)
         if tp in self._handed:
-            return self._handed[tp]
+            [rd_tp] = self._handed_positions({tp})
+            return rd_tp.offset
         [rd_tp] = self._rd.position([self._rd_tp(tp)])
         if rd_tp.offset >= 0:
             return rd_tp.offset
@@ -466,8 +501,7 @@ class KafkaConsumer:
         from confluent_kafka import TopicPartition as RdPartition
         from confluent_kafka.admin import AdminClient
         if self._admin is None:
-            self._admin = AdminClient({k: v for k, v in self._conf.items()
-                                       if k in _ADMIN_KEYS or k.startswith(("sasl.", "ssl."))})
+            self._admin = AdminClient(connection_only(self._conf))
         level = (IsolationLevel.READ_COMMITTED if self.isolation_level == "read_committed"
                  else IsolationLevel.READ_UNCOMMITTED)
         found = results(lambda: self._admin.list_offsets(
@@ -573,6 +607,7 @@ class KafkaConsumer:
         records.append(Record(tp.topic, tp.partition, offset, ts, 1 if kind == 2 else 0, key,
                               value, m.headers() or []))
         self._handed[tp] = offset + 1
+        self._sought.discard(tp)
 
     def __iter__(self) -> Iterator[Record]:
         """Records one by one, blocking for the next (forever, or ``consumer_timeout_ms``)."""
@@ -629,8 +664,3 @@ class KafkaConsumer:
     def __repr__(self) -> str:
         return (f"KafkaConsumer(servers={self._conf['bootstrap.servers']!r}, group_id="
                 f"{self.group_id!r}{', closed' if self._closed else ''})")
-
-
-# What an admin client takes of a consumer's configuration (besides sasl.* and ssl.*).
-_ADMIN_KEYS = {"bootstrap.servers", "security.protocol", "client.id", "logger",
-               "socket.timeout.ms", "broker.address.family"}

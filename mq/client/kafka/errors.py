@@ -23,6 +23,7 @@ from mq.errors import (
     RequestTimedOutError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
+    ERRORS_BY_CODE,
     error_for_code,
 )
 
@@ -90,12 +91,10 @@ class raising:
         return False
 
 
-# Kafka's retriable answers while leaders move or a partition is new, which librdkafka's
-# admin results do not flag: LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER,
-# REQUEST_TIMED_OUT, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
-# NOT_ENOUGH_REPLICAS, KAFKA_STORAGE_ERROR, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
-# OFFSET_NOT_AVAILABLE.
-_RETRIABLE = frozenset({5, 6, 7, 14, 15, 16, 19, 56, 74, 75, 78})
+# Kafka's retriable answers (a leader or coordinator moving, a partition just created), which
+# librdkafka's admin results do not flag: the codes whose mq class says so, and
+# OFFSET_NOT_AVAILABLE (78, a leader catching up after an election).
+_RETRIABLE = frozenset({code for code, cls in ERRORS_BY_CODE.items() if cls.retriable} | {78})
 
 
 def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float) -> dict[Any, Any]:

@@ -41,7 +41,7 @@ from mq.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
-from mq.client.kafka.config import with_overrides
+from mq.client.kafka.config import connection_only, with_overrides
 from mq.client.kafka.errors import from_kafka, raising
 
 __all__ = ["KafkaFuture", "KafkaProducer"]
@@ -505,7 +505,7 @@ def group_metadata(group: Any, conf: Mapping[str, Any]) -> Any:
         raise TypeError(f"group must be a group id, a Consumer or its group_metadata(), got "
                         f"{type(group).__name__}")
     from confluent_kafka import Consumer as RdConsumer
-    probe = RdConsumer(with_overrides(conf["bootstrap.servers"], {"group.id": group_id}, None))
+    probe = RdConsumer({**connection_only(conf), "group.id": group_id})
     try:
         return probe.consumer_group_metadata()
     finally:

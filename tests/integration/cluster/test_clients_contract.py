@@ -302,3 +302,58 @@ def test_commit_async_calls_back_inside_a_later_poll(backend):
                             message="the commit's callback")
         assert reports == [({TopicPartition(name, 0): 1}, None)]
         assert c.committed(TopicPartition(name, 0)) == 1
+
+
+def test_an_explicit_commit_survives_close_with_auto_commit(backend):
+    name = topic(backend)
+    group = backend.name("g")
+    with mq.Producer(bootstrap_servers=backend.bootstrap) as p:
+        for i in range(5):
+            p.send(name, b"%d" % i)
+        p.flush()
+    with mq.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap) as c:
+        read(c, 1)
+        read(c, 1)
+        c.commit()
+        tp = TopicPartition(name, 0)
+        assert c.committed(tp) == 2
+    with mq.Admin(bootstrap_servers=backend.bootstrap) as admin:
+        assert admin.list_group_offsets(group) == {tp: 2}
+
+
+def test_a_read_committed_position_passes_the_transactions_marker(backend):
+    name = topic(backend)
+    tp = TopicPartition(name, 0)
+    with mq.Producer(bootstrap_servers=backend.bootstrap,
+                     transactional_id=backend.name("tx")) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        for i in range(3):
+            p.send(name, b"%d" % i)
+        p.commit_transaction()
+    with mq.Consumer(name, group_id=backend.name("g"), bootstrap_servers=backend.bootstrap,
+                     isolation_level="read_committed") as c:
+        assert len(read(c, 3)) == 3
+        end = c.end_offsets([tp])[tp]
+        assert end == 4                          # three records and the commit marker
+        mq.testing.wait_for(lambda: c.poll(50) == {} and c.position(tp) == end,
+                            timeout=WAIT_S, message="the position past the marker")
+        meta = c.group_metadata()
+        assert meta.member_id and meta.member_epoch >= 0
+
+
+def test_users_and_topic_ids(backend):
+    with mq.Admin(bootstrap_servers=backend.bootstrap) as admin:
+        if backend.kind == "kafka":          # mq's listener takes users from a SASL login only
+            user = backend.name("user")
+            admin.add_user(user, "secret")
+
+            def mechanisms() -> list:        # each node learns them in its own time
+                return sorted(m for m, _ in
+                              admin.describe_user_scram_credentials([user]).get(user, []))
+            mq.testing.wait_for(lambda: mechanisms() == ["SCRAM-SHA-256", "SCRAM-SHA-512"],
+                                timeout=WAIT_S, message="both credentials")
+            admin.delete_user(user)
+        name = topic(backend)
+        topic_id = admin.describe_topic(name)["id"]
+        assert len(topic_id) == 32 and int(topic_id, 16) >= 0
