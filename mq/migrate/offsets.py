@@ -90,12 +90,13 @@ def translate(offset: int, probe: Probe, start: int, end: int) -> int:
     below: tuple[int, int] | None = None
     guess = True
     while lo < hi:
-        m = (lo + hi) // 2
-        if guess and below is not None:
-            m = min(max(below[0] + offset - below[1], lo), hi - 1)
-        elif guess:
+        if below is None:
             m = lo                              # the first record anchors the interpolation
-        guess = not guess
+        elif guess:
+            m = min(max(below[0] + offset - below[1], lo), hi - 1)
+        else:
+            m = (lo + hi) // 2
+        guess = below is None or not guess
         found = probe(m)
         if found is None:
             hi = m
