@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         if err.name != "confluent_kafka":
             raise
         raise MQError("mq migrate needs confluent-kafka: pip install 'mq[kafka]'") from err
+    if args.group and args.no_groups:
+        raise ValueError("--group and --no-groups exclude each other (see 'mq migrate --help')")
     config = read_properties(args.to_config_file) if args.to_config_file else {}
     config.update(parse_key_values(args.to_config, "--to-config"))
     topic_config = parse_key_values(args.topic_config, "--topic-config")

@@ -19,8 +19,8 @@ How (``mq.migrate.migration`` runs it; the source is only read):
 - Resuming: chosen over a local state file, the header makes the target describe itself. The
   idempotent producer (acks=all, gapless) leaves each target partition a prefix of what was
   sent, so its last record names the last source offset copied: a new run reads it, checks
-  that it matches the source's record at that offset (the key, value, timestamp and headers),
-  and copies from the next offset on. A run killed at any point is run again with the same
+  that it matches the source's record at that offset (key, value, timestamp and headers,
+  while mq still holds it), and copies from the next offset on. A run killed at any point is run again with the same
   command, from any machine, and the target ends as one uninterrupted run would leave it. A
   non-empty target partition whose last record lacks the header, or does not match, is
   refused: mq migrate never writes into data it did not write. After each topic, every

@@ -40,7 +40,7 @@ _LOG = logging.getLogger("mq.migrate")
 _EXACT = {"acks": "all", "enable.idempotence": True, "enable.gapless.guarantee": True,
           "max.in.flight.requests.per.connection": 5}
 _FAST = {"linger.ms": 20, "batch.size": 1 << 20, "batch.num.messages": 100000,
-         "queue.buffering.max.messages": 200000, "queue.buffering.max.kbytes": 1 << 18}
+         "queue.buffering.max.messages": 200000, "queue.buffering.max.kbytes": 1 << 16}
 
 
 def _reason(err: BaseException) -> str:
