@@ -14,7 +14,14 @@ import sys
 import time
 
 from mq.cli import json_line
-from mq.cli.common import add_socket_argument, formatter, parse_key_values, positive_int, table
+from mq.cli.common import (
+    add_socket_argument,
+    formatter,
+    parse_key_values,
+    plural,
+    positive_int,
+    table,
+)
 from mq.errors import MQError
 from mq.protocol.paths import path_argument
 
@@ -160,10 +167,11 @@ def _print_plan(plans, groups, as_json: bool) -> None:
         sys.stdout.write(table(("GROUP", "TOPIC", "PARTITION", "MQ-OFFSET"),
                                [(g.group, t, p, o) for g in groups
                                 for (t, p), o in g.offsets.items()]))
-    sys.stdout.write(f"would copy up to {sum(max(0, p.source_end - p.resume) for p, _ in rows)}"
-                     f" records of {len(plans)} topics and move {len(groups)} groups "
-                     f"(AT-MOST counts offsets: aborted records and transaction markers are "
-                     f"not copied)\n")
+    most = sum(max(0, p.source_end - p.resume) for p, _ in rows)
+    sys.stdout.write(f"would copy up to {plural(most, 'record')} of "
+                     f"{plural(len(plans), 'topic')} and move the offsets of "
+                     f"{plural(len(groups), 'group')} (AT-MOST counts offsets: aborted records "
+                     f"and transaction markers are not copied)\n")
 
 
 def _print_result(plans, copied, groups, translated, as_json: bool) -> None:
@@ -190,8 +198,9 @@ def _print_result(plans, copied, groups, translated, as_json: bool) -> None:
     for p in gone:
         sys.stderr.write(f"mq: warning: {p.topic}-{p.partition}: {p.gone} offsets after the "
                          f"last copied were deleted by mq's retention before this run\n")
-    sys.stdout.write(f"copied {sum(copied.values())} records of {len(plans)} topics; moved "
-                     f"{len(groups)} groups\n")
+    sys.stdout.write(f"copied {plural(sum(copied.values()), 'record')} of "
+                     f"{plural(len(plans), 'topic')}; moved the offsets of "
+                     f"{plural(len(groups), 'group')}\n")
 
 
 class _Progress:

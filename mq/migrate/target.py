@@ -58,7 +58,9 @@ class Target:
                  timeout: float = 30.0) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
-        self._config = {**(config or {}), "bootstrap.servers": bootstrap, "logger": _LOG}
+        self._config = {**(config or {}), "bootstrap.servers": bootstrap, "logger": _LOG,
+                        "error_cb": self._on_error}
+        self._last_error: str | None = None     # librdkafka's latest: says why a call failed
         self._admin = self._client(AdminClient, {})
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
@@ -72,8 +74,17 @@ class Target:
             raise MigrationError(f"bad --to-config for Kafka at {self.bootstrap}: "
                                  f"{_reason(err)}") from err
 
+    def _on_error(self, err: KafkaError) -> None:
+        self._last_error = err.str()
+
     def _fail(self, doing: str, err: BaseException) -> MigrationError:
-        return MigrationError(f"Kafka at {self.bootstrap}: {doing}: {_reason(err)}")
+        """One line: what failed, and why as far as librdkafka said (a call's error is often
+        "transport failure" while the cause, a refused login say, came to ``error_cb``)."""
+        self._admin.poll(0)                     # runs error_cb for what is queued
+        reason = _reason(err)
+        if self._last_error and self._last_error not in reason:
+            reason = f"{reason} ({self._last_error})"
+        return MigrationError(f"Kafka at {self.bootstrap}: {doing}: {reason}")
 
     # --- topics -------------------------------------------------------------------------------
     def topics(self) -> dict[str, int]:
@@ -91,7 +102,8 @@ class Target:
         try:
             self._admin.create_topics([new], request_timeout=self.timeout)[name].result()
         except KafkaException as err:
-            raise self._fail(f"cannot create topic {name!r}", err) from err
+            raise self._fail(f"cannot create topic {name!r} (--topic-config KEY=VALUE "
+                             f"overrides a config copied from mq)", err) from err
 
     # --- records ------------------------------------------------------------------------------
     def _reader(self) -> Consumer:

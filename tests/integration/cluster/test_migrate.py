@@ -3,7 +3,7 @@ their records), a consume-transform-produce group committing through transaction
 group are moved; on Kafka, a confluent-kafka consumer of each group reads exactly the records
 it had not processed on mq, and every topic holds exactly the source's committed records. A
 run killed mid-copy and run again leaves the same content; refusals are one line and write
-nothing."""
+nothing. Security settings pass through to a SASL listener (mq's own, as a second Kafka)."""
 
 from __future__ import annotations
 
@@ -115,10 +115,12 @@ def _record(msg) -> tuple:
             [(k, v) for k, v in headers if k != SOURCE_HEADER], msg.timestamp()[1])
 
 
-def kafka_records(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
+def kafka_records(bootstrap: str, topic: str, partitions: int, conf: dict | None = None
+                  ) -> dict[int, list[tuple]]:
     """Every record of the Kafka topic, as ``_record``s; also checks that the target offsets
     run from 0 without a gap (one per record written, nothing else written there)."""
-    consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "test-reader",
+    consumer = KafkaConsumer({**(conf or {}), "bootstrap.servers": bootstrap,
+                              "group.id": "test-reader",
                               "enable.auto.commit": False, "isolation.level": "read_committed",
                               "enable.partition.eof": True})
     try:
@@ -140,10 +142,12 @@ def kafka_records(bootstrap: str, topic: str, partitions: int) -> dict[int, list
         consumer.close()
 
 
-def resume_on_kafka(bootstrap: str, group: str, topic: str, count: int) -> dict[int, list]:
+def resume_on_kafka(bootstrap: str, group: str, topic: str, count: int,
+                    conf: dict | None = None) -> dict[int, list]:
     """What a consumer of ``group`` reads on Kafka from its committed offsets (no reset
     allowed: ``auto.offset.reset=error``), ``count`` records, by partition."""
-    consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+    consumer = KafkaConsumer({**(conf or {}), "bootstrap.servers": bootstrap,
+                              "group.id": group,
                               "enable.auto.commit": False, "auto.offset.reset": "error",
                               "isolation.level": "read_committed"})
     try:
@@ -327,3 +331,53 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, kafka_node, unique):
         assert plan["create"] and plan["to_offset"] == 1 and offsets["group"] == group
     assert topic not in AdminClient({"bootstrap.servers": boot}).list_topics(
         timeout=WAIT).topics
+
+
+SASL = ('kafka_listeners = ["SASL_PLAINTEXT://127.0.0.1:0"]\n'
+        'kafka_sasl_mechanisms = ["SCRAM-SHA-512"]\nkafka_super_users = ["alice"]\n')
+
+
+def test_security_settings_pass_through_to_mqs_own_kafka_listener(tmp_path, unique):
+    """The target is another mq broker's SASL listener (SCRAM): --to-config and
+    --to-config-file carry librdkafka's properties, and mq's listener takes the copy and
+    the offsets as Kafka does."""
+    topic, group = f"notes-{unique}", f"readers-{unique}"
+    (tmp_path / "sasl.toml").write_text(SASL)
+    creds = tmp_path / "creds.properties"
+    creds.write_text("# alice on the target\nsasl.mechanism=SCRAM-SHA-512\n"
+                     "sasl.username=alice\nsasl.password=alice-secret\n")
+    conf = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "alice", "sasl.password": "alice-secret"}
+    with mq.testing.broker(tmp_path / "source") as source, \
+            mq.testing.broker(tmp_path / "target", config_file=str(tmp_path / "sasl.toml")
+                              ) as target:
+        added = mq_run("users", "add", "alice", "--socket", target.socket,
+                       stdin=b"alice-secret\n")
+        assert added.code == 0, added
+        with Admin(target.socket) as admin:
+            [listener] = admin.broker_stats()["broker"]["kafka_listeners"]
+        bootstrap = listener.removeprefix("SASL_PLAINTEXT://")
+        with Admin(source.socket) as admin:
+            admin.create_topic(topic, 2)
+        with Producer(socket=source.socket) as producer:
+            for i in range(500):
+                producer.send(topic, key=b"%d" % (i % 5), value=b"note-%d" % i)
+            producer.flush()
+        consume_and_commit(source.socket, topic, group, 120)
+        with Admin(source.socket) as admin:
+            committed = {tp.partition: o for tp, o in admin.list_group_offsets(group).items()}
+
+        wrong = mq_run("migrate", "--to", bootstrap, "--socket", source.socket,
+                       "--to-config", "security.protocol=SASL_PLAINTEXT", "--to-config-file",
+                       str(creds), "--to-config", "sasl.password=wrong", "--timeout", "10")
+        assert wrong.code == 1 and wrong.err.count("\n") == 1, wrong
+        assert "mq: error: Kafka at" in wrong.err and "Authentication failed" in wrong.err, wrong
+        done = mq_run("migrate", "--to", bootstrap, "--socket", source.socket,
+                      "--to-config", "security.protocol=SASL_PLAINTEXT", "--to-config-file",
+                      str(creds))
+        assert done.code == 0, done
+        source_rows = source_records(source.socket, topic)
+        assert kafka_records(bootstrap, topic, 2, conf) == source_rows
+        expected = unprocessed(source_rows, committed)
+        assert resume_on_kafka(bootstrap, group, topic, sum(map(len, expected.values())),
+                               conf) == expected
