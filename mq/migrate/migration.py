@@ -112,10 +112,11 @@ class Migration:
         tps = [TopicPartition(name, p) for p in range(count)]
         self._consumer.assign(tps)
         ends = self._consumer.end_offsets(tps)          # last stable offsets
+        marks = ({} if target_partitions is None else
+                 self.target.watermarks(name, range(target_partitions)))
         parts = []
         for tp, (start, _) in zip(tps, described["offsets"]):
-            target_start, target_end = ((0, 0) if target_partitions is None else
-                                        self.target.watermarks(name, tp.partition))
+            target_start, target_end = marks.get(tp.partition, (0, 0))
             resume = start
             if target_end > target_start:
                 resume = self._resume_point(tp, target_end, ends[tp])
@@ -209,9 +210,10 @@ class Migration:
         return records
 
     def _check_ends(self, plan: TopicPlan, copied: dict[tuple[str, int], int]) -> None:
+        marks = self.target.watermarks(plan.name, range(len(plan.partitions)))
         for part in plan.partitions:
             expected = part.target_end + copied[part.topic, part.partition]
-            _, end = self.target.watermarks(part.topic, part.partition)
+            _, end = marks[part.partition]
             if end != expected:
                 raise MigrationError(
                     f"{part.topic}-{part.partition} on Kafka ends at offset {end}, not "
@@ -222,21 +224,21 @@ class Migration:
     # --- the groups ---------------------------------------------------------------------------
     def translate(self, groups: list[GroupOffsets]) -> list[GroupOffsets]:
         """The groups' offsets on the target (after the copy)."""
-        bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        wanted: dict[str, set[int]] = {}
+        for g in groups:
+            for topic, p in g.offsets:
+                wanted.setdefault(topic, set()).add(p)
+        bounds = {t: self.target.watermarks(t, sorted(ps)) for t, ps in wanted.items()}
         found: dict[tuple[str, int, int], int] = {}
         out = []
         for g in groups:
-            translated = {}
             for (topic, p), offset in g.offsets.items():
                 if (topic, p, offset) not in found:
-                    if (topic, p) not in bounds:
-                        bounds[topic, p] = self.target.watermarks(topic, p)
-                    start, end = bounds[topic, p]
                     found[topic, p, offset] = core.translate(
                         offset, lambda t, topic=topic, p=p: self.target.probe(topic, p, t),
-                        start, end)
-                translated[topic, p] = found[topic, p, offset]
-            out.append(GroupOffsets(g.group, translated))
+                        *bounds[topic][p])
+            out.append(GroupOffsets(g.group, {(t, p): found[t, p, o]
+                                              for (t, p), o in g.offsets.items()}))
         return out
 
     def commit(self, translated: list[GroupOffsets]) -> None:

@@ -15,7 +15,7 @@ order, each record once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -26,7 +26,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from mq.errors import MigrationError
 from mq.migrate.offsets import source_offset
@@ -111,16 +111,24 @@ class Target:
             self._consumer = self._client(Consumer, {
                 "group.id": "mq-migrate", "enable.auto.commit": False,
                 "enable.partition.eof": True, "fetch.message.max.bytes": 65536,
+                "fetch.wait.max.ms": 10,        # a probe wants what is there, or EOF now
                 "isolation.level": "read_uncommitted"})
         return self._consumer
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        """``(log start offset, high watermark)`` of a partition."""
+    def watermarks(self, topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
+        """``{partition: (log start offset, high watermark)}``, in two requests."""
+        parts = list(partitions)
+        found: dict[int, list[int]] = {p: [] for p in parts}
         try:
-            return self._reader().get_watermark_offsets(TopicPartition(topic, partition),
-                                                        timeout=self.timeout, cached=False)
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+                futures = self._admin.list_offsets(
+                    {TopicPartition(topic, p): spec for p in parts},
+                    request_timeout=self.timeout)
+                for tp, future in futures.items():
+                    found[tp.partition].append(future.result().offset)
         except KafkaException as err:
-            raise self._fail(f"cannot read the offsets of {topic}-{partition}", err) from err
+            raise self._fail(f"cannot read the offsets of {topic}", err) from err
+        return {p: (start, end) for p, (start, end) in found.items()}
 
     def record_at(self, topic: str, partition: int, offset: int):
         """The first record of the partition at ``offset`` or after (a ``confluent_kafka``

@@ -13,6 +13,7 @@ import time
 
 from cli_run import mq_process, mq_run
 from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -240,6 +241,35 @@ def _high_watermark(bootstrap: str, topic: str, partition: int) -> int:
         consumer.close()
 
 
+def refuse_to_move_a_group_active_on_kafka(sock: str, bootstrap: str, topic: str,
+                                           group: str) -> None:
+    """A group with a live member on Kafka, or one that committed there, is not moved again
+    (its offsets on Kafka stay as they are)."""
+    member = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                            "enable.auto.commit": False})
+    try:
+        member.subscribe([topic])
+        deadline = time.monotonic() + WAIT
+        while not member.assignment():
+            assert time.monotonic() < deadline, "no assignment on Kafka"
+            member.poll(0.2)
+        live = mq_run("migrate", "--to", bootstrap, "--socket", sock, "--topic", topic)
+        assert live.code == 1 and "live members on Kafka" in live.err, live
+        [tp] = member.committed([KafkaTopicPartition(topic, 0)], WAIT)
+        member.commit(offsets=[KafkaTopicPartition(topic, 0, tp.offset + 1)],
+                      asynchronous=False)
+    finally:
+        member.close()
+    moved = mq_run("migrate", "--to", bootstrap, "--socket", sock, "--topic", topic)
+    assert moved.code == 1 and "it has consumed there; not overwritten" in moved.err, moved
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [KafkaTopicPartition(topic, 0)])]).values()
+    assert future.result().topic_partitions[0].offset == tp.offset + 1
+    admin.alter_consumer_group_offsets(                     # as mq migrate had set it
+        [ConsumerGroupTopicPartitions(group, [tp])])[group].result()
+
+
 def test_a_killed_run_run_again_leaves_what_one_run_leaves(tmp_path, kafka_node, unique):
     topic, group = f"events-{unique}", f"readers-{unique}"
     total = 300_000
@@ -276,6 +306,7 @@ def test_a_killed_run_run_again_leaves_what_one_run_leaves(tmp_path, kafka_node,
         assert {r["copied"] for r in map(json.loads, once_more.out.splitlines())
                 if "copied" in r} == {0}
         source = source_records(b.socket, topic)
+        refuse_to_move_a_group_active_on_kafka(b.socket, kafka_node.bootstrap, topic, group)
 
     assert kafka_records(kafka_node.bootstrap, topic, 2) == source
     expected = unprocessed(source, committed)
@@ -369,7 +400,7 @@ def test_security_settings_pass_through_to_mqs_own_kafka_listener(tmp_path, uniq
 
         wrong = mq_run("migrate", "--to", bootstrap, "--socket", source.socket,
                        "--to-config", "security.protocol=SASL_PLAINTEXT", "--to-config-file",
-                       str(creds), "--to-config", "sasl.password=wrong", "--timeout", "10")
+                       str(creds), "--to-config", "sasl.password=wrong", "--timeout", "3")
         assert wrong.code == 1 and wrong.err.count("\n") == 1, wrong
         assert "mq: error: Kafka at" in wrong.err and "Authentication failed" in wrong.err, wrong
         done = mq_run("migrate", "--to", bootstrap, "--socket", source.socket,
