@@ -16,16 +16,21 @@ How (``mq.migrate.migration`` runs it; the source is only read):
   partition count and the configs that shape it (``mq.migrate.offsets.target_config``); each
   record keeps its partition, key, value, headers and timestamp (as CreateTime), in order, and
   gains one header, ``mq.source.offset``: its offset in the mq partition.
-- Resuming: chosen over a local state file, the header makes the target describe itself. The
-  idempotent producer (acks=all, gapless) leaves each target partition a prefix of what was
-  sent, so its last record names the last source offset copied: a new run reads it, checks
-  that it matches the source's record at that offset (key, value, timestamp and headers,
-  while mq still holds it), and copies from the next offset on. A run killed at any point is run again with the same
-  command, from any machine, and the target ends as one uninterrupted run would leave it. A
-  non-empty target partition whose last record lacks the header, or does not match, is
-  refused: mq migrate never writes into data it did not write. After each topic, every
-  partition's end must be where this run's records put it; otherwise something else wrote
-  there meanwhile (a second run, a killed run's late request) and the run stops, saying so.
+- Resuming: the header makes the target describe itself. The idempotent producer (acks=all,
+  gapless) leaves each target partition a prefix of what was sent, so its last record names
+  the last source offset copied: a new run reads it, checks that it matches the source's
+  record at that offset (key, value, timestamp and headers, while mq still holds it), and
+  copies from the next offset on. A run killed at any point is run again with the same
+  command, from any machine, and the target ends as one uninterrupted run would leave it.
+  Refused: a non-empty target partition whose last record lacks the header or does not
+  match (mq migrate never writes into data it did not write), and one that had records but
+  holds none (Kafka's retention took the last one: where to continue is unknown). After each
+  topic, every partition's end must be where this run's records put it; otherwise something
+  else wrote there meanwhile (a second run, a killed run's late request) and the run stops,
+  saying so. A local state file was the other choice: it lives on one machine, lags the
+  target after a crash between a write and its update (so the target must be read anyway),
+  and cannot translate offsets copied by earlier runs without keeping a table; the header
+  costs about 20 bytes a record and is the one visible difference of a copy.
 - Offsets: a committed source offset O (the next record to read) becomes the target offset
   of the first copied record whose source offset is >= O, or the partition's end if none
   (``mq.migrate.offsets.translate``, exact, found by probing the target's headers: a couple

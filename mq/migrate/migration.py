@@ -120,6 +120,11 @@ class Migration:
             resume = start
             if target_end > target_start:
                 resume = self._resume_point(tp, target_end, ends[tp])
+            elif target_end > 0:
+                raise MigrationError(
+                    f"{name}-{tp.partition} on Kafka at {self.target.bootstrap} has had "
+                    f"{target_end} records but holds none (retention, or deleted records): "
+                    f"where to continue is unknown; delete the topic there and run again")
             parts.append(PartitionCopy(name, tp.partition, start, ends[tp], max(resume, start),
                                        target_end, gone=max(0, start - resume)))
         config = {**core.target_config(described["config"]), **self.topic_config}

@@ -323,16 +323,21 @@ def produce_on_kafka(bootstrap: str, topic: str, value: bytes) -> None:
 
 def test_refusals_are_one_line_and_write_nothing(tmp_path, kafka_node, unique):
     topic, foreign, group = f"plain-{unique}", f"foreign-{unique}", f"live-{unique}"
+    emptied = f"emptied-{unique}"
     boot = kafka_node.bootstrap
     with mq.testing.broker(tmp_path / "data") as b:
         with Admin(b.socket) as admin:
-            admin.create_topic(topic, 1)
-            admin.create_topic(foreign, 1)
+            for name in (topic, foreign, emptied):
+                admin.create_topic(name, 1)
         with Producer(socket=b.socket) as producer:
-            for name in (topic, foreign):
+            for name in (topic, foreign, emptied):
                 producer.send(name, value=b"x")
             producer.flush()
         produce_on_kafka(boot, foreign, b"not mq's")
+        produce_on_kafka(boot, emptied, b"deleted")
+        kafka_admin = AdminClient({"bootstrap.servers": boot})
+        [deleted] = kafka_admin.delete_records([KafkaTopicPartition(emptied, 0, 1)]).values()
+        deleted.result(WAIT)
 
         def refused(*args, match: str, code: int = 1) -> None:
             run = mq_run("migrate", "--socket", b.socket, *args)
@@ -346,6 +351,8 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, kafka_node, unique):
         refused("--to", boot, "--topic", "__consumer_offsets", match="internal topic")
         refused("--to", boot, "--topic", foreign, "--no-groups",
                 match="did not write (its last record has no mq.source.offset header)")
+        refused("--to", boot, "--topic", emptied, "--no-groups",
+                match="has had 1 records but holds none")
         refused("--to", boot, "--to-config", "no.such.property=1", match="bad --to-config")
         refused("--to", boot, "--to-config", "novalue", match="expected key=value", code=2)
         refused("--to", boot, "--topic", topic, "--group", "nobody",
