@@ -22,10 +22,11 @@ from mq.cli.common import (
     positive_int,
     table,
 )
+from mq.client.kafka.config import read_properties
 from mq.errors import MQError
 from mq.protocol.paths import path_argument
 
-__all__ = ["add_parser", "read_properties", "run"]
+__all__ = ["add_parser", "run"]
 
 PROGRESS_S = (0.2, 5.0)         # seconds between progress lines: on a terminal, otherwise
 
@@ -51,7 +52,8 @@ clients and run again for the rest and the offsets."""
 EPILOG = """\
 --to-config takes librdkafka's client properties: security.protocol, sasl.mechanism,
 sasl.username, sasl.password, ssl.ca.location, ... (a Java client.properties' SASL JAAS line
-does not apply); --to-config-file reads them from a file of key=value lines.
+does not apply); --to-config-file (or --command-config, as the other commands call it) reads
+them from a file of key=value lines.
 
 examples:
   mq migrate --to kafka1:9092 --dry-run                      what would be copied
@@ -83,8 +85,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--to-config", action="append", metavar="KEY=VALUE",
                         help="a librdkafka client property for the Kafka cluster (repeatable)")
-    parser.add_argument("--to-config-file", metavar="PATH", type=path_argument,
-                        help="a file of key=value client properties (--to-config wins)")
+    parser.add_argument("--to-config-file", "--command-config", metavar="PATH",
+                        type=path_argument, help="a client.properties file of key=value "
+                        "client properties (--to-config wins)")
     parser.add_argument("--replication-factor", type=positive_int, metavar="N",
                         help="of the topics created (default: the cluster's)")
     parser.add_argument("--topic-config", action="append", metavar="KEY=VALUE",
@@ -94,22 +97,6 @@ def add_parser(subparsers) -> None:
                         help="wait this long for each request to Kafka (default 30)")
     add_socket_argument(parser)
     parser.set_defaults(run=run)
-
-
-def read_properties(path: str) -> dict[str, str]:
-    """A Java-style properties file's ``key=value`` (or ``key: value``) lines; blank lines and
-    ``#``/``!`` comments skipped. Raises ``ValueError`` naming the line, ``OSError``."""
-    out: dict[str, str] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            text = line.strip()
-            if not text or text[0] in "#!":
-                continue
-            cut = min((i for i in (text.find("="), text.find(":")) if i >= 0), default=-1)
-            if cut <= 0:
-                raise ValueError(f"{path}:{number}: expected key=value, got {text!r}")
-            out[text[:cut].strip()] = text[cut + 1:].strip()
-    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,8 +3,8 @@ topics, the watermarks and records of a partition (the probes of ``mq.migrate.of
 groups' offsets, and the producer that writes the copy.
 
 Every failure of the cluster or of librdkafka becomes one ``MigrationError`` line naming the
-cluster and what was being done; librdkafka's own log goes to the ``mq.migrate`` logger (which
-the ``mq`` command keeps quiet) instead of stderr.
+cluster, what was being done and librdkafka's reason; librdkafka's own log goes to the
+``mq.kafka`` logger, as the Kafka backend's does (``mq.client.kafka.config``), not to stderr.
 
 The producer is idempotent with ``acks=all`` and ``enable.gapless.guarantee``: a batch that
 fails stops the producer (a fatal error) instead of letting later batches of its partition
@@ -14,7 +14,6 @@ order, each record once.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import (
@@ -28,12 +27,11 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from mq.client.kafka.config import with_overrides
 from mq.errors import MigrationError
 from mq.migrate.offsets import source_offset
 
 __all__ = ["Target"]
-
-_LOG = logging.getLogger("mq.migrate")
 
 # The producer's settings that make the copy exact, then ones for throughput (the user's
 # --to-config may change the latter, not the former).
@@ -58,8 +56,7 @@ class Target:
                  timeout: float = 30.0) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
-        self._config = {**(config or {}), "bootstrap.servers": bootstrap, "logger": _LOG,
-                        "error_cb": self._on_error}
+        self._config = with_overrides(bootstrap, {"error_cb": self._on_error}, config)
         self._last_error: str | None = None     # librdkafka's latest: says why a call failed
         self._admin = self._client(AdminClient, {})
         self._consumer: Consumer | None = None

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
+import uuid
+from pathlib import Path
 
+import pytest
 from cli_run import mq_process, mq_run
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import ConsumerGroupTopicPartitions
@@ -24,8 +28,45 @@ from mq.client.consumer import Consumer
 from mq.client.producer import Producer
 from mq.migrate.offsets import SOURCE_HEADER, source_offset
 
+_JAVA = Path(__file__).resolve().parents[1] / "kafka" / "java"
+for _dir in (_JAVA, _JAVA / "judge"):              # javakafka, kafkanode
+    if str(_dir) not in sys.path:
+        sys.path.append(str(_dir))
+
+from javakafka import JavaUnavailable  # noqa: E402
+from kafkanode import KafkaNode  # noqa: E402
+
 WAIT = 60
 T0 = 1_700_000_000_000          # old CreateTime timestamps: the copy must keep them
+
+
+# The judge's single Kafka node (tests/integration/kafka/java/judge), one per session and
+# xdist worker, shared by these tests (each names its topics and groups after itself:
+# ``unique``). To be replaced by the shared three-node kafka_cluster fixture once it is on
+# main.
+@pytest.fixture(scope="session")
+def _kafka_node_of_session(tmp_path_factory):
+    node = KafkaNode(tmp_path_factory.mktemp("kafka"))
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def kafka_node(_kafka_node_of_session) -> KafkaNode:
+    """Fails, never skips, without Java or Maven (``.ci/run`` installs them)."""
+    node = _kafka_node_of_session
+    if not node.running:
+        try:
+            node.start()
+        except JavaUnavailable as err:
+            pytest.fail(str(err))
+    return node
+
+
+@pytest.fixture
+def unique() -> str:
+    """A suffix for this test's topic and group names on the shared node."""
+    return uuid.uuid4().hex[:8]
 
 
 def produce_orders(sock: str, topic: str, unique: str, rounds: int = 5) -> None:
