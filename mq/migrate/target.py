@@ -61,7 +61,6 @@ class Target:
         self._admin = self._client(AdminClient, {})
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
-        self.delivered = 0                      # records the producer wrote
         self.error: str | None = None           # the first failed delivery
 
     def _client(self, kind, extra: dict):
@@ -204,15 +203,13 @@ class Target:
             **_EXACT, "message.max.bytes": size, "batch.size": min(size, 1 << 20)})
 
     def _delivered(self, err, msg) -> None:
-        if err is None:
-            self.delivered += 1
-        elif self.error is None:
+        if err is not None and self.error is None:
             self.error = f"{msg.topic()}-{msg.partition()}: {err.str()}"
 
     def send(self, topic: str, partition: int, key, value, headers: list,
              timestamp_ms: int) -> None:
-        """Queue one record. ``delivered`` counts the records written; a failed delivery is
-        kept in ``error`` and raised by this call's successors and by ``flush``."""
+        """Queue one record. A failed delivery is kept in ``error`` and raised by the next
+        ``send`` and by ``flush``."""
         producer = self._producer
         assert producer is not None, "open_producer() first"
         while True:
