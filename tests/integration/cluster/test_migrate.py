@@ -1,18 +1,17 @@
-"""``mq migrate`` against a real Kafka node: a broker's topics (with aborted transactions among
-their records), a consume-transform-produce group committing through transactions and a plain
-group are moved; on Kafka, a confluent-kafka consumer of each group reads exactly the records
-it had not processed on mq, and every topic holds exactly the source's committed records. A
-run killed mid-copy and run again leaves the same content; refusals are one line and write
-nothing. Security settings pass through to a SASL listener (mq's own, as a second Kafka)."""
+"""``mq migrate`` against the shared three-node Kafka cluster (``kafka_cluster``): a broker's
+topics (with aborted transactions among their records), a consume-transform-produce group
+committing through transactions and a plain group are moved; on Kafka, a confluent-kafka
+consumer of each group reads exactly the records it had not processed on mq, and every topic
+holds exactly the source's committed records. A run killed mid-copy and run again leaves the
+same content; refusals are one line and write nothing. Security settings pass through to a SASL
+listener (mq's own, as a second Kafka)."""
 
 from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from cli_run import mq_process, mq_run
@@ -28,44 +27,13 @@ from mq.client.consumer import Consumer
 from mq.client.producer import Producer
 from mq.migrate.offsets import SOURCE_HEADER, source_offset
 
-_JAVA = Path(__file__).resolve().parents[1] / "kafka" / "java"
-for _dir in (_JAVA, _JAVA / "judge"):              # javakafka, kafkanode
-    if str(_dir) not in sys.path:
-        sys.path.append(str(_dir))
-
-from javakafka import JavaUnavailable  # noqa: E402
-from kafkanode import KafkaNode  # noqa: E402
-
 WAIT = 60
 T0 = 1_700_000_000_000          # old CreateTime timestamps: the copy must keep them
 
 
-# The judge's single Kafka node (tests/integration/kafka/java/judge), one per session and
-# xdist worker, shared by these tests (each names its topics and groups after itself:
-# ``unique``). To be replaced by the shared three-node kafka_cluster fixture once it is on
-# main.
-@pytest.fixture(scope="session")
-def _kafka_node_of_session(tmp_path_factory):
-    node = KafkaNode(tmp_path_factory.mktemp("kafka"))
-    yield node
-    node.stop()
-
-
-@pytest.fixture
-def kafka_node(_kafka_node_of_session) -> KafkaNode:
-    """Fails, never skips, without Java or Maven (``.ci/run`` installs them)."""
-    node = _kafka_node_of_session
-    if not node.running:
-        try:
-            node.start()
-        except JavaUnavailable as err:
-            pytest.fail(str(err))
-    return node
-
-
 @pytest.fixture
 def unique() -> str:
-    """A suffix for this test's topic and group names on the shared node."""
+    """A suffix for this test's topic and group names on the shared cluster."""
     return uuid.uuid4().hex[:8]
 
 
@@ -218,7 +186,7 @@ def unprocessed(records: dict[int, list[tuple]], committed: dict) -> dict[int, l
     return out
 
 
-def test_groups_continue_on_kafka_at_the_next_unprocessed_record(tmp_path, kafka_node, unique):
+def test_groups_continue_on_kafka_at_the_next_unprocessed_record(tmp_path, kafka_cluster, unique):
     orders, ledger = f"orders-{unique}", f"ledger-{unique}"
     billing, audit = f"billing-{unique}", f"audit-{unique}"
     with mq.testing.broker(tmp_path / "data") as b:
@@ -233,13 +201,14 @@ def test_groups_continue_on_kafka_at_the_next_unprocessed_record(tmp_path, kafka
                          for g in (billing, audit)}
         source = {t: source_records(b.socket, t) for t in (orders, ledger)}
 
-        done = mq_run("migrate", "--to", kafka_node.bootstrap, "--socket", b.socket, "--json",
+        done = mq_run("migrate", "--to", kafka_cluster.bootstrap, "--socket", b.socket, "--json",
+                      "--replication-factor", "3", "--topic-config", "min.insync.replicas=2",
                       timeout=WAIT * 3)
         assert done.code == 0, done
 
     # Every topic holds exactly the committed records, keys, values, headers, timestamps.
     for topic, partitions in ((orders, 3), (ledger, 2)):
-        assert kafka_records(kafka_node.bootstrap, topic, partitions) == source[topic]
+        assert kafka_records(kafka_cluster.bootstrap, topic, partitions) == source[topic]
     values = [r[2] for rows in source[orders].values() for r in rows]
     assert not any(v.startswith(b"aborted") for v in values)
     assert sum(v.startswith(b"committed") for v in values) == 5 * 40
@@ -247,7 +216,7 @@ def test_groups_continue_on_kafka_at_the_next_unprocessed_record(tmp_path, kafka
     for group, topic in ((billing, orders), (audit, ledger)):
         expected = unprocessed(source[topic], committed[group])
         assert 0 < sum(map(len, expected.values())) < sum(map(len, source[topic].values()))
-        got = resume_on_kafka(kafka_node.bootstrap, group, topic,
+        got = resume_on_kafka(kafka_cluster.bootstrap, group, topic,
                               sum(map(len, expected.values())))
         assert got == expected, group
     # ... and stops there: a partition with nothing left is committed at its end.
@@ -259,11 +228,13 @@ def test_groups_continue_on_kafka_at_the_next_unprocessed_record(tmp_path, kafka
         if not any(r[0] >= move["source_offset"] for r in rows):
             assert move["target_offset"] == ends[move["topic"], move["partition"]]
     # The topic configs that matter came along; timestamps stay CreateTime.
-    admin = AdminClient({"bootstrap.servers": kafka_node.bootstrap})
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     resource = ConfigResource(ConfigResource.Type.TOPIC, orders)
     configs = admin.describe_configs([resource])[resource].result(WAIT)
     assert configs["retention.ms"].value == "-1"
     assert configs["message.timestamp.type"].value == "CreateTime"
+    assert configs["min.insync.replicas"].value == "2"
+    assert {len(p.replicas) for p in kafka_cluster.partitions(orders, ledger)} == {3}
 
 
 def _free_port() -> int:
@@ -311,7 +282,7 @@ def refuse_to_move_a_group_active_on_kafka(sock: str, bootstrap: str, topic: str
         [ConsumerGroupTopicPartitions(group, [tp])])[group].result()
 
 
-def test_a_killed_run_run_again_leaves_what_one_run_leaves(tmp_path, kafka_node, unique):
+def test_a_killed_run_run_again_leaves_what_one_run_leaves(tmp_path, kafka_cluster, unique):
     topic, group = f"events-{unique}", f"readers-{unique}"
     total = 300_000
     with mq.testing.broker(tmp_path / "data") as b:
@@ -326,32 +297,32 @@ def test_a_killed_run_run_again_leaves_what_one_run_leaves(tmp_path, kafka_node,
         with Admin(b.socket) as admin:
             committed = {tp.partition: o for tp, o in admin.list_group_offsets(group).items()}
 
-        with mq_process("migrate", "--to", kafka_node.bootstrap, "--socket", b.socket) as proc:
+        with mq_process("migrate", "--to", kafka_cluster.bootstrap, "--socket", b.socket) as proc:
             deadline = time.monotonic() + WAIT
-            while _high_watermark(kafka_node.bootstrap, topic, 0) == 0:
+            while _high_watermark(kafka_cluster.bootstrap, topic, 0) == 0:
                 assert proc.poll() is None, proc.stderr.read().decode()
                 assert time.monotonic() < deadline, "no record copied"
                 time.sleep(0.01)
             proc.kill()
             proc.wait()
-        partial = sum(_high_watermark(kafka_node.bootstrap, topic, p) for p in range(2))
+        partial = sum(_high_watermark(kafka_cluster.bootstrap, topic, p) for p in range(2))
         assert 0 < partial < total, "the run was not killed mid-copy"
 
-        again = mq_run("migrate", "--to", kafka_node.bootstrap, "--socket", b.socket,
+        again = mq_run("migrate", "--to", kafka_cluster.bootstrap, "--socket", b.socket,
                        timeout=WAIT * 3)
         assert again.code == 0, again
         assert f"copied {total - partial} records" in again.out
-        once_more = mq_run("migrate", "--to", kafka_node.bootstrap, "--socket", b.socket,
+        once_more = mq_run("migrate", "--to", kafka_cluster.bootstrap, "--socket", b.socket,
                            "--json")
         assert once_more.code == 0, once_more
         assert {r["copied"] for r in map(json.loads, once_more.out.splitlines())
                 if "copied" in r} == {0}
         source = source_records(b.socket, topic)
-        refuse_to_move_a_group_active_on_kafka(b.socket, kafka_node.bootstrap, topic, group)
+        refuse_to_move_a_group_active_on_kafka(b.socket, kafka_cluster.bootstrap, topic, group)
 
-    assert kafka_records(kafka_node.bootstrap, topic, 2) == source
+    assert kafka_records(kafka_cluster.bootstrap, topic, 2) == source
     expected = unprocessed(source, committed)
-    assert resume_on_kafka(kafka_node.bootstrap, group, topic,
+    assert resume_on_kafka(kafka_cluster.bootstrap, group, topic,
                            sum(map(len, expected.values()))) == expected
 
 
@@ -362,10 +333,10 @@ def produce_on_kafka(bootstrap: str, topic: str, value: bytes) -> None:
     assert producer.flush(WAIT) == 0
 
 
-def test_refusals_are_one_line_and_write_nothing(tmp_path, kafka_node, unique):
+def test_refusals_are_one_line_and_write_nothing(tmp_path, kafka_cluster, unique):
     topic, foreign, group = f"plain-{unique}", f"foreign-{unique}", f"live-{unique}"
     emptied = f"emptied-{unique}"
-    boot = kafka_node.bootstrap
+    boot = kafka_cluster.bootstrap
     with mq.testing.broker(tmp_path / "data") as b:
         with Admin(b.socket) as admin:
             for name in (topic, foreign, emptied):
