@@ -22,15 +22,17 @@ How (``mq.migrate.migration`` runs it; the source is only read):
   record at that offset (key, value, timestamp and headers, while mq still holds it), and
   copies from the next offset on. A run killed at any point is run again with the same
   command, from any machine, and the target ends as one uninterrupted run would leave it.
-  Refused: a non-empty target partition whose last record lacks the header or does not
-  match (mq migrate never writes into data it did not write), and one that had records but
-  holds none (Kafka's retention took the last one: where to continue is unknown). After each
-  topic, every partition's end must be where this run's records put it; otherwise something
-  else wrote there meanwhile (a second run, a killed run's late request) and the run stops,
-  saying so. A local state file was the other choice: it lives on one machine, lags the
-  target after a crash between a write and its update (so the target must be read anyway),
-  and cannot translate offsets copied by earlier runs without keeping a table; the header
-  costs about 20 bytes a record and is the one visible difference of a copy.
+  Refused: a non-empty target partition whose last record lacks the header or does not match
+  (mq migrate never writes into data it did not write), and one that had records but holds
+  none (Kafka's retention took the last one: where to continue is unknown). A killed run's
+  last requests may land after it died (the leader appends them on arrival and counts them
+  once replicated), so a run that resumes first waits until the target's ends hold still for
+  two seconds. After each topic, every partition's end must be where this run's records put
+  it; otherwise something else wrote there meanwhile (a second run, a request later still) and
+  the run stops, saying so. A local state file was the other choice: it lives on one machine,
+  lags the target after a crash between a write and its update (so the target must be read
+  anyway), and cannot translate offsets copied by earlier runs without keeping a table; the
+  header costs about 20 bytes a record and is the one visible difference of a copy.
 - Offsets: a committed source offset O (the next record to read) becomes the target offset
   of the first copied record whose source offset is >= O, or the partition's end if none
   (``mq.migrate.offsets.translate``, exact, found by probing the target's headers: a couple

@@ -12,6 +12,7 @@ to do.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 
 from mq.client.admin import Admin
@@ -22,6 +23,12 @@ from mq.migrate import offsets as core
 from mq.migrate.target import Target
 
 __all__ = ["GroupOffsets", "Migration", "PartitionCopy", "TopicPlan"]
+
+# A run that resumes waits until the target partitions' ends held still this long (a killed
+# run's requests land within milliseconds; the high watermark follows once the followers
+# fetched them: replica.fetch.wait.max.ms, 500 ms by default), and gives up after the second.
+SETTLE_S = 2.0
+SETTLE_MAX_S = 60.0
 
 _OPEN_TRANSACTION = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
 
@@ -98,11 +105,38 @@ class Migration:
             if name not in existing:
                 raise UnknownTopicOrPartitionError(f"unknown topic {name!r} on the mq broker")
         on_target = self.target.topics()
-        plans = [self._plan_topic(name, on_target.get(name)) for name in names]
+        marks = self._settled({name: self.target.watermarks(name, range(on_target[name]))
+                               for name in names if name in on_target})
+        plans = [self._plan_topic(name, on_target.get(name), marks.get(name, {}))
+                 for name in names]
         chosen = self._groups(groups, set(names)) if with_groups else []
         return plans, chosen
 
-    def _plan_topic(self, name: str, target_partitions: int | None) -> TopicPlan:
+    def _settled(self, marks: dict[str, dict[int, tuple[int, int]]]
+                 ) -> dict[str, dict[int, tuple[int, int]]]:
+        """The target's watermarks once they hold still for ``SETTLE_S``, when a partition
+        already holds records (a run to resume): a killed run's last produce requests are
+        appended when they arrive and counted (high watermark) once replicated, which may be
+        after it died. Raises ``MigrationError`` if they still move after ``SETTLE_MAX_S``
+        (something is writing there)."""
+        if not any(end > start for parts in marks.values() for start, end in parts.values()):
+            return marks
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while True:
+            time.sleep(SETTLE_S)
+            again = {name: self.target.watermarks(name, parts) for name, parts in marks.items()}
+            if again == marks:
+                return marks
+            if time.monotonic() > deadline:
+                moving = sorted(f"{t}-{p}" for t in marks for p in marks[t]
+                                if marks[t][p] != again[t][p])
+                raise MigrationError(f"{', '.join(moving[:3])} on Kafka at "
+                                     f"{self.target.bootstrap} keep growing: something writes "
+                                     f"there (another mq migrate?)")
+            marks = again
+
+    def _plan_topic(self, name: str, target_partitions: int | None,
+                    marks: dict[int, tuple[int, int]]) -> TopicPlan:
         described = self._admin.describe_topic(name)
         count = described["partitions"]
         if target_partitions is not None and target_partitions != count:
@@ -112,8 +146,6 @@ class Migration:
         tps = [TopicPartition(name, p) for p in range(count)]
         self._consumer.assign(tps)
         ends = self._consumer.end_offsets(tps)          # last stable offsets
-        marks = ({} if target_partitions is None else
-                 self.target.watermarks(name, range(target_partitions)))
         parts = []
         for tp, (start, _) in zip(tps, described["offsets"]):
             target_start, target_end = marks.get(tp.partition, (0, 0))
