@@ -19,7 +19,7 @@ __all__ = [
     "NoOffsetForPartitionError", "DataLossError", "ClosedError", "MetadataChangedError",
     "WouldBlock", "CommitFailedError", "ConfigError", "UnsupportedOperationError",
     "LogDirLockedError", "DataDirError", "LogTransferError", "FileLimitError", "LogWriteError",
-    "CheckpointError",
+    "CheckpointError", "MigrationError",
     "ProtocolError", "LocalProtocolError", "RemoteProtocolError", "KafkaDecodeError",
     "BrokerUnavailableError", "NONE", "BrokerError", "ERRORS_BY_CODE", "error_for_code",
     # broker errors, one Kafka error code each
@@ -188,6 +188,12 @@ class LogTransferError(StorageError):
     """``mq log export-kafka`` or ``import-kafka`` refused to copy a topic between mq's and
     Kafka's log dirs (a live broker, an unclean source, a topic-id mismatch, a destination
     that holds data, ...): the message says why; nothing was changed."""
+
+
+class MigrationError(MQError):
+    """``mq migrate`` cannot go on: the Kafka cluster it copies into fails or refuses, or what
+    it finds there (data it did not write, a group that consumed there, ...) or on the mq broker
+    (live members, an open transaction) makes the move unsafe. The message says what to do."""
 
 
 class FileLimitError(MQError):

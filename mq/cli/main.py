@@ -28,7 +28,7 @@ from mq.errors import ConfigError, MQError
 __all__ = ["COMMAND_MODULES", "UsageError", "build_parser", "main"]
 
 # In the order ``mq --help`` lists them (the API's order: broker and demo, topics, produce,
-# consume, offsets, groups, transactions, ACLs, worker pools, systemd units, then the offline
+# consume, offsets, groups, transactions, ACLs, worker pools, systemd units, the move to Kafka, then the offline
 # storage tools).
 COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.broker",
@@ -44,6 +44,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mq.cli.top",
     "mq.cli.workers",
     "mq.cli.systemd",
+    "mq.cli.migrate",
     "mq.cli.dump_log",
     "mq.cli.log_check",
 )
@@ -68,6 +69,7 @@ examples:
   mq top                                        live view: topics, rates, groups, lag
   mq topics list --bootstrap-server k1:9092     the same commands on a Kafka cluster
   mq workers run jobs:handle --topic jobs --group billing --processes 4
+  mq migrate --to kafka1:9092                   topics, records, group offsets into Kafka
   mq dump-log --print-data DIR/orders-0/00000000000000000000.log
   mq log check DIR/orders-0 DIR/orders-1        verify partition directories offline
 

@@ -40,10 +40,13 @@ ALLOWED = {
     "mq.aio": {"mq.client", "mq.protocol", "mq.log"},
     "mq.spark": {"mq.client", "mq.protocol", "mq.log"},
     "mq.testing": {"mq.protocol", "mq.log"},
+    # mq migrate's copy into a Kafka cluster: a client of the broker (and of confluent-kafka)
+    "mq.migrate": {"mq.client", "mq.protocol", "mq.log"},
     # the mq command: over the clients and the log; it also starts a broker (mq broker,
-    # mq demo), a worker pool (mq workers) and Spark (mq demo --spark)
+    # mq demo), a worker pool (mq workers) and Spark (mq demo --spark), and copies into Kafka
+    # (mq migrate)
     "mq.cli": {"mq.client", "mq.protocol", "mq.log", "mq.broker", "mq.spark", "mq.testing",
-               "workers", *PLUMBING},
+               "mq.migrate", "workers", *PLUMBING},
     "mq.__main__": {"mq.cli"},
     "pyspark_mq": {"mq.spark"},
     # public names only (test_workers_use_only_public_names)
