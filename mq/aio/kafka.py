@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import queue
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -158,16 +159,37 @@ class _Transaction:
 
 class _LoopListener:
     """A rebalance listener whose methods may be coroutines, called from the consumer's
-    thread: a coroutine runs on ``loop``, and the poll waits for it."""
+    thread: a coroutine runs on ``loop`` while that thread waits for it, and meanwhile runs
+    the consumer calls the coroutine makes (a commit before giving partitions up), which
+    ``AsyncKafkaConsumer._call`` hands it through ``inbox``: librdkafka answers them only
+    from the thread inside its rebalance callback."""
 
-    def __init__(self, listener: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, listener: Any, loop: asyncio.AbstractEventLoop,
+                 owner: AsyncKafkaConsumer) -> None:
         self._listener = listener
         self._loop = loop
+        self._owner = owner
 
     def _call(self, name: str, partitions: set[TopicPartition]) -> None:
         result = getattr(self._listener, name)(partitions)
-        if inspect.isawaitable(result):
-            asyncio.run_coroutine_threadsafe(_awaited(result), self._loop).result()
+        if not inspect.isawaitable(result):
+            return
+        loop, inbox = self._loop, queue.SimpleQueue()
+        self._owner._inbox = inbox
+        try:
+            done = asyncio.run_coroutine_threadsafe(_awaited(result), loop)
+            done.add_done_callback(lambda _: inbox.put(None))
+            while (item := inbox.get()) is not None:
+                fn, future = item
+                try:
+                    value = fn()
+                except BaseException as err:         # noqa: BLE001 - to the coroutine
+                    loop.call_soon_threadsafe(_settle_call, future, None, err)
+                else:
+                    loop.call_soon_threadsafe(_settle_call, future, value, None)
+            done.result()
+        finally:
+            self._owner._inbox = None
 
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self._call("on_partitions_revoked", revoked)
@@ -177,6 +199,14 @@ class _LoopListener:
 
     def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
         self._call("on_partitions_lost", lost)
+
+
+def _settle_call(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -193,15 +223,22 @@ class AsyncKafkaConsumer:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="mq-kafka-consumer")
         self._buffered: list = []
         self._closed = False
+        self._inbox: queue.SimpleQueue | None = None   # set while a listener's coroutine runs
         self.group_id = options.get("group_id")
         self.max_poll_records = options.get("max_poll_records", 500)
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` on the consumer's thread."""
+        """``fn(*args)`` on the consumer's thread: queued to it, or, while it waits inside
+        a rebalance for a listener's coroutine, handed to it there (``_LoopListener``)."""
         if self._closed:
             raise ClosedError("consumer is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._thread,
-                                                                functools.partial(fn, *args))
+        loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        if inbox is not None:
+            future = loop.create_future()
+            inbox.put((functools.partial(fn, *args), future))
+            return await future
+        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
 
     async def start(self) -> None:
         """Create the consumer (subscribing or assigning the constructor's topics)."""
@@ -209,7 +246,7 @@ class AsyncKafkaConsumer:
             return
         servers, topics, listener, options = self._args
         if listener is not None:
-            listener = _LoopListener(listener, asyncio.get_running_loop())
+            listener = _LoopListener(listener, asyncio.get_running_loop(), self)
         self._consumer = await self._call(
             functools.partial(KafkaConsumer, servers, *topics, listener=listener, **options))
 
@@ -289,7 +326,7 @@ class AsyncKafkaConsumer:
     def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
                   listener: Any = None) -> None:
         if listener is not None:
-            listener = _LoopListener(listener, asyncio.get_running_loop())
+            listener = _LoopListener(listener, asyncio.get_running_loop(), self)
         self._thread.submit(self._ready().subscribe, topics, pattern, listener).result()
 
     async def unsubscribe(self) -> None:

@@ -300,10 +300,15 @@ class KafkaConsumer:
 
     def _offsets(self, offsets: Mapping | None) -> list:
         """librdkafka's offsets to commit: ``offsets`` (``{tp: offset}`` or ``{tp: (offset,
-        metadata)}``), or every assigned partition's position."""
+        metadata)}``), or the position of every assigned partition that has one here (read
+        or sought: one never read still stands at its committed offset)."""
         from confluent_kafka import TopicPartition as RdPartition
         if offsets is None:
-            offsets = {tp: self.position(tp) for tp in self.assignment()}
+            assigned = self.assignment()
+            offsets = {_tp(t): t.offset for t in self._handed_positions(assigned)}
+            offsets.update((_tp(t), t.offset) for t in self._rd.position(
+                [RdPartition(tp.topic, tp.partition) for tp in assigned - offsets.keys()])
+                if t.offset >= 0)
         out = []
         for tp, offset in offsets.items():
             offset, metadata = offset if isinstance(offset, tuple) else (offset, None)
@@ -651,9 +656,9 @@ class KafkaConsumer:
             deadline = time.monotonic() + 1.0   # commit_async's reports, for a second at most
             while self._async_pending and time.monotonic() < deadline:
                 self._rd.poll(0.05)
+            self._rd.close()      # leaves the group: a listener's revocation runs in here
         finally:
             self._closed = True
-            self._rd.close()
 
     def __enter__(self) -> KafkaConsumer:
         return self

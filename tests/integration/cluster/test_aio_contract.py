@@ -106,3 +106,46 @@ def test_a_transaction_block_commits_or_aborts(backend):
             assert [r.value for r in await _read(c, 1)] == [b"kept"]
             assert await c.getmany(timeout_ms=500) == {}
     asyncio.run(main())
+
+
+def test_a_coroutine_listener_may_commit_while_partitions_are_revoked(backend):
+    name, group = backend.name("t"), backend.name("g")
+    revoked: list = []
+
+    async def main():
+        consumer = None
+
+        class Listener:
+            async def on_partitions_revoked(self, tps):
+                await consumer.commit()             # the consumer's own coroutine, re-entered
+                revoked.append(tps)
+
+            def on_partitions_assigned(self, tps):
+                pass
+
+            def on_partitions_lost(self, tps):
+                pass
+
+        async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
+            await admin.create_topic(name, 2)
+        async with mq.aio.Producer(bootstrap_servers=backend.bootstrap) as p:
+            for i in range(20):
+                await p.send(name, b"%d" % i, key=b"%d" % i)
+            await p.flush()
+        consumer = mq.aio.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap,
+                                   listener=Listener(), enable_auto_commit=False)
+        async with consumer:
+            assert len(await _read(consumer, 20)) == 20
+            other = mq.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap)
+            try:                                    # joins: a rebalance revokes from ours
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + WAIT_S
+                while not revoked and loop.time() < deadline:
+                    await consumer.getmany(timeout_ms=100)
+                    await asyncio.to_thread(other.poll, 100)
+                assert revoked
+            finally:
+                other.close()
+        with mq.Admin(bootstrap_servers=backend.bootstrap) as admin:
+            assert sum(admin.list_group_offsets(group).values()) == 20
+    asyncio.run(asyncio.wait_for(main(), 120))
