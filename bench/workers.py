@@ -7,7 +7,14 @@ again. Every pool is a real ``python -m mq workers run`` process tree on a broke
 
     python3 -m bench.workers [--quick] [--runs 3] [--children 1,2,4] [--trials 20]
                              [--only throughput,eos,failover] [--rate 4000]
+                             [--target mq|mq-listener|kafka] [--bootstrap-server HOST:PORT,...]
                              [--out bench/out/workers.json] [--dir /tmp] [--wait-idle 300]
+
+``--target`` moves the same pools off the local broker: onto mq's own Kafka listener, or onto a
+three-node Apache Kafka cluster started here (``bench.kafka_cluster``), both through
+``bootstrap_servers=`` and librdkafka; ``--bootstrap-server`` onto a cluster elsewhere (whose
+CPU is then not in the per-record figure). Celery and ``multiprocessing.Pool`` stay the same
+peers, so runs with each target compare in ratios.
 
 Sections (``--only``):
 
@@ -167,14 +174,14 @@ class Pool:
 
     def __init__(self, ctx, handler: str, topic: str, group: str, children: int,
                  args=(), env=None) -> None:
-        self.broker_pid = ctx.broker.pid
+        self.server_pids = ctx.server_pids
         self.gate = os.path.join(ctx.base, f"{group}.gate")
         env = {"BENCH_GATE": self.gate, **(env or {})}
         self.stats = os.path.join(ctx.base, f"{group}.stats")
         self.err = os.path.join(ctx.base, f"{group}.stderr")
         cmd = [sys.executable, "-m", "mq", "workers", "run", f"bench.workers:{handler}",
                "--topic", topic, "--group", group, "--processes", str(children),
-               "--socket", ctx.broker.socket, "--stats-file", self.stats,
+               *ctx.pool_args, "--stats-file", self.stats,
                "--log-level", "WARNING", *args]
         with open(self.err, "wb") as err:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stderr=err, stdin=subprocess.DEVNULL,
@@ -212,8 +219,8 @@ class Pool:
         return self.proc.poll() is None
 
     def cpu(self) -> float:
-        """The pool's CPU time and the broker's."""
-        return family_cpu(self.proc.pid, self.broker_pid)
+        """The pool's CPU time and the broker's (the cluster's nodes', when they run here)."""
+        return family_cpu(self.proc.pid, *self.server_pids)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -228,17 +235,24 @@ class Pool:
 
 
 class Ctx:
-    def __init__(self, args, base: str, broker) -> None:
+    """What the sections run against: ``where``, the clients' arguments (the local broker's
+    socket, or a cluster's bootstrap servers), the pools' same flags, and the processes
+    whose CPU counts as the server side's."""
+
+    def __init__(self, args, base: str, where: dict, server_pids: list[int]) -> None:
         import mq
         from bench.harness import payloads
-        self.args, self.base, self.broker = args, base, broker
-        self.admin = mq.Admin(broker.socket)
+        self.args, self.base, self.where = args, base, where
+        self.server_pids = server_pids
+        self.pool_args = (["--socket", where["socket"]] if "socket" in where
+                          else ["--bootstrap-server", where["bootstrap_servers"]])
+        self.admin = mq.Admin(**where)
         self.values = payloads(VALUE_SIZE, 1000)
         self.names = (f"t{i}" for i in range(1_000_000))
         self.redis = None
 
     def servers(self) -> list[int]:
-        return [self.broker.pid] + ([self.redis["pid"]] if self.redis else [])
+        return self.server_pids + ([self.redis["pid"]] if self.redis else [])
 
     def topic(self, records: int, partitions: int = PARTITIONS) -> str:
         """A fresh topic holding ``records`` values of 100 B, keyed, round-robin."""
@@ -246,7 +260,7 @@ class Ctx:
         name = next(self.names)
         self.admin.create_topic(name, partitions)
         values = self.values
-        with mq.Producer(socket=self.broker.socket, linger_ms=5, batch_size=1 << 18) as p:
+        with mq.Producer(**self.where, linger_ms=5, batch_size=1 << 18) as p:
             for i in range(records):
                 p.send(name, value=values[i % 1000], key=b"k%d" % (i % 997),
                        partition=i % partitions)
@@ -361,7 +375,7 @@ def eos_side(ctx, exactly_once: bool) -> dict:
         res = window(pool.handled, before + warm, n, pool.cpu, alive=pool.alive)
     finally:
         pool.stop()
-    with mq.Consumer(out, socket=ctx.broker.socket, isolation_level="read_committed") as c:
+    with mq.Consumer(out, **ctx.where, isolation_level="read_committed") as c:
         ends = c.end_offsets(sorted(c.assignment()))
         c.seek_to_beginning()
         got = 0
@@ -386,9 +400,9 @@ def run_eos(ctx) -> dict:
 
 # --- failover ---------------------------------------------------------------------------------
 
-def _feed(socket: str, topic: str, rate: float, stop) -> None:
+def _feed(where: dict, topic: str, rate: float, stop) -> None:
     import mq
-    with mq.Producer(socket=socket, linger_ms=0) as p:
+    with mq.Producer(**where, linger_ms=0) as p:
         start, i = time.monotonic(), 0
         while not stop.is_set():
             ahead = start + i / rate - time.monotonic()
@@ -453,7 +467,7 @@ def run_failover(ctx) -> dict:
     stamps = Stamps(path)
     stop = mp.get_context("fork").Event()
     feeder = mp.get_context("fork").Process(target=_feed, daemon=True, args=(
-        ctx.broker.socket, topic, ctx.args.rate, stop))
+        ctx.where, topic, ctx.args.rate, stop))
     feeder.start()
     pool = Pool(ctx, "stamp", topic, f"g{topic}", 3, env={"BENCH_STAMPS": path})
     trials: list[float] = []
@@ -577,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=4000.0, help="records/s during failover")
     p.add_argument("--seed", type=int, default=1, help="the failover victims' seed")
     p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    p.add_argument("--target", choices=("mq", "mq-listener", "kafka"), default="mq",
+                   help="where the pools read and write: the local broker (default), mq's "
+                        "Kafka listener (bootstrap_servers=), or a three-node Kafka cluster "
+                        "started here")
+    p.add_argument("--bootstrap-server", default=None, metavar="HOST:PORT[,...]",
+                   help="run the pools on this Kafka cluster (its CPU is not counted)")
     add_run_arguments(p, "workers", dir_help="parent of the temp dir (a real disk)")
     args = p.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 3)
@@ -592,21 +612,20 @@ def main(argv: list[str] | None = None) -> int:
     if set(only) - set(SECTIONS):
         p.error(f"unknown section(s); known: {', '.join(SECTIONS)}")
 
-    import mq.testing
     from bench.peers import redis_server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     versions = ensure_celery() if "throughput" in only else {}
     idle = wait_idle(args.wait_idle, progress=_progress)
     base = tempfile.mkdtemp(prefix="mq-workers-", dir=args.dir)
-    broker = None
     t_start = time.monotonic()
     try:
         meta = machine_facts(base, wait_idle=idle, peers=versions)
         res: dict = {"meta": meta, "params": {k: v for k, v in vars(args).items()}}
-        broker = mq.testing.BrokerProcess(os.path.join(base, "mq-data")).start()
-        ctx = Ctx(args, base, broker)
-        _progress(f"temp dir {base}; broker pid {broker.pid}")
         with contextlib.ExitStack() as stack:
+            where, pids = _target(args, base, stack)
+            res["params"]["target"] = {k: v for k, v in where.items()}
+            ctx = Ctx(args, base, where, pids)
+            _progress(f"temp dir {base}; {args.target} at {where}, server pids {pids}")
             if "throughput" in only:
                 ctx.redis = stack.enter_context(redis_server(base))
             run_sections({"throughput": lambda: run_throughput(ctx),
@@ -618,10 +637,34 @@ def main(argv: list[str] | None = None) -> int:
                    f"{'quick; ' if args.quick else ''}Celery {versions.get('celery')}, "
                    f"redis-server {versions.get('redis-server')}")
     finally:
-        if broker is not None:
-            broker.close()
         shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+def _target(args, base: str, stack: contextlib.ExitStack) -> tuple[dict, list[int]]:
+    """The clients' arguments and the server-side pids of ``--target``: a local broker
+    (its socket), mq's Kafka listener, a three-node Kafka cluster started here, or the
+    cluster at ``--bootstrap-server`` (whose CPU is not counted: it runs elsewhere)."""
+    import mq
+    import mq.testing
+    from bench.harness import kafka_listener_broker
+    from bench.kafka_cluster import KafkaCluster
+    if args.bootstrap_server:
+        return {"bootstrap_servers": args.bootstrap_server}, []
+    if args.target == "kafka":
+        _progress("starting a three-node Kafka cluster")
+        cluster = stack.enter_context(KafkaCluster(os.path.join(base, "kafka")))
+        return {"bootstrap_servers": cluster.bootstrap}, [n.pid for n in cluster.nodes]
+    if args.target == "mq-listener":
+        os.makedirs(os.path.join(base, "mq"))
+        broker = kafka_listener_broker(os.path.join(base, "mq"))
+        stack.callback(broker.close)
+        with mq.Admin(broker.socket) as admin:
+            [listener] = admin.broker_stats()["broker"]["kafka_listeners"]
+        return {"bootstrap_servers": listener.rpartition("://")[2]}, [broker.pid]
+    broker = mq.testing.BrokerProcess(os.path.join(base, "mq-data")).start()
+    stack.callback(broker.close)
+    return {"socket": broker.socket}, [broker.pid]
 
 
 if __name__ == "__main__":
