@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from mq.cli import PROG, print_error
@@ -252,3 +254,34 @@ def start_broker(data_dir: str, socket_path: str | None = None):
                       f"{lines[-1] if lines else 'no output'} (log: {broker.stderr_path})"
                       ) from err
     return broker
+
+
+class ProgressLine:
+    """One progress line on stderr for long copies: rewritten in place on a terminal (every
+    0.2 s at most), a plain line every 5 s otherwise. ``due()`` says whether one is wanted
+    now (and counts it shown), ``show(text)`` writes it, ``done()`` ends the line."""
+
+    EVERY_S = (0.2, 5.0)              # seconds between lines: on a terminal, otherwise
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.every = self.EVERY_S[0] if self.tty else self.EVERY_S[1]
+        self.start = self.last = time.monotonic()
+        self.shown = False
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return False
+        self.last = now
+        return True
+
+    def show(self, text: str) -> None:
+        sys.stderr.write(f"\r{text}\033[K" if self.tty else text + "\n")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from mq.broker.space import format_bytes
-from mq.cli.common import formatter, plural
+from mq.cli.common import ProgressLine, formatter, plural
 from mq.log.transfer import LogDir, TopicCopy, copy_topic, held, plan
 from mq.protocol.paths import default_data_dir, path_argument
 
 __all__ = ["add_commands"]
 
-PROGRESS_S = (0.2, 5.0)         # seconds between progress lines: on a terminal, otherwise
 LARGE = 1 << 30                 # bytes: a partition whose check is announced off a terminal
 
 COMMON = """\
@@ -160,28 +158,11 @@ def _checking(directory: str, size: int) -> None:
         sys.stderr.flush()
 
 
-class _Progress:
+class _Progress(ProgressLine):
     """``progress(done, total)`` for ``copy_topic``: bytes copied on stderr, now and then."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.every = PROGRESS_S[0] if self.tty else PROGRESS_S[1]
-        self.start = self.last = time.monotonic()
-        self.shown = False
-
     def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        rate = done / max(now - self.start, 1e-3)
-        line = (f"copying: {format_bytes(done)} of {format_bytes(total)} ({100 * done // max(total, 1)}%, "
-                f"{format_bytes(int(rate))}/s)")
-        sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
-        sys.stderr.flush()
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        if self.due():
+            rate = done / max(self.last - self.start, 1e-3)
+            self.show(f"copying: {format_bytes(done)} of {format_bytes(total)} "
+                      f"({100 * done // max(total, 1)}%, {format_bytes(int(rate))}/s)")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from mq.cli import json_line
 from mq.cli.common import (
+    ProgressLine,
     add_socket_argument,
     formatter,
     parse_key_values,
@@ -28,7 +28,6 @@ from mq.protocol.paths import path_argument
 
 __all__ = ["add_parser", "run"]
 
-PROGRESS_S = (0.2, 5.0)         # seconds between progress lines: on a terminal, otherwise
 
 DESCRIPTION = """\
 Copy the mq broker's topics, their records and its groups' committed offsets into an Apache
@@ -190,29 +189,12 @@ def _print_result(plans, copied, groups, translated, as_json: bool) -> None:
                      f"{plural(len(groups), 'group')}\n")
 
 
-class _Progress:
+class _Progress(ProgressLine):
     """``progress(partition, position, records)`` for ``Migration.copy``, on stderr."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.every = PROGRESS_S[0] if self.tty else PROGRESS_S[1]
-        self.last = time.monotonic()
-        self.shown = False
-
     def __call__(self, part, position: int, records: int) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        done = position - part.resume
-        total = max(part.source_end - part.resume, 1)
-        line = (f"copying {part.topic}-{part.partition}: offset {position} of "
-                f"{part.source_end} ({100 * done // total}%), {records} records")
-        sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
-        sys.stderr.flush()
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        if self.due():
+            done = position - part.resume
+            total = max(part.source_end - part.resume, 1)
+            self.show(f"copying {part.topic}-{part.partition}: offset {position} of "
+                      f"{part.source_end} ({100 * done // total}%), {records} records")
