@@ -136,6 +136,9 @@ def run_workers(jobs: list[tuple[Callable, dict]], timeout: float,
     broker's CPU). Returns (results in job order, on_start's value, on_end's value). Raises
     ``WorkerError`` with the child's traceback if a worker fails or ``timeout`` passes; every
     child is gone when this returns or raises."""
+    # Garbage collected here, not in a forked worker: a librdkafka client left in a cycle
+    # by an earlier test would be destroyed in the child, whose librdkafka threads are gone.
+    gc.collect()
     barrier = CTX.Barrier(len(jobs) + 1)
     procs, readers = [], []
     for i, (fn, kwargs) in enumerate(jobs):
