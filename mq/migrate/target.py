@@ -27,7 +27,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from mq.client.kafka.config import with_overrides
+from mq.client.kafka.config import native, with_overrides
 from mq.errors import MigrationError
 from mq.migrate.offsets import source_offset
 
@@ -65,7 +65,7 @@ class Target:
 
     def _client(self, kind, extra: dict):
         try:
-            return kind({**self._config, **extra})
+            return native(self, kind, {**self._config, **extra})
         except (KafkaException, ValueError, TypeError) as err:
             raise MigrationError(f"bad --to-config for Kafka at {self.bootstrap}: "
                                  f"{_reason(err)}") from err

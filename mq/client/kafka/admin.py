@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mq.client.kafka.config import with_overrides
+from mq.client.kafka.config import native, with_overrides
 from mq.client.kafka.errors import raising, results
 from mq.client.types import TopicPartition
 from mq.errors import ClosedError, ResourceNotFoundError, UnsupportedOperationError
@@ -43,7 +43,7 @@ class KafkaAdmin:
         self._timeout = timeout
         self._conf = with_overrides(servers, {"client.id": "mq-admin"}, kafka_config)
         with raising("admin"):
-            self._rd = AdminClient(self._conf)
+            self._rd = native(self, AdminClient, self._conf)
         self._closed = False
 
     def _run(self, call: Any, what: str) -> dict:

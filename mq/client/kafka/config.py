@@ -12,16 +12,18 @@ those; ``read_properties`` reads the same from a Java-style ``client.properties`
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from mq.errors import ConfigError
 
-__all__ = ["ENV", "bootstrap", "backend_args", "connection_only", "read_properties",
+__all__ = ["ENV", "bootstrap", "backend_args", "connection_only", "native", "read_properties",
            "with_overrides"]
 
 ENV = "MQ_BOOTSTRAP_SERVERS"
@@ -107,3 +109,33 @@ def connection_only(conf: Mapping[str, Any]) -> dict[str, Any]:
     beside a producer) takes."""
     return {k: v for k, v in conf.items()
             if k in _CONNECTION or k.startswith(("sasl.", "ssl.", "oauthbearer."))}
+
+
+# The objects that own librdkafka handles (``native``). A forked child inherits the handles
+# but not their threads: a handle's destructor joins those threads, and crashes the child
+# (when the owner is collected there, or at its exit). So a forked child leaks them all.
+_OWNERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def native(owner: object, kind: Any, conf: Mapping[str, Any]) -> Any:
+    """A librdkafka handle ``kind(conf)`` (confluent-kafka's ``Producer``, ``Consumer`` or
+    ``AdminClient``) for ``owner``, which keeps it (the handles are weakly referenced from
+    nowhere else), never destroyed in a forked child. An owner with a ``_forked_child()``
+    method is told it is in one (to open handles of its own there)."""
+    handle = kind(conf)
+    owner.__dict__.setdefault("_native_handles", []).append(handle)
+    _OWNERS.add(owner)
+    return handle
+
+
+def _after_fork_in_child() -> None:
+    for owner in list(_OWNERS):
+        for handle in owner.__dict__.pop("_native_handles", ()):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+        hook = getattr(owner, "_forked_child", None)
+        if hook is not None:
+            hook()
+    _OWNERS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

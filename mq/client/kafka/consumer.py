@@ -41,7 +41,7 @@ from mq.client.consumer_options import (
     check_subscription,
 )
 from mq.client.fetcher import Record
-from mq.client.kafka.config import connection_only, with_overrides
+from mq.client.kafka.config import connection_only, native, with_overrides
 from mq.client.kafka.errors import from_kafka, raising, results
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
@@ -137,7 +137,7 @@ class KafkaConsumer:
         }, kafka_config)
         from confluent_kafka import Consumer as RdConsumer
         with raising("consumer"):
-            self._rd = RdConsumer(self._conf)
+            self._rd = native(self, RdConsumer, self._conf)
         self._admin: Any = None
         self._closed = False
         # positions known here: after the records handed out, or sought (librdkafka forgets a
@@ -506,7 +506,7 @@ class KafkaConsumer:
         from confluent_kafka import TopicPartition as RdPartition
         from confluent_kafka.admin import AdminClient
         if self._admin is None:
-            self._admin = AdminClient(connection_only(self._conf))
+            self._admin = native(self, AdminClient, connection_only(self._conf))
         level = (IsolationLevel.READ_COMMITTED if self.isolation_level == "read_committed"
                  else IsolationLevel.READ_UNCOMMITTED)
         found = results(lambda: self._admin.list_offsets(

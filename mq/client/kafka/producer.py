@@ -23,12 +23,10 @@ cluster does not know is created on the first send if the cluster auto-creates t
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -41,7 +39,7 @@ from mq.errors import (
     ProducerFencedError,
     UnknownTopicOrPartitionError,
 )
-from mq.client.kafka.config import connection_only, with_overrides
+from mq.client.kafka.config import connection_only, native, with_overrides
 from mq.client.kafka.errors import from_kafka, raising
 
 __all__ = ["KafkaFuture", "KafkaProducer"]
@@ -53,18 +51,6 @@ _TOPIC_TTL_S = 30.0                      # how long a send trusts a topic's part
 # A topic created a moment ago through another node may be unknown to the node asked: each
 # learns it from the metadata log in its own time.
 _NEW_TOPIC_GRACE_S = 1.0
-_FORKABLE: weakref.WeakSet = weakref.WeakSet()   # producers a forked child must reopen
-
-
-def _after_fork_in_child() -> None:
-    """Mark the producers to reopen, and leak their handles: a handle's destructor joins
-    librdkafka threads that the child does not have (a crash, also at the child's exit)."""
-    for producer in _FORKABLE:
-        producer._forked = True
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(producer._rd))
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class KafkaFuture:
@@ -246,16 +232,18 @@ class KafkaProducer:
     def _open(self) -> None:
         from confluent_kafka import Producer as RdProducer
         with raising("producer"):
-            self._rd = RdProducer(self._conf)
+            self._rd = native(self, RdProducer, self._conf)
         self._pid = os.getpid()
-        self._forked = False                        # set in a forked child (_FORKABLE)
-        _FORKABLE.add(self)
+        self._forked = False                        # set in a forked child (_forked_child)
         self._lock = threading.Lock()               # the futures' lock
         self._stopping = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="mq-kafka-producer",
                                         daemon=True)
         self._poller.start()
         self._topics.clear()
+
+    def _forked_child(self) -> None:
+        self._forked = True
 
     def _poll_loop(self) -> None:
         rd, stopping = self._rd, self._stopping

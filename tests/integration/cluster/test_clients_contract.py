@@ -289,6 +289,41 @@ def test_a_producer_used_in_a_forked_child_gets_its_own_connection(backend):
         assert p.send(name, b"parent again").get(WAIT_S).offset == 2
 
 
+def test_a_forked_child_may_drop_the_parents_clients(backend):
+    """A child forked while the parent holds a producer, an admin and a consumer may let
+    them go: their librdkafka threads are the parent's, never joined in the child, and the
+    parent's clients go on."""
+    import gc
+    import os
+    name = topic(backend)
+    clients = [mq.Producer(bootstrap_servers=backend.bootstrap),
+               mq.Admin(bootstrap_servers=backend.bootstrap),
+               mq.Consumer(name, group_id=backend.name("g"), bootstrap_servers=backend.bootstrap,
+                           auto_offset_reset="earliest")]
+    try:
+        p, admin, c = clients
+        p.send(name, b"before").get(WAIT_S)
+        assert c.end_offsets([TopicPartition(name, 0)]) == {TopicPartition(name, 0): 1}
+        del p, admin, c
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                clients.clear()                          # the last references: destroyed
+                gc.collect()
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        p, admin, c = clients
+        assert name in admin.list_topics()
+        assert p.send(name, b"after").get(WAIT_S).offset == 1
+        assert [r.value for r in read(c, 2)] == [b"before", b"after"]
+    finally:
+        for client in clients:
+            client.close()
+
+
 def test_commit_async_calls_back_inside_a_later_poll(backend):
     name = topic(backend)
     with mq.Producer(bootstrap_servers=backend.bootstrap) as p:
