@@ -16,6 +16,12 @@ Where the local consumer's semantics are kept by hand:
   needs a group id even then: a private one, never committed to.
 - **A ``pattern``** is matched by Python's ``re.fullmatch`` over the cluster's topic names
   (not librdkafka's own regex dialect), checked again every ``_RECHECK_S``.
+- **A poll's records are handed out whole, or not at all.** ``poll`` takes one message from
+  librdkafka, waiting, and then what else is fetched; a rebalance may come between the two.
+  librdkafka counts the first message as consumed, but its partition's listener (which may
+  commit positions) sees the position before it, and the message is dropped if its
+  partition was revoked, lost or sought meanwhile: the next owner reads it. An error among
+  the messages is raised at the next ``poll`` when records came before it.
 - **A commit a rebalance refused** (unknown member, old generation, rebalance in progress)
   raises ``CommitFailedError``, as Kafka's Java client does.
 
@@ -150,6 +156,8 @@ class KafkaConsumer:
         self._subscription: list[str] = []
         self._checked_at = 0.0
         self._async_pending: list[tuple] = []      # commit_async's, until librdkafka reports
+        self._early: Any = None        # a poll's first message while it takes the rest
+        self._error: BaseException | None = None   # to raise at the next poll
         self._iterator: Iterator[Record] | None = None
         try:
             if group_id is not None and (topics or pattern is not None):
@@ -271,16 +279,22 @@ class KafkaConsumer:
 
     def _on_revoke(self, rd: Any, partitions: list) -> None:
         revoked = {_tp(tp) for tp in partitions}
-        self._commit_handed(revoked)
-        if self._listener is not None:
-            self._listener.on_partitions_revoked(revoked)
+        try:
+            self._commit_handed(revoked)
+            if self._listener is not None:
+                self._listener.on_partitions_revoked(revoked)
+        finally:
+            self._drop_early(revoked)
 
     def _on_lost(self, rd: Any, partitions: list) -> None:
         lost = {_tp(tp) for tp in partitions}
         for tp in lost:
             self._handed.pop(tp, None)        # another member may own them: never commit
-        if self._listener is not None:
-            self._listener.on_partitions_lost(lost)
+        try:
+            if self._listener is not None:
+                self._listener.on_partitions_lost(lost)
+        finally:
+            self._drop_early(lost)
 
     # --- commits ---------------------------------------------------------------------------
     def group_metadata(self) -> ConsumerGroupMetadata:
@@ -306,7 +320,7 @@ class KafkaConsumer:
         if offsets is None:
             assigned = self.assignment()
             offsets = {_tp(t): t.offset for t in self._handed_positions(assigned)}
-            offsets.update((_tp(t), t.offset) for t in self._rd.position(
+            offsets.update((_tp(t), t.offset) for t in self._app_positions(
                 [RdPartition(tp.topic, tp.partition) for tp in assigned - offsets.keys()])
                 if t.offset >= 0)
         out = []
@@ -413,13 +427,33 @@ class KafkaConsumer:
         if not tps:
             return []
         out = []
-        for rd_tp in self._rd.position(tps):
+        for rd_tp in self._app_positions(tps):
             tp = _tp(rd_tp)
             known = self._handed[tp]
             if tp not in self._sought and rd_tp.offset > known:
                 known = rd_tp.offset
             out.append(RdPartition(tp.topic, tp.partition, known))
         return out
+
+    def _app_positions(self, rd_tps: list) -> list:
+        """librdkafka's positions (after the last message it gave us), each but the early
+        message's: that one's partition stands before it until ``poll`` hands it out."""
+        out = self._rd.position(rd_tps)
+        early = self._early
+        if early is not None:
+            for rd_tp in out:
+                if rd_tp.partition == early.partition() and rd_tp.topic == early.topic() \
+                        and rd_tp.offset > early.offset():
+                    rd_tp.offset = early.offset()
+        return out
+
+    def _drop_early(self, tps: set[TopicPartition]) -> None:
+        """A listener's partitions went (or a seek moved one) while ``poll`` held their
+        early message: it is not handed out (the partition is read again from where it is
+        committed, or sought)."""
+        early = self._early
+        if early is not None and TopicPartition(early.topic(), early.partition()) in tps:
+            self._early = None
 
     def _commit_handed(self, only: set[TopicPartition] | None = None) -> None:
         """With auto-commit, commit the records handed out (before a revocation, on
@@ -449,6 +483,7 @@ class KafkaConsumer:
     def _seek(self, rd_tp: Any) -> None:
         from confluent_kafka import KafkaException
         tp = _tp(rd_tp)
+        self._drop_early({tp})
         self._handed[tp] = rd_tp.offset     # the position now, also to auto-commit
         self._sought.add(tp)
         deadline = time.monotonic() + self._timeout
@@ -484,7 +519,7 @@ class KafkaConsumer:
         if tp in self._handed:
             [rd_tp] = self._handed_positions({tp})
             return rd_tp.offset
-        [rd_tp] = self._rd.position([self._rd_tp(tp)])
+        [rd_tp] = self._app_positions([self._rd_tp(tp)])
         if rd_tp.offset >= 0:
             return rd_tp.offset
         resolved = self.committed(tp) if self.group_id is not None else None
@@ -578,26 +613,47 @@ class KafkaConsumer:
         if (self._whole or self._pattern is not None) and \
                 time.monotonic() - self._checked_at > _RECHECK_S:
             self._follow()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
         rd = self._rd
         first = rd.poll(-1 if timeout_s is None else timeout_s)
         if first is None:
             return {}
         messages = [first]
         if max_records > 1:
-            messages += rd.consume(max_records - 1, 0)
+            if first.error() is None:
+                self._early = first
+            from confluent_kafka import KafkaException
+            try:
+                messages += rd.consume(max_records - 1, 0)
+            except KafkaException as exc:      # after the first: raised at the next poll
+                self._error = from_kafka(exc.args[0], "poll")
+            finally:
+                if self._early is None and first.error() is None:
+                    del messages[0]                # dropped by a rebalance or a seek
+                self._early = None
         out: dict[TopicPartition, list[Record]] = {}
         for m in messages:
-            self._take(m, out)
+            err = m.error()
+            if err is None:
+                self._take(m, out)
+            elif self._error is None:
+                self._error = self._failure(m, err)
+        if not out and self._error is not None:
+            error, self._error = self._error, None
+            raise error
         return out
 
+    @staticmethod
+    def _failure(m: Any, err: Any) -> BaseException | None:
+        from confluent_kafka import KafkaError
+        if err.code() == KafkaError._PARTITION_EOF:
+            return None
+        return from_kafka(err, f"{m.topic()}-{m.partition()}")
+
     def _take(self, m: Any, out: dict[TopicPartition, list[Record]]) -> None:
-        """One of librdkafka's messages into ``out`` (or its error raised)."""
-        err = m.error()
-        if err is not None:
-            from confluent_kafka import KafkaError
-            if err.code() == KafkaError._PARTITION_EOF:
-                return
-            raise from_kafka(err, f"{m.topic()}-{m.partition()}")
+        """One of librdkafka's messages (not an error) into ``out``."""
         tp = TopicPartition(m.topic(), m.partition())
         kind, ts = m.timestamp()
         key, value = m.key(), m.value()
