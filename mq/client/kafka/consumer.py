@@ -16,12 +16,14 @@ Where the local consumer's semantics are kept by hand:
   needs a group id even then: a private one, never committed to.
 - **A ``pattern``** is matched by Python's ``re.fullmatch`` over the cluster's topic names
   (not librdkafka's own regex dialect), checked again every ``_RECHECK_S``.
-- **A poll's records are handed out whole, or not at all.** ``poll`` takes one message from
-  librdkafka, waiting, and then what else is fetched; a rebalance may come between the two.
-  librdkafka counts the first message as consumed, but its partition's listener (which may
-  commit positions) sees the position before it, and the message is dropped if its
-  partition was revoked, lost or sought meanwhile: the next owner reads it. An error among
-  the messages is raised at the next ``poll`` when records came before it.
+- **A position never passes a record not handed out.** librdkafka counts a message as
+  consumed when it gives it to us, and its position (used to step over transaction markers)
+  moves past it. Two messages are taken and not handed out: a poll's first message, when a
+  rebalance between it and the rest of the batch revoked its partition (or a seek moved it),
+  and one that ``close`` takes while it waits for ``commit_async``'s reports. Until the
+  partition hands out a record again, or is sought, its position stands before such a
+  message, so neither a listener nor an auto-commit commits past it. An error among a
+  poll's messages is raised at the next ``poll`` when records came before it.
 - **A commit a rebalance refused** (unknown member, old generation, rebalance in progress)
   raises ``CommitFailedError``, as Kafka's Java client does.
 
@@ -156,7 +158,9 @@ class KafkaConsumer:
         self._subscription: list[str] = []
         self._checked_at = 0.0
         self._async_pending: list[tuple] = []      # commit_async's, until librdkafka reports
-        self._early: Any = None        # a poll's first message while it takes the rest
+        # librdkafka's consumed messages not handed out: {tp: the first one's offset}
+        self._unhanded: dict[TopicPartition, int] = {}
+        self._early: TopicPartition | None = None   # a poll's first message's, meanwhile
         self._error: BaseException | None = None   # to raise at the next poll
         self._iterator: Iterator[Record] | None = None
         try:
@@ -436,23 +440,22 @@ class KafkaConsumer:
         return out
 
     def _app_positions(self, rd_tps: list) -> list:
-        """librdkafka's positions (after the last message it gave us), each but the early
-        message's: that one's partition stands before it until ``poll`` hands it out."""
+        """librdkafka's positions (after the last message it gave us), none past a message
+        not handed out (``_unhanded``)."""
         out = self._rd.position(rd_tps)
-        early = self._early
-        if early is not None:
+        unhanded = self._unhanded
+        if unhanded:
             for rd_tp in out:
-                if rd_tp.partition == early.partition() and rd_tp.topic == early.topic() \
-                        and rd_tp.offset > early.offset():
-                    rd_tp.offset = early.offset()
+                offset = unhanded.get(_tp(rd_tp))
+                if offset is not None and rd_tp.offset > offset:
+                    rd_tp.offset = offset
         return out
 
     def _drop_early(self, tps: set[TopicPartition]) -> None:
         """A listener's partitions went (or a seek moved one) while ``poll`` held their
-        early message: it is not handed out (the partition is read again from where it is
+        first message: it is not handed out (the partition is read again from where it is
         committed, or sought)."""
-        early = self._early
-        if early is not None and TopicPartition(early.topic(), early.partition()) in tps:
+        if self._early in tps:
             self._early = None
 
     def _commit_handed(self, only: set[TopicPartition] | None = None) -> None:
@@ -484,6 +487,7 @@ class KafkaConsumer:
         from confluent_kafka import KafkaException
         tp = _tp(rd_tp)
         self._drop_early({tp})
+        self._unhanded.pop(tp, None)
         self._handed[tp] = rd_tp.offset     # the position now, also to auto-commit
         self._sought.add(tp)
         deadline = time.monotonic() + self._timeout
@@ -622,15 +626,17 @@ class KafkaConsumer:
             return {}
         messages = [first]
         if max_records > 1:
+            early = None
             if first.error() is None:
-                self._early = first
+                early = self._early = TopicPartition(first.topic(), first.partition())
+                self._unhanded.setdefault(early, first.offset())
             from confluent_kafka import KafkaException
             try:
                 messages += rd.consume(max_records - 1, 0)
             except KafkaException as exc:      # after the first: raised at the next poll
                 self._error = from_kafka(exc.args[0], "poll")
             finally:
-                if self._early is None and first.error() is None:
+                if early is not None and self._early is None:
                     del messages[0]                # dropped by a rebalance or a seek
                 self._early = None
         out: dict[TopicPartition, list[Record]] = {}
@@ -669,6 +675,8 @@ class KafkaConsumer:
                               value, m.headers() or []))
         self._handed[tp] = offset + 1
         self._sought.discard(tp)
+        if self._unhanded:
+            self._unhanded.pop(tp, None)
 
     def __iter__(self) -> Iterator[Record]:
         """Records one by one, blocking for the next (forever, or ``consumer_timeout_ms``)."""
@@ -711,7 +719,10 @@ class KafkaConsumer:
                 log.warning("consumer closing without committing what it handed out: %s", err)
             deadline = time.monotonic() + 1.0   # commit_async's reports, for a second at most
             while self._async_pending and time.monotonic() < deadline:
-                self._rd.poll(0.05)
+                m = self._rd.poll(0.05)
+                if m is not None and m.error() is None:      # not handed out
+                    self._unhanded.setdefault(TopicPartition(m.topic(), m.partition()),
+                                              m.offset())
             self._rd.close()      # leaves the group: a listener's revocation runs in here
         finally:
             self._closed = True
