@@ -40,8 +40,10 @@ class KafkaAdmin:
     def __init__(self, servers: str, timeout: float = 30.0,
                  kafka_config: Mapping[str, Any] | None = None) -> None:
         from confluent_kafka.admin import AdminClient
-        self._timeout = timeout
         self._conf = with_overrides(servers, {"client.id": "mq-admin"}, kafka_config)
+        # librdkafka's default for an admin request is socket.timeout.ms: a user's bounds it
+        given = self._conf.get("socket.timeout.ms")
+        self._timeout = timeout if given is None else min(timeout, float(given) / 1000)
         with raising("admin"):
             self._rd = native(self, AdminClient, self._conf)
         self._closed = False

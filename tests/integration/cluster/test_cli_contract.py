@@ -295,8 +295,11 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_no_cluster_there_is_one_line_in_bounded_time():
-    """librdkafka retries until the request timeout (30 s) runs out; then one line."""
+def test_no_cluster_there_is_one_line_in_bounded_time(tmp_path):
+    """librdkafka retries until the request timeout (30 s, or socket.timeout.ms from
+    --command-config) runs out; then one line."""
+    config = tmp_path / "client.properties"
+    config.write_text("socket.timeout.ms=3000\n")
     result = mq_run("topics", "list", "--bootstrap-server", f"127.0.0.1:{closed_port()}",
-                    timeout=120)
+                    "--command-config", str(config), timeout=120)
     assert_one_error(result, code=1)
