@@ -47,6 +47,38 @@ def _no_shm_left(request):
     assert not left, f"left in /dev/shm: {left} (a broker killed and not restarted?)"
 
 
+# Tests of tens of seconds each (JVMs, Spark, benchmark smoke runs, pools killed and
+# restarted), longest first: collected before the rest, so that with ``-n`` (and small
+# scheduling chunks, tests/run.sh) they start early on every worker and the run does not end
+# with one worker on a long test while the others idle.
+SLOW_FIRST = (
+    "tests/integration/test_bench_kafka_wire.py",
+    "tests/spark/test_pipeline.py",
+    "tests/integration/kafka/java/judge/",
+    "tests/spark/test_sink_restart.py",
+    "tests/integration/test_bench_kafka_tls.py",
+    "tests/integration/cluster/test_migrate.py",
+    "tests/integration/kafka/java/",
+    "tests/spark/",
+    "tests/integration/test_bench_aio_clients.py",
+    "tests/workers/test_pool_kafka.py",
+    "tests/integration/test_eos_pipeline.py",
+    "tests/integration/cluster/",
+    "tests/workers/test_exactly_once.py",
+    "tests/integration/test_bench_e2e_kafka_peers.py",
+    "tests/integration/kafka/test_sasl.py",
+    "tests/integration/kafka/test_tls.py",
+    "tests/property/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix)),
+                    len(SLOW_FIRST))
+    items.sort(key=rank)                 # stable: each module's own order is kept
+
+
 def pytest_terminal_summary(terminalreporter):
     """One line CI can be held to: the skip count, printed even when it is zero (a test that
     skips in CI is a hole; every tool a test needs is installed by .ci/run or its fixture)."""
