@@ -181,3 +181,15 @@ def test_a_message_close_takes_while_it_waits_for_commit_reports_is_not_committe
     c.close()                                           # its poll takes 10: not handed out
     assert listener.positions == {TopicPartition(T, 0): 10, TopicPartition(T, 1): 20}
     assert rd.commits == [{0: 10, 1: 20}]
+
+
+def test_a_listeners_error_comes_out_of_poll_and_the_polls_records_are_read_again(consumer):
+    c, listener = consumer
+
+    def fail(revoked):
+        raise RuntimeError("the listener failed")
+    listener.on_partitions_revoked = fail
+    c._rd = Librdkafka(c, Message(1, 20), [Message(1, 21)], between=lambda rd: rd.revoke(0))
+    with pytest.raises(RuntimeError, match="the listener failed"):
+        c.poll(100)
+    assert c.position(TopicPartition(T, 1)) == 20

@@ -23,7 +23,9 @@ Where the local consumer's semantics are kept by hand:
   and one that ``close`` takes while it waits for ``commit_async``'s reports. Until the
   partition hands out a record again, or is sought, its position stands before such a
   message, so neither a listener nor an auto-commit commits past it. An error among a
-  poll's messages is raised at the next ``poll`` when records came before it.
+  poll's messages is raised at the next ``poll`` when records came before it. What a
+  rebalance listener raises comes out of ``poll`` once the rebalance is done, as in Kafka's
+  Java client, and the records the poll took are read again.
 - **A commit a rebalance refused** (unknown member, old generation, rebalance in progress)
   raises ``CommitFailedError``, as Kafka's Java client does.
 
@@ -162,6 +164,7 @@ class KafkaConsumer:
         self._unhanded: dict[TopicPartition, int] = {}
         self._early: TopicPartition | None = None   # a poll's first message's, meanwhile
         self._error: BaseException | None = None   # to raise at the next poll
+        self._listener_error: BaseException | None = None   # to raise when the poll ends
         self._iterator: Iterator[Record] | None = None
         try:
             if group_id is not None and (topics or pattern is not None):
@@ -277,28 +280,33 @@ class KafkaConsumer:
         self._subscription = []
         self._rd.unsubscribe()
 
+    def _listen(self, method: str, partitions: set[TopicPartition]) -> None:
+        """The listener's ``method``, inside librdkafka's rebalance callback. What it raises
+        is kept for ``poll`` (or ``close``) to raise once the rebalance is done: raised through
+        librdkafka, it would drop the messages of the batch the rebalance came in."""
+        if self._listener is None:
+            return
+        try:
+            getattr(self._listener, method)(partitions)
+        except BaseException as err:     # noqa: BLE001 - raised by poll or close
+            if self._listener_error is None:
+                self._listener_error = err
+
     def _on_assign(self, rd: Any, partitions: list) -> None:
-        if self._listener is not None:
-            self._listener.on_partitions_assigned({_tp(tp) for tp in partitions})
+        self._listen("on_partitions_assigned", {_tp(tp) for tp in partitions})
 
     def _on_revoke(self, rd: Any, partitions: list) -> None:
         revoked = {_tp(tp) for tp in partitions}
-        try:
-            self._commit_handed(revoked)
-            if self._listener is not None:
-                self._listener.on_partitions_revoked(revoked)
-        finally:
-            self._drop_early(revoked)
+        self._commit_handed(revoked)
+        self._listen("on_partitions_revoked", revoked)
+        self._drop_early(revoked)
 
     def _on_lost(self, rd: Any, partitions: list) -> None:
         lost = {_tp(tp) for tp in partitions}
         for tp in lost:
             self._handed.pop(tp, None)        # another member may own them: never commit
-        try:
-            if self._listener is not None:
-                self._listener.on_partitions_lost(lost)
-        finally:
-            self._drop_early(lost)
+        self._listen("on_partitions_lost", lost)
+        self._drop_early(lost)
 
     # --- commits ---------------------------------------------------------------------------
     def group_metadata(self) -> ConsumerGroupMetadata:
@@ -622,10 +630,8 @@ class KafkaConsumer:
             raise error
         rd = self._rd
         first = rd.poll(-1 if timeout_s is None else timeout_s)
-        if first is None:
-            return {}
-        messages = [first]
-        if max_records > 1:
+        messages = [] if first is None else [first]
+        if first is not None and max_records > 1:
             early = None
             if first.error() is None:
                 early = self._early = TopicPartition(first.topic(), first.partition())
@@ -646,10 +652,22 @@ class KafkaConsumer:
                 self._take(m, out)
             elif self._error is None:
                 self._error = self._failure(m, err)
+        if self._listener_error is not None:
+            error, self._listener_error = self._listener_error, None
+            self._give_back(out)
+            raise error
         if not out and self._error is not None:
             error, self._error = self._error, None
             raise error
         return out
+
+    def _give_back(self, out: dict[TopicPartition, list[Record]]) -> None:
+        """A poll raises instead of returning ``out``: its partitions are read again from
+        their first record (those still assigned; the others' next owners read them)."""
+        assigned = self.assignment() if out else set()
+        for tp, records in out.items():
+            if tp in assigned:
+                self._seek(self._rd_tp(tp, records[0].offset))
 
     @staticmethod
     def _failure(m: Any, err: Any) -> BaseException | None:
@@ -726,6 +744,9 @@ class KafkaConsumer:
             self._rd.close()      # leaves the group: a listener's revocation runs in here
         finally:
             self._closed = True
+        if self._listener_error is not None:
+            error, self._listener_error = self._listener_error, None
+            raise error
 
     def __enter__(self) -> KafkaConsumer:
         return self
