@@ -124,7 +124,7 @@ class AsyncKafkaProducer:
 
     async def send_offsets_to_transaction(self, offsets: dict, group: Any) -> None:
         if isinstance(group, AsyncKafkaConsumer):
-            group = group.group_metadata()
+            group = await group._call(group._ready().group_metadata)
         await asyncio.to_thread(self._producer.send_offsets_to_transaction, offsets, group)
 
     async def commit_transaction(self) -> None:
@@ -339,7 +339,11 @@ class AsyncKafkaConsumer:
         return self._ready().assignment()
 
     def group_metadata(self) -> ConsumerGroupMetadata:
-        return self._ready().group_metadata()
+        """The group's metadata as of the consumer's last poll or rebalance: asked of
+        librdkafka from the loop's thread while the consumer's is inside a rebalance, it would
+        wait for that rebalance, which waits for the loop (``send_offsets_to_transaction``
+        asks the consumer's thread)."""
+        return self._ready().recent_group_metadata()
 
     async def commit(self, offsets: Mapping | None = None) -> None:
         await self._call(self._ready().commit, offsets)

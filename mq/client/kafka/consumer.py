@@ -165,6 +165,7 @@ class KafkaConsumer:
         self._early: TopicPartition | None = None   # a poll's first message's, meanwhile
         self._error: BaseException | None = None   # to raise at the next poll
         self._listener_error: BaseException | None = None   # to raise when the poll ends
+        self._recent_metadata: ConsumerGroupMetadata | None = None
         self._iterator: Iterator[Record] | None = None
         try:
             if group_id is not None and (topics or pattern is not None):
@@ -284,8 +285,11 @@ class KafkaConsumer:
         """The listener's ``method``, inside librdkafka's rebalance callback. What it raises
         is kept for ``poll`` (or ``close``) to raise once the rebalance is done: raised through
         librdkafka, it would drop the messages of the batch the rebalance came in."""
+        self._recent_metadata = None
         if self._listener is None:
             return
+        if self.group_id is not None:
+            self._recent_metadata = self.group_metadata()
         try:
             getattr(self._listener, method)(partitions)
         except BaseException as err:     # noqa: BLE001 - raised by poll or close
@@ -320,6 +324,14 @@ class KafkaConsumer:
                              self._conf.get("group.instance.id"))
         out.native_group_metadata = native
         return out
+
+    def recent_group_metadata(self) -> ConsumerGroupMetadata:
+        """``group_metadata()`` as of the last poll or rebalance callback (taken there, on the
+        consumer's thread): for another thread, which must not ask librdkafka while this
+        one is inside a rebalance."""
+        if self._listener is None or self._recent_metadata is None:
+            return self.group_metadata()       # no listener: nothing waits on that thread
+        return self._recent_metadata
 
     def native_group_metadata(self) -> bytes:
         return self._rd.consumer_group_metadata()
@@ -652,6 +664,8 @@ class KafkaConsumer:
                 self._take(m, out)
             elif self._error is None:
                 self._error = self._failure(m, err)
+        if self._listener is not None and self.group_id is not None:
+            self._recent_metadata = self.group_metadata()
         if self._listener_error is not None:
             error, self._listener_error = self._listener_error, None
             self._give_back(out)

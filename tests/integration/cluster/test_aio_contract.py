@@ -108,6 +108,59 @@ def test_a_transaction_block_commits_or_aborts(backend):
     asyncio.run(main())
 
 
+def test_a_coroutine_listener_may_send_offsets_to_a_transaction_while_revoked(backend):
+    """Exactly once's revocation: the listener's coroutine commits a transaction with the
+    consumer's group metadata while the consumer's thread waits inside the rebalance."""
+    name, group = backend.name("t"), backend.name("g")
+    revoked: list = []
+
+    async def main():
+        consumer = producer = None
+
+        class Listener:
+            async def on_partitions_revoked(self, tps):
+                await producer.begin_transaction()
+                await producer.send(name + "-out", b"revoked")
+                await producer.send_offsets_to_transaction(
+                    {tp: await consumer.position(tp) for tp in tps}, consumer)
+                await producer.commit_transaction()
+                revoked.append(tps)
+
+            def on_partitions_assigned(self, tps):
+                pass
+
+            def on_partitions_lost(self, tps):
+                pass
+
+        async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
+            await admin.create_topic(name, 2)
+            await admin.create_topic(name + "-out", 1)
+        async with mq.aio.Producer(bootstrap_servers=backend.bootstrap) as p:
+            for i in range(20):
+                await p.send(name, b"%d" % i, key=b"%d" % i)
+            await p.flush()
+        producer = mq.aio.Producer(bootstrap_servers=backend.bootstrap,
+                                   transactional_id=backend.name("tx"))
+        consumer = mq.aio.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap,
+                                   listener=Listener(), enable_auto_commit=False,
+                                   isolation_level="read_committed")
+        async with producer, consumer:
+            assert len(await _read(consumer, 20)) == 20
+            other = mq.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap)
+            try:                                    # joins: a rebalance revokes from ours
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + WAIT_S
+                while not revoked and loop.time() < deadline:
+                    await consumer.getmany(timeout_ms=100)
+                    await asyncio.to_thread(other.poll, 100)
+                assert revoked
+            finally:
+                other.close()
+        with mq.Admin(bootstrap_servers=backend.bootstrap) as admin:
+            assert sum(admin.list_group_offsets(group).values()) == 20
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
 def test_a_coroutine_listener_may_commit_while_partitions_are_revoked(backend):
     name, group = backend.name("t"), backend.name("g")
     revoked: list = []
