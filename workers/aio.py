@@ -26,8 +26,10 @@ send of a release comes between the commit's steps). The loop awaits a poll of u
 ``_IDLE_POLL_S`` only when no task runs; otherwise it polls without waiting and waits for a
 task to finish for at most ``_BUSY_WAIT_S`` (a new record waits that long at most for a free
 place to be noticed).
-Revoked partitions' tasks are cancelled before their done positions are committed; an aborted
-transaction cancels every task and reads again from the committed positions.
+A revocation lets the revoked partitions' running records finish (for most of
+``drain_timeout_s``) and releases them before their done positions are committed, then cancels
+what still runs; an aborted transaction cancels every task and reads again from the committed
+positions.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ log = logging.getLogger("workers.aio")
 
 _IDLE_POLL_S = 0.1
 _BUSY_WAIT_S = 0.005
+_REVOKE_WAIT_S = 0.002      # a revocation looks this often for its records to finish
 _monotonic_ns = time.monotonic_ns
 
 
@@ -336,6 +339,14 @@ class AsyncEngine(Base):
                 del self.keys[key]
 
     def revoked(self, tps) -> Op[None]:
+        """The revoked partitions' running records may finish (for most of
+        ``drain_timeout_s``, as in a drain) and are released before the commit, so their next
+        owner repeats none of them; what is still running then is cancelled."""
+        tps = set(tps)
+        deadline = time.monotonic() + self.config.drain_timeout_s * 0.8
+        while any(tp in tps for tp, _ in self.tasks.values()) and time.monotonic() < deadline:
+            yield ("sleep", _REVOKE_WAIT_S)
+        yield from self.finish()
         busy = self.busy()
         self.cancel(tps)
         yield from self.settle(busy)

@@ -190,9 +190,6 @@ class PoolConfig:
             for k, v in self.kafka_config.items()),
              f"kafka_config must map librdkafka property names to str, int, float or bool "
              f"values (the children get it as JSON), got {self.kafka_config!r}")
-        need(not (self.asynchronous and self.bootstrap_servers is not None),
-             "async def handlers on a Kafka cluster are not supported yet (their children "
-             "stop reading once idle): use a plain handler with bootstrap_servers")
         need(isinstance(self.concurrency, int) and 1 <= self.concurrency <= 4096,
              f"concurrency must be 1 to 4096, got {self.concurrency!r}")
         need(self.ordering in ORDERINGS, f"ordering must be one of {ORDERINGS}, got "

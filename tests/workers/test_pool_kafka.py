@@ -3,7 +3,7 @@ contract the local tests hold pools to — retries and dead letters, redrive, tw
 group splitting the partitions, exactly-once outputs across a child killed with SIGKILL, and a
 drain on SIGTERM that a restart repeats nothing of. Each test runs on every bootstrap of
 ``cluster``: mq's own Kafka listener and a real three-node Apache Kafka cluster, held to one
-contract.
+contract, with a plain handler and with an ``async def`` one (``handler``).
 
 The pools read their librdkafka properties from a ``--command-config`` file: a session timeout
 of 6 s (Kafka's minimum; 45 s by default), after which the group drops a member killed with
@@ -60,6 +60,12 @@ def cluster(request, tmp_path):
         yield Cluster(request.getfixturevalue("kafka_cluster").bootstrap, KAFKA_CONFIG)
 
 
+@pytest.fixture(params=["handle", "ahandle"])
+def handler(request):
+    """The pools' handler: a plain function, or an ``async def`` (``mq.aio``'s clients)."""
+    return f"wk_handlers:{request.param}"
+
+
 @pytest.fixture
 def name():
     """``name("in")``: a topic or group name of this test's own."""
@@ -82,13 +88,13 @@ def progressed(pool: Pool, since: int):
                        for e in read_events(pool.events)[-200:])
 
 
-def test_retries_dead_letters_and_redrive(cluster, tmp_path, pools, name):
+def test_retries_dead_letters_and_redrive(cluster, handler, tmp_path, pools, name):
     source, dlq, out, group = name("in"), name("dlq"), name("out"), name("g")
     create(cluster, {source: 2, dlq: 1, out: 2})
     values = [b"poison%d" % i if i in (5, 16) else b"v%02d" % i for i in range(30)]
     produce(cluster, source, values, partition=lambda i: i % 2)
     fixed = tmp_path / "fixed"
-    pool = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+    pool = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                 args=["--dead-letter-topic", dlq, "--max-retries", "2",
                       "--retry-backoff-ms", "10"],
                 env={"WK_OUTPUT": out, "WK_FIXED": str(fixed)})
@@ -128,13 +134,13 @@ def test_retries_dead_letters_and_redrive(cluster, tmp_path, pools, name):
     assert pool.stop() == 0, pool.stderr()[-4000:]
 
 
-def test_two_pools_of_one_group_split_the_partitions(cluster, tmp_path, pools, name):
+def test_two_pools_of_one_group_split_the_partitions(cluster, handler, tmp_path, pools, name):
     """Two pools ("hosts") of one group: four members, a partition each, every record
     handled once; ``mq workers stats GROUP`` shows both pools' tables."""
     source, group = name("in"), name("g")
     create(cluster, {source: 4})
-    first, second = (Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
-                          stats_file=False) for _ in range(2))
+    first, second = (Pool(tmp_path, cluster, handler, topics=(source,), group=group,
+                          processes=2, stats_file=False) for _ in range(2))
     pools(first)
     pools(second)
 
@@ -171,7 +177,7 @@ def test_two_pools_of_one_group_split_the_partitions(cluster, tmp_path, pools, n
     assert first.stop() == 0 and second.stop() == 0
 
 
-def test_exactly_once_outputs_across_a_child_killed(cluster, tmp_path, pools, name):
+def test_exactly_once_outputs_across_a_child_killed(cluster, handler, tmp_path, pools, name):
     """``--exactly-once`` under load: two children are killed with SIGKILL, one after the
     other; a ``read_committed`` reader of the outputs sees one output per input, none twice."""
     source, out, group = name("in"), name("out"), name("g")
@@ -179,7 +185,7 @@ def test_exactly_once_outputs_across_a_child_killed(cluster, tmp_path, pools, na
     produce(cluster, source, [b"u%04d" % i for i in range(300)], partition=lambda i: i % 2)
     feeder = Feeder(cluster, source, 2, rate=100)
     feeder.start()
-    pool = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+    pool = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                 args=["--exactly-once"], env={"WK_OUTPUT": out, "WK_SLEEP_MS": "2"})
     pools(pool)
     pool.wait_ready()
@@ -208,21 +214,12 @@ def test_exactly_once_outputs_across_a_child_killed(cluster, tmp_path, pools, na
     assert sorted(set(inputs) - set(outputs)) == [], "an input without an output"
 
 
-def test_an_async_handler_is_refused_on_a_cluster(cluster, tmp_path, name):
-    source = name("in")
-    create(cluster, {source: 1})
-    result = mq_run("workers", "run", "wk_handlers:ahandle", "--topic", source, "--group",
-                    name("g"), *cluster.pool_args(tmp_path))
-    assert result.code == 2 and result.err.count("\n") == 1, result
-    assert "async def handlers on a Kafka cluster" in result.err
-
-
-def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, tmp_path, pools, name):
+def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path, pools, name):
     source, group = name("in"), name("g")
     create(cluster, {source: 4})
     feeder = Feeder(cluster, source, 4, rate=500)
     feeder.start()
-    first = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+    first = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                  env={"WK_SLEEP_MS": "1"})
     pools(first)
     first.wait_for(lambda: len(calls(read_events(first.events), "done")) > 200, "some work",
@@ -237,7 +234,7 @@ def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, tmp_path, pools, 
         assert sorted(handled[tp.partition]) == list(range(offset)), \
             f"{tp}: committed {offset} is not right after what was handled"
 
-    second = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+    second = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                   events=first.events)
     pools(second)
     feeder.stop()
