@@ -108,6 +108,32 @@ def test_a_transaction_block_commits_or_aborts(backend):
     asyncio.run(main())
 
 
+async def _keyed_records(backend, name: str, count: int = 20) -> None:
+    """``count`` keyed records in a new topic ``name`` of 2 partitions."""
+    async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
+        await admin.create_topic(name, 2)
+    async with mq.aio.Producer(bootstrap_servers=backend.bootstrap) as p:
+        for i in range(count):
+            await p.send(name, b"%d" % i, key=b"%d" % i)
+        await p.flush()
+
+
+async def _revoked_by_a_new_member(backend, consumer, name: str, group: str,
+                                   revoked: list) -> None:
+    """Another member joins ``group``: a rebalance revokes from ``consumer`` (its listener
+    appends to ``revoked``), read through ``getmany``."""
+    other = mq.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap)
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        while not revoked and loop.time() < deadline:
+            await consumer.getmany(timeout_ms=100)
+            await asyncio.to_thread(other.poll, 100)
+        assert revoked
+    finally:
+        other.close()
+
+
 def test_a_coroutine_listener_may_send_offsets_to_a_transaction_while_revoked(backend):
     """Exactly once's revocation: the listener's coroutine commits a transaction with the
     consumer's group metadata while the consumer's thread waits inside the rebalance."""
@@ -132,13 +158,9 @@ def test_a_coroutine_listener_may_send_offsets_to_a_transaction_while_revoked(ba
             def on_partitions_lost(self, tps):
                 pass
 
+        await _keyed_records(backend, name)
         async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
-            await admin.create_topic(name, 2)
             await admin.create_topic(name + "-out", 1)
-        async with mq.aio.Producer(bootstrap_servers=backend.bootstrap) as p:
-            for i in range(20):
-                await p.send(name, b"%d" % i, key=b"%d" % i)
-            await p.flush()
         producer = mq.aio.Producer(bootstrap_servers=backend.bootstrap,
                                    transactional_id=backend.name("tx"))
         consumer = mq.aio.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap,
@@ -146,16 +168,7 @@ def test_a_coroutine_listener_may_send_offsets_to_a_transaction_while_revoked(ba
                                    isolation_level="read_committed")
         async with producer, consumer:
             assert len(await _read(consumer, 20)) == 20
-            other = mq.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap)
-            try:                                    # joins: a rebalance revokes from ours
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + WAIT_S
-                while not revoked and loop.time() < deadline:
-                    await consumer.getmany(timeout_ms=100)
-                    await asyncio.to_thread(other.poll, 100)
-                assert revoked
-            finally:
-                other.close()
+            await _revoked_by_a_new_member(backend, consumer, name, group, revoked)
         with mq.Admin(bootstrap_servers=backend.bootstrap) as admin:
             assert sum(admin.list_group_offsets(group).values()) == 20
     asyncio.run(asyncio.wait_for(main(), 120))
@@ -179,26 +192,12 @@ def test_a_coroutine_listener_may_commit_while_partitions_are_revoked(backend):
             def on_partitions_lost(self, tps):
                 pass
 
-        async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
-            await admin.create_topic(name, 2)
-        async with mq.aio.Producer(bootstrap_servers=backend.bootstrap) as p:
-            for i in range(20):
-                await p.send(name, b"%d" % i, key=b"%d" % i)
-            await p.flush()
+        await _keyed_records(backend, name)
         consumer = mq.aio.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap,
                                    listener=Listener(), enable_auto_commit=False)
         async with consumer:
             assert len(await _read(consumer, 20)) == 20
-            other = mq.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap)
-            try:                                    # joins: a rebalance revokes from ours
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + WAIT_S
-                while not revoked and loop.time() < deadline:
-                    await consumer.getmany(timeout_ms=100)
-                    await asyncio.to_thread(other.poll, 100)
-                assert revoked
-            finally:
-                other.close()
+            await _revoked_by_a_new_member(backend, consumer, name, group, revoked)
         with mq.Admin(bootstrap_servers=backend.bootstrap) as admin:
             assert sum(admin.list_group_offsets(group).values()) == 20
     asyncio.run(asyncio.wait_for(main(), 120))
