@@ -1,7 +1,8 @@
 """Worker pools on a Kafka cluster (issue 24): ``mq workers run --bootstrap-server`` with the
 contract the local tests hold pools to — retries and dead letters, redrive, two pools of one
 group splitting the partitions, exactly-once outputs across a child killed with SIGKILL, and a
-drain on SIGTERM that a restart repeats nothing of. Each test runs on every bootstrap of
+drain on SIGTERM that a restart repeats nothing of, and an exactly-once pool that goes on while
+a Kafka node is killed (on the cluster only). Each test runs on every bootstrap of
 ``cluster``: mq's own Kafka listener and a real three-node Apache Kafka cluster, held to one
 contract, with a plain handler and with an ``async def`` one (``handler``).
 
@@ -203,8 +204,14 @@ def test_exactly_once_outputs_across_a_child_killed(cluster, handler, tmp_path, 
     pool.wait_for(lambda: pool.total("deaths") == 2, "both deaths counted")
     assert pool.stop() == 0, pool.stderr()[-4000:]
 
+    assert_exactly_once(cluster, source, out, [b"u%04d" % i for i in range(300)] + acked)
+
+
+def assert_exactly_once(cluster, source: str, out: str, written: list[bytes]) -> None:
+    """``source`` holds exactly what was ``written`` (acknowledged), and a ``read_committed``
+    reader of ``out`` sees one output per input, none twice."""
     inputs = {(r.partition, r.offset): r.value for r in read_all(cluster, source)}
-    assert sorted(inputs.values()) == sorted([b"u%04d" % i for i in range(300)] + acked)
+    assert sorted(inputs.values()) == sorted(written)
     outputs = collections.Counter()
     for r in read_all(cluster, out, "read_committed", markers=True):
         p, o, value = parse_output(r.value)
@@ -212,6 +219,33 @@ def test_exactly_once_outputs_across_a_child_killed(cluster, handler, tmp_path, 
         outputs[(p, o)] += 1
     assert [k for k, n in outputs.items() if n > 1] == [], "an input with two outputs"
     assert sorted(set(inputs) - set(outputs)) == [], "an input without an output"
+
+
+def test_an_exactly_once_pool_goes_on_while_a_kafka_node_is_killed(kafka_cluster, handler,
+                                                                    tmp_path, pools, name):
+    """The cluster loses a node (SIGKILL) under an exactly-once pool's load: replication
+    factor 3, ``min.insync.replicas=2``, ``acks=all``. Nothing acknowledged is lost, the pool
+    handles records while the node is down, and the outputs are exactly once."""
+    cluster = Cluster(kafka_cluster.bootstrap, KAFKA_CONFIG)
+    source, out, group = name("in"), name("out"), name("g")
+    create(cluster, {source: 2, out: 2})                  # the cluster's default: 3 replicas
+    feeder = Feeder(cluster, source, 2, rate=100)
+    feeder.start()
+    pool = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
+                args=["--exactly-once"], env={"WK_OUTPUT": out, "WK_SLEEP_MS": "2"})
+    pools(pool)
+    pool.wait_ready()
+    pool.wait_for(progressed(pool, time.monotonic_ns()), "progress", timeout=TIMEOUT)
+    with kafka_cluster.node_down(1):
+        pool.wait_for(progressed(pool, time.monotonic_ns()), "progress with a node down",
+                      timeout=TIMEOUT)
+    pool.wait_for(progressed(pool, time.monotonic_ns()), "progress with the node back",
+                  timeout=TIMEOUT)
+    acked = feeder.stop()
+    pool.wait_for(lambda: caught_up(cluster, group, source), "every input handled",
+                  timeout=TIMEOUT)
+    assert pool.stop() == 0, pool.stderr()[-4000:]
+    assert_exactly_once(cluster, source, out, acked)
 
 
 def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path, pools, name):
