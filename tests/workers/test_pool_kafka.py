@@ -1,8 +1,8 @@
 """Worker pools on a Kafka cluster (issue 24): ``mq workers run --bootstrap-server`` with the
-contract the local tests hold pools to — retries and dead letters, redrive, two pools of one
-group splitting the partitions, exactly-once outputs across a child killed with SIGKILL, and a
-drain on SIGTERM that a restart repeats nothing of, and an exactly-once pool that goes on while
-a Kafka node is killed (on the cluster only). Each test runs on every bootstrap of
+contract the local tests hold pools to — retries and dead letters, redrive, hang kills, two
+pools of one group splitting the partitions, exactly-once outputs across a child killed with
+SIGKILL, a drain on SIGTERM that a restart repeats nothing of, and an exactly-once pool that
+goes on while a Kafka node is killed (on the cluster only). Each test runs on every bootstrap of
 ``cluster``: mq's own Kafka listener and a real three-node Apache Kafka cluster, held to one
 contract, with a plain handler and with an ``async def`` one (``handler``).
 
@@ -132,6 +132,32 @@ def test_retries_dead_letters_and_redrive(cluster, handler, tmp_path, pools, nam
         "the redriven records handled", timeout=TIMEOUT)
     again = mq_run(*redrive)
     assert again.code == 0 and "moved 0 record(s)" in again.err, again
+    assert pool.stop() == 0, pool.stderr()[-4000:]
+
+
+def test_a_hung_handler_is_killed_and_dead_lettered(cluster, tmp_path, pools, name):
+    """Hang detection on a cluster: the supervisor kills a child stuck past
+    ``--handler-timeout-s``; its partitions go on with another member once the group drops
+    the dead one (the session timeout), and the record's last attempt is dead-lettered."""
+    source, dlq, group = name("in"), name("dlq"), name("g")
+    create(cluster, {source: 2, dlq: 1})
+    produce(cluster, source, [b"hang-1" if i == 10 else b"v%d" % i for i in range(40)],
+            partition=lambda i: i % 2)
+    pool = Pool(tmp_path, cluster, topics=(source,), group=group, processes=2,
+                args=["--handler-timeout-s", "1", "--max-retries", "1",
+                      "--dead-letter-topic", dlq, "--retry-backoff-ms", "10"])
+    pools(pool)
+    pool.wait_for(lambda: caught_up(cluster, group, source), "every record handled",
+                  timeout=TIMEOUT)
+    [dead] = read_all(cluster, dlq)
+    headers = dict(dead.headers)
+    assert dead.value == b"hang-1"
+    assert headers["mq.dlq.error"].startswith(b"HandlerTimeout: the handler ran longer than "
+                                              b"handler_timeout_s=1 s")
+    assert headers["mq.dlq.attempts"] == b"2"
+    assert sum(s["hang_kills"] for s in pool.slots()) == 2
+    assert set(calls(read_events(pool.events), "done")) == \
+        {(p, o) for p in (0, 1) for o in range(20)} - {(0, 5)}
     assert pool.stop() == 0, pool.stderr()[-4000:]
 
 
