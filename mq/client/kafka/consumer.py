@@ -288,9 +288,9 @@ class KafkaConsumer:
         self._recent_metadata = None
         if self._listener is None:
             return
-        if self.group_id is not None:
-            self._recent_metadata = self.group_metadata()
         try:
+            if self.group_id is not None:
+                self._recent_metadata = self.group_metadata()
             getattr(self._listener, method)(partitions)
         except BaseException as err:     # noqa: BLE001 - raised by poll or close
             if self._listener_error is None:
