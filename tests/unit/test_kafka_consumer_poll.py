@@ -84,6 +84,12 @@ class Librdkafka:
     def assignment(self):
         return [RdPartition(T, p) for p in sorted(self.assigned)]
 
+    def consumer_group_metadata(self):
+        return b"CGMDv2:" + (1).to_bytes(4, "little")
+
+    def memberid(self):
+        return "member-1"
+
     def seek(self, rd_tp):
         self.app.pop(rd_tp.partition, None)     # unknown until the next message
 
