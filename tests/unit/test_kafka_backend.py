@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from mq import errors
 from mq.client.kafka.config import ENV, backend_args, bootstrap, read_properties, with_overrides
-from mq.client.kafka.errors import from_kafka
+from mq.client.kafka.errors import from_kafka, results
 
 
 def test_bootstrap_picks_the_cluster_only_when_asked(monkeypatch):
@@ -86,3 +86,23 @@ def test_an_error_without_a_meaning_here_keeps_its_code():
     err = from_kafka(KafkaError(KafkaError._BAD_MSG))
     assert isinstance(err, errors.UnknownServerError) and err.code == KafkaError._BAD_MSG
     assert "_BAD_MSG" in str(err)
+
+
+@pytest.mark.parametrize("code", [KafkaError.FENCED_LEADER_EPOCH,
+                                  KafkaError.NOT_LEADER_FOR_PARTITION,
+                                  KafkaError.OFFSET_NOT_AVAILABLE])
+def test_an_admin_call_is_asked_again_while_a_leader_moves(code):
+    """A list-offsets answered with a moving leader's error (seen in CI while another test
+    killed a node) is asked again until it succeeds."""
+    from concurrent.futures import Future
+    answers = [KafkaException(KafkaError(code)), KafkaException(KafkaError(code)), 7]
+
+    def call():
+        fut: Future = Future()
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            fut.set_exception(answer)
+        else:
+            fut.set_result(answer)
+        return {"tp": fut}
+    assert results(call, "list offsets", timeout=5) == {"tp": 7}

@@ -92,9 +92,12 @@ class raising:
 
 
 # Kafka's retriable answers (a leader or coordinator moving, a partition just created), which
-# librdkafka's admin results do not flag: the codes whose mq class says so, and
-# OFFSET_NOT_AVAILABLE (78, a leader catching up after an election).
-_RETRIABLE = frozenset({code for code, cls in ERRORS_BY_CODE.items() if cls.retriable} | {78})
+# librdkafka's admin results do not flag: the codes whose mq class says so,
+# FENCED_LEADER_EPOCH (74: asked with the epoch of a leader that just moved; retriable in
+# Kafka, as all stale-metadata answers are) and OFFSET_NOT_AVAILABLE (78, a leader catching up
+# after an election).
+_RETRIABLE = frozenset({code for code, cls in ERRORS_BY_CODE.items() if cls.retriable} |
+                       {74, 78})
 
 
 def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float) -> dict[Any, Any]:
