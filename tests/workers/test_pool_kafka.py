@@ -204,18 +204,25 @@ def test_two_pools_of_one_group_split_the_partitions(cluster, handler, tmp_path,
     assert first.stop() == 0 and second.stop() == 0
 
 
-def test_exactly_once_outputs_across_a_child_killed(cluster, handler, tmp_path, pools, name):
-    """``--exactly-once`` under load: two children are killed with SIGKILL, one after the
-    other; a ``read_committed`` reader of the outputs sees one output per input, none twice."""
-    source, out, group = name("in"), name("out"), name("g")
-    create(cluster, {source: 2, out: 2})
-    produce(cluster, source, [b"u%04d" % i for i in range(300)], partition=lambda i: i % 2)
+def exactly_once_pool(cluster, handler, tmp_path, pools, source: str, out: str, group: str):
+    """A feeder writing 100 records/s to ``source``'s two partitions, and a ready pool of two
+    ``--exactly-once`` children writing one output per input to ``out``."""
     feeder = Feeder(cluster, source, 2, rate=100)
     feeder.start()
     pool = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                 args=["--exactly-once"], env={"WK_OUTPUT": out, "WK_SLEEP_MS": "2"})
     pools(pool)
     pool.wait_ready()
+    return feeder, pool
+
+
+def test_exactly_once_outputs_across_a_child_killed(cluster, handler, tmp_path, pools, name):
+    """``--exactly-once`` under load: two children are killed with SIGKILL, one after the
+    other; a ``read_committed`` reader of the outputs sees one output per input, none twice."""
+    source, out, group = name("in"), name("out"), name("g")
+    create(cluster, {source: 2, out: 2})
+    produce(cluster, source, [b"u%04d" % i for i in range(300)], partition=lambda i: i % 2)
+    feeder, pool = exactly_once_pool(cluster, handler, tmp_path, pools, source, out, group)
     killed: set[int] = set()
     for _ in range(2):
         pool.wait_for(progressed(pool, time.monotonic_ns()), "progress since the last kill",
@@ -255,12 +262,7 @@ def test_an_exactly_once_pool_goes_on_while_a_kafka_node_is_killed(kafka_cluster
     cluster = Cluster(kafka_cluster.bootstrap, KAFKA_CONFIG)
     source, out, group = name("in"), name("out"), name("g")
     create(cluster, {source: 2, out: 2})                  # the cluster's default: 3 replicas
-    feeder = Feeder(cluster, source, 2, rate=100)
-    feeder.start()
-    pool = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
-                args=["--exactly-once"], env={"WK_OUTPUT": out, "WK_SLEEP_MS": "2"})
-    pools(pool)
-    pool.wait_ready()
+    feeder, pool = exactly_once_pool(cluster, handler, tmp_path, pools, source, out, group)
     pool.wait_for(progressed(pool, time.monotonic_ns()), "progress", timeout=TIMEOUT)
     with kafka_cluster.node_down(1):
         pool.wait_for(progressed(pool, time.monotonic_ns()), "progress with a node down",

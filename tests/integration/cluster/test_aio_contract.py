@@ -108,6 +108,16 @@ def test_a_transaction_block_commits_or_aborts(backend):
     asyncio.run(main())
 
 
+class _OnRevoked:
+    """A listener whose tests define only ``on_partitions_revoked``."""
+
+    def on_partitions_assigned(self, tps):
+        pass
+
+    def on_partitions_lost(self, tps):
+        pass
+
+
 async def _keyed_records(backend, name: str, count: int = 20) -> None:
     """``count`` keyed records in a new topic ``name`` of 2 partitions."""
     async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
@@ -143,7 +153,7 @@ def test_a_coroutine_listener_may_send_offsets_to_a_transaction_while_revoked(ba
     async def main():
         consumer = producer = None
 
-        class Listener:
+        class Listener(_OnRevoked):
             async def on_partitions_revoked(self, tps):
                 await producer.begin_transaction()
                 await producer.send(name + "-out", b"revoked")
@@ -151,12 +161,6 @@ def test_a_coroutine_listener_may_send_offsets_to_a_transaction_while_revoked(ba
                     {tp: await consumer.position(tp) for tp in tps}, consumer)
                 await producer.commit_transaction()
                 revoked.append(tps)
-
-            def on_partitions_assigned(self, tps):
-                pass
-
-            def on_partitions_lost(self, tps):
-                pass
 
         await _keyed_records(backend, name)
         async with mq.aio.Admin(bootstrap_servers=backend.bootstrap) as admin:
@@ -181,16 +185,10 @@ def test_a_coroutine_listener_may_commit_while_partitions_are_revoked(backend):
     async def main():
         consumer = None
 
-        class Listener:
+        class Listener(_OnRevoked):
             async def on_partitions_revoked(self, tps):
                 await consumer.commit()             # the consumer's own coroutine, re-entered
                 revoked.append(tps)
-
-            def on_partitions_assigned(self, tps):
-                pass
-
-            def on_partitions_lost(self, tps):
-                pass
 
         await _keyed_records(backend, name)
         consumer = mq.aio.Consumer(name, group_id=group, bootstrap_servers=backend.bootstrap,
