@@ -16,8 +16,8 @@ def broker(tmp_path):
 
 @pytest.fixture
 def pools():
-    """``pools(pool)`` registers a pool; every registered pool is killed and reaped after the
-    test (its children die with it)."""
+    """``pools(pool)`` registers a pool (or a ``Feeder``); every registered pool is killed and
+    reaped after the test (its children die with it), every feeder stopped."""
     started = []
     yield started.append
     for pool in started:

@@ -18,6 +18,7 @@ def test_handlers_go_on_while_the_child_commits_and_it_has_no_thread(broker, tmp
     # Records keep coming, so transactions keep committing while "watch" waits to see one.
     feeder = Feeder(broker.socket, "in", 2, rate=200)
     feeder.start()
+    pools(feeder)
     pool = Pool(tmp_path, broker.socket, handler="wk_handlers:awatch", topics=("in",),
                 processes=1, args=["--exactly-once", "--concurrency", "4"],
                 env={"WK_OUTPUT": "out", "WK_SLEEP_MS": "5"})

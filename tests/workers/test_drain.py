@@ -18,6 +18,7 @@ def test_sigterm_under_load_drains_and_a_restart_repeats_nothing(broker, tmp_pat
         admin.create_topic("jobs", 4)
     feeder = Feeder(broker.socket, "jobs", 4, rate=1000)
     feeder.start()
+    pools(feeder)
     first = Pool(tmp_path, broker.socket, processes=2, env={"WK_SLEEP_MS": "1"})
     pools(first)
     first.wait_ready()

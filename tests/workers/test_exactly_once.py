@@ -51,6 +51,7 @@ def test_exactly_once_under_kill9_of_children_and_broker(broker, tmp_path, pools
             p.send("in", value=b"u%05d" % i, partition=i % 3)
     feeder = Feeder(broker.socket, "in", 3, rate=300)
     feeder.start()
+    pools(feeder)
     pool = Pool(tmp_path, broker.socket, handler=handler, topics=("in",), processes=2,
                 args=["--exactly-once", "--concurrency", "4"], env={"WK_OUTPUT": "out"})
     pools(pool)

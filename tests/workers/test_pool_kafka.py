@@ -209,6 +209,7 @@ def exactly_once_pool(cluster, handler, tmp_path, pools, source: str, out: str, 
     ``--exactly-once`` children writing one output per input to ``out``."""
     feeder = Feeder(cluster, source, 2, rate=100)
     feeder.start()
+    pools(feeder)
     pool = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                 args=["--exactly-once"], env={"WK_OUTPUT": out, "WK_SLEEP_MS": "2"})
     pools(pool)
@@ -281,6 +282,7 @@ def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path
     create(cluster, {source: 4})
     feeder = Feeder(cluster, source, 4, rate=500)
     feeder.start()
+    pools(feeder)
     first = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                  env={"WK_SLEEP_MS": "1"})
     pools(first)

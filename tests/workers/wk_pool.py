@@ -212,11 +212,15 @@ class Feeder(threading.Thread):
             self.error = err
 
     def stop(self) -> list[bytes]:
-        self._done.set()
-        self.join(TIMEOUT)
+        self.close()
         if self.error is not None:
             raise self.error
         return self.acked
+
+    def close(self) -> None:
+        """Stop writing (a failed test's feeder must not write on into the next test)."""
+        self._done.set()
+        self.join(TIMEOUT)
 
 
 def produce(socket: str | Cluster, topic: str, values, partition=None, key=None) -> None:
