@@ -30,7 +30,7 @@ from typing import Any
 from mq.client.kafka.admin import KafkaAdmin
 from mq.client.kafka.consumer import KafkaConsumer
 from mq.client.kafka.errors import from_kafka
-from mq.client.kafka.producer import KafkaProducer
+from mq.client.kafka.producer import KafkaProducer, delivered
 from mq.client.types import ConsumerGroupMetadata, RecordMetadata, TopicPartition
 from mq.errors import ClosedError
 
@@ -46,9 +46,7 @@ def _settle(future: asyncio.Future, err: Any, msg: Any) -> None:
     if err is not None:
         future.set_exception(from_kafka(err, f"record for {msg.topic()}-{msg.partition()}"))
     else:
-        offset = msg.offset()
-        future.set_result(RecordMetadata(msg.topic(), msg.partition(),
-                                          offset if offset >= 0 else -1, msg.timestamp()[1]))
+        future.set_result(delivered(msg))
 
 
 class AsyncKafkaProducer:

@@ -17,7 +17,9 @@ __all__ = ["ConsumerGroupMetadata", "RecordMetadata", "TopicPartition"]
 class RecordMetadata(NamedTuple):
     """Where the broker put a produced record.
 
-    ``offset`` is -1 when the producer used ``acks=0`` (no reply, so no offset is known).
+    ``offset`` is -1 when the producer used ``acks=0`` (no reply, so no offset is known), and
+    on a Kafka cluster for a record whose retry the leader answered as a duplicate (it had
+    the record already; librdkafka is not told where).
     ``timestamp_ms`` is the record's CreateTime, or the broker's append time when the topic
     uses ``message.timestamp.type=LogAppendTime``.
     """

@@ -53,6 +53,16 @@ _TOPIC_TTL_S = 30.0                      # how long a send trusts a topic's part
 _NEW_TOPIC_GRACE_S = 1.0
 
 
+def delivered(msg: Any) -> RecordMetadata:
+    """A successful delivery report's metadata. Its offset is -1 when librdkafka does not
+    know it (``msg.offset()`` is ``None``): an idempotent producer's retry of a batch the
+    leader had already written is answered DUPLICATE_SEQUENCE_NUMBER, which is a success
+    without an offset (seen when a node is killed under load)."""
+    offset = msg.offset()
+    return RecordMetadata(msg.topic(), msg.partition(), -1 if offset is None else offset,
+                          msg.timestamp()[1])
+
+
 class KafkaFuture:
     """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it,
     with ``mq.FutureRecordMetadata``'s methods. Its event is made only when someone waits
@@ -75,10 +85,7 @@ class KafkaFuture:
                                                           f"{msg.partition()}")
             metadata = None
         else:
-            error = None
-            offset = msg.offset()
-            metadata = RecordMetadata(msg.topic(), msg.partition(),
-                                      offset if offset >= 0 else -1, msg.timestamp()[1])
+            error, metadata = None, delivered(msg)
         self._settle(metadata, error)
 
     def _settle(self, metadata: RecordMetadata | None, error: BaseException | None) -> None:
@@ -248,7 +255,10 @@ class KafkaProducer:
     def _poll_loop(self) -> None:
         rd, stopping = self._rd, self._stopping
         while not stopping.is_set():
-            rd.poll(0.1)
+            try:
+                rd.poll(0.1)
+            except Exception:               # noqa: BLE001 -- a bug; the thread must go on
+                log.exception("a librdkafka callback raised on the producer's poll thread")
 
     def _handle(self) -> Any:
         if self._closed:
