@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "kafka_ssl_keyfile in the config file); repeatable; port 0: any free "
                         "port, logged at start; default: off, or kafka_listeners in the config "
                         "file")
+    parser.add_argument("--spin-us", type=int, metavar="US", dest="spin_us",
+                        help="wait strategy of the broker's loop: before each sleep, watch the "
+                        "connections for up to US microseconds without sleeping (one CPU "
+                        "busy while idle; a request then costs no scheduler wake-up). "
+                        "Default 0: sleep at once, no CPU while idle")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
@@ -50,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
                                log_level=args.log_level,
                                log_format=getattr(args, "log_format", None),
                                metrics_address=getattr(args, "metrics_address", None),
-                               kafka_listeners=getattr(args, "kafka_listeners", None))
+                               kafka_listeners=getattr(args, "kafka_listeners", None),
+                               spin_us=getattr(args, "spin_us", None))
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logformat.formatter(config.log_format))
     logging.basicConfig(level=config.log_level, handlers=[handler])

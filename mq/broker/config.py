@@ -83,6 +83,7 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "group_max_session_timeout_ms": (1, _INT32_MAX, "Kafka's int32"),
     "num_partitions": (1, 200_000, "Kafka's partition count limit"),
     "node_id": (0, _INT32_MAX, "Kafka's int32"),
+    "spin_us": (0, 1_000_000, "one second: a spin is bounded"),
 }
 # The variables over the file, and the flags over both: a message names where a bad value came
 # from (the file, $MQ_SOCKET, --socket).
@@ -120,6 +121,9 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS      # 30 min
     group_assignor: str = "sticky"                # default when members name none
     metrics_address: str = ""                     # HOST:PORT of /metrics ("" = off)
+    # The loop's wait strategy: watch the connections this long before sleeping (0: sleep at
+    # once). A spinning broker keeps one CPU busy and answers without a scheduler wake-up.
+    spin_us: int = 0
     # Kafka's wire protocol (mq/broker/kafka/): [PROTOCOL://]HOST:PORTs to serve it on (none:
     # off); one that does not authenticate binds loopback only (addresses.py).
     kafka_listeners: tuple[str, ...] = ()

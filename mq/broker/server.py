@@ -137,6 +137,7 @@ class Broker:
         self._commit: GroupCommit | None = None
         self._handlers: dict[Api, Handler] = {}
         self._sel = selectors.DefaultSelector()
+        self._spin_s = config.spin_us / 1e6
         self._listener: socket.socket | None = None
         self._stop = False
         self._reload = False
@@ -326,7 +327,7 @@ class Broker:
                           self.transactions.deadline_s(now), self.service.deadline_s())
             if self.kafka is not None:
                 timeout = min(timeout, self.kafka.deadline_s(now))
-            for key, events in self._sel.select(timeout):
+            for key, events in self._select(timeout):
                 what = key.data
                 if what == "accept":
                     self._accept()
@@ -366,6 +367,23 @@ class Broker:
             self._end_of_round()
             self.service.tick(self.status)     # from this loop: a stuck loop stops the pings
         self._shutdown()
+
+    def _select(self, timeout: float) -> list:
+        """The ready connections and pipes, waiting up to ``timeout`` seconds: with
+        ``spin_us``, watched without sleeping for that long first (the wait strategy)."""
+        spin_s = self._spin_s
+        if spin_s and timeout > 0:
+            select, clock = self._sel.select, time.monotonic
+            until = clock() + min(spin_s, timeout)
+            while True:
+                ready = select(0)
+                if ready:
+                    return ready
+                now = clock()
+                if now >= until:
+                    break
+            timeout = max(0.0, timeout - spin_s)
+        return self._sel.select(timeout)
 
     @staticmethod
     def _background(step, what: str, *args) -> None:

@@ -109,6 +109,7 @@ from mq.client.consumer_group import CommitCallback, ConsumerGroup, ConsumerReba
 from mq.client.consumer_options import (
     check_group_options,
     check_read_options,
+    check_spin,
     check_subscription,
 )
 from mq.client.fetcher import Fetcher, Record
@@ -143,6 +144,10 @@ class Consumer:
     ``value_bytes``/``key_deserializer``/``value_deserializer``: see the module docstring.
     ``consumer_timeout_ms``: iteration stops after this long without a record (default:
     never). ``check_crcs``: verify each batch's CRC-32C before decoding it (Kafka's default).
+    ``spin_us``: the wait strategy of a caught-up ``poll``. 0 (the default) sleeps on the
+    partitions' futex words at once, using no CPU while idle; above 0 it first watches them
+    for up to this many microseconds without sleeping (one CPU busy), so a record published
+    meanwhile is seen without a scheduler wake-up (README, "Wait strategies").
     ``bootstrap_servers`` ("host:port,...") and ``kafka_config`` (librdkafka properties:
     security...): a Kafka cluster instead of the local broker, with the same options and API
     (``mq/client/kafka/consumer.py`` says what differs).
@@ -177,11 +182,12 @@ class Consumer:
                  listener: ConsumerRebalanceListener | None = None,
                  group_instance_id: str | None = None, assignor: str | None = None,
                  session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
-                 auto_commit_interval_ms: int = 5_000,
+                 auto_commit_interval_ms: int = 5_000, spin_us: float = 0,
                  bootstrap_servers: str | Iterable[str] | None = None,
                  kafka_config: dict | None = None) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
+        spin_s = check_spin(spin_us)
         check_group_options(group_id, pattern, session_timeout_ms, max_poll_interval_ms,
                             auto_commit_interval_ms)
         self.group_id = group_id
@@ -193,7 +199,8 @@ class Consumer:
         self._subscribed_topics: dict | None = None     # the metadata _subscribed was expanded by
         self._iterator: Iterator[Record] | None = None
         read_committed = isolation_level == "read_committed"
-        self._driver = driver = ConsumerDriver(socket, request_timeout_ms / 1000, read_committed)
+        self._driver = driver = ConsumerDriver(socket, request_timeout_ms / 1000, read_committed,
+                                               spin_s=spin_s)
         self._fetcher = Fetcher(driver, read_committed=read_committed,
                                 auto_offset_reset=auto_offset_reset,
                                 max_partition_fetch_bytes=max_partition_fetch_bytes,

@@ -61,10 +61,11 @@ def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
 
 
 def _sleep_on(region, offsets: list[int], values: list[int], local: bytearray,
-              local_value: int, timeout: float) -> int:
-    """Futex sleep (``_futex.wait_any``): the index of the word woken, -1 on timeout, -2 if
-    one had already changed. (A seam for tests, like ``_block``.)"""
-    return futex.wait_any(region, offsets, values, local, local_value, timeout)
+              local_value: int, timeout: float, spin: float = 0.0) -> int:
+    """Futex sleep (``_futex.wait_any``), after watching the words for ``spin`` seconds: the
+    index of the word woken, -1 on timeout, -2 if one had changed (before the sleep, or
+    while spinning). (A seam for tests, like ``_block``.)"""
+    return futex.wait_any(region, offsets, values, local, local_value, timeout, spin)
 
 
 def _drain(sem: posix_ipc.Semaphore) -> None:
@@ -200,10 +201,12 @@ class ConsumerDriver:
     test hands in another): raises ``BrokerUnavailableError`` when no broker answers."""
 
     def __init__(self, socket_path: str | None, timeout: float, read_committed: bool,
-                 connect: Callable[[str | None, float], Session] = Session) -> None:
+                 connect: Callable[[str | None, float], Session] = Session,
+                 spin_s: float = 0.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
         self.read_committed = read_committed
+        self.spin_s = spin_s              # busy-watch the futex words this long, then sleep
         self._connect = connect
         self.closed = False
         self.topics: dict[str, dict] = {}
@@ -393,7 +396,8 @@ class ConsumerDriver:
             values.append(seq & 0xFFFFFFFF)
         if look or state.metadata_version != self.meta_version or interrupted():
             return
-        woken = _sleep_on(state.region, offsets, values, session.local, local, slice_s)
+        woken = _sleep_on(state.region, offsets, values, session.local, local, slice_s,
+                          self.spin_s)
         if woken == -1:
             if not session.alive(on_reply):
                 self.lost()

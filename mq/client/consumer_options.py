@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["check_group_options", "check_read_options", "check_subscription"]
+__all__ = ["check_group_options", "check_read_options", "check_spin", "check_subscription"]
+
+MAX_SPIN_US = 1_000_000          # a spin is bounded; past a second, sleeping costs nothing
 
 
 def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_records: int,
@@ -21,6 +23,16 @@ def check_read_options(auto_offset_reset: str, isolation_level: str, max_poll_re
                          f"got {isolation_level!r}")
     if max_poll_records < 1 or max_partition_fetch_bytes < 1:
         raise ValueError("max_poll_records and max_partition_fetch_bytes must be positive")
+
+
+def check_spin(spin_us: float) -> float:
+    """``spin_us`` (a consumer's busy wait before each sleep) in seconds; ``ValueError`` unless
+    it is a number from 0 to ``MAX_SPIN_US``."""
+    if isinstance(spin_us, bool) or not isinstance(spin_us, (int, float)) or \
+            not 0 <= spin_us <= MAX_SPIN_US:
+        raise ValueError(f"spin_us must be from 0 to {MAX_SPIN_US} microseconds, got "
+                         f"{spin_us!r}")
+    return spin_us / 1e6
 
 
 def check_group_options(group_id: str | None, pattern: str | None, session_timeout_ms: int,

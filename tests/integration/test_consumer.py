@@ -578,10 +578,10 @@ def _count_waits(consumer: Consumer) -> list:
 WAKES = ["futex", "semaphore"]          # MQ_CONSUMER_WAKE: how a caught-up consumer sleeps
 
 
-def _lockstep_reader(pipe, socket_path, rounds, wake) -> None:
+def _lockstep_reader(pipe, socket_path, rounds, wake, spin_us: int = 0) -> None:
     os.environ["MQ_CONSUMER_WAKE"] = wake
     consumer_module._LIVENESS_CHECK_S = LONG_LIVENESS_S
-    with Consumer(socket=socket_path) as consumer:
+    with Consumer(socket=socket_path, spin_us=spin_us) as consumer:
         consumer.assign([T0, T1])
         assert consumer._driver.live().futex == (wake == "futex")
         waits = _count_waits(consumer)
@@ -613,6 +613,35 @@ def test_a_caught_up_consumer_is_woken_for_every_batch_without_another_wait(brok
         child.close()
     assert [[p[:2] for p in positions] for positions in waits] == \
         ([] if wake == "futex" else [[["t", 0], ["t", 1]]])
+
+
+def test_the_spin_wait_strategy_on_broker_and_consumer(tmp_path):
+    """A broker with ``spin_us`` and consumers with ``spin_us``: a consumer that catches up
+    again and again gets every batch (seen while it spins, or woken from the sleep after it:
+    the producer waits a varying while), sends no WAIT, and an idle poll ends at its
+    timeout."""
+    rounds = 60
+    with broker_with(tmp_path, spin_us=200) as b:
+        create_topic(b, "t", 2)
+        child = Child(_lockstep_reader, b.socket, rounds, "futex", 1000)
+        try:
+            with Connection(b.socket) as conn:
+                for i in range(rounds):
+                    assert child.recv() == "ready"
+                    if i % 3 == 2:    # outlast the 1 ms spin, so the consumer is asleep:
+                        time.sleep(0.003)     # a staged pause, not a wait for a condition
+                    tp = (T0, T1)[i % 2]
+                    offset = produce(conn, tp, [b"%d" % i])
+                    assert child.recv() == {tp.partition: [offset]}, f"round {i}"
+            assert child.recv() == []             # no WAIT: futex words only
+        finally:
+            child.close()
+        with Consumer(socket=b.socket, spin_us=20_000) as consumer:
+            consumer.assign([T0])
+            consumer.seek_to_end(T0)
+            started = time.monotonic()
+            assert consumer.poll(timeout_ms=100) == {}
+            assert time.monotonic() - started >= 0.1
 
 
 def _poll_each_racing_record(consumer: Consumer, pending: list, rounds: int = 20) -> None:
@@ -994,6 +1023,9 @@ def test_bad_arguments_and_group_less_commits(broker):
         Consumer(socket=broker.socket, pattern="t.*")
     with pytest.raises(ValueError, match="group_id"):
         Consumer("t", socket=broker.socket, group_id="")
+    for spin_us in (-1, 1_000_001, "10", True):
+        with pytest.raises(ValueError, match="spin_us must be from 0 to 1000000 microseconds"):
+            Consumer(socket=broker.socket, spin_us=spin_us)
     with Consumer(socket=broker.socket) as consumer:
         consumer.assign([T0])
         with pytest.raises(ValueError, match="group_id"):

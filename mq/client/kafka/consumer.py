@@ -48,6 +48,7 @@ from typing import Any
 from mq.client.consumer_options import (
     check_group_options,
     check_read_options,
+    check_spin,
     check_subscription,
 )
 from mq.client.fetcher import Record
@@ -108,10 +109,11 @@ class KafkaConsumer:
                  check_crcs: bool = True, pattern: str | None = None, listener: Any = None,
                  group_instance_id: str | None = None, assignor: str | None = None,
                  session_timeout_ms: int = 45_000, max_poll_interval_ms: int = 300_000,
-                 auto_commit_interval_ms: int = 5_000,
+                 auto_commit_interval_ms: int = 5_000, spin_us: float = 0,
                  kafka_config: Mapping[str, Any] | None = None) -> None:
         check_read_options(auto_offset_reset, isolation_level, max_poll_records,
                            max_partition_fetch_bytes)
+        check_spin(spin_us)               # checked alike; librdkafka's fetches do the waiting
         check_group_options(group_id, pattern, session_timeout_ms, max_poll_interval_ms,
                             auto_commit_interval_ms)
         if assignor is not None and assignor not in _ASSIGNORS:

@@ -79,6 +79,9 @@ def test_bad_storage_values_name_the_key(key, value):
                                    "(a frame's 31-bit length)"),
     ("cleaner_backoff_ms", 1 << 62, "from 1 to 2147483647 (epoll's int32 milliseconds"),
     ("flush_interval_ms", 1 << 31, "flush_interval_ms must be an integer from 1 to 2147483647"),
+    ("spin_us", 2_000_000, "spin_us must be an integer from 0 to 1000000 (one second: a spin "
+                           "is bounded)"),
+    ("spin_us", -1, "from 0 to 1000000"),
     ("group_session_timeout_ms", 1 << 31, "from 1 to 2147483647 (Kafka's int32)"),
     ("transaction_max_timeout_ms", 1 << 40, "(Kafka's int32)"),
     ("min_free_bytes", 1 << 63, "min_free_bytes must be an integer from 0 to "

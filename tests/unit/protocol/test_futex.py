@@ -121,3 +121,53 @@ def test_bad_arguments_raise():
         futex.wait_any(m, list(range(0, 128 * 4, 4)), [0] * 128, local, 0, 0.01)
     with pytest.raises(ValueError):
         futex.wait_any(m, [0], [0], bytearray(2), 0, 0.01)   # no room for the local word
+
+
+# --- the spin wait strategy -------------------------------------------------------------------
+def test_a_spin_sees_a_word_change_in_another_process_without_a_wake(region):
+    """A spinning wait returns -2 for a change no one woke it for (the writer, a forked
+    process, only writes), and its map stays exported while it spins."""
+    rw, ro = region
+
+    def writer(pipe) -> None:
+        pipe.recv()
+        put(rw, 128, 5)                                  # no futex.wake: only a spin sees it
+    here, there = CTX.Pipe()
+    proc = CTX.Process(target=writer, args=(there,))
+    proc.start()
+    try:
+        here.send("go")
+        assert futex.wait_any(ro, [0, 128], [0, 0], bytearray(4), 0, WAIT, WAIT) == -2
+    finally:
+        proc.join(WAIT)
+    assert word(ro, 128) == 5
+
+
+def test_a_spin_then_sleeps_out_the_timeout_and_a_local_bump_ends_it():
+    m, local = mmap.mmap(-1, 4096), bytearray(4)
+    assert futex.wait_any(m, [0], [0], local, 0, 0.02, 0.01) == -1    # spun, then slept
+    assert futex.wait_any(m, [0], [0], local, 0, 0.01, WAIT) == -1    # spin capped by timeout
+
+    def interrupt() -> None:
+        local[:] = (1).to_bytes(4, "little")
+    t = threading.Timer(0.05, interrupt)
+    t.start()
+    assert futex.wait_any(m, [0], [0], local, 0, WAIT, WAIT) == -2
+    t.join()
+
+
+def test_a_map_cannot_be_closed_under_a_spin():
+    m, local = mmap.mmap(-1, 4096), bytearray(4)
+    refused = []
+
+    def close_then_wake() -> None:
+        try:
+            m.close()
+        except BufferError:
+            refused.append(True)
+        local[:] = (1).to_bytes(4, "little")
+    t = threading.Timer(0.05, close_then_wake)
+    t.start()
+    assert futex.wait_any(m, [0], [0], local, 0, WAIT, WAIT) == -2
+    t.join()
+    assert refused == [True] and not m.closed
