@@ -1,12 +1,15 @@
 """Where an end-to-end record's time goes, hop by hop, at a paced rate (100 B, acks=1, linger 0).
 
-    python3 -m bench.latency_hops [--rate 1000] [--n 3000]
+    python3 -m bench.latency_hops [--rate 1000] [--n 3000] [--broker-spin-us 0]
+                                  [--consumer-spin-us 0]
 
 The broker runs in this process (a thread: its methods are wrapped to stamp the time); the
 producer and the consumer are forked processes, also stamping. Every stamp is
 ``perf_counter_ns`` (CLOCK_MONOTONIC, the same clock in all processes). Each record's hops are
 matched in order: its ``send()`` call, that call's ``sendmsg``, the broker's next read, append
 and publish, the consumer's wake-up and its ``poll()`` returning. The first fifth is warm-up.
+The spin options choose the wait strategies (README, "Wait strategies"): 0, the default,
+sleeps at once.
 Prints p50 and p90 per hop (bench/RESULTS.md, "Latency at 1 k/s").
 """
 
@@ -17,6 +20,7 @@ import bisect
 import functools
 import multiprocessing as mp
 import os
+import shutil
 import struct
 import tempfile
 import threading
@@ -78,7 +82,7 @@ def producer(sock: str, n: int, rate: float, start, out) -> None:
     out.put(("p", sends, sendmsgs))
 
 
-def consumer(sock: str, n: int, start, out) -> None:
+def consumer(sock: str, n: int, spin_us: int, start, out) -> None:
     from mq.client import consumer_driver as consumer_module
     wakes: list[int] = []
     for seam in ("_sleep_on", "_block"):          # futex words, or the semaphore
@@ -89,7 +93,7 @@ def consumer(sock: str, n: int, start, out) -> None:
             wakes.append(time.perf_counter_ns())
             return r
         setattr(consumer_module, seam, stamped)
-    c = mq.Consumer(socket=sock)
+    c = mq.Consumer(socket=sock, spin_us=spin_us)
     c.assign([mq.TopicPartition("t", 0)])
     c.poll(10)
     wakes.clear()
@@ -108,6 +112,10 @@ def main() -> None:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=1000, help="records per second (1000)")
     ap.add_argument("--n", type=int, default=3000, help="records (3000)")
+    ap.add_argument("--broker-spin-us", type=int, default=0, metavar="US",
+                    help="the broker's spin_us: its loop's busy wait before sleeping (0)")
+    ap.add_argument("--consumer-spin-us", type=int, default=0, metavar="US",
+                    help="the consumer's spin_us: its busy wait before sleeping (0)")
     args = ap.parse_args()
     n = args.n
     stamp(server.Broker, "_read", "read")
@@ -116,13 +124,14 @@ def main() -> None:
     stamp(state.StateWriter, "publish", "woke", at_end=True)
     d = tempfile.mkdtemp(prefix="mq-hops-")
     sock = os.path.join(d, "mq.sock")
-    broker = server.Broker(BrokerConfig(data_dir=d, socket=sock))
+    broker = server.Broker(BrokerConfig(data_dir=d, socket=sock, spin_us=args.broker_spin_us))
     broker.start()
-    threading.Thread(target=broker.serve_forever, daemon=True).start()
+    serving = threading.Thread(target=broker.serve_forever, daemon=True)
+    serving.start()
     mq.Admin(socket=sock).create_topic("t", partitions=1)
     ctx = mp.get_context("fork")
     out, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=consumer, args=(sock, n, start, out)),
+    procs = [ctx.Process(target=consumer, args=(sock, n, args.consumer_spin_us, start, out)),
              ctx.Process(target=producer, args=(sock, n, args.rate, start, out))]
     for p in procs:
         p.start()
@@ -148,12 +157,15 @@ def main() -> None:
         pb = after(publish, ap_)
         rows.append((sm - s, rd - sm, ap_ - rd, pb - ap_, after(woke, pb) - pb,
                      after(wakes, pb) - pb, got[i][1] - after(wakes, pb), got[i][1] - s))
-    print(f"{n} records at {args.rate:g}/s, 100 B, acks=1, linger_ms=0 (first fifth skipped)")
+    print(f"{n} records at {args.rate:g}/s, 100 B, acks=1, linger_ms=0, spin: broker "
+          f"{args.broker_spin_us} us, consumer {args.consumer_spin_us} us (first fifth skipped)")
     for j, name in enumerate(HOPS):
         v = sorted(r[j] for r in rows)
         print(f"{name:34s} p50 {v[len(v) // 2] / 1000:7.1f} us   "
               f"p90 {v[int(len(v) * 0.9)] / 1000:7.1f} us")
-    os._exit(0)                 # the broker thread holds no data worth a clean stop
+    broker.request_stop()       # a clean stop: its shared memory and semaphores go too
+    serving.join(30)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":
