@@ -80,11 +80,18 @@ class System:
 class MpQueue(System):
     name, label = "mp.Queue", "mp.Queue"
     guess = (150e3, 120e3, 30e3)
+    sections = frozenset({"throughput", "latency"})
 
     def throughput_jobs(self, values: list[bytes], n: int) -> Jobs:
         q = harness.CTX.Queue()
         return [(peers.mpq_producer, {"queue": q, "values": values, "n": n}),
                 (peers.mpq_consumer, {"queue": q, "n": n})], q.close
+
+    def latency_jobs(self, size: int, rate: float, n: int, warm: int,
+                     timeout_s: float) -> Jobs:
+        q = harness.CTX.Queue()
+        return [(peers.mpq_lat_producer, {"queue": q, "size": size, "rate": rate, "n": n}),
+                (peers.mpq_lat_consumer, {"queue": q, "n": n, "warm": warm})], q.close
 
 
 class Redis(System):
@@ -138,11 +145,20 @@ class Nats(System):
 class Zmq(System):
     name, label = "zmq", "ZeroMQ PUSH/PULL ipc"
     guess = (600e3, 400e3, 30e3)
+    sections = frozenset({"throughput", "latency"})
 
     def throughput_jobs(self, values: list[bytes], n: int) -> Jobs:
         addr = peers.zmq_address(self.base, f"z{next(_names)}")
         return [(peers.zmq_producer, {"address": addr, "values": values, "n": n}),
                 (peers.zmq_consumer, {"address": addr, "n": n})], lambda: None
+
+    def latency_jobs(self, size: int, rate: float, n: int, warm: int,
+                     timeout_s: float) -> Jobs:
+        addr = peers.zmq_address(self.base, f"zl{next(_names)}")
+        return [(peers.zmq_lat_producer, {"address": addr, "size": size, "rate": rate,
+                                          "n": n}),
+                (peers.zmq_lat_consumer, {"address": addr, "n": n, "warm": warm})], \
+            lambda: None
 
 
 class Sqlite(System):

@@ -217,6 +217,52 @@ def mpq_consumer(start, queue, n: int) -> dict:
     return _recv_all(start, queue.get, n)
 
 
+def mpq_lat_producer(start, queue, size: int, rate: float, n: int) -> dict:
+    """Open loop: ``put`` one message per call (the queue's feeder thread writes it to the
+    pipe), 8-byte intended send time first in the payload."""
+    send = _stamped(queue.put, size)
+    quiet_gc()
+    start()
+    res = paced_loop(send, rate, n)
+    queue.close()
+    queue.join_thread()
+    return res
+
+
+def mpq_lat_consumer(start, queue, n: int, warm: int) -> dict:
+    """Blocking ``get`` ``n`` times (the producer puts exactly ``n``; ``run_workers``'
+    timeout ends a run that stalls)."""
+    return _recv_latencies(start, queue.get, n, warm)
+
+
+def _stamped(send, size: int):
+    """``send`` of a ``size``-byte value whose first 8 bytes are the intended send time
+    ``t_i`` it is called with (``paced_loop``'s ``send``)."""
+    buf = bytearray(b"x" * size)
+    pack = struct.Struct("<q").pack_into
+
+    def one(t_i: int) -> None:
+        pack(buf, 0, t_i)
+        send(bytes(buf))
+    return one
+
+
+def _recv_latencies(start, recv, n: int, warm: int) -> dict:
+    """The consumer side of a latency run over a blocking ``recv()``: ``n`` messages, each
+    timed by a ``LatencyRecorder`` (``warm`` of them discarded), and the CPU it took."""
+    rec = LatencyRecorder(n, warm)
+    add, clock = rec.add, time.perf_counter_ns
+    quiet_gc()
+    start()
+    cpu0 = cpu_seconds()
+    for _ in range(n):
+        value = recv()
+        add(clock(), value)
+    res = rec.result()
+    res["cpu_s"] = cpu_seconds() - cpu0
+    return res
+
+
 # --- ZeroMQ PUSH/PULL over ipc:// ----------------------------------------------------------
 
 def zmq_address(base: str, name: str) -> str:
@@ -226,16 +272,7 @@ def zmq_address(base: str, name: str) -> str:
 def zmq_producer(start, address: str, values: list[bytes], n: int) -> dict:
     """PUSH, connected to the consumer's PULL; ``send(bytes)`` with pyzmq's defaults (copy,
     high-water mark 1000 messages). Closing with linger -1 waits until every message left."""
-    import zmq
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.LINGER, -1)
-    deadline = time.monotonic() + 20
-    while not os.path.exists(address[len("ipc://"):]):    # the PULL side binds it
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nothing bound {address}")
-        time.sleep(0.001)
-    s.connect(address)
+    ctx, s = _zmq_push(address)
     t0, t1 = _send_all(start, s.send, values, n)
     s.close()
     ctx.term()
@@ -249,6 +286,46 @@ def zmq_consumer(start, address: str, n: int) -> dict:
     s = ctx.socket(zmq.PULL)
     s.bind(address)
     res = _recv_all(start, s.recv, n)
+    s.close(linger=0)
+    ctx.term()
+    return res
+
+
+def _zmq_push(address: str):
+    """A PUSH socket (linger -1: closing waits until every message left) connected to the
+    PULL side's ``address`` once that is bound, and its context."""
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, -1)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(address[len("ipc://"):]):    # the PULL side binds it
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing bound {address}")
+        time.sleep(0.001)
+    s.connect(address)
+    return ctx, s
+
+
+def zmq_lat_producer(start, address: str, size: int, rate: float, n: int) -> dict:
+    """Open loop: ``send`` one message per call, 8-byte intended send time first."""
+    ctx, s = _zmq_push(address)
+    send = _stamped(s.send, size)
+    quiet_gc()
+    start()
+    res = paced_loop(send, rate, n)
+    s.close()
+    ctx.term()
+    return res
+
+
+def zmq_lat_consumer(start, address: str, n: int, warm: int) -> dict:
+    """PULL, bound before the barrier; blocking ``recv()`` ``n`` times."""
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    s.bind(address)
+    res = _recv_latencies(start, s.recv, n, warm)
     s.close(linger=0)
     ctx.term()
     return res
@@ -525,21 +602,27 @@ SPIN_NS = 200_000             # sleep until ~200 us before the intended time, th
 def paced_loop(send, rate: float, n: int) -> dict:
     """Call ``send(t_i)`` at t_i = t0 + i/rate (open loop). ``t_i`` is the *intended* time,
     which the payload carries, so a stall delays the receive time but not the intended time
-    and shows up in the histogram (no coordinated omission)."""
+    and shows up in the histogram (no coordinated omission). Besides the clock readings it
+    returns the process's CPU over the loop (``cpu_s_loop``) and the wall time the loop spun
+    waiting for the intended times (``pace_spin_s``, on-CPU unless preempted): the client's
+    own CPU is about the difference."""
     clock, sleep = time.perf_counter_ns, time.sleep
     interval = 1e9 / rate
     send_hist = new_hist()                    # how long each send() call took, µs
     record = send_hist.record_value
+    cpu0 = cpu_seconds()
     t0 = clock() + 2_000_000
-    late = 0
+    late = spun = 0
     for i in range(n):
         t_i = t0 + int(i * interval)
         now = clock()
         if t_i - now > SPIN_NS:
             sleep((t_i - now - SPIN_NS) / 1e9)
             now = clock()
+        spin0 = now
         while now < t_i:
             now = clock()
+        spun += now - spin0
         send(t_i)
         done = clock()
         record((done - now) // 1000 or 1)
@@ -547,7 +630,8 @@ def paced_loop(send, rate: float, n: int) -> dict:
             late += 1
     t_end = clock()
     return {"t_first": t0, "t_end": t_end, "n": n, "late_sends": late,
-            "send_rate": n / ((t_end - t0) / 1e9), "send_call_hist": send_hist.encode()}
+            "send_rate": n / ((t_end - t0) / 1e9), "send_call_hist": send_hist.encode(),
+            "cpu_s_loop": cpu_seconds() - cpu0, "pace_spin_s": spun / 1e9}
 
 
 class LatencyRecorder:
