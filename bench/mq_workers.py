@@ -15,7 +15,7 @@ import time
 from bench import harness, peers
 from bench.harness import quiet_gc
 
-__all__ = ["MQ_LATENCY", "MQ_LATENCY_ACKS0", "MQ_MAX_RECORDS", "MQ_THROUGHPUT",
+__all__ = ["MQ_LATENCY", "MQ_LATENCY_ACKS0", "MQ_MAX_RECORDS", "MQ_SPIN_US", "MQ_THROUGHPUT",
            "consume_latencies", "mq_consumer", "mq_lat_consumer", "mq_lat_producer",
            "mq_paced_producer", "mq_producer"]
 
@@ -24,6 +24,11 @@ MQ_THROUGHPUT = {"acks": 1, "linger_ms": 10, "batch_size": 1 << 20}   # 1 MiB ba
 MQ_LATENCY = {"acks": 1, "linger_ms": 0}      # default batch_size: sent as soon as possible
 MQ_LATENCY_ACKS0 = {"acks": 0, "linger_ms": 0}  # extra row: no acks to read in the producer
 MQ_MAX_RECORDS = 10_000       # consumer poll(max_records=); the default is 500
+# The latency section's spin wait strategy: the consumer's and the broker's spin_us. 1000 us is
+# the gap between records at 1 k/s, the slowest rate measured, so at every rate the next
+# record comes while they spin and neither sleeps between records: the strategy's best case,
+# and its price in CPU.
+MQ_SPIN_US = 1000
 
 # --- mq workers ---------------------------------------------------------------------------------
 
@@ -92,9 +97,10 @@ def mq_lat_producer(start, socket: str, topic: str, size: int, rate: float, n: i
 
 
 def mq_lat_consumer(start, socket: str, topic: str, n: int, warm: int,
-                    timeout_s: float) -> dict:
+                    timeout_s: float, spin_us: float = 0) -> dict:
+    """``consume_latencies`` of one partition, the consumer's wait strategy ``spin_us``."""
     import mq
-    c = mq.Consumer(socket=socket)
+    c = mq.Consumer(socket=socket, spin_us=spin_us)
     c.assign([mq.TopicPartition(topic, 0)])
     return consume_latencies(c, start, n, warm, timeout_s)
 

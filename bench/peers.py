@@ -254,12 +254,12 @@ def _recv_latencies(start, recv, n: int, warm: int) -> dict:
     add, clock = rec.add, time.perf_counter_ns
     quiet_gc()
     start()
-    cpu0 = cpu_seconds()
+    cpu0 = time.process_time()
     for _ in range(n):
         value = recv()
         add(clock(), value)
     res = rec.result()
-    res["cpu_s"] = cpu_seconds() - cpu0
+    res["cpu_s"] = time.process_time() - cpu0
     return res
 
 
@@ -603,26 +603,29 @@ def paced_loop(send, rate: float, n: int) -> dict:
     """Call ``send(t_i)`` at t_i = t0 + i/rate (open loop). ``t_i`` is the *intended* time,
     which the payload carries, so a stall delays the receive time but not the intended time
     and shows up in the histogram (no coordinated omission). Besides the clock readings it
-    returns the process's CPU over the loop (``cpu_s_loop``) and the wall time the loop spun
-    waiting for the intended times (``pace_spin_s``, on-CPU unless preempted): the client's
-    own CPU is about the difference."""
-    clock, sleep = time.perf_counter_ns, time.sleep
+    returns the process's CPU over the loop (``cpu_s_loop``) and the CPU this thread spent
+    pacing (``pace_cpu_s``: the spins to the intended times, read from the thread's CPU clock
+    around each spin, which ends early by the reading's cost): the client's own CPU is the
+    difference."""
+    clock, sleep, thread_ns = time.perf_counter_ns, time.sleep, time.thread_time_ns
     interval = 1e9 / rate
     send_hist = new_hist()                    # how long each send() call took, µs
     record = send_hist.record_value
-    cpu0 = cpu_seconds()
+    lead = _reading_ns(thread_ns, clock)
+    cpu0 = time.process_time()                # ns resolution: os.times() counts 10 ms ticks
     t0 = clock() + 2_000_000
-    late = spun = 0
+    late = paced = 0
     for i in range(n):
         t_i = t0 + int(i * interval)
         now = clock()
         if t_i - now > SPIN_NS:
             sleep((t_i - now - SPIN_NS) / 1e9)
             now = clock()
-        spin0 = now
-        while now < t_i:
+        spin0 = thread_ns()
+        while now < t_i - lead:
             now = clock()
-        spun += now - spin0
+        paced += thread_ns() - spin0
+        now = clock()
         send(t_i)
         done = clock()
         record((done - now) // 1000 or 1)
@@ -631,7 +634,19 @@ def paced_loop(send, rate: float, n: int) -> dict:
     t_end = clock()
     return {"t_first": t0, "t_end": t_end, "n": n, "late_sends": late,
             "send_rate": n / ((t_end - t0) / 1e9), "send_call_hist": send_hist.encode(),
-            "cpu_s_loop": cpu_seconds() - cpu0, "pace_spin_s": spun / 1e9}
+            "cpu_s_loop": time.process_time() - cpu0, "pace_cpu_s": paced / 1e9}
+
+
+def _reading_ns(thread_ns, clock) -> int:
+    """The least time (of 1000 tries) a ``thread_ns()`` and a ``clock()`` call take, ns:
+    ``paced_loop``'s spin ends that much before the intended time so the send starts on it."""
+    best = 1 << 62
+    for _ in range(1000):
+        t = clock()
+        thread_ns()
+        clock()
+        best = min(best, clock() - t)
+    return best
 
 
 class LatencyRecorder:
