@@ -655,7 +655,7 @@ def run_latency(ctx: Ctx) -> dict:
                             for side in CPU_SIDES}}
         for key, side in (("p50_ratio_vs_redis", "mq"),
                           ("p50_ratio_acks0_vs_redis", "mq-acks0")):
-            if side in per:
+            if side in per and "redis" in per:
                 entry[key] = _paired_p50(per, side, "redis")
         entry["p50_ratio_vs"] = {s: _paired_p50(per, "mq", s) for s in others}
         if "mp.Queue" in per:
@@ -793,8 +793,9 @@ def _latency_rows(row, yes, rate: int, e: dict, lim: dict | None) -> None:
                 f"p50 {r:.1f}x sem RTT ({m['p50_us'] / same:.0f}x same-CPU RTT)",
                 f"p50 <= {GOAL_P50_VS_SEM:g}x sem RTT", yes(r <= GOAL_P50_VS_SEM and not sat))
         elif s == "mq-acks0":
+            r = e.get("p50_ratio_acks0_vs_redis")
             row(f"{k} {name}", fig, "us",
-                "-" if behind("redis") else fmt_ratio(e["p50_ratio_acks0_vs_redis"], "Redis p50"))
+                "-" if r is None or behind("redis") else fmt_ratio(r, "Redis p50"))
         elif s == "redis":
             if behind(s):                 # mq keeping the rate is the result, in the figure
                 ratio, met = "- (Redis saturated)", "n/a"

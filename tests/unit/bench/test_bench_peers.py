@@ -1,6 +1,7 @@
 """The pure parts of the benchmarks' peers: bench.e2e's table of systems and its report rows
-for a Kafka-protocol peer, the Kafka node's ``server.properties`` and SCRAM options, and
-bench.kafka_tls's paired ratios. No broker runs here (tests/integration/test_bench_kafka_wire.py
+for a Kafka-protocol peer, the Kafka node's ``server.properties`` and SCRAM options,
+bench.kafka_tls's paired ratios, and the latency rows of mq's wait strategies beside mp.Queue
+and ZeroMQ. No broker runs here (tests/integration/test_bench_kafka_wire.py
 starts real ones)."""
 
 from __future__ import annotations
@@ -89,6 +90,45 @@ def test_e2e_table_shows_a_kafka_peer_beside_mq():
     row = by_name[f"e2e 1 k/s 100 B {e2e_systems.ApacheKafka.label} (acks=1, linger 0)"]
     assert row["ratio"].startswith("0.50x (mq p50/this)")
     assert not any("mq-kafka" in name or "Tansu" in name for name in by_name)
+
+
+def test_e2e_latency_peers_include_mp_queue_and_zeromq():
+    for name in ("mp.Queue", "redis", "zmq", *e2e.KAFKA_PROTOCOL):
+        assert "latency" in e2e_systems.PEERS[name].sections
+    assert e2e.MQ_LATENCY_ROWS[:3] == ("mq", "mq-spin", "mq-cspin")
+    assert e2e.LATENCY_RATES == (1000, 10_000, 50_000)
+
+
+def _lat(p50: float, saturated: int = 0, server: bool = True) -> dict:
+    cpu = {"producer": _s(10), "consumer": _s(5), "server": _s(20) if server else None}
+    return {"merged": {"p50_us": p50, "p99_us": 3 * p50, "p99_9_us": 5 * p50,
+                       "max_us": 9 * p50}, "saturated_runs": saturated,
+            "achieved_rate": _s(1000), "cpu_us_per_msg": cpu}
+
+
+def test_e2e_latency_table_puts_each_wait_strategy_beside_mp_queue():
+    def entry(mpq_saturated: int) -> dict:
+        return {"runs": {s: [{}] for s in ("mq", "mq-spin", "mp.Queue", "zmq", "redis")},
+                "mq": _lat(60), "mq-spin": _lat(25),
+                "mp.Queue": _lat(20, mpq_saturated, False), "zmq": _lat(30, 1, False),
+                "redis": _lat(150), "p50_ratio_vs_redis": _s(0.4),
+                "p50_ratio_vs": {"zmq": _s(2.0)},
+                "p50_ratio_vs_mpq": {"mq": _s(3.0), "mq-spin": _s(1.25)}}
+    rows = {r["benchmark"]: r for r in e2e.build_table(
+        {"latency": {"rates": {"1000": entry(0), "50000": entry(1)}}})}
+    blocking = rows["e2e 1 k/s 100 B mq (acks=1, linger 0, blocking)"]
+    assert blocking["figure"].endswith("; CPU/msg producer 10.0, consumer 5.0, server 20.0")
+    mpq = rows["e2e 1 k/s 100 B mp.Queue"]
+    assert mpq["figure"].endswith("; CPU/msg producer 10.0, consumer 5.0")
+    assert mpq["ratio"].startswith("3.00x (mq blocking p50/this)")
+    assert (mpq["goal"], mpq["met"]) == ("mq blocking p50 <= 1.5x", "NO")
+    spin = rows["e2e 1 k/s 100 B mq (acks=1, linger 0, spin) / mp.Queue"]
+    assert spin["ratio"].startswith("1.25x mp.Queue p50")
+    assert rows["e2e 1 k/s 100 B ZeroMQ PUSH/PULL ipc"]["ratio"] == "- (saturated)"
+    # At 50 k/s the saturated mp.Queue is compared with nothing, and no goal holds there.
+    assert rows["e2e 50 k/s 100 B mp.Queue"]["ratio"] == "- (saturated)"
+    assert rows["e2e 50 k/s 100 B mp.Queue"]["goal"] == "-"
+    assert "e2e 50 k/s 100 B mq (acks=1, linger 0, spin) / mp.Queue" not in rows
 
 
 def _runs(*cpu: float) -> list[dict]:
