@@ -16,6 +16,8 @@ Each plot is drawn only when its section is in the JSON:
   saturated points marked;
 - ``latency-kafka.png`` (``latency`` with a Kafka-protocol peer): p50 and p99 of mq, Redis,
   Apache Kafka, mq's Kafka listener and Tansu, one panel each;
+- ``latency-strategies.png`` (``latency`` with the spin strategy or mp.Queue): p50 and p99 of
+  mq under each wait strategy (blocking, spin, consumer spin only), mp.Queue and ZeroMQ;
 - ``fanout.png`` (``fanout``): the broker's CPU per record and the slowest consumer's
   delivery rate with 1 and 4 consumers.
 
@@ -47,6 +49,8 @@ STYLE = {
     "mq": ("mq (acks=1)", OKABE_ITO["blue"], "o"),
     "mq-all": ('mq (acks="all")', OKABE_ITO["sky"], "s"),
     "mq-acks0": ("mq (acks=0)", OKABE_ITO["sky"], "s"),
+    "mq-spin": ("mq (acks=1, spin wait)", OKABE_ITO["green"], "s"),
+    "mq-cspin": ("mq (acks=1, consumer spin only)", OKABE_ITO["yellow"], "d"),
     "mp.Queue": ("multiprocessing.Queue (memory only)", OKABE_ITO["orange"], "^"),
     "redis": ("Redis Streams (AOF everysec)", OKABE_ITO["vermillion"], "D"),
     "nats": ("NATS JetStream (file store)", OKABE_ITO["green"], "v"),
@@ -222,14 +226,30 @@ def _latency_axes(ax, rates: list[int]) -> None:
 
 
 KAFKA_PEERS = ("kafka", "mq-kafka", "tansu")
+WAIT_STRATEGIES = ("mq", "mq-spin", "mq-cspin")
 
 
 def plot_latency_peers(res: dict, out_dir: str) -> str:
-    """p50 and p99 against the offered rate for mq, Redis and the Kafka-protocol peers, one
-    panel each; a point where the system fell behind the offered rate is drawn hollow."""
+    """p50 and p99 against the offered rate for mq, Redis and the Kafka-protocol peers."""
+    return _latency_panels(res, ("mq", "redis", *KAFKA_PEERS),
+                           "End-to-end latency: mq, Redis and the Kafka-protocol peers",
+                           os.path.join(out_dir, "latency-kafka.png"))
+
+
+def plot_latency_strategies(res: dict, out_dir: str) -> str:
+    """p50 and p99 against the offered rate for mq under each wait strategy, mp.Queue and
+    ZeroMQ."""
+    return _latency_panels(res, (*WAIT_STRATEGIES, "mp.Queue", "zmq"),
+                           "End-to-end latency: mq's wait strategies, mp.Queue and ZeroMQ",
+                           os.path.join(out_dir, "latency-strategies.png"))
+
+
+def _latency_panels(res: dict, names: tuple[str, ...], title: str, path: str) -> str:
+    """p50 and p99 against the offered rate for the systems ``names`` that ran, one panel
+    each; a point where the system fell behind the offered rate is drawn hollow."""
     lt, meta = res["latency"], res["meta"]
     rates = sorted(int(r) for r in lt["rates"])
-    systems = [s for s in ("mq", "redis", *KAFKA_PEERS) if s in lt["rates"][str(rates[0])]]
+    systems = [s for s in names if s in lt["rates"][str(rates[0])]]
     fig, axes = plt.subplots(1, 2, figsize=(11, 5.6), sharey=True)
     for ax, (key, pname) in zip(axes, (("p50_us", "p50"), ("p99_us", "p99")), strict=True):
         for s in systems:
@@ -250,11 +270,9 @@ def plot_latency_peers(res: dict, out_dir: str) -> str:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=8.5, frameon=False,
                bbox_to_anchor=(0.5, 0.925))
-    fig.suptitle("End-to-end latency: mq, Redis and the Kafka-protocol peers "
-                 "(hollow: fell behind the offered rate)", fontsize=12, y=0.985)
+    fig.suptitle(f"{title} (hollow: fell behind the offered rate)", fontsize=12, y=0.985)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.76, bottom=0.19, wspace=0.08)
-    return _finish(fig, meta, "latency", res["params"]["runs"],
-                   os.path.join(out_dir, "latency-kafka.png"),
+    return _finish(fig, meta, "latency", res["params"]["runs"], path,
                    "the {runs} runs' histograms merged per point")
 
 
@@ -311,6 +329,8 @@ def draw(res: dict, out_dir: str) -> list[str]:
     lt = res.get("latency")
     if lt and any(s in e for e in lt["rates"].values() for s in KAFKA_PEERS):
         paths.append(plot_latency_peers(res, out_dir))
+    if lt and any(s in e for e in lt["rates"].values() for s in ("mq-spin", "mp.Queue")):
+        paths.append(plot_latency_strategies(res, out_dir))
     return paths
 
 
