@@ -588,7 +588,7 @@ def one_latency(ctx: Ctx, system: str, rate: float, seconds: float, warm_s: floa
 
 
 def _cpu_per_msg(prod: dict, cons: dict, s0, s1, n: int) -> dict:
-    """CPU µs per message of the producer process over its paced loop less the pacer's own
+    """CPU µs per message of the producer process over its paced loop less the pacing
     (``peers.paced_loop``), of the consumer process from its start, and of the server (None
     without one: mp.Queue and ZeroMQ have none)."""
     out = {"producer_cpu_us_per_msg": (prod["cpu_s_loop"] - prod["pace_cpu_s"]) / n * 1e6,
@@ -632,7 +632,7 @@ def run_latency(ctx: Ctx) -> dict:
                      "spin_us_why": "the gap between records at 1 k/s, the slowest rate: "
                                     "neither side sleeps between records at any rate"},
                  "cpu_per_msg": "process CPU us per message sent, warm-up included; the "
-                                "producer's over its paced loop less the pacer's spin",
+                                "producer's over its paced loop less the pacing (sleeps, spins)",
                  "spin_ns": peers.SPIN_NS, "systems": systems, "rates": {}}
     for rate in LATENCY_RATES:
         per: dict = {s: [] for s in systems}

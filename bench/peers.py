@@ -604,9 +604,9 @@ def paced_loop(send, rate: float, n: int) -> dict:
     which the payload carries, so a stall delays the receive time but not the intended time
     and shows up in the histogram (no coordinated omission). Besides the clock readings it
     returns the process's CPU over the loop (``cpu_s_loop``) and the CPU this thread spent
-    pacing (``pace_cpu_s``: the spins to the intended times, read from the thread's CPU clock
-    around each spin, which ends early by the reading's cost): the client's own CPU is the
-    difference."""
+    pacing (``pace_cpu_s``: the sleeps and spins to the intended times, read from the thread's
+    CPU clock between sends; the spin ends early by the reading's cost): the client's own CPU,
+    its send calls and threads, is the difference."""
     clock, sleep, thread_ns = time.perf_counter_ns, time.sleep, time.thread_time_ns
     interval = 1e9 / rate
     send_hist = new_hist()                    # how long each send() call took, µs
@@ -617,14 +617,14 @@ def paced_loop(send, rate: float, n: int) -> dict:
     late = paced = 0
     for i in range(n):
         t_i = t0 + int(i * interval)
+        pace0 = thread_ns()
         now = clock()
         if t_i - now > SPIN_NS:
             sleep((t_i - now - SPIN_NS) / 1e9)
             now = clock()
-        spin0 = thread_ns()
         while now < t_i - lead:
             now = clock()
-        paced += thread_ns() - spin0
+        paced += thread_ns() - pace0
         now = clock()
         send(t_i)
         done = clock()
