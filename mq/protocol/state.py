@@ -43,14 +43,13 @@ publish the consumer has not seen makes the word differ, so its sleep does not b
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import importlib
 import mmap
 import os
 import struct
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import posix_ipc
 
@@ -148,8 +147,10 @@ def _region_pid(name: str) -> int | None:
     return pid if magic == MAGIC else None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PartitionState:
+class PartitionState(NamedTuple):
+    """One slot's fields, as a snapshot took them. A named tuple: consumers take two or three
+    snapshots per poll, and a frozen dataclass cost them 1 us more each."""
+
     high_watermark: int
     last_stable_offset: int
     log_start_offset: int
