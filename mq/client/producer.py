@@ -72,7 +72,7 @@ from mq.client.connection import resolve_socket
 from mq.client.idempotence import ProducerIdentity, resolve_idempotence
 from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.partitioner import DefaultPartitioner, murmur2
-from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState
+from mq.client.producer_batches import Batch, FutureRecordMetadata, TopicState, wait_done
 from mq.client.producer_io import ProducerIO
 from mq.client.producer_metadata import REQUEST_ENVELOPE_BYTES, ProducerMetadata
 from mq.client.producer_records import (
@@ -598,7 +598,7 @@ class Producer:
         deadline = None if timeout is None else time.monotonic() + timeout
         for batch in pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not batch.event.wait(remaining):
+            if not wait_done(batch, remaining):
                 left = sum(1 for b in pending if not b.done)
                 raise TimeoutError(f"flush: {left} batch(es) still unacknowledged after "
                                    f"{timeout} s")

@@ -20,7 +20,7 @@ from mq.client.accumulator import FutureBase
 from mq.client.accumulator import ProducerBatchBuilder as BatchBuilder
 from mq.client.types import RecordMetadata
 
-__all__ = ["Batch", "FutureRecordMetadata", "TopicState", "finish_batch"]
+__all__ = ["Batch", "FutureRecordMetadata", "TopicState", "finish_batch", "wait_done"]
 
 log = logging.getLogger("mq.producer")
 
@@ -91,7 +91,9 @@ class Batch:
         self.error: BaseException | None = None
         self.last_error: BaseException | None = None
         self.done = False
-        self.event = threading.Event()
+        # Made by the first waiter (wait_done): an Event per batch cost send() 5 us, and with
+        # linger_ms=0 a batch is one record that nobody may wait for.
+        self.event: threading.Event | None = None
         self.callbacks: list | None = None
         self.lock = lock
 
@@ -111,7 +113,7 @@ class FutureRecordMetadata(FutureBase):
         ``BrokerUnavailableError``, ``ClosedError``...) or ``TimeoutError`` after ``timeout``
         seconds."""
         batch = self._batch
-        if not batch.done and not batch.event.wait(timeout):
+        if not batch.done and not wait_done(batch, timeout):
             raise TimeoutError(f"record for {batch.topic}-{batch.partition} not acknowledged "
                                f"within {timeout} s")
         if batch.error is not None:
@@ -184,6 +186,17 @@ def _run_callback(fut: FutureRecordMetadata, fn: Callable, args: tuple, kwargs: 
         log.exception("producer callback %r raised", fn)
 
 
+def wait_done(batch: Batch, timeout: float | None) -> bool:
+    """Wait until ``batch`` is finished; False if ``timeout`` seconds passed first."""
+    with batch.lock:
+        if batch.done:
+            return True
+        if batch.event is None:
+            batch.event = threading.Event()       # finish_batch sets it: it reads it under the lock
+        event = batch.event
+    return event.wait(timeout)
+
+
 def finish_batch(batch: Batch, base_offset: int, log_append_time: int,
             error: BaseException | None) -> None:
     """Resolve a batch's futures and run their callbacks (never under the producer lock)."""
@@ -195,7 +208,9 @@ def finish_batch(batch: Batch, base_offset: int, log_append_time: int,
         batch.error = error
         batch.done = True
         callbacks, batch.callbacks = batch.callbacks, None
-    batch.event.set()
+        event = batch.event
+    if event is not None:
+        event.set()
     batch.builder = batch.add = batch.records = None   # sent: let the records' bytes go
     data, batch.data = batch.data, None
     # The next batch is built in this one's buffer, if nothing else holds it (getrefcount:
