@@ -349,6 +349,7 @@ class Broker:
                         self._read(what)
                 if isinstance(what, Conn) and events & selectors.EVENT_WRITE:
                     self._write(what)
+            self._publish_touched()    # before the timers: a wake-up waits for no bookkeeping
             self._background(self.groups.timers, "group timers")
             now = time.monotonic()
             self._background(self.transactions.timers, "transaction timers", now)
@@ -402,15 +403,23 @@ class Broker:
         flush), then state publication and wake-ups for partitions whose high watermark or
         segments moved, then the replies queued this round."""
         self._commit.submit()
-        if self.kafka is not None:
-            self.kafka.partitions_moved(self.partitions.touched)   # parked Fetches
-        self._publisher.publish_touched()
+        self._publish_touched()        # what the timers moved since the requests
         while True:    # a write that closes a member's conn may push to others
             unsent = self.conns.take_unsent()
             if not unsent:
                 return
             for conn in unsent:
                 self._write(conn)
+
+    def _publish_touched(self) -> None:
+        """Publish the partitions whose state moved, wake their consumers and the Kafka
+        listener's Fetches parked on them. Right after a round's requests and again at its end,
+        so a record's wake-up does not wait for the timers and checks in between."""
+        touched = self.partitions.touched
+        if touched:
+            if self.kafka is not None:
+                self.kafka.partitions_moved(touched)              # parked Fetches
+            self._publisher.publish_touched()
 
     # --- connections --------------------------------------------------------------------------
     def _accept(self) -> None:
