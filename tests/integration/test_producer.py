@@ -197,6 +197,26 @@ def test_linger_zero_sends_at_once(broker):
             assert producer.send("t", value=b"%d" % i).get(timeout=WAIT).offset == i
 
 
+@pytest.mark.parametrize("acks", [0, 1])
+def test_linger_zero_sends_without_waking_the_io_thread(broker, acks):
+    """With ``linger_ms=0`` the calling thread writes each record's request and the I/O
+    thread, already watching the connection, is not woken for it: a wake-up would cost every
+    send() a pipe write and a GIL hand-over at low rates (bench/RESULTS.md, finding 3)."""
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=acks, linger_ms=0) as producer:
+        producer.send("t", value=b"first").get(timeout=WAIT)
+        io, wakes = producer._io, []
+        wake = io.wake
+        io.wake = lambda: (wakes.append(1), wake())[1]
+        for i in range(50):
+            fut = producer.send("t", value=b"%d" % i)
+            if acks:
+                fut.get(timeout=WAIT)
+        producer.flush(WAIT)
+        io.wake = wake
+    assert len(wakes) <= 1              # flush() wakes the thread once
+
+
 def test_a_busy_caller_reads_its_own_replies_with_linger_zero(broker):
     """A caller that never lets go of the GIL (a busy loop) keeps its linger_ms=0 records
     moving: send() reads the replies the I/O thread cannot, which would otherwise wait for
