@@ -194,16 +194,18 @@ def run_vs_kafka(ctx, progress) -> dict:
                       "start_s": node.started_s}}}
         runs = 1 if ctx.quick else 3
         cap = (8 if ctx.quick else 256) * MIB
+        least = 100 if ctx.quick else 1000              # records of a run: 64 KiB ones too
         # A JVM runs interpreted until its JIT has seen the hot paths: one discarded produce
         # and consume on each side first (mq's broker gets the same, for symmetry).
         for s in SIDES:
-            warm = _fill(sides[s], 100, 200_000 if ctx.quick else 1_000_000)
-            _consume(sides[s], warm, 200_000 if ctx.quick else 1_000_000, 100, 1)
+            warm_n = 50_000 if ctx.quick else 1_000_000
+            warm = _fill(sides[s], 100, warm_n)
+            _consume(sides[s], warm, warm_n, 100, 1)
             sides[s].drop(warm)
         progress("vs Kafka: both brokers warmed up")
         res["produce"] = {}
         for label, size in SIZES:
-            n = max(1000, cap // size // (4 if size < 4096 else 1))
+            n = max(least, cap // size // (4 if size < 4096 else 1))
             for acks in (1, "all"):
                 for k in PRODUCERS:
                     case = f"{label} acks={acks} x{k}"
@@ -224,7 +226,7 @@ def run_vs_kafka(ctx, progress) -> dict:
                                        "cpu": _paired(per, "broker_cpu_ms_per_mb")}
         res["consume"] = {}
         for label, size in SIZES:
-            n = max(1000, cap // size // (4 if size < 4096 else 1))
+            n = max(least, cap // size // (4 if size < 4096 else 1))
             topics = {s: _fill(sides[s], size, n) for s in SIDES}
             try:
                 for k in CONSUMERS:
@@ -237,7 +239,7 @@ def run_vs_kafka(ctx, progress) -> dict:
                 for s, t in topics.items():
                     sides[s].drop(t)
         res["latency"] = {}
-        seconds, warm_s = (1.0, 0.25) if ctx.quick else (4.0, 0.5)
+        seconds, warm_s = (0.3, 0.1) if ctx.quick else (4.0, 0.5)
         for rate in LAT_RATES:
             per = _rotation(runs, f"latency {rate}/s", lambda s, rate=rate:
                             _latency(sides[s], rate, seconds, warm_s), progress)

@@ -131,8 +131,10 @@ class Ctx:
         self.admin = mq.Admin(socket=broker.socket)
         self.bootstrap = self.admin.broker_stats()["broker"]["kafka_listeners"][0]
         self.target_s = 0.3 if args.quick else 1.5          # one produce or consume run
-        self.cap_bytes = (32 if args.quick else 512) * MIB  # records of one run, at most
-        self.fanout_bytes = (32 if args.quick else 256) * MIB
+        self.cap_bytes = (8 if args.quick else 512) * MIB   # records of one run, at most
+        self.fanout_bytes = (8 if args.quick else 256) * MIB
+        # Records of one run, at least: a quick run's 64 KiB runs stay within cap_bytes.
+        self.min_records = 100 if args.quick else 1000
         self.timeout = 180.0
 
     def topic(self) -> str:
@@ -200,7 +202,7 @@ def run_produce(ctx: Ctx) -> dict:
     res: dict = {"librdkafka": RDK_PRODUCER, "mq": MQ_PRODUCER, "cases": {}}
     for si, (label, size) in enumerate(SIZES):
         values = harness.payloads(size, 64 if size > 4096 else 1024, seed=si + 1)
-        cap = max(1000, ctx.cap_bytes // size)
+        cap = max(ctx.min_records, ctx.cap_bytes // size)
         for a, acks in ACKS.items():
             case = f"{label} acks={a}"
             warm = {}
@@ -209,7 +211,8 @@ def run_produce(ctx: Ctx) -> dict:
                 progress(f"produce {case}: {side} warm-up ({n0:,} records)")
                 warm[side] = one_produce(ctx, side, acks, values, n0)
             # The same n for both sides (paired on equal work), sized by the faster one.
-            n = int(min(cap, max(1000, max(w["rate"] for w in warm.values()) * ctx.target_s)))
+            n = int(min(cap, max(ctx.min_records,
+                                 max(w["rate"] for w in warm.values()) * ctx.target_s)))
 
             def one(side: str, acks=acks, values=values, n=n, size=size) -> dict:
                 harness.prefault(ctx.base, n * size)
@@ -263,7 +266,7 @@ def one_consume(ctx: Ctx, side: str, topic: str, n: int, size: int) -> dict:
 def run_consume(ctx: Ctx) -> dict:
     res: dict = {"librdkafka": RDK_CONSUMER, "librdkafka_batch": RDK_BATCH, "cases": {}}
     for label, size in SIZES:
-        n = max(1000, int(min(ctx.cap_bytes // size, GUESS[label] * ctx.target_s)))
+        n = max(ctx.min_records, int(min(ctx.cap_bytes // size, GUESS[label] * ctx.target_s)))
         topic, log_bytes = fill(ctx, size, n)
         try:
             progress(f"consume {label}: warm-up of each side")
@@ -306,7 +309,7 @@ def run_fanout(ctx: Ctx) -> dict:
     for label, size in reversed(SIZES):
         # A Python consumer spends ~5x more CPU per MB on 100 B records than on 64 KiB ones
         # (5 vs 1 ms/MB here): an eighth of the bytes keeps 8 of them on 2 CPUs to seconds.
-        n = max(1000, ctx.fanout_bytes // (size if size > 4096 else size * 8))
+        n = max(ctx.min_records, ctx.fanout_bytes // (size if size > 4096 else size * 8))
         topic, log_bytes = fill(ctx, size, n)
         try:
             per = rotation(ctx, FANOUT, f"fan-out {label} ({log_bytes / MIB:.0f} MiB each, "
@@ -361,7 +364,7 @@ def one_latency(ctx: Ctx, side: str, seconds: float, warm_s: float) -> dict:
 
 
 def run_latency(ctx: Ctx) -> dict:
-    seconds, warm_s = (1.0, 0.25) if ctx.quick else (4.0, 0.5)
+    seconds, warm_s = (0.3, 0.1) if ctx.quick else (4.0, 0.5)
     per = rotation(ctx, LAT_SIDES, f"latency {LAT_RATE:,}/s ({seconds:g} s + {warm_s} s "
                    "warm-up each)", lambda side: one_latency(ctx, side, seconds, warm_s))
     res: dict = {"rate": LAT_RATE, "seconds": seconds, "warmup_seconds": warm_s,
