@@ -44,6 +44,12 @@ PRODUCERS = (1, 4)
 CONSUMERS = (1, 8)
 LAT_RATES = (1_000, 10_000)
 SIZES = (("100B", 100), ("64KiB", 64 * KIB))
+# ``--quick`` runs a smoke test of every path, not a comparison: half the cases, yet each
+# size, acks, producer and consumer count (and each pair of produce settings) at least once.
+QUICK_PRODUCE = ("100B acks=1 x1", "100B acks=all x4", "64KiB acks=1 x4", "64KiB acks=all x1")
+QUICK_INGEST = ("100B acks=1 x1", "64KiB acks=1 x4")
+QUICK_CONSUME = ("100B x8", "64KiB x1")
+QUICK_LAT_RATES = (1_000,)
 
 
 class _Side:
@@ -209,6 +215,8 @@ def run_vs_kafka(ctx, progress) -> dict:
             for acks in (1, "all"):
                 for k in PRODUCERS:
                     case = f"{label} acks={acks} x{k}"
+                    if ctx.quick and case not in QUICK_PRODUCE:
+                        continue
                     per = _rotation(runs, f"produce {case}", lambda s, size=size, acks=acks,
                                     k=k, n=n: _produce(sides[s], size, acks, k, n), progress)
                     res["produce"][case] = {**_paired(per, "rate"), "runs": per,
@@ -218,6 +226,8 @@ def run_vs_kafka(ctx, progress) -> dict:
         for label, records, size in INGEST:
             for k in PRODUCERS:
                 case = f"{label} acks=1 x{k}"
+                if ctx.quick and case not in QUICK_INGEST:
+                    continue
                 requests = (20 if ctx.quick else 200) // k
                 per = _rotation(runs, f"ingest {case}", lambda s, records=records, size=size,
                                 k=k, requests=requests: _ingest(sides[s], records, size, k,
@@ -231,6 +241,8 @@ def run_vs_kafka(ctx, progress) -> dict:
             try:
                 for k in CONSUMERS:
                     case = f"{label} x{k}"
+                    if ctx.quick and case not in QUICK_CONSUME:
+                        continue
                     per = _rotation(runs, f"consume {case}", lambda s, n=n, size=size, k=k:
                                     _consume(sides[s], topics[s], n, size, k), progress)
                     res["consume"][case] = {**_paired(per, "rate"), "runs": per,
@@ -240,7 +252,7 @@ def run_vs_kafka(ctx, progress) -> dict:
                     sides[s].drop(t)
         res["latency"] = {}
         seconds, warm_s = (0.3, 0.1) if ctx.quick else (4.0, 0.5)
-        for rate in LAT_RATES:
+        for rate in QUICK_LAT_RATES if ctx.quick else LAT_RATES:
             per = _rotation(runs, f"latency {rate}/s", lambda s, rate=rate:
                             _latency(sides[s], rate, seconds, warm_s), progress)
             res["latency"][str(rate)] = {
