@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 
-from bench.kafka_peer import KafkaNode
+from bench.kafka_peer import KafkaNode, random_cluster_id
 
 __all__ = ["FAST_FAILOVER", "KafkaCluster"]
 
@@ -41,9 +41,7 @@ class KafkaCluster:
 
     def start(self, timeout: float = 180.0) -> KafkaCluster:
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
-        cluster_id = subprocess.run(
-            self.nodes[0].java() + ["kafka.tools.StorageTool", "random-uuid"],
-            capture_output=True, text=True, check=True).stdout.strip()
+        cluster_id = random_cluster_id()
         try:
             for node in self.nodes:
                 node.join(voters, cluster_id)

@@ -11,8 +11,9 @@ The jars are the closure of ``kafka_2.13`` at ``KAFKA_VERSION`` (the version who
 schemas ``mq/protocol/kafka/schemas.py`` is generated from) plus a log4j2 binding for SLF4J
 1.x, resolved by Maven into ``~/.cache/mq-bench/kafka-<version>/`` on first use (nothing is
 committed; ``.ci/run``-style machines reach Maven Central). Started as Kafka's quickstart
-does: ``kafka.tools.StorageTool format --standalone``
-then ``kafka.Kafka server.properties``; ready when its listener answers.
+does: ``kafka.tools.StorageTool format --standalone`` (the cluster id made as ``StorageTool
+random-uuid`` makes it, without its JVM) then ``kafka.Kafka server.properties``; ready when
+its listener answers.
 
 **Durability, stated beside every figure:** Kafka's defaults — ``acks=all`` is answered once
 the in-sync replicas (here: this one node) have the batch in their page cache; nothing is
@@ -33,17 +34,20 @@ reached.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import mq.testing
 
-__all__ = ["KAFKA_VERSION", "KafkaNode", "PeerUnavailable", "SaslSsl", "classpath"]
+__all__ = ["KAFKA_VERSION", "KafkaNode", "PeerUnavailable", "SaslSsl", "classpath",
+           "random_cluster_id"]
 
 KAFKA_VERSION = "4.3.1"
 LOG4J_VERSION = "2.25.4"
@@ -120,6 +124,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def random_cluster_id() -> str:
+    """A cluster id as Kafka's ``Uuid.randomUuid`` makes it (URL-safe base64 of a random UUID,
+    unpadded), without the ~1 CPU-second of a JVM for ``StorageTool random-uuid``: never one
+    that starts with "-", which a command line would take for an option."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def server_properties(workdir: str, port: int, controller_port: int,
@@ -234,9 +248,7 @@ class KafkaNode:
                                                 self.node_id, self._voters)))
         with open(os.path.join(self.workdir, "log4j2.properties"), "w") as f:
             f.write(_LOG4J2)
-        cluster_id = self._cluster_id or subprocess.run(
-            java + ["kafka.tools.StorageTool", "random-uuid"], capture_output=True, text=True,
-            check=True).stdout.strip()
+        cluster_id = self._cluster_id or random_cluster_id()
         users = self.sasl_ssl.users if self.sasl_ssl else {}
         quorum = ["--standalone"] if self._voters is None else []
         subprocess.run(java + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",

@@ -1,11 +1,12 @@
 """The pure parts of the benchmarks' peers: bench.e2e's table of systems and its report rows
-for a Kafka-protocol peer, the Kafka node's ``server.properties`` and SCRAM options,
+for a Kafka-protocol peer, the Kafka node's ``server.properties``, SCRAM options and cluster id,
 bench.kafka_tls's paired ratios, and the latency rows of mq's wait strategies beside mp.Queue
 and ZeroMQ. No broker runs here (tests/integration/test_bench_kafka_wire.py
 starts real ones)."""
 
 from __future__ import annotations
 
+import base64
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ if str(ROOT) not in sys.path:                 # bench/ is not an installed packa
     sys.path.insert(0, str(ROOT))
 
 from bench import e2e, e2e_systems, kafka_tls
-from bench.kafka_peer import scram_arguments, server_properties
+from bench.kafka_peer import random_cluster_id, scram_arguments, server_properties
 
 
 def _props(lines: list[str]) -> dict[str, str]:
@@ -47,6 +48,14 @@ def test_scram_users_become_format_options():
     assert scram_arguments({"a": "x", "b": "y"}) == [
         "--add-scram", "SCRAM-SHA-256=[name=a,password=x]",
         "--add-scram", "SCRAM-SHA-256=[name=b,password=y]"]
+
+
+def test_cluster_ids_are_kafka_uuids_that_never_look_like_options():
+    ids = {random_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    for text in ids:                          # Kafka's Uuid.toString: 22 URL-safe characters
+        assert len(text) == 22 and not text.startswith("-")
+        assert len(base64.urlsafe_b64decode(text + "==")) == 16
 
 
 def test_e2e_systems_are_a_table_with_mq_first():
