@@ -441,8 +441,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m bench.kafka_wire", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_section_arguments(p, SECTIONS, quick_help=(
-        "a smoke run: 1 run of ~0.3 s per figure, 32 MiB at most per run, "
-                          "small fan-out topics, 1 s latency points (about 15 s)"))
+        "a smoke run: 1 run of ~0.3 s per figure, 8 MiB at most per run, small fan-out "
+        "topics, 0.3 s latency points, half the cases against Kafka (about 20 s)"))
     add_run_arguments(p, "kafka_wire", dir_help="parent of the temp dir (the broker's data); "
                       "default: the system temp dir. A real disk: acks=all waits for fdatasync")
     return parse_sections(p, argv, SECTIONS)
