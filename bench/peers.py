@@ -220,10 +220,7 @@ def mpq_consumer(start, queue, n: int) -> dict:
 def mpq_lat_producer(start, queue, size: int, rate: float, n: int) -> dict:
     """Open loop: ``put`` one message per call (the queue's feeder thread writes it to the
     pipe), 8-byte intended send time first in the payload."""
-    send = _stamped(queue.put, size)
-    quiet_gc()
-    start()
-    res = paced_loop(send, rate, n)
+    res = _paced(start, queue.put, size, rate, n)
     queue.close()
     queue.join_thread()
     return res
@@ -233,6 +230,15 @@ def mpq_lat_consumer(start, queue, n: int, warm: int) -> dict:
     """Blocking ``get`` ``n`` times (the producer puts exactly ``n``; ``run_workers``'
     timeout ends a run that stalls)."""
     return _recv_latencies(start, queue.get, n, warm)
+
+
+def _paced(start, send, size: int, rate: float, n: int) -> dict:
+    """``paced_loop`` from the barrier on (``start()``), each call sending a ``size``-byte
+    value that carries its intended send time (``_stamped``)."""
+    stamped = _stamped(send, size)
+    quiet_gc()
+    start()
+    return paced_loop(stamped, rate, n)
 
 
 def _stamped(send, size: int):
@@ -310,10 +316,7 @@ def _zmq_push(address: str):
 def zmq_lat_producer(start, address: str, size: int, rate: float, n: int) -> dict:
     """Open loop: ``send`` one message per call, 8-byte intended send time first."""
     ctx, s = _zmq_push(address)
-    send = _stamped(s.send, size)
-    quiet_gc()
-    start()
-    res = paced_loop(send, rate, n)
+    res = _paced(start, s.send, size, rate, n)
     s.close()
     ctx.term()
     return res
@@ -478,15 +481,7 @@ def redis_lat_producer(start, sock: str, key: str, size: int, rate: float, n: in
     r = redis.Redis(unix_socket_path=sock)
     r.ping()
     xadd = r.xadd
-    buf = bytearray(b"x" * size)
-    pack = struct.Struct("<q").pack_into
-
-    def send(t_i: int) -> None:
-        pack(buf, 0, t_i)
-        xadd(key, {b"v": bytes(buf)})
-    quiet_gc()
-    start()
-    res = paced_loop(send, rate, n)
+    res = _paced(start, lambda value: xadd(key, {b"v": value}), size, rate, n)
     r.close()
     return res
 

@@ -7,12 +7,10 @@ report raised on the producer's poll thread, which died, and no later send was s
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 from confluent_kafka import Message
 
-from mq.aio.kafka import _settle
 from mq.client.kafka.producer import KafkaFuture, delivered
 
 
@@ -32,14 +30,7 @@ def test_a_success_without_an_offset_is_settled_with_offset_minus_one():
 
 
 def test_a_success_with_an_offset_keeps_it():
+    """``delivered`` is what both producers settle a success with (mq.aio's too)."""
     meta = delivered(report(41))
     assert meta == ("t", 1, 41, 1234)
 
-
-def test_mq_aio_settles_a_success_without_an_offset():
-    async def main():
-        future = asyncio.get_running_loop().create_future()
-        _settle(future, None, report(-1))
-        return await future
-
-    assert asyncio.run(main()).offset == -1
