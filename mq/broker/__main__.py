@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "file")
     parser.add_argument("--spin-us", type=int, metavar="US", dest="spin_us",
                         help="wait strategy of the broker's loop: before each sleep, watch the "
-                        "connections for up to US microseconds without sleeping (one CPU "
-                        "busy while idle; a request then costs no scheduler wake-up). "
-                        "Default 0: sleep at once, no CPU while idle")
+                        "connections for up to US microseconds without sleeping (a CPU kept "
+                        "busy meanwhile; a request that comes then costs no scheduler "
+                        "wake-up). Default 0: sleep at once")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
