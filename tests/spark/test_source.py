@@ -6,7 +6,6 @@ Streaming: test_source_stream.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -250,7 +249,7 @@ def test_planning_never_passes_the_published_high_watermark(broker, monkeypatch)
 
     def read(self, slot):
         st = real_read(self, slot)
-        return dataclasses.replace(st, high_watermark=5, last_stable_offset=4)
+        return st._replace(high_watermark=5, last_stable_offset=4)
     monkeypatch.setattr(StateReader, "read", read)
     opts = {"subscribe": "t", "socket": broker.socket}
     assert [(r.start, r.end) for r in MQBatchReader(opts, None).partitions()] == [(0, 5)]
