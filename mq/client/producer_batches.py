@@ -91,8 +91,8 @@ class Batch:
         self.error: BaseException | None = None
         self.last_error: BaseException | None = None
         self.done = False
-        # Made by the first waiter (wait_done): an Event per batch cost send() 5 us, and with
-        # linger_ms=0 a batch is one record that nobody may wait for.
+        # Made by the first waiter (wait_done): an Event per batch cost send() about 2 us, and
+        # with linger_ms=0 a batch is one record that nobody may wait for.
         self.event: threading.Event | None = None
         self.callbacks: list | None = None
         self.lock = lock
