@@ -337,7 +337,7 @@ class AsyncKafkaConsumer:
         return self._ready().assignment()
 
     def group_metadata(self) -> ConsumerGroupMetadata:
-        """The group's metadata as of the consumer's last poll or rebalance: asked of
+        """The group's metadata as of the consumer's last rebalance: asked of
         librdkafka from the loop's thread while the consumer's is inside a rebalance, it would
         wait for that rebalance, which waits for the loop (``send_offsets_to_transaction``
         asks the consumer's thread)."""

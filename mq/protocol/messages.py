@@ -251,13 +251,22 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_bytes(v: Any) -> bool:
+    return isinstance(v, (bytes, bytearray, memoryview))   # a memoryview: a tail frame's tail
+
+
+_SIMPLE: Final[dict[Any, Callable[[Any], bool]]] = {int: _is_int, str: _is_str,
+                                                    bytes: _is_bytes}
+
+
 def _check(kind: Any, value: Any) -> bool:
-    if kind is int:
-        return _is_int(value)
-    if kind is str:
-        return isinstance(value, str)
-    if kind is bytes:                   # a memoryview: a tail frame's tail (frames.py)
-        return isinstance(value, (bytes, bytearray, memoryview))
+    simple = _SIMPLE.get(kind)
+    if simple is not None:
+        return simple(value)
     if kind is _STR_MAP:
         return isinstance(value, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items())
@@ -303,22 +312,12 @@ def _is_acl(value: Any, name_kind: Any) -> bool:
         _check(name_kind if i in (1, 3, 4) else int, v) for i, v in enumerate(value))
 
 
-def _checker(kind: Any) -> Callable[[Any], bool]:
-    """``_check(kind, ·)`` as one call: the simple kinds without ``_check``'s chain of tests
-    (every request runs these, the broker's produce path included)."""
-    if kind is int:
-        return _is_int
-    if kind is str:
-        return lambda value: isinstance(value, str)
-    if kind is bytes:
-        return lambda value: isinstance(value, (bytes, bytearray, memoryview))
-    return functools.partial(_check, kind)
-
-
-# Each api's request checks, by the api's number: (api, field names, field checkers).
+# Each api's request checks, by the api's number: (api, field names, field checkers); a
+# simple kind's checker is called directly (every request runs these, the produce path too).
 _REQUEST_CHECKS: Final[dict[int, tuple[Api, tuple[str, ...], tuple[Callable, ...]]]] = {
     int(api): (api, tuple(name for name, _ in schema.request),
-               tuple(_checker(kind) for _, kind in schema.request))
+               tuple(_SIMPLE.get(kind) or functools.partial(_check, kind)
+                     for _, kind in schema.request))
     for api, schema in SCHEMAS.items()}
 
 

@@ -28,7 +28,6 @@ process that outlives the others) dies before it stopped them: killed, or timed 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import fcntl
@@ -37,7 +36,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,7 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 import mq.testing
-from kafkanode import CONFIG_DIR, KafkaNode, alive
+from kafkanode import CONFIG_DIR, KafkaNode, alive, random_cluster_id
 
 SIZE = 3
 STATE = "cluster.json"
@@ -95,7 +93,7 @@ class KafkaCluster:
         nodes = [KafkaNode(root / f"node-{i + 1}", template=CONFIG_DIR / "cluster.properties",
                            format_args=(), jvm=JVM) for i in range(size)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{n.controller_port}" for i, n in enumerate(nodes))
-        cluster_id = _cluster_id()
+        cluster_id = random_cluster_id()
         for i, node in enumerate(nodes):
             node.set_cluster(cluster_id, {"node_id": i + 1, "voters": voters})
         return cls(root, nodes)
@@ -254,16 +252,6 @@ def _locked(path: Path) -> Iterator[None]:
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
-
-
-def _cluster_id() -> str:
-    """A cluster id as Kafka's ``Uuid.randomUuid`` makes it (URL-safe base64 of 16 random
-    bytes), without a JVM: never one that starts with "-", which a command line would take
-    for an option."""
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not text.startswith("-"):
-            return text
 
 
 def _watchdog(owner: int, root: Path) -> None:

@@ -16,8 +16,9 @@ resolved once by ``javakafka.resolve``; nothing committed), with that directory'
 The JVM leads a process group of its own (``pid``), so that a node started by one process can
 be killed by another (``kafkacluster`` shares one cluster among the xdist workers).
 
-Started as Kafka's quickstart does: ``kafka.tools.StorageTool random-uuid``
-and ``format --standalone``, then ``kafka.Kafka server.properties``; it is ready when Metadata
+Started as Kafka's quickstart does: a cluster id as ``kafka.tools.StorageTool random-uuid``
+makes it (``random_cluster_id``, without its JVM), ``format --standalone``, then
+``kafka.Kafka server.properties``; it is ready when Metadata
 names a broker. Kafka's log goes to ``workdir/logs/server.log`` (INFO).
 
 Raises ``JavaUnavailable`` (from ``javakafka``) when Java or Maven is missing, and
@@ -26,6 +27,7 @@ Raises ``JavaUnavailable`` (from ``javakafka``) when Java or Maven is missing, a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import random
@@ -33,6 +35,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -59,6 +62,16 @@ def _free_port() -> int:
             except OSError:
                 continue
         return port
+
+
+def random_cluster_id() -> str:
+    """A cluster id as Kafka's ``Uuid.randomUuid`` makes it (URL-safe base64 of 16 random
+    bytes), without a JVM: never one that starts with "-", which a command line would take
+    for an option."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 class KafkaNode:
@@ -102,8 +115,7 @@ class KafkaNode:
         props.write_text(template.format(port=self.port, controller_port=self.controller_port,
                                          data_dir=self.data_dir,
                                          metadata_dir=self.workdir / "meta", **self._values))
-        cluster_id = (self._cluster_id
-                      or self._run("kafka.tools.StorageTool", "random-uuid").strip())
+        cluster_id = self._cluster_id or random_cluster_id()
         self._run("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
                   *self._format_args)
         return str(props)
