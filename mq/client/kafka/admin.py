@@ -50,7 +50,11 @@ class KafkaAdmin:
 
     def _run(self, call: Any, what: str) -> dict:
         """An admin call's results by key (``errors.results``)."""
-        return results(call, what, self._timeout)
+        return results(call, what, self._timeout, self._renew)
+
+    def _renew(self) -> None:
+        """Fresh metadata in librdkafka's cache (``errors.results``)."""
+        self._client().list_topics(timeout=self._timeout)
 
     def _client(self) -> Any:
         if self._closed:

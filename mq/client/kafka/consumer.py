@@ -575,7 +575,7 @@ class KafkaConsumer:
         found = results(lambda: self._admin.list_offsets(
             {RdPartition(tp.topic, tp.partition): spec for tp, spec in specs.items()},
             isolation_level=level, request_timeout=self._timeout), "list offsets",
-            self._timeout)
+            self._timeout, lambda: self._admin.list_topics(timeout=self._timeout))
         return {_tp(rd_tp): info for rd_tp, info in found.items()}
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]

@@ -91,19 +91,28 @@ class raising:
         return False
 
 
-# Kafka's retriable answers (a leader or coordinator moving, a partition just created), which
-# librdkafka's admin results do not flag: the codes whose mq class says so,
-# FENCED_LEADER_EPOCH (74: asked with the epoch of a leader that just moved; retriable in
-# Kafka, as all stale-metadata answers are) and OFFSET_NOT_AVAILABLE (78, a leader catching up
-# after an election).
+# The answers that mean the client's metadata is stale, after which Kafka's own client
+# refreshes its metadata before it asks again: LEADER_NOT_AVAILABLE (5),
+# NOT_LEADER_OR_FOLLOWER (6), REPLICA_NOT_AVAILABLE (9), FENCED_LEADER_EPOCH (74: asked with
+# the epoch of a leader that has since moved), UNKNOWN_LEADER_EPOCH (76) and
+# OFFSET_NOT_AVAILABLE (78, a leader catching up after an election). With the codes whose mq
+# class says so, they are Kafka's retriable answers, which librdkafka's admin results do not
+# flag.
+_STALE_METADATA = frozenset({5, 6, 9, 74, 76, 78})
 _RETRIABLE = frozenset({code for code, cls in ERRORS_BY_CODE.items() if cls.retriable} |
-                       {74, 78})
+                       _STALE_METADATA)
 
 
-def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float) -> dict[Any, Any]:
+def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float,
+            renew: Callable[[], Any] | None = None) -> dict[Any, Any]:
     """The results of an admin call (``call()`` returns its futures by key), asked again
     while the cluster answers with a retriable error (a leader moving, a partition just
-    created) for up to ``timeout`` seconds; other failures raised as mq's exceptions."""
+    created) for up to ``timeout`` seconds; other failures raised as mq's exceptions.
+
+    An answer that says the client's metadata is stale (a leader or its epoch moved) calls
+    ``renew()`` first, which asks the cluster for fresh metadata: librdkafka would otherwise
+    send the same stale leader epoch until its cache expires (minutes), as Kafka's own
+    client did before KAFKA-9535."""
     from confluent_kafka import KafkaException
     deadline = time.monotonic() + timeout
     while True:
@@ -115,4 +124,9 @@ def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float) ->
             if not (err.retriable() or err.code() in _RETRIABLE) or \
                     time.monotonic() >= deadline:
                 raise from_kafka(err, what) from exc
+            if renew is not None and err.code() in _STALE_METADATA:
+                try:
+                    renew()
+                except KafkaException:
+                    pass                    # asked again below, until the deadline
         time.sleep(0.1)
