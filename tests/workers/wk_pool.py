@@ -213,9 +213,13 @@ class Feeder(threading.Thread):
 
     def stop(self) -> list[bytes]:
         self.close()
-        if self.error is not None:
-            raise self.error
+        self.check()
         return self.acked
+
+    def check(self) -> None:
+        """Raise what stopped the writing, if anything did."""
+        if self.error is not None:
+            raise AssertionError(f"the feeder stopped: {self.error!r}") from self.error
 
     def close(self) -> None:
         """Stop writing (a failed test's feeder must not write on into the next test)."""
