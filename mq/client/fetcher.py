@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from mq.client.types import TopicPartition
 from mq.errors import NoOffsetForPartitionError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from mq.log import native
 from mq.log.reader import PartitionReader
 from mq.log.txnindex import AbortedTxnFilter, is_visible
 
@@ -80,7 +81,7 @@ class PartitionCursor:
     """
 
     __slots__ = ("tp", "topic_id", "reader", "offset", "paused", "held", "batches", "bound",
-                 "raw", "index", "timestamp_type", "aborted")
+                 "raw", "index", "timestamp_type", "aborted", "ready")
 
     def __init__(self, tp: TopicPartition, reader: PartitionReader) -> None:
         self.tp = tp
@@ -95,12 +96,14 @@ class PartitionCursor:
         self.index = 0
         self.timestamp_type = 0
         self.aborted: AbortedTxnFilter | None = None    # read_committed: what to skip
+        self.ready = False                # ``raw`` holds public records (the tail take)
 
     def clear(self) -> None:
         self.aborted = None
         self.batches = []
         self.raw = []
         self.index = 0
+        self.ready = False
 
     def seek(self, offset: int) -> None:
         self.offset = offset
@@ -353,8 +356,14 @@ class Fetcher:
         convert = self.value_bytes or self.key_deserializer or self.value_deserializer
         while limit > 0:
             while c.index >= len(c.raw):
-                if not c.batches and (out or not self._read_more(session, c)):
-                    return out
+                if not c.batches:
+                    if out:
+                        return out
+                    took = None if convert else self._take_tail(session, c)
+                    if took:
+                        break
+                    if took is False or not self._read_more(session, c):
+                        return out        # nothing readable yet
                 try:
                     self._decode_next(c)  # every batch decoded advances the position
                 except Exception:
@@ -366,7 +375,9 @@ class Fetcher:
             c.index = i + len(chunk)
             limit -= len(chunk)
             tt = c.timestamp_type
-            if convert:
+            if c.ready:
+                out += chunk
+            elif convert:
                 out += [self._convert(topic, partition, tt, r) for r in chunk]
             else:
                 out += [_new_record(Record, (topic, partition, r.offset, r.timestamp, tt, r.key,
@@ -385,6 +396,41 @@ class Fetcher:
             value = self.value_deserializer(value)
         return _new_record(Record, (topic, partition, r.offset, r.timestamp, tt, key, value,
                                     headers))
+
+    def _take_tail(self, session, c: PartitionCursor) -> bool | None:
+        """The tail take: a cursor that goes on where its last read ended, in the segment
+        holding the readable end (a consumer caught up, or nearly), reads the plain batches
+        there in one C call (``_crecords.take_batches``) into public records in ``c.raw``.
+        True when it took records; False when nothing is readable yet; None when it does not
+        apply or took nothing: then the Python path reads (the reference, which skips or
+        raises at whatever the C call leaves to it)."""
+        take = native.take_batches
+        if take is None or self.read_committed or c.offset is None:
+            return None
+        st = self._driver.state(c.tp, session)
+        self._sync()
+        offset = c.offset
+        bound = st.high_watermark
+        if not st.log_start_offset <= offset <= st.log_end_offset:
+            return None                   # reset by the Python path
+        if offset >= bound:
+            return False
+        window = c.reader.tail_window(offset, st.active_segment_base, st.hw_position,
+                                      self.max_partition_fetch_bytes,
+                                      log_start_offset=st.log_start_offset,
+                                      generation=st.segment_generation)
+        if window is None:
+            return None
+        buf, start, end, shift = window
+        records, pos, offset, _ = take(buf, start, end, offset, bound,
+                                       self.max_partition_fetch_bytes, self.check_crcs,
+                                       c.tp.topic, c.tp.partition, Record)
+        if pos == start:
+            return None
+        c.reader.advance(offset, shift + pos)
+        c.offset = offset
+        c.raw, c.index, c.ready = records, 0, True
+        return True if records else None
 
     def _read_more(self, session, c: PartitionCursor) -> bool:
         """Read batches at the position from the map; False when nothing is readable."""
@@ -420,7 +466,7 @@ class Fetcher:
     def _decode_next(self, c: PartitionCursor) -> None:
         """Decode pending batches until one yields records at or past the position."""
         batches, bound = c.batches, c.bound
-        c.raw, c.index = [], 0
+        c.raw, c.index, c.ready = [], 0, False
         while batches:
             batch = batches.pop()
             offset = c.offset

@@ -257,194 +257,7 @@ static PyTypeObject RecordType = {
     .tp_getset = Record_getset,
 };
 
-/* ---- varints ---- */
-
-static int64_t
-unzigzag(uint64_t r)
-{
-    return (r & 1) ? -(int64_t)(r >> 1) - 1 : (int64_t)(r >> 1);
-}
-
-/* Reads the raw (not yet zig-zag decoded) bits of a varint of at most `maxlen` bytes (5 or 10)
- * from p[*pos, lim). A 10-byte varlong carries 70 bits: the low 64 go to *lo, the rest to *hi.
- * Returns 0, or -1 with *why set on truncation or an overlong encoding. */
-static int
-read_raw(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t lim, int maxlen,
-         uint64_t *lo, unsigned *hi, const char **why)
-{
-    Py_ssize_t i = *pos;
-    uint64_t r = 0;
-    *hi = 0;
-    for (int n = 0; n < maxlen; n++) {
-        if (i >= lim) {
-            *why = "premature end of records";
-            return -1;
-        }
-        unsigned b = p[i++];
-        if (n < 9) {
-            r |= (uint64_t)(b & 0x7F) << (7 * n);
-        } else {
-            r |= (uint64_t)(b & 1) << 63;
-            *hi = (b & 0x7F) >> 1;
-        }
-        if (b < 0x80) {
-            *pos = i;
-            *lo = r;
-            return 0;
-        }
-    }
-    *why = maxlen == 5 ? "varint longer than 5 bytes" : "varint longer than 10 bytes";
-    return -1;
-}
-
-/* A 5-byte varint: at most 35 bits, so the value always fits int64 (unlike Kafka, the Python
- * reference does not restrict it to int32, so neither does this). One-byte fast path. */
-static inline int
-read_varint(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t lim, int64_t *out,
-            const char **why)
-{
-    uint64_t r;
-    unsigned hi;
-    if (*pos < lim && p[*pos] < 0x80) {
-        *out = unzigzag(p[(*pos)++]);
-        return 0;
-    }
-    if (read_raw(p, pos, lim, 5, &r, &hi, why) < 0)
-        return -1;
-    *out = unzigzag(r);
-    return 0;
-}
-
-/* base + zigzag(hi:lo) as a Python int, for a 70-bit varlong beyond int64 (Python ints are
- * unbounded). With half = r >> 1 of r = hi:lo, zig-zag gives half for even r, ~half for odd. */
-static PyObject *
-sum_big(int64_t base, uint64_t lo, unsigned hi)
-{
-    char hex[40];
-    snprintf(hex, sizeof hex, "%x%016llx", hi >> 1,
-             (unsigned long long)(((uint64_t)(hi & 1) << 63) | (lo >> 1)));
-    PyObject *half = PyLong_FromString(hex, NULL, 16), *b = PyLong_FromLongLong(base);
-    PyObject *d = NULL, *res = NULL;
-    if (half != NULL && b != NULL && (d = (lo & 1) ? PyNumber_Invert(half) : Py_NewRef(half)))
-        res = PyNumber_Add(b, d);
-    Py_XDECREF(half);
-    Py_XDECREF(b);
-    Py_XDECREF(d);
-    return res;
-}
-
-/* base + delta as a Python int, without C overflow (Python ints are unbounded). */
-static PyObject *
-sum_int(int64_t base, int64_t delta)
-{
-    if ((delta > 0 && base > INT64_MAX - delta) || (delta < 0 && base < INT64_MIN - delta)) {
-        PyObject *res = NULL, *a = PyLong_FromLongLong(base), *b = PyLong_FromLongLong(delta);
-        if (a != NULL && b != NULL)
-            res = PyNumber_Add(a, b);
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        return res;
-    }
-    return PyLong_FromLongLong(base + delta);
-}
-
-/* ---- decode_records ---- */
-
-#define KEY_CACHE 8        /* distinct header keys remembered per call (they repeat a lot) */
-#define KEY_CACHE_MAX 64   /* longest header key worth remembering */
-
-typedef struct {
-    const unsigned char *ptr[KEY_CACHE];
-    Py_ssize_t len[KEY_CACHE];
-    PyObject *str[KEY_CACHE];
-    int n;
-} KeyCache;
-
-/* str(p[0:n], "utf-8") (strict), shared with an earlier equal key of this call if any. */
-static PyObject *
-header_key(KeyCache *c, const unsigned char *p, Py_ssize_t n)
-{
-    for (int i = 0; i < c->n; i++)
-        if (c->len[i] == n && memcmp(c->ptr[i], p, (size_t)n) == 0)
-            return Py_NewRef(c->str[i]);
-    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
-    if (s != NULL && c->n < KEY_CACHE && n <= KEY_CACHE_MAX) {
-        c->ptr[c->n] = p;
-        c->len[c->n] = n;
-        c->str[c->n++] = Py_NewRef(s);
-    }
-    return s;
-}
-
-/* A slice mv[a:b] of the payload memoryview: a new view on the same buffer (no copy). */
-static inline PyObject *
-slice(PyObject *mv, Py_ssize_t a, Py_ssize_t b)
-{
-    return PySequence_GetSlice(mv, a, b);
-}
-
-/* The head of the record at p[*pos]: its length (which must fit p[*pos, end); *rec_end is where
- * the record ends), the attributes (unused), the timestamp delta, a varlong (*tsd, or 0 when
- * its 70 raw bits *tlo:*thi pass int64: *thi != 0) and the offset delta *od. Returns 0, or -1
- * with *why set (formatted into msg if need be). Shared by decode_records and decode_columns. */
-static inline int
-record_head(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *rec_end,
-            int64_t *length, int64_t *tsd, uint64_t *tlo, unsigned *thi, int64_t *od,
-            char *msg, size_t msg_size, const char **why)
-{
-    if (read_varint(p, pos, end, length, why) < 0)
-        return -1;
-    if (*length < 6 || *length > end - *pos) {
-        snprintf(msg, msg_size, "record length %lld does not fit the batch", (long long)*length);
-        *why = msg;
-        return -1;
-    }
-    const Py_ssize_t lim = *rec_end = *pos + (Py_ssize_t)*length;
-    *pos += 1;                                           /* attributes (unused) */
-    if (*pos < lim && p[*pos] < 0x80) {                  /* timestamp delta: a varlong */
-        *tlo = p[(*pos)++];
-        *thi = 0;
-    } else if (read_raw(p, pos, lim, 10, tlo, thi, why) < 0) {
-        return -1;
-    }
-    *tsd = *thi == 0 ? unzigzag(*tlo) : 0;
-    return read_varint(p, pos, lim, od, why);
-}
-
-/* The reason for the pending UnicodeDecodeError of a header key, formatted into msg: 0 with
- * *why = msg, or -1 with a Python error set if even that fails. */
-static int
-decode_error_reason(char *msg, size_t msg_size, const char **why)
-{
-    PyObject *type, *exc, *tb;
-    PyErr_Fetch(&type, &exc, &tb);
-    PyErr_NormalizeException(&type, &exc, &tb);
-    PyObject *s = exc != NULL ? PyObject_Str(exc) : NULL;
-    const char *txt = s != NULL ? PyUnicode_AsUTF8(s) : NULL;
-    if (txt != NULL)
-        snprintf(msg, msg_size, "%s", txt);
-    Py_XDECREF(type); Py_XDECREF(exc); Py_XDECREF(tb); Py_XDECREF(s);
-    if (txt == NULL)
-        return -1;
-    *why = msg;
-    return 0;
-}
-
-/* Pins the buffer of the payload memoryview mv into *view (it cannot be released while it is
- * read) after checking it is 1-D of format 'B'. Returns 0, or -1 with TypeError set. */
-static int
-get_payload(PyObject *mv, Py_buffer *view)
-{
-    if (PyObject_GetBuffer(mv, view, PyBUF_SIMPLE) < 0)
-        return -1;
-    const Py_buffer *mvb = PyMemoryView_GET_BUFFER(mv);
-    if (mvb->ndim != 1 || mvb->itemsize != 1 || (mvb->format && strcmp(mvb->format, "B"))) {
-        PyErr_SetString(PyExc_TypeError, "payload must be a 1-D memoryview of format 'B'");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
+#include "_crecords.h"
 
 PyDoc_STRVAR(decode_records_doc,
 "decode_records(payload, base_offset, base_timestamp, log_append_time, max_timestamp, count,\n"
@@ -474,47 +287,56 @@ PyDoc_STRVAR(decode_records_doc,
             pos += (Py_ssize_t)n_; \
     } while (0)
 
+/* A public record: pub->type(topic, partition, offset, timestamp, timestamp_type, key, value,
+ * headers), built as tuple.__new__ builds a named tuple's instances. Steals the five record
+ * fields (headers NULL: a new empty list). */
 static PyObject *
-decode_records(PyObject *module, PyObject *args)
+public_make(const PublicRecords *pub, PyObject *offset, PyObject *ts, PyObject *key,
+            PyObject *value, PyObject *headers)
 {
-    (void)module;
-    PyObject *mv, *record_type = Py_None;
-    long long base_offset, base_ts, max_ts;
-    int log_append;
-    Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "O!LLpLn|O:decode_records", &PyMemoryView_Type, &mv,
-                          &base_offset, &base_ts, &log_append, &max_ts, &count, &record_type))
+    PyObject *rec = NULL;
+    if (headers == NULL)
+        headers = PyList_New(0);
+    if (headers != NULL)
+        rec = pub->type->tp_alloc(pub->type, 8);
+    if (rec == NULL) {
+        Py_DECREF(offset); Py_DECREF(ts); Py_DECREF(key); Py_DECREF(value); Py_XDECREF(headers);
         return NULL;
-    if (record_type == (PyObject *)&RecordType)
-        record_type = Py_None;
+    }
+    PyObject *fields[8] = {Py_NewRef(pub->topic), Py_NewRef(pub->partition), offset, ts,
+                           Py_NewRef(pub->timestamp_type), key, value, headers};
+    for (int f = 0; f < 8; f++)
+        PyTuple_SET_ITEM(rec, f, fields[f]);
+    return rec;
+}
 
-    Py_buffer view;
-    if (get_payload(mv, &view) < 0)
-        return NULL;
-    const unsigned char *p = (const unsigned char *)view.buf;
-    const Py_ssize_t end = view.len;
-    Py_ssize_t pos = 0, rec_start = 0, i = 0;
+int
+mq_decode_section(PyObject *out, Py_ssize_t at, PyObject *mv, const unsigned char *p,
+                  Py_ssize_t start, Py_ssize_t end, int64_t base_offset, int64_t base_ts,
+                  int log_append, int64_t max_ts, Py_ssize_t count, PyObject *record_type,
+                  const PublicRecords *pub)
+{
+    Py_ssize_t pos = start, rec_start = start, i = 0;
     const char *why = NULL;
     char msg[160];
+    int rc = -1;
     KeyCache cache = {.n = 0};
-    PyObject *out = NULL, *max_ts_obj = NULL;
+    PyObject *max_ts_obj = NULL;
     /* the record being built: owned here until handed to its record object */
     PyObject *key = NULL, *value = NULL, *headers = NULL, *hkey = NULL, *hval = NULL;
     /* A batch allocates thousands of GC-tracked objects (records, memoryviews, lists), which
      * would trigger a young collection every 700 of them and half the time goes there. With
      * no Python code running in the loop (no record_type callback), the collector is paused
      * and catches up once, at the next allocation after it is resumed. */
-    int gc_paused = record_type == Py_None && PyGC_Disable();
+    int gc_paused = (pub != NULL || record_type == Py_None) && PyGC_Disable();
 
-    if (count < 0 || count > end) {        /* every record takes at least 7 bytes */
+    if (count < 0 || count > end - start) {   /* every record takes at least 7 bytes */
         PyErr_Format(PyExc_ValueError, "record count %zd exceeds the %zd bytes of records",
-                     count, end);
-        goto fail;
+                     count, end - start);
+        goto done;
     }
-    out = PyList_New(count);               /* NULL slots until filled; safe to DECREF */
-    max_ts_obj = PyLong_FromLongLong(max_ts);
-    if (out == NULL || max_ts_obj == NULL)
-        goto fail;
+    if ((max_ts_obj = PyLong_FromLongLong(max_ts)) == NULL)
+        goto done;
 
     for (i = 0; i < count; i++) {
         int64_t length, od, hcount, tsd;
@@ -557,6 +379,14 @@ decode_records(PyObject *module, PyObject *args)
             CORRUPT("record consumed %lld bytes but declared %lld",
                     (long long)(length - (rec_end - pos)), (long long)length);
 
+        if (pub != NULL) {
+            int64_t off;           /* one past int64 either way is outside [lo, hi) as well */
+            if (__builtin_add_overflow(base_offset, od, &off) || off < pub->lo ||
+                    off >= pub->hi) {
+                Py_CLEAR(key); Py_CLEAR(value); Py_CLEAR(headers);
+                continue;
+            }
+        }
         PyObject *offset = sum_int(base_offset, od), *ts, *rec;
         if (log_append)
             ts = Py_NewRef(max_ts_obj);
@@ -567,8 +397,10 @@ decode_records(PyObject *module, PyObject *args)
             Py_XDECREF(ts);
             goto fail;
         }
-        if (record_type == Py_None) {
-            rec = record_make(offset, ts, key, value, headers);    /* steals all five */
+        if (pub != NULL) {
+            rec = public_make(pub, offset, ts, key, value, headers);  /* steals all five */
+        } else if (record_type == Py_None) {
+            rec = record_make(offset, ts, key, value, headers);       /* steals all five */
         } else if (headers == NULL && (headers = PyList_New(0)) == NULL) {
             rec = NULL;
             Py_DECREF(offset); Py_DECREF(ts); Py_DECREF(key); Py_DECREF(value);
@@ -581,20 +413,27 @@ decode_records(PyObject *module, PyObject *args)
         key = value = headers = NULL;                            /* handed over or dropped */
         if (rec == NULL)
             goto fail;
-        PyList_SET_ITEM(out, i, rec);
+        if (at >= 0) {
+            PyList_SET_ITEM(out, at + i, rec);
+        } else {
+            int err = PyList_Append(out, rec);
+            Py_DECREF(rec);
+            if (err < 0)
+                goto fail;
+        }
     }
     if (pos != end) {
         PyErr_Format(PyExc_ValueError, "%zd bytes left after %zd records (incorrect declared "
                      "batch size)", end - pos, count);
         goto fail;
     }
+    rc = 0;
     goto done;
 
 corrupt:
     PyErr_Format(PyExc_ValueError, "malformed record %zd of %zd at records byte %zd: %s",
-                 i, count, rec_start, why);
+                 i, count, rec_start - start, why);
 fail:
-    Py_CLEAR(out);
 done:
     if (gc_paused)
         PyGC_Enable();
@@ -603,6 +442,36 @@ done:
     for (int k = 0; k < cache.n; k++)
         Py_DECREF(cache.str[k]);
     Py_XDECREF(max_ts_obj);
+    return rc;
+}
+
+static PyObject *
+decode_records(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *mv, *record_type = Py_None;
+    long long base_offset, base_ts, max_ts;
+    int log_append;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!LLpLn|O:decode_records", &PyMemoryView_Type, &mv,
+                          &base_offset, &base_ts, &log_append, &max_ts, &count, &record_type))
+        return NULL;
+    if (record_type == (PyObject *)&RecordType)
+        record_type = Py_None;
+
+    Py_buffer view;
+    if (get_payload(mv, &view) < 0)
+        return NULL;
+    PyObject *out = NULL;
+    if (count < 0 || count > view.len) {   /* every record takes at least 7 bytes */
+        PyErr_Format(PyExc_ValueError, "record count %zd exceeds the %zd bytes of records",
+                     count, view.len);
+    } else if ((out = PyList_New(count)) != NULL &&   /* NULL slots until filled */
+               mq_decode_section(out, 0, mv, (const unsigned char *)view.buf, 0, view.len,
+                                 base_offset, base_ts, log_append, max_ts, count, record_type,
+                                 NULL) < 0) {
+        Py_CLEAR(out);
+    }
     PyBuffer_Release(&view);
     return out;
 }
@@ -1467,6 +1336,7 @@ static PyTypeObject AccType = {
 
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"take_batches", mq_take_batches, METH_VARARGS, mq_take_batches_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
      encode_record_doc},

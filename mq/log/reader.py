@@ -361,12 +361,7 @@ class PartitionReader:
         ``CorruptRecordError`` for bytes before the readable end that cannot be a batch.
         """
         self._check_open()
-        if generation is not None and generation != self._generation:
-            self.refresh()
-            self._generation = generation
-        elif end_segment_base is not None and (not self._bases
-                                               or end_segment_base > self._bases[-1]):
-            self.refresh()
+        self._follow(generation, end_segment_base)
         if log_start_offset is not None and offset < log_start_offset:
             raise OffsetOutOfRangeError(offset, log_start_offset, -1, self._name())
         for attempt in (0, 1):
@@ -378,6 +373,50 @@ class PartitionReader:
                                                 -1, self._name()) from err
                 self.refresh()            # deleted between the listing and the open
         raise AssertionError("unreachable")
+
+    def _follow(self, generation: int | None, end_base: int | None) -> None:
+        """Re-list when the broker's segment set changed or the readable end is in a segment
+        not listed yet."""
+        if generation is not None and generation != self._generation:
+            self.refresh()
+            self._generation = generation
+        elif end_base is not None and (not self._bases or end_base > self._bases[-1]):
+            self.refresh()
+
+    def tail_window(self, offset: int, end_segment_base: int, end_position: int,
+                    max_bytes: int, *, log_start_offset: int, generation: int
+                    ) -> tuple[memoryview, int, int, int] | None:
+        """Where a sequential read goes on in the segment holding the readable end (the
+        consumer's tail take, ``_crecords.take_batches``): ``(buf, start, end, shift)``,
+        whose bytes ``[start, end)`` start with the batch holding ``offset`` and lie below the
+        readable end; byte ``i`` of ``buf`` is byte ``shift + i`` of the file. A slice of the
+        map, or one ``pread`` of at most ``max_bytes`` past it. None unless the last read
+        ended at ``offset`` in that segment: then ``read`` decides. ``advance`` records how
+        far the caller took."""
+        self._check_open()
+        self._follow(generation, end_segment_base)
+        hint, seg = self._hint, self._segments.get(end_segment_base)
+        if hint is None or seg is None or hint[0] != end_segment_base or hint[2] != offset or \
+                offset < log_start_offset or hint[3] >= end_position:
+            return None
+        try:
+            self._ensure_mapped(seg, end_position)
+        except OSError:
+            return None                   # gone: ``read`` says how
+        if seg.ino != hint[1]:
+            return None
+        pos = hint[3]
+        if pos < seg.mapped:
+            return seg.view, pos, min(end_position, seg.mapped), 0
+        buf = memoryview(seg.pread(pos, min(end_position - pos, max_bytes)))
+        return buf, 0, len(buf), pos
+
+    def advance(self, offset: int, position: int) -> None:
+        """The caller of ``tail_window`` took the batches before file position ``position``
+        of that segment; ``offset`` is the next one to read."""
+        hint = self._hint
+        if hint is not None:
+            self._hint = (hint[0], hint[1], offset, position)
 
     def _read(self, offset: int, end_base: int | None, end_position: int | None,
               max_bytes: int) -> list[RecordBatch]:

@@ -1,0 +1,229 @@
+/* mq.log._crecords.take_batches -- a tailing consumer's read in one call.
+ *
+ * A consumer caught up with its partition reads, at each poll, the few batches the broker has
+ * just published at the end of the active segment. The Python path (mq/log/reader.py's read,
+ * RecordBatch, txnindex.is_visible, validate, records, the fetcher's Record) costs some 20 us
+ * of calls for one record; this walks the same bytes in C: batch headers, the CRC-32C, the
+ * records section, and the public records (mq.Record) a poll returns.
+ *
+ * It takes only what the Python path would return unchanged: plain (uncompressed, non-control)
+ * RecordBatch v2 batches with sane headers. At anything else -- a control batch, a compressed
+ * or malformed batch, a CRC mismatch, records that do not decode -- it stops before that batch
+ * and returns what it took; the caller reads on from there with the Python path, which stays
+ * the reference: it skips what it must and raises what it must (tests/unit/log/
+ * test_take_batches.py holds the two to the same output).
+ *
+ * Bounds: a byte of buf is read only below `end` (<= len(buf)); a batch is used only whole
+ * below `end`.
+ */
+#include "_crecords.h"
+
+#define BATCH_OVERHEAD 61         /* RecordBatch v2 header: the records section starts here */
+#define LOG_OVERHEAD 12           /* base offset + batch length */
+#define MIN_BATCH_LENGTH 49       /* BATCH_OVERHEAD - LOG_OVERHEAD */
+#define CRC_FROM 21               /* the CRC covers the attributes to the end */
+#define ATTR_CODEC 0x07
+#define ATTR_TIMESTAMP_TYPE 0x08
+#define ATTR_CONTROL 0x20
+#define ATTR_UNUSED (~0x7F)
+
+enum { STOP_END, STOP_BUDGET, STOP_BOUND, STOP_OTHER };
+
+/* ---- CRC-32C (Castagnoli), as the crc32c package computes it ---- */
+
+static uint32_t crc_table[256];
+static int crc_hw = -1;           /* -1: not decided yet */
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1)));
+        crc_table[i] = c;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    crc_hw = __builtin_cpu_supports("sse4.2");
+#else
+    crc_hw = 0;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_hw(const unsigned char *p, size_t n)
+{
+    uint64_t c = 0xFFFFFFFFu;
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = __builtin_ia32_crc32di(c, v);
+    }
+    uint32_t c32 = (uint32_t)c;
+    for (; n; p++, n--)
+        c32 = __builtin_ia32_crc32qi(c32, *p);
+    return ~c32;
+}
+#endif
+
+static uint32_t
+crc32c(const unsigned char *p, size_t n)
+{
+    if (crc_hw < 0)
+        crc_init();
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (crc_hw)
+        return crc32c_hw(p, n);
+#endif
+    uint32_t c = 0xFFFFFFFFu;
+    for (; n; p++, n--)
+        c = crc_table[(c ^ *p) & 0xFF] ^ (c >> 8);
+    return ~c;
+}
+
+/* ---- big-endian fields ---- */
+
+static inline int64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+static inline int32_t
+be32(const unsigned char *p)
+{
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+static inline int16_t
+be16(const unsigned char *p)
+{
+    return (int16_t)(((unsigned)p[0] << 8) | p[1]);
+}
+
+const char mq_take_batches_doc[] =
+"take_batches(buf, start, end, offset, bound, max_bytes, check_crc, topic, partition,\n"
+"             record_type) -> (records, position, offset, stop)\n\n"
+"The public records (record_type, a named tuple: topic, partition, offset, timestamp,\n"
+"timestamp_type, key, value, headers) of offsets in [offset, bound) from the whole plain\n"
+"batches of buf (a 1-D memoryview of format 'B') between byte start, where a batch starts,\n"
+"and end; at least one batch, and no more once max_bytes of batches are taken. Keys and\n"
+"values are slices of buf. Returns the records, the position after the last batch taken, the\n"
+"offset after it, and why it stopped: 0 no whole batch left before end, 1 max_bytes, 2 a\n"
+"batch reaching bound, 3 a batch it leaves to the Python path (control, compressed,\n"
+"malformed, CRC mismatch with check_crc).";
+
+PyObject *
+mq_take_batches(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *mv, *topic, *partition, *record_type;
+    Py_ssize_t start, end, max_bytes;
+    long long offset, bound;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "O!nnLLnpOOO:take_batches", &PyMemoryView_Type, &mv, &start,
+                          &end, &offset, &bound, &max_bytes, &check_crc, &topic, &partition,
+                          &record_type))
+        return NULL;
+    if (!PyType_Check(record_type) ||
+            !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = NULL, *tstypes[2] = {NULL, NULL};
+    int stop = STOP_END;
+    if (start < 0 || end > view.len || start > end) {
+        PyErr_Format(PyExc_ValueError, "window [%zd, %zd) is not within the %zd bytes of buf",
+                     start, end, view.len);
+        goto done;
+    }
+    if ((out = PyList_New(0)) == NULL ||
+            (tstypes[0] = PyLong_FromLong(0)) == NULL ||
+            (tstypes[1] = PyLong_FromLong(1)) == NULL)
+        goto fail;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    PublicRecords pub = {(PyTypeObject *)record_type, topic, partition, NULL, offset, bound};
+    Py_ssize_t pos = start, taken = 0;
+    for (;;) {
+        if (end - pos < BATCH_OVERHEAD) {
+            stop = end - pos >= 17 && (be32(p + pos + 8) < MIN_BATCH_LENGTH || p[pos + 16] != 2)
+                   ? STOP_OTHER : STOP_END;       /* a frame that cannot start a batch */
+            break;
+        }
+        const unsigned char *h = p + pos;
+        int64_t base = be64(h);
+        int32_t length = be32(h + 8);
+        if (length < MIN_BATCH_LENGTH || h[16] != 2) {
+            stop = STOP_OTHER;
+            break;
+        }
+        Py_ssize_t size = LOG_OVERHEAD + (Py_ssize_t)length;
+        if (size > end - pos)
+            break;                                  /* not whole before end */
+        int16_t attrs = be16(h + 21);
+        int32_t last_delta = be32(h + 23), count = be32(h + 57);
+        int64_t last;
+        if ((attrs & (ATTR_CODEC | ATTR_CONTROL | ATTR_UNUSED)) || last_delta < 0 || count < 0
+                || __builtin_add_overflow(base, (int64_t)last_delta, &last)) {
+            stop = STOP_OTHER;
+            break;
+        }
+        if (last >= bound) {
+            stop = STOP_BOUND;                      /* the Python path cuts at the bound */
+            break;
+        }
+        if (taken > 0 && size > max_bytes - taken) {
+            stop = STOP_BUDGET;
+            break;
+        }
+        if (check_crc &&
+                crc32c(h + CRC_FROM, (size_t)(size - CRC_FROM)) != (uint32_t)be32(h + 17)) {
+            stop = STOP_OTHER;
+            break;
+        }
+        if (last >= offset) {
+            Py_ssize_t before = PyList_GET_SIZE(out);
+            pub.timestamp_type = tstypes[(attrs & ATTR_TIMESTAMP_TYPE) != 0];
+            if (mq_decode_section(out, -1, mv, p, pos + BATCH_OVERHEAD, pos + size, base,
+                                  be64(h + 27), (attrs & ATTR_TIMESTAMP_TYPE) != 0,
+                                  be64(h + 35), count, NULL, &pub) < 0) {
+                if (!PyErr_ExceptionMatches(PyExc_ValueError))
+                    goto fail;
+                PyErr_Clear();                      /* malformed: the Python path raises */
+                if (PyList_SetSlice(out, before, PyList_GET_SIZE(out), NULL) < 0)
+                    goto fail;
+                stop = STOP_OTHER;
+                break;
+            }
+            offset = last + 1;
+        }
+        pos += size;
+        taken += size;
+        if (taken >= max_bytes) {
+            stop = pos < end ? STOP_BUDGET : STOP_END;
+            break;
+        }
+    }
+    PyObject *res = Py_BuildValue("(NnLi)", out, pos, offset, stop);
+    out = NULL;
+    Py_XDECREF(tstypes[0]);
+    Py_XDECREF(tstypes[1]);
+    PyBuffer_Release(&view);
+    return res;
+
+fail:
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(tstypes[0]);
+    Py_XDECREF(tstypes[1]);
+    PyBuffer_Release(&view);
+    return NULL;
+}
