@@ -357,13 +357,10 @@ class Fetcher:
         while limit > 0:
             while c.index >= len(c.raw):
                 if not c.batches:
-                    if out:
+                    if out or not self._read_more(session, c):
                         return out
-                    took = None if convert else self._take_tail(session, c)
-                    if took:
-                        break
-                    if took is False or not self._read_more(session, c):
-                        return out        # nothing readable yet
+                    if c.index < len(c.raw):
+                        break             # the tail take decoded them (``c.ready``)
                 try:
                     self._decode_next(c)  # every batch decoded advances the position
                 except Exception:
@@ -397,40 +394,35 @@ class Fetcher:
         return _new_record(Record, (topic, partition, r.offset, r.timestamp, tt, key, value,
                                     headers))
 
-    def _take_tail(self, session, c: PartitionCursor) -> bool | None:
+    def _take_tail(self, c: PartitionCursor, st, bound: int) -> bool:
         """The tail take: a cursor that goes on where its last read ended, in the segment
         holding the readable end (a consumer caught up, or nearly), reads the plain batches
-        there in one C call (``_crecords.take_batches``) into public records in ``c.raw``.
-        True when it took records; False when nothing is readable yet; None when it does not
-        apply or took nothing: then the Python path reads (the reference, which skips or
-        raises at whatever the C call leaves to it)."""
+        there in one C call (``_crecords.take_batches``) into public records in ``c.raw``
+        (``c.ready``). False when it does not apply or took no record: then ``reader.read``
+        goes on from the position, and the Python path (the reference) skips or raises at
+        whatever the C call left to it."""
         take = native.take_batches
-        if take is None or self.read_committed or c.offset is None:
-            return None
-        st = self._driver.state(c.tp, session)
-        self._sync()
-        offset = c.offset
-        bound = st.high_watermark
-        if not st.log_start_offset <= offset <= st.log_end_offset:
-            return None                   # reset by the Python path
-        if offset >= bound:
+        if take is None or self.read_committed or self.value_bytes or \
+                self.key_deserializer or self.value_deserializer:
             return False
-        window = c.reader.tail_window(offset, st.active_segment_base, st.hw_position,
+        window = c.reader.tail_window(c.offset, st.active_segment_base, st.hw_position,
                                       self.max_partition_fetch_bytes,
                                       log_start_offset=st.log_start_offset,
                                       generation=st.segment_generation)
         if window is None:
-            return None
+            return False
         buf, start, end, shift = window
-        records, pos, offset, _ = take(buf, start, end, offset, bound,
+        records, pos, offset, _ = take(buf, start, end, c.offset, bound,
                                        self.max_partition_fetch_bytes, self.check_crcs,
                                        c.tp.topic, c.tp.partition, Record)
         if pos == start:
-            return None
+            return False
         c.reader.advance(offset, shift + pos)
         c.offset = offset
+        if not records:
+            return False
         c.raw, c.index, c.ready = records, 0, True
-        return True if records else None
+        return True
 
     def _read_more(self, session, c: PartitionCursor) -> bool:
         """Read batches at the position from the map; False when nothing is readable."""
@@ -445,6 +437,8 @@ class Fetcher:
         bound = self.bound(st)
         if c.offset >= bound:
             return False
+        if self._take_tail(c, st, bound):
+            return True
         try:
             batches = c.reader.read(c.offset, st.active_segment_base, st.hw_position,
                                     self.max_partition_fetch_bytes,
