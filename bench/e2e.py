@@ -1,8 +1,9 @@
 """End-to-end benchmarks: mq against multiprocessing.Queue, Redis Streams, NATS JetStream, a
 ZeroMQ PUSH/PULL pipe, a SQLite-WAL table, Apache Kafka, mq through its own Kafka listener and
 the Tansu broker (the last three driven by librdkafka), with the physical limits (page-cache
-write, fdatasync, a bare semaphore round trip), all on this box in the same run. Producers,
-consumers, the broker and the servers are separate processes.
+write, fdatasync, a bare semaphore round trip, relays of one and two bare wake-ups), all on
+this box in the same run. Producers, consumers, the broker and the servers are separate
+processes.
 
 ::
 
@@ -10,11 +11,11 @@ consumers, the broker and the servers are separate processes.
                          [--runs 5] [--wait-idle 300] [--dir /tmp] [--plots bench/plots]
                          [--peers mp.Queue,redis,nats,zmq,sqlite,kafka,mq-kafka,tansu]
 
-Sections (``--only``): ``limits`` (fdatasync, semaphore round trip), ``throughput`` (1
-producer -> 1 consumer at 100 B, 1 KiB, 64 KiB, with the raw page-cache write of the same
-bytes), ``acks`` (4 producers, acks="all" vs acks=1), ``multi`` (4 producers -> 4
-consumers at 100 B and 64 KiB, mq acks=1 and acks="all" against 4 mp.Queues), ``fanout`` (1
-producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k, 10 k and 50 k
+Sections (``--only``): ``limits`` (fdatasync, semaphore round trip, the wake-up relays that
+are the floor of a 1 k/s latency), ``throughput`` (1 producer -> 1 consumer at 100 B, 1 KiB,
+64 KiB, with the raw page-cache write of the same bytes), ``acks`` (4 producers, acks="all"
+vs acks=1), ``multi`` (4 producers -> 4 consumers at 100 B and 64 KiB, mq acks=1 and
+acks="all" against 4 mp.Queues), ``fanout`` (1 producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k, 10 k and 50 k
 msg/s, coordinated-omission corrected, with the CPU each process used per message; mq under
 each wait strategy: blocking, the default, on the shared broker; spin, consumer and a second
 broker started with ``spin_us``; and consumer spin only), ``decode`` (a consumer reading 100
@@ -726,22 +727,28 @@ SEM_KINDS = {  # name -> (sem_round_trips kwargs, samples per run quick/full)
     "sem_rtt_same_cpu": ({"same_cpu": True}, (5000, 20000)),     # both pinned to one CPU
     "sem_rtt_paced_1k": ({"gap_s": 0.001}, (300, 1000)),         # one round trip per ~1 ms
 }
+# name -> (wake-ups passed through, samples per run quick/full): harness.relay_latencies at 1 k/s
+RELAY_KINDS = {"relay_1hop": (1, (300, 1000)), "relay_2hop": (2, (300, 1000))}
 
 
 def run_limits(ctx: Ctx) -> dict:
     fs: list = []
-    sems: dict = {k: [] for k in SEM_KINDS}
+    sems: dict = {k: [] for k in (*SEM_KINDS, *RELAY_KINDS)}
     for r in range(ctx.runs):
         progress(f"limits: run {r + 1}/{ctx.runs} (100 x fdatasync after 4 KiB; semaphore "
-                 f"round trips: tight, same CPU, paced 1 kHz)")
+                 f"round trips: tight, same CPU, paced 1 kHz; relays of 1 and 2 wake-ups)")
         fs.append([ns / 1000 for ns in harness.fdatasync_ns(ctx.base, 100)])
-        for k in rotated(list(SEM_KINDS), r):
-            kw, counts = SEM_KINDS[k]
-            sems[k].append(harness.sem_round_trips(counts[0 if ctx.quick else 1], **kw))
+        for k in rotated([*SEM_KINDS, *RELAY_KINDS], r):
+            if k in RELAY_KINDS:
+                hops, counts = RELAY_KINDS[k]
+                sems[k].append(harness.relay_latencies(counts[0 if ctx.quick else 1], hops))
+            else:
+                kw, counts = SEM_KINDS[k]
+                sems[k].append(harness.sem_round_trips(counts[0 if ctx.quick else 1], **kw))
     out = {"fdatasync_4k": _spread(fs)}
     for k, runs in sems.items():
-        out[k] = {**_spread(runs), "round_trips_per_run": len(runs[0]),
-                  "options": SEM_KINDS[k][0]}
+        out[k] = {**_spread(runs), "samples_per_run": len(runs[0]),
+                  "options": SEM_KINDS[k][0] if k in SEM_KINDS else {"hops": RELAY_KINDS[k][0]}}
     return out
 
 
@@ -789,8 +796,11 @@ def _latency_rows(row, yes, rate: int, e: dict, lim: dict | None) -> None:
         if s == "mq" and lim:
             r = m["p50_us"] / lim["sem_rtt"]["merged"]["p50_us"]
             same = lim["sem_rtt_same_cpu"]["merged"]["p50_us"]
+            relay = lim.get("relay_2hop")
+            floor = "" if relay is None else \
+                f"; {m['p50_us'] / relay['merged']['p50_us']:.1f}x its 2-wake-up relay"
             row(f"{k} {name}", fig, "us",
-                f"p50 {r:.1f}x sem RTT ({m['p50_us'] / same:.0f}x same-CPU RTT)",
+                f"p50 {r:.1f}x sem RTT ({m['p50_us'] / same:.0f}x same-CPU RTT){floor}",
                 f"p50 <= {GOAL_P50_VS_SEM:g}x sem RTT", yes(r <= GOAL_P50_VS_SEM and not sat))
         elif s == "mq-acks0":
             r = e.get("p50_ratio_acks0_vs_redis")
@@ -923,6 +933,15 @@ def build_table(res: dict) -> list[dict]:
                 f"p50 {_us(sm['merged']['p50_us'])} / p99 {_us(sm['merged']['p99_us'])} / "
                 f"p99.9 {_us(sm['merged']['p99_9_us'])}", "us",
                 f"p50 runs {sm['p50_us_runs']['min']:.1f}-{sm['p50_us_runs']['max']:.1f}")
+        for k, what in (("relay_1hop", "1 wake-up: Unix socket to a blocked reader"),
+                        ("relay_2hop", "2 wake-ups: Unix socket, epoll, futex (mq's path)")):
+            sm = lim.get(k)
+            if sm:
+                row(f"relay at 1 k/s, no work, {what} (limit)",
+                    f"p50 {_us(sm['merged']['p50_us'])} / p99 {_us(sm['merged']['p99_us'])} / "
+                    f"p99.9 {_us(sm['merged']['p99_9_us'])}", "us",
+                    f"p50 runs {sm['p50_us_runs']['min']:.1f}-"
+                    f"{sm['p50_us_runs']['max']:.1f}")
     return rows
 
 

@@ -20,13 +20,17 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import mmap
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import platform
 import random
 import secrets
+import select
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import threading
@@ -578,6 +582,78 @@ def sem_round_trips(n: int, warmup: int | None = None, same_cpu: bool = False,
                 pass
             s.close()
     return [v / 1000 for v in out]
+
+
+def _relay_broker(sock: socket.socket, region: mmap.mmap, n: int) -> None:
+    """The relay's middle process: epoll on the socket, read a stamp, store it in the shared
+    region and wake its futex word, as mq's broker wakes a consumer (no other work)."""
+    from mq.protocol.state import futex
+    ep = select.epoll()
+    ep.register(sock.fileno(), select.EPOLLIN)
+    quiet_gc()
+    for i in range(n):
+        ep.poll()
+        stamp = sock.recv(8, socket.MSG_WAITALL)
+        region[8 + 8 * i:16 + 8 * i] = stamp
+        struct.pack_into("<I", region, 0, i + 1)
+        futex.wake(region, 0, 1)
+    ep.close()
+
+
+def _relay_consumer(sock: socket.socket | None, region: mmap.mmap, n: int, out) -> None:
+    """The relay's last process: woken by the futex word (two hops) or a blocking read of the
+    socket (one hop), it records each stamp's age."""
+    from mq.protocol.state import futex
+    clock, ages = time.perf_counter_ns, []
+    quiet_gc()
+    for i in range(n):
+        if sock is not None:
+            stamp = sock.recv(8, socket.MSG_WAITALL)
+        else:
+            while (seq := struct.unpack_from("<I", region, 0)[0]) <= i:
+                futex.wait_any(region, [0], [seq], bytearray(4), 0, 1.0)
+            stamp = region[8 + 8 * i:16 + 8 * i]
+        ages.append(clock() - struct.unpack("<q", stamp)[0])
+    out.send(ages)
+
+
+def relay_latencies(n: int, hops: int, gap_s: float = 0.001, warmup: int = 50) -> list[float]:
+    """µs from a paced sender's stamp to the wake-up of the last of ``hops`` + 1 processes that
+    do no work but pass it on: the floor of a pipeline of that many cross-process wake-ups at
+    1/gap_s messages per second. One hop: a Unix socket read by a blocked process (what a
+    ``multiprocessing.Queue``'s reader waits on). Two hops: mq's path without mq in it: a Unix
+    socket to a process in epoll, which wakes the last one through a futex word. The sender
+    goes back to its pacing at once, as a producer does."""
+    total = n + warmup
+    region = mmap.mmap(-1, 8 * (total + 1))     # shared with the forked children
+    a, b = socket.socketpair()
+    results, results_w = CTX.Pipe(duplex=False)
+    if hops == 1:
+        kids = [CTX.Process(target=_relay_consumer, args=(b, region, total, results_w))]
+    else:
+        kids = [CTX.Process(target=_relay_broker, args=(b, region, total)),
+                CTX.Process(target=_relay_consumer, args=(None, region, total, results_w))]
+    try:
+        for k in kids:
+            k.start()
+        clock, sleep, send = time.perf_counter_ns, time.sleep, a.send
+        for _ in range(total):
+            due = clock() + int(gap_s * 1e9)
+            sleep(gap_s * 0.8)
+            while clock() < due:
+                pass
+            send(struct.pack("<q", clock()))
+        ages = results.recv()
+    finally:
+        for k in kids:
+            k.join(10)
+            if k.is_alive():
+                k.kill()
+                k.join()
+        a.close()
+        b.close()
+        region.close()
+    return [v / 1000 for v in ages[warmup:]]
 
 
 # --- percentiles ------------------------------------------------------------------------------
