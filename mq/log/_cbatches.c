@@ -227,3 +227,63 @@ done:
     PyBuffer_Release(&view);
     return NULL;
 }
+
+
+/* ---- check_batch: a client's batch at the broker's append ---- */
+
+const char mq_check_batch_doc[] =
+"check_batch(buf, base_offset, leader_epoch, now_ms, max_bytes, after_max_ms)\n"
+"    -> (batch_length, records_count, last_offset_delta, max_timestamp, producer_id,\n"
+"        producer_epoch, base_sequence, attributes) | None\n\n"
+"A client's batch, the whole of the writable buffer buf, checked as PartitionLog.append\n"
+"checks it on a CreateTime topic without message.timestamp.before.max.ms, then stamped with\n"
+"base_offset and leader_epoch (fields the CRC does not cover). The checks: one RecordBatch v2\n"
+"of exactly len(buf) bytes, at most max_bytes; its CRC-32C; a known codec and no unused\n"
+"attribute bits; not a control batch; a record count of last offset delta + 1; timestamps\n"
+"not below -1 and the largest at most after_max_ms ahead of now_ms (INT64_MAX: unlimited);\n"
+"with a producer id, a base sequence and an epoch >= 0. Returns the header's facts, or None,\n"
+"with buf untouched, when a check fails: the Python path then says why.";
+
+PyObject *
+mq_check_batch(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer view;
+    long long base_offset, now_ms, after_max;
+    int leader_epoch;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "w*LiLnL:check_batch", &view, &base_offset, &leader_epoch,
+                          &now_ms, &max_bytes, &after_max))
+        return NULL;
+    unsigned char *h = (unsigned char *)view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *res = Py_None;
+    if (n < BATCH_OVERHEAD || n > max_bytes || h[16] != 2 ||
+            (Py_ssize_t)be32(h + 8) != n - LOG_OVERHEAD)
+        goto refused;
+    int16_t attrs = be16(h + 21);
+    int32_t last_delta = be32(h + 23), count = be32(h + 57), base_seq = be32(h + 53);
+    int16_t epoch = be16(h + 51);
+    int64_t first_ts = be64(h + 27), max_ts = be64(h + 35), pid = be64(h + 43);
+    int64_t ahead;
+    if ((attrs & (ATTR_CONTROL | ATTR_UNUSED)) || (attrs & ATTR_CODEC) > 4 || count <= 0 ||
+            last_delta != count - 1 || first_ts < -1 || max_ts < -1 ||
+            (after_max != INT64_MAX && (__builtin_sub_overflow(max_ts, now_ms, &ahead) ||
+                                        ahead > after_max)) ||
+            (pid >= 0 && (base_seq < 0 || epoch < 0)))
+        goto refused;
+    if (crc32c(h + CRC_FROM, (size_t)(n - CRC_FROM)) != (uint32_t)be32(h + 17))
+        goto refused;
+    for (int i = 0; i < 8; i++)                     /* baseOffset, big-endian */
+        h[i] = (unsigned char)((uint64_t)base_offset >> (56 - 8 * i));
+    for (int i = 0; i < 4; i++)                     /* partitionLeaderEpoch */
+        h[12 + i] = (unsigned char)((uint32_t)leader_epoch >> (24 - 8 * i));
+    res = Py_BuildValue("(niiLLiii)", n - LOG_OVERHEAD, count, last_delta, (long long)max_ts,
+                        (long long)pid, (int)epoch, base_seq, (int)attrs);
+    PyBuffer_Release(&view);
+    return res;
+
+refused:
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}

@@ -221,5 +221,7 @@ int mq_decode_section(PyObject *out, Py_ssize_t at, PyObject *mv, const unsigned
 /* _cbatches.c: the module function take_batches. */
 PyObject *mq_take_batches(PyObject *module, PyObject *args);
 extern const char mq_take_batches_doc[];
+PyObject *mq_check_batch(PyObject *module, PyObject *args);
+extern const char mq_check_batch_doc[];
 
 #endif

@@ -52,7 +52,7 @@ from mq.errors import (
     MessageTooLargeError,
     OffsetOutOfRangeError,
 )
-from mq.log import diskio, files, loader, producer_state
+from mq.log import diskio, files, loader, native, producer_state
 from mq.log.batch import RecordBatch
 from mq.log.builder import control_batch
 from mq.log.columns import decode_columns
@@ -63,7 +63,7 @@ from mq.log.loader import RecoveryReport
 from mq.log.policy import retention_deletable, roll_reason
 from mq.log.producer_state import ProducerStateManager
 from mq.log.segment import FetchSlice, LogSegment
-from mq.log.timestamps import check_timestamps
+from mq.log.timestamps import UNLIMITED, check_timestamps
 from mq.log.txnindex import AbortedTxn
 
 __all__ = ["PartitionLog", "AppendInfo", "RecoveryReport", "EARLIEST_TIMESTAMP",
@@ -91,6 +91,18 @@ class AppendInfo(NamedTuple):
     records_count: int
     size: int
     duplicate: bool = False       # a producer's retry: nothing appended, the first offsets
+
+
+class _CheckedHeader(RecordBatch):
+    """The header facts of a batch ``native.check_batch`` checked and stamped: what
+    ``PartitionLog.append`` reads of a ``RecordBatch`` (and its derived properties), with no
+    buffer behind it."""
+
+    __slots__ = ()
+
+    def __init__(self, facts: tuple) -> None:     # not RecordBatch.__init__: no buffer to parse
+        (self.batch_length, self.records_count, self.last_offset_delta, self.max_timestamp,
+         self.producer_id, self.producer_epoch, self.base_sequence, self.attributes) = facts
 
 
 class PartitionLog:
@@ -238,37 +250,13 @@ class PartitionLog:
                                         self.config.message_timestamp_type == "LogAppendTime"):
             batch, shared_head = bytearray(batch), None   # rewritten whole: a private copy
         head = None
-        if shared_head is not None:
-            buf = batch
-            head = bytearray(shared_head)
-            parsed = RecordBatch(buf, header=head)
-            parsed.validate_header()
+        parsed = self._checked_in_c(batch, leader_epoch) \
+            if shared_head is None and assign_offsets and from_client else None
+        if parsed is not None:                  # checked and stamped (the reference: below)
+            buf, base_offset = batch, self.log_end_offset
         else:
-            writable = isinstance(batch, bytearray) or (isinstance(batch, memoryview)
-                                                        and not batch.readonly)
-            buf = batch if writable else bytearray(batch)
-            parsed = RecordBatch(buf)
-            parsed.validate()
-        if len(buf) != parsed.size:
-            raise InvalidRequestError(f"append takes exactly one batch: {len(buf)} bytes "
-                                      f"given, the batch is {parsed.size} bytes")
-        if parsed.size > self.config.max_message_bytes:
-            raise MessageTooLargeError(f"batch of {parsed.size} bytes exceeds "
-                                       f"max.message.bytes {self.config.max_message_bytes}")
-        if assign_offsets:
-            if parsed.records_count <= 0 or parsed.last_offset_delta + 1 != parsed.records_count:
-                raise CorruptRecordError(None, 0, f"record count {parsed.records_count} does "
-                                         f"not match last offset delta "
-                                         f"{parsed.last_offset_delta}")
-            if from_client:     # against the wall clock, as Kafka's LogValidator: now_ms
-                check_timestamps(parsed, _now_ms(), self.config, self._where)   # drives rolls
-            base_offset = self.log_end_offset
-            stamp_batch(buf if head is None else head, base_offset, leader_epoch)
-        else:
-            base_offset = parsed.base_offset
-            if base_offset < self.log_end_offset:
-                raise ValueError(f"batch base offset {base_offset} is below the log end "
-                                 f"offset {self.log_end_offset}")
+            buf, parsed, head, base_offset = self._check(batch, leader_epoch, assign_offsets,
+                                                          from_client, shared_head)
         last_offset = base_offset + parsed.last_offset_delta
         pid = parsed.producer_id
         aborted = None
@@ -315,6 +303,61 @@ class PartitionLog:
             self.high_watermark = last_offset + 1
         return AppendInfo(base_offset, last_offset, max_ts, log_append_time,
                           parsed.records_count, len(buf))
+
+    def _check(self, batch, leader_epoch: int, assign_offsets: bool, from_client: bool,
+               shared_head: bytes | None) -> tuple:
+        """``append``'s checks of a batch and its stamps, in Python: the reference of
+        ``_checked_in_c``, and the path of every batch it does not take. Returns the buffer
+        to write, the parsed batch, the private header copy (shared batches) and the base
+        offset."""
+        head = None
+        if shared_head is not None:
+            buf = batch
+            head = bytearray(shared_head)
+            parsed = RecordBatch(buf, header=head)
+            parsed.validate_header()
+        else:
+            writable = isinstance(batch, bytearray) or (isinstance(batch, memoryview)
+                                                        and not batch.readonly)
+            buf = batch if writable else bytearray(batch)
+            parsed = RecordBatch(buf)
+            parsed.validate()
+        if len(buf) != parsed.size:
+            raise InvalidRequestError(f"append takes exactly one batch: {len(buf)} bytes "
+                                      f"given, the batch is {parsed.size} bytes")
+        if parsed.size > self.config.max_message_bytes:
+            raise MessageTooLargeError(f"batch of {parsed.size} bytes exceeds "
+                                       f"max.message.bytes {self.config.max_message_bytes}")
+        if assign_offsets:
+            if parsed.records_count <= 0 or parsed.last_offset_delta + 1 != parsed.records_count:
+                raise CorruptRecordError(None, 0, f"record count {parsed.records_count} does "
+                                         f"not match last offset delta "
+                                         f"{parsed.last_offset_delta}")
+            if from_client:     # against the wall clock, as Kafka's LogValidator: now_ms
+                check_timestamps(parsed, _now_ms(), self.config, self._where)   # drives rolls
+            base_offset = self.log_end_offset
+            stamp_batch(buf if head is None else head, base_offset, leader_epoch)
+        else:
+            base_offset = parsed.base_offset
+            if base_offset < self.log_end_offset:
+                raise ValueError(f"batch base offset {base_offset} is below the log end "
+                                 f"offset {self.log_end_offset}")
+        return buf, parsed, head, base_offset
+
+    def _checked_in_c(self, batch, leader_epoch: int) -> RecordBatch | None:
+        """A client's batch checked and stamped in one C call (``native.check_batch``), on a
+        CreateTime topic without a ``message.timestamp.before.max.ms`` (whose check decodes
+        the records) and for a writable buffer; its header's facts, or None when the call
+        does not apply or refuses the batch: ``_check`` then says why."""
+        check, config = native.check_batch, self.config
+        if check is None or config.message_timestamp_type != "CreateTime" or \
+                config.message_timestamp_before_max_ms != UNLIMITED or \
+                not (type(batch) is bytearray or (type(batch) is memoryview and
+                                                  not batch.readonly and batch.format == "B")):
+            return None
+        facts = check(batch, self.log_end_offset, leader_epoch, _now_ms(),
+                      config.max_message_bytes, config.message_timestamp_after_max_ms)
+        return None if facts is None else _CheckedHeader(facts)
 
     def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool,
                       coordinator_epoch: int = 0, leader_epoch: int = 0,

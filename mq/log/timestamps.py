@@ -28,9 +28,9 @@ from mq.log.batch import RecordBatch
 from mq.log.config import LogConfig
 from mq.log.layout import NO_TIMESTAMP
 
-__all__ = ["check_timestamps"]
+__all__ = ["UNLIMITED", "check_timestamps"]
 
-_UNLIMITED: Final = (1 << 63) - 1
+UNLIMITED: Final = (1 << 63) - 1          # a limit's value when it has none
 
 
 def check_timestamps(batch: RecordBatch, now_ms: int, config: LogConfig,
@@ -42,12 +42,12 @@ def check_timestamps(batch: RecordBatch, now_ms: int, config: LogConfig,
     first, largest = batch.base_timestamp, batch.max_timestamp
     _check_sign(min(first, largest), where)
     after = config.message_timestamp_after_max_ms
-    if after != _UNLIMITED and largest - now_ms > after:
+    if after != UNLIMITED and largest - now_ms > after:
         raise InvalidTimestampError(
             f"{where}timestamp {largest} is {largest - now_ms} ms ahead of the broker's clock "
             f"({now_ms}); message.timestamp.after.max.ms is {after}")
     before = config.message_timestamp_before_max_ms
-    if before != _UNLIMITED:
+    if before != UNLIMITED:
         oldest = min((r.timestamp for r in batch.records() if r.timestamp != NO_TIMESTAMP),
                      default=NO_TIMESTAMP)
         _check_sign(oldest, where)
