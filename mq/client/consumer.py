@@ -112,7 +112,7 @@ from mq.client.consumer_options import (
     check_spin,
     check_subscription,
 )
-from mq.client.fetcher import Fetcher, Record
+from mq.client.fetcher import TAIL_EMPTY, TAIL_TOOK, Fetcher, Record
 from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
@@ -500,6 +500,16 @@ class Consumer:
         while True:
             in_group = group.membership is not None
             session = driver.live(forbid_fork=in_group)
+            if session is not None and session.futex and not (in_group or group.async_commits
+                                                               or group.held) and \
+                    (not self._subscribed or driver.topics is self._subscribed_topics):
+                c = self._fetcher.tail_cursor()
+                if c is not None:
+                    out = self._poll_tail(session, c, deadline, max_records)
+                    if out is not None:
+                        return out
+                    if driver.session is not session:
+                        continue              # lost in the sleep: reconnect first
             if session is not None:
                 try:
                     if in_group or group.async_commits:
@@ -522,6 +532,30 @@ class Consumer:
                 remaining = due if remaining is None else min(remaining, due)
             driver.wait(session, self._fetcher.watched(), remaining, group.changed,
                         group.on_reply)
+
+    def _poll_tail(self, session, c, deadline: float | None, max_records: int
+                   ) -> dict[TopicPartition, list[Record]] | None:
+        """A caught-up consumer of one partition (``Fetcher.tail_cursor``) polls here: from the
+        broker's published state to its records in one C call (``Fetcher.take_tail``), and
+        its futex sleep (``ConsumerDriver.sleep_tail``), with only this loop between a
+        wake-up and the decoded records. None when ``_poll_loop`` goes on: whatever the C
+        take leaves to the Python path, a sleep's slice passed or an interrupt."""
+        fetcher, driver, on_reply = self._fetcher, self._driver, self._group.on_reply
+        word = driver.slot_base(c.tp)
+        while True:
+            local = int.from_bytes(session.local, "little")     # before the look: no lost wake
+            status, seq, records = fetcher.take_tail(session, c, word, max_records)
+            if records:
+                return {c.tp: records}
+            if status != TAIL_EMPTY:
+                if status == TAIL_TOOK:
+                    continue                  # batches below the position: read on
+                return None
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return {}
+            if not driver.sleep_tail(session, word, seq, local, remaining, on_reply):
+                return None
 
     # --- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Record]:

@@ -68,6 +68,18 @@ def _sleep_on(region, offsets: list[int], values: list[int], local: bytearray,
     return futex.wait_any(region, offsets, values, local, local_value, timeout, spin)
 
 
+def _pass_on(region, offsets: list[int], values: list[int], woken: int,
+             passed: dict[int, int]) -> None:
+    """After a futex sleep: the broker wakes one sleeper per publish, and the one it woke
+    wakes the others. Any changed word may have had its wake-up land here, so each is passed
+    on, once per value (so two consumers cannot keep waking each other)."""
+    for i, word in enumerate(offsets):
+        now = int.from_bytes(region[word:word + 4], "little")
+        if (i == woken or now != values[i]) and passed.get(word) != now:
+            passed[word] = now
+            futex.wake(region, word, _ALL)
+
+
 def _drain(sem: posix_ipc.Semaphore) -> None:
     """Take every post pending on ``sem``."""
     try:
@@ -299,6 +311,10 @@ class ConsumerDriver:
                                                f"{tp.partition}")
         return info["slots"][tp.partition]
 
+    def slot_base(self, tp: TopicPartition) -> int:
+        """Where ``tp``'s slot starts in the state region (its futex word)."""
+        return slot_offset(self.slot(tp))
+
     def state(self, tp: TopicPartition, session: Session | None = None):
         """A consistent slot snapshot for ``tp`` (``session``: the live one, if the caller has
         it); raises ``UnknownTopicOrPartitionError``."""
@@ -404,12 +420,22 @@ class ConsumerDriver:
             return
         if woken < 0:
             return                                # changed before the sleep began
-        # The broker wakes one sleeper per publish; the one it woke wakes the others. Any
-        # changed word may have had its wake-up land here, so each is passed on, once per
-        # value (so two consumers cannot keep waking each other).
-        region, passed = state.region, session.passed
-        for i, word in enumerate(offsets):
-            now = int.from_bytes(region[word:word + 4], "little")
-            if (i == woken or now != values[i]) and passed.get(word) != now:
-                passed[word] = now
-                futex.wake(region, word, _ALL)
+        _pass_on(state.region, offsets, values, woken, session.passed)
+
+    def sleep_tail(self, session: Session, word: int, seq: int, local: int,
+                   remaining: float | None, on_reply: Callable) -> bool:
+        """The fast tail poll's sleep (``Consumer._poll_tail``) on one partition's word, which
+        held ``seq`` when the poll found nothing to read, as ``_sleep`` sleeps (``local``:
+        ``session.local`` read before that). True when the poll may look again at once: the
+        word changed (its wake-up passed on); False when ``poll``'s general loop goes on: the
+        slice passed (the connection checked, as ``_sleep`` does) or ``session.local``
+        moved."""
+        slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
+        region, value = session.state.region, seq & 0xFFFFFFFF
+        woken = _sleep_on(region, [word], [value], session.local, local, slice_s, self.spin_s)
+        if woken == 0:
+            _pass_on(region, [word], [value], 0, session.passed)
+            return True
+        if woken == -1 and not session.alive(on_reply):
+            self.lost()
+        return woken == -2 and int.from_bytes(session.local, "little") == local

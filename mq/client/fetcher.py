@@ -35,7 +35,10 @@ from mq.log import native
 from mq.log.reader import PartitionReader
 from mq.log.txnindex import AbortedTxnFilter, is_visible
 
-__all__ = ["Fetcher", "PartitionCursor", "Record"]
+__all__ = ["Fetcher", "PartitionCursor", "Record", "TAIL_EMPTY", "TAIL_TOOK", "TAIL_PYTHON"]
+
+# ``Fetcher.take_tail``'s outcomes (``_crecords.tail_take``'s status).
+TAIL_EMPTY, TAIL_TOOK, TAIL_PYTHON = range(3)
 
 
 class Record(NamedTuple):
@@ -423,6 +426,53 @@ class Fetcher:
             return False
         c.raw, c.index, c.ready = records, 0, True
         return True
+
+    def tail_cursor(self) -> PartitionCursor | None:
+        """The cursor of a fast tail poll (``Consumer._poll_tail``, ``take_tail``): the only
+        one, unpaused, with a position and nothing decoded left to return, on a consumer the
+        C tail take serves (as ``_take_tail``), following the driver's topics and broker
+        already (``_sync`` has nothing to do); else None."""
+        if native.tail_take is None or len(self.order) != 1 or self.read_committed or \
+                self.value_bytes or self.key_deserializer or self.value_deserializer:
+            return None
+        c = self.order[0]
+        driver = self._driver
+        if c.paused or c.offset is None or c.index < len(c.raw) or c.batches or \
+                driver.generation != self._generation or driver.topics is not self._topics:
+            return None
+        return c
+
+    def take_tail(self, session, c: PartitionCursor, slot_base: int, max_records: int
+                  ) -> tuple[int, int, list[Record]]:
+        """The fast tail poll's take (``_crecords.tail_take``): ``c``'s slot (at
+        ``slot_base``) read, then the new batches after its position, in one C call. ``(status, seq, records)``:
+        ``TAIL_EMPTY`` nothing readable yet (sleep on ``seq``), ``TAIL_TOOK`` records taken
+        (at most ``max_records`` returned, the rest kept for the next poll),
+        ``TAIL_PYTHON`` ``take`` must read."""
+        tail = c.reader.tail_state(c.offset)
+        if tail is None:
+            return TAIL_PYTHON, 0, []
+        base, generation, view, mapped, fd, position, remap_at = tail
+        topic, partition = c.tp
+        enabled = gc.isenabled()          # as ``take``: a large take creates many objects
+        if enabled:
+            gc.disable()
+        try:
+            status, seq, records, position, offset = native.tail_take(
+                session.state.region, slot_base, self._driver.meta_version, generation,
+                base, view, mapped, fd, position, c.offset, remap_at,
+                self.max_partition_fetch_bytes, self.check_crcs, topic, partition, Record)
+        finally:
+            if enabled:
+                gc.enable()
+        if status != TAIL_TOOK:
+            return status, seq, []
+        c.reader.advance(offset, position)
+        c.offset = offset
+        if len(records) > max_records:
+            c.raw, c.index, c.ready = records, max_records, True
+            records = records[:max_records]
+        return status, seq, records
 
     def _read_more(self, session, c: PartitionCursor) -> bool:
         """Read batches at the position from the map; False when nothing is readable."""

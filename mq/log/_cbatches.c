@@ -118,38 +118,23 @@ const char mq_take_batches_doc[] =
 "batch reaching bound, 3 a batch it leaves to the Python path (control, compressed,\n"
 "malformed, CRC mismatch with check_crc).";
 
-PyObject *
-mq_take_batches(PyObject *module, PyObject *args)
+/* The records of offsets in [*offset, bound) of the whole plain batches of view (whose object
+ * is mv) between start and end, as take_batches documents; *pos and *offset move past what was
+ * taken, *stop says why it stopped. A new list, or NULL with an exception. */
+static PyObject *
+take_core(PyObject *mv, const Py_buffer *view, Py_ssize_t start, Py_ssize_t end,
+          long long *offset_io, long long bound, Py_ssize_t max_bytes, int check_crc,
+          PyObject *topic, PyObject *partition, PyObject *record_type, Py_ssize_t *pos_out,
+          int *stop_out)
 {
-    (void)module;
-    PyObject *mv, *topic, *partition, *record_type;
-    Py_ssize_t start, end, max_bytes;
-    long long offset, bound;
-    int check_crc;
-    if (!PyArg_ParseTuple(args, "O!nnLLnpOOO:take_batches", &PyMemoryView_Type, &mv, &start,
-                          &end, &offset, &bound, &max_bytes, &check_crc, &topic, &partition,
-                          &record_type))
-        return NULL;
-    if (!PyType_Check(record_type) ||
-            !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
     PyObject *out = NULL, *tstypes[2] = {NULL, NULL};
     int stop = STOP_END;
-    if (start < 0 || end > view.len || start > end) {
-        PyErr_Format(PyExc_ValueError, "window [%zd, %zd) is not within the %zd bytes of buf",
-                     start, end, view.len);
-        goto done;
-    }
+    long long offset = *offset_io;
     if ((out = PyList_New(0)) == NULL ||
             (tstypes[0] = PyLong_FromLong(0)) == NULL ||
             (tstypes[1] = PyLong_FromLong(1)) == NULL)
         goto fail;
-    const unsigned char *p = (const unsigned char *)view.buf;
+    const unsigned char *p = (const unsigned char *)view->buf;
     PublicRecords pub = {(PyTypeObject *)record_type, topic, partition, NULL, offset, bound};
     Py_ssize_t pos = start, taken = 0;
     for (;;) {
@@ -212,20 +197,62 @@ mq_take_batches(PyObject *module, PyObject *args)
             break;
         }
     }
-    PyObject *res = Py_BuildValue("(NnLi)", out, pos, offset, stop);
-    out = NULL;
-    Py_XDECREF(tstypes[0]);
-    Py_XDECREF(tstypes[1]);
-    PyBuffer_Release(&view);
-    return res;
+    Py_DECREF(tstypes[0]);
+    Py_DECREF(tstypes[1]);
+    *offset_io = offset;
+    *pos_out = pos;
+    *stop_out = stop;
+    return out;
 
 fail:
-done:
     Py_XDECREF(out);
     Py_XDECREF(tstypes[0]);
     Py_XDECREF(tstypes[1]);
-    PyBuffer_Release(&view);
     return NULL;
+}
+
+static int
+check_record_type(PyObject *record_type)
+{
+    if (!PyType_Check(record_type) ||
+            !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *
+mq_take_batches(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *mv, *topic, *partition, *record_type;
+    Py_ssize_t start, end, max_bytes;
+    long long offset, bound;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "O!nnLLnpOOO:take_batches", &PyMemoryView_Type, &mv, &start,
+                          &end, &offset, &bound, &max_bytes, &check_crc, &topic, &partition,
+                          &record_type))
+        return NULL;
+    if (check_record_type(record_type) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *res = NULL;
+    if (start < 0 || end > view.len || start > end) {
+        PyErr_Format(PyExc_ValueError, "window [%zd, %zd) is not within the %zd bytes of buf",
+                     start, end, view.len);
+    } else {
+        Py_ssize_t pos;
+        int stop;
+        PyObject *out = take_core(mv, &view, start, end, &offset, bound, max_bytes, check_crc,
+                                  topic, partition, record_type, &pos, &stop);
+        if (out != NULL)
+            res = Py_BuildValue("(NnLi)", out, pos, offset, stop);
+    }
+    PyBuffer_Release(&view);
+    return res;
 }
 
 
@@ -286,4 +313,139 @@ mq_check_batch(PyObject *module, PyObject *args)
 refused:
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
+}
+
+
+/* ---- tail_take: a caught-up consumer's poll, from the published state to its records ---- */
+
+enum { TAIL_EMPTY, TAIL_TOOK, TAIL_PYTHON };
+
+#define META_VERSION_AT 32        /* mq.protocol.state: the header's metadata version */
+#define SLOT_FIELDS 7             /* after the slot's sequence: high watermark, last stable
+                                     offset, log start, active segment base, high watermark's
+                                     position, segment generation, log end offset */
+
+const char mq_tail_take_doc[] =
+"tail_take(region, slot_base, meta_version, generation, segment_base, view, mapped, fd,\n"
+"          position, offset, remap_at, max_bytes, check_crc, topic, partition, record_type)\n"
+"    -> (status, seq, records, position, offset)\n\n"
+"A caught-up read_uncommitted consumer's take from one partition: the slot at slot_base of\n"
+"the broker's state region (mq.protocol.state) read under its seqlock, then, if the high\n"
+"watermark passed offset, take_batches over the new bytes of the segment the last read ended\n"
+"in, at byte position: from view (the segment's map, mapped bytes) below mapped, else from\n"
+"one pread of fd of at most max_bytes. status 0: nothing readable past offset yet, seq is the\n"
+"slot's sequence to sleep on; 1: records taken (maybe none, of batches below offset), with\n"
+"the position and offset after them; 2: the Python path must read (the topics changed, the\n"
+"segment rolled or the set changed, a reset is due, the readable end passed remap_at, or\n"
+"the next batch is one take_batches leaves to it).";
+
+PyObject *
+mq_tail_take(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *region, *view_obj, *topic, *partition, *record_type;
+    Py_ssize_t slot_base, mapped, position, max_bytes;
+    long long meta_version, generation, segment_base, offset, remap_at;
+    int fd, check_crc;
+    if (!PyArg_ParseTuple(args, "OnLLLOninLLnpOOO:tail_take", &region, &slot_base,
+                          &meta_version, &generation, &segment_base, &view_obj, &mapped, &fd,
+                          &position, &offset, &remap_at, &max_bytes, &check_crc, &topic,
+                          &partition, &record_type))
+        return NULL;
+    if (check_record_type(record_type) < 0)
+        return NULL;
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    return Py_BuildValue("(iLOnL)", TAIL_PYTHON, 0LL, Py_None, position, offset);
+#else
+    Py_buffer rv;
+    if (PyObject_GetBuffer(region, &rv, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (slot_base < META_VERSION_AT + 8 || slot_base % 8 != 0 ||
+            slot_base > rv.len - 8 * (SLOT_FIELDS + 1)) {
+        PyBuffer_Release(&rv);
+        PyErr_Format(PyExc_ValueError, "slot at %zd is outside the region", slot_base);
+        return NULL;
+    }
+    const unsigned char *r = (const unsigned char *)rv.buf;
+    const int64_t *seqp = (const int64_t *)(r + slot_base);
+    int64_t seq, f[SLOT_FIELDS];
+    for (;;) {                                      /* the seqlock read (StateReader.snapshot) */
+        seq = __atomic_load_n(seqp, __ATOMIC_ACQUIRE);
+        if (seq & 1)
+            continue;                               /* being written */
+        for (int i = 0; i < SLOT_FIELDS; i++)
+            f[i] = __atomic_load_n(seqp + 1 + i, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(seqp, __ATOMIC_RELAXED) == seq)
+            break;
+    }
+    int64_t meta = __atomic_load_n((const int64_t *)(r + META_VERSION_AT), __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&rv);
+    int64_t hw = f[0], log_start = f[2], active_base = f[3], hw_position = f[4],
+            gen = f[5], log_end = f[6];
+    if (meta != meta_version || hw < 0 || gen != generation || active_base != segment_base ||
+            offset < log_start || offset > log_end)
+        return Py_BuildValue("(iLOnL)", TAIL_PYTHON, (long long)seq, Py_None, position, offset);
+    if (offset >= hw)
+        return Py_BuildValue("(iLOnL)", TAIL_EMPTY, (long long)seq, Py_None, position, offset);
+    if (position >= hw_position || hw_position >= remap_at)
+        return Py_BuildValue("(iLOnL)", TAIL_PYTHON, (long long)seq, Py_None, position, offset);
+
+    PyObject *mv, *data = NULL;
+    Py_ssize_t start, end, shift;
+    if (position < mapped && view_obj != Py_None) {
+        Py_INCREF(view_obj);
+        mv = view_obj;
+        start = position;
+        end = hw_position < mapped ? (Py_ssize_t)hw_position : mapped;
+        shift = 0;
+    } else {
+        Py_ssize_t want = (Py_ssize_t)hw_position - position;
+        if (want > max_bytes)
+            want = max_bytes;
+        if ((data = PyBytes_FromStringAndSize(NULL, want)) == NULL)
+            return NULL;
+        ssize_t got = pread(fd, PyBytes_AS_STRING(data), (size_t)want, (off_t)position);
+        if (got != want) {                          /* an error or a short file: Python says */
+            Py_DECREF(data);
+            return Py_BuildValue("(iLOnL)", TAIL_PYTHON, (long long)seq, Py_None, position,
+                                 offset);
+        }
+        mv = PyMemoryView_FromObject(data);
+        Py_DECREF(data);
+        if (mv == NULL)
+            return NULL;
+        start = 0;
+        end = want;
+        shift = position;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(mv, &view, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(mv);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    if (end > view.len) {
+        PyErr_Format(PyExc_ValueError, "mapped %zd bytes, the view has %zd", end, view.len);
+    } else {
+        Py_ssize_t pos;
+        int stop;
+        long long next = offset;
+        PyObject *out = take_core(mv, &view, start, end, &next, hw, max_bytes, check_crc, topic,
+                                  partition, record_type, &pos, &stop);
+        if (out != NULL) {
+            if (pos == start) {                     /* nothing taken: the Python path reads */
+                Py_DECREF(out);
+                res = Py_BuildValue("(iLOnL)", TAIL_PYTHON, (long long)seq, Py_None, position,
+                                    offset);
+            } else {
+                res = Py_BuildValue("(iLNnL)", TAIL_TOOK, (long long)seq, out, shift + pos,
+                                    next);
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    Py_DECREF(mv);
+    return res;
+#endif
 }

@@ -1338,6 +1338,7 @@ static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
     {"take_batches", mq_take_batches, METH_VARARGS, mq_take_batches_doc},
     {"check_batch", mq_check_batch, METH_VARARGS, mq_check_batch_doc},
+    {"tail_take", mq_tail_take, METH_VARARGS, mq_tail_take_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
      encode_record_doc},

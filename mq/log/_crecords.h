@@ -218,10 +218,12 @@ int mq_decode_section(PyObject *out, Py_ssize_t at, PyObject *mv, const unsigned
                       int log_append, int64_t max_ts, Py_ssize_t count, PyObject *record_type,
                       const PublicRecords *pub);
 
-/* _cbatches.c: the module function take_batches. */
+/* _cbatches.c: the module functions take_batches, check_batch and tail_take. */
 PyObject *mq_take_batches(PyObject *module, PyObject *args);
 extern const char mq_take_batches_doc[];
 PyObject *mq_check_batch(PyObject *module, PyObject *args);
 extern const char mq_check_batch_doc[];
+PyObject *mq_tail_take(PyObject *module, PyObject *args);
+extern const char mq_tail_take_doc[];
 
 #endif

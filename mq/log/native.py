@@ -4,8 +4,10 @@ setup.py builds it when a C compiler is available. It decodes the records sectio
 faster (``decode_records``, and ``decode_columns`` for column buffers) and accumulates records
 (``RecordAccumulator``, ``RecordFuture``: ``BatchBuilder.append``, the producer's add) several
 times faster; ``take_batches`` is a tailing consumer's whole read of plain batches
-(``mq.client.fetcher``), and ``check_batch`` the broker's checks and stamps of a client's
-batch at its append (``mq.log.log.PartitionLog.append``). Each name here is the extension's function or type, or ``None`` when
+(``mq.client.fetcher``) and ``tail_take`` a caught-up consumer's poll of one partition from
+the published state to its records (``mq.client.consumer``), and ``check_batch`` the
+broker's checks and stamps of a client's batch at its append
+(``mq.log.log.PartitionLog.append``). Each name here is the extension's function or type, or ``None`` when
 the extension is not built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything
 but "" or "0" — then its users run their pure-Python references, which the C code mirrors
 byte for byte (``RecordBatch._records_py``, ``mq.log.builder.RecordEncoder``,
@@ -24,12 +26,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["decode_records", "decode_columns", "take_batches", "check_batch",
+__all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "check_batch",
            "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
 take_batches: Callable[..., tuple] | None = None
+tail_take: Callable[..., tuple] | None = None
 check_batch: Callable[..., tuple | None] | None = None
 RecordAccumulator: Any = None
 RecordFuture: Any = None
@@ -44,6 +47,7 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         # getattr: an extension built before these existed still serves the rest.
         decode_columns = getattr(_crecords, "decode_columns", None)
         take_batches = getattr(_crecords, "take_batches", None)
+        tail_take = getattr(_crecords, "tail_take", None)
         check_batch = getattr(_crecords, "check_batch", None)
         if hasattr(_crecords, "RecordAccumulator"):
             RecordAccumulator, RecordFuture = _crecords.RecordAccumulator, _crecords.RecordFuture

@@ -411,6 +411,23 @@ class PartitionReader:
         buf = memoryview(seg.pread(pos, min(end_position - pos, max_bytes)))
         return buf, 0, len(buf), pos
 
+    def tail_state(self, offset: int) -> tuple | None:
+        """What a read going on at ``offset`` in the segment its last read ended in needs
+        without this reader's help (``_crecords.tail_take``): ``(segment base, segment-set
+        generation, map view, mapped bytes, descriptor, byte position, remap_at)``, where
+        ``remap_at`` is the readable end from which ``tail_window`` would map the file again.
+        None unless that segment is mapped and open, and not known to be rolled."""
+        hint = self._hint
+        if self.closed or hint is None or hint[2] != offset:
+            return None
+        seg = self._segments.get(hint[0])
+        if seg is None or seg.map is None or seg.fd < 0 or seg.ino != hint[1] or \
+                seg.final_size >= 0:
+            return None
+        mapped = seg.mapped
+        return (hint[0], -1 if self._generation is None else self._generation, seg.view,
+                mapped, seg.fd, hint[3], mapped + max(self.remap_bytes, mapped >> 3))
+
     def advance(self, offset: int, position: int) -> None:
         """The caller of ``tail_window`` took the batches before file position ``position``
         of that segment; ``offset`` is the next one to read."""

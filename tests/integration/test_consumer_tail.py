@@ -1,10 +1,13 @@
-"""The tail take (``Fetcher._take_tail``, ``_crecords.take_batches``) against the Python path,
-on a real broker's files.
+"""The tail take (``Fetcher._take_tail``, ``_crecords.take_batches``) and the fast tail poll
+(``Consumer._poll_tail``, ``_crecords.tail_take``) against the Python path, on a real
+broker's files.
 
 A consumer going on where its last read ended, in the active segment, reads plain batches in
-one C call; at anything else (a transaction marker, a compressed batch, a rolled segment, a
-reset position) the Python path reads. Both must hand out the same records in the same
-polls' worth, whatever the log holds.
+one C call; a consumer of one partition also reads the broker's published state in it, and
+sleeps on the partition's futex word with no other Python between. At anything else (a
+transaction marker, a compressed batch, a rolled segment, a reset position, changed topics)
+the Python path reads. Both must hand out the same records in the same polls' worth,
+whatever the log holds.
 """
 
 from __future__ import annotations
@@ -29,17 +32,31 @@ def plain(r) -> tuple:
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the tail takes that took records."""
+    """Counts the tail takes that took records (``take_batches``, and ``tail_take``: those of
+    the fast tail poll)."""
     took = []
-    real = native.take_batches
+    real, real_tail = native.take_batches, native.tail_take
 
     def take(*args):
         out = real(*args)
         if out[0]:
             took.append(len(out[0]))
         return out
+
+    def tail_take(*args):
+        out = real_tail(*args)
+        if out[0] == fetcher.TAIL_TOOK and out[2]:
+            took.append(len(out[2]))
+        return out
     monkeypatch.setattr(native, "take_batches", take)
+    monkeypatch.setattr(native, "tail_take", tail_take)
     return took
+
+
+def python_path(monkeypatch) -> None:
+    """From now on this process reads through the Python path only (the reference)."""
+    monkeypatch.setattr(native, "take_batches", None)
+    monkeypatch.setattr(native, "tail_take", None)
 
 
 def create(socket: str) -> None:
@@ -116,7 +133,7 @@ def test_the_tail_take_hands_out_what_the_python_path_does(broker, counted, monk
     n = fill(broker.socket)
     fast = read_all(broker.socket, "mixed", n, **options)
     assert counted, "the tail take never took anything"
-    monkeypatch.setattr(native, "take_batches", None)
+    python_path(monkeypatch)
     assert records_of(fast) == records_of(read_all(broker.socket, "mixed", n, **options))
     assert len(records_of(fast)) == n == len({(r[1], r[2]) for r in records_of(fast)})
     assert max(map(len, fast)) <= options.get("max_poll_records", 500)
@@ -133,7 +150,7 @@ def test_a_consumer_tailing_a_mixed_log_reads_what_the_python_path_reads(broker,
                 assert out, f"nothing after {sum(map(len, polls))} of {n} records"
                 polls.append([plain(r) for tp in sorted(out) for r in out[tp]])
     assert counted
-    monkeypatch.setattr(native, "take_batches", None)
+    python_path(monkeypatch)
     assert records_of(polls) == records_of(read_all(broker.socket, "mixed", n))
 
 
