@@ -113,7 +113,10 @@ class DefaultPartitioner:
         more."""
         if self.sticky.get(topic) != partition:
             return
-        pool = list(available or all_partitions)
+        pool = available or all_partitions
+        if len(pool) == 1 and pool[0] == partition:
+            return                                # the only one: it stays (no draw per batch)
+        pool = list(pool)
         if len(pool) > 1:
             choice = self._rng.choice(pool)
             while choice == partition:

@@ -126,6 +126,16 @@ def test_sticky_with_one_partition():
     for _ in range(3):
         assert p.partition("t", None, [0], [0]) == 0
         p.on_batch_closed("t", 0, [0], [0])
+        assert p.sticky == {"t": 0}           # kept: no random draw at every batch
+
+
+def test_the_only_partition_left_of_several_is_drawn_again():
+    p = DefaultPartitioner(random.Random(5))
+    assert p.partition("t", None, [0, 1], [1]) == 1
+    p.on_batch_closed("t", 1, [0, 1], [1])
+    assert p.partition("t", None, [0, 1], [1]) == 1
+    p.on_batch_closed("t", 1, [0, 1], [0])    # its batch closed; only 0 available now
+    assert p.partition("t", None, [0, 1], [0]) == 0
 
 
 def test_sticky_prefers_available_partitions():
