@@ -15,11 +15,12 @@ Sections (``--only``): ``limits`` (fdatasync, semaphore round trip, the wake-up 
 are the floor of a 1 k/s latency), ``throughput`` (1 producer -> 1 consumer at 100 B, 1 KiB,
 64 KiB, with the raw page-cache write of the same bytes), ``acks`` (4 producers, acks="all"
 vs acks=1), ``multi`` (4 producers -> 4 consumers at 100 B and 64 KiB, mq acks=1 and
-acks="all" against 4 mp.Queues), ``fanout`` (1 producer -> 1 vs 4 consumers, the broker's CPU), ``latency`` (open loop at 1 k, 10 k and 50 k
-msg/s, coordinated-omission corrected, with the CPU each process used per message; mq under
-each wait strategy: blocking, the default, on the shared broker; spin, consumer and a second
-broker started with ``spin_us``; and consumer spin only), ``decode`` (a consumer reading 100
-B records already in the log). The peers (``--peers``, all by default) are the table
+acks="all" against 4 mp.Queues), ``fanout`` (1 producer -> 1 vs 4 consumers, the broker's
+CPU), ``latency`` (open loop at 1 k, 10 k and 50 k msg/s, coordinated-omission corrected,
+with the CPU each process used per message; mq under each wait strategy: blocking, the
+default, on the shared broker; spin, consumer and a second broker started with ``spin_us``;
+and consumer spin only), ``decode`` (a consumer reading 100 B records already in the log).
+The peers (``--peers``, all by default) are the table
 ``bench.e2e_systems.PEERS``; they run in ``throughput``, and mp.Queue, Redis, ZeroMQ and the
 Kafka-protocol ones in ``latency`` too (mq's p50 against mp.Queue's is the latency goal). A
 peer that cannot run here (Kafka without Java or Maven Central) is left out with one line.

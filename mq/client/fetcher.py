@@ -445,10 +445,10 @@ class Fetcher:
     def take_tail(self, session, c: PartitionCursor, slot_base: int, max_records: int
                   ) -> tuple[int, int, list[Record]]:
         """The fast tail poll's take (``_crecords.tail_take``): ``c``'s slot (at
-        ``slot_base``) read, then the new batches after its position, in one C call. ``(status, seq, records)``:
-        ``TAIL_EMPTY`` nothing readable yet (sleep on ``seq``), ``TAIL_TOOK`` records taken
-        (at most ``max_records`` returned, the rest kept for the next poll),
-        ``TAIL_PYTHON`` ``take`` must read."""
+        ``slot_base``) read, then the new batches after its position, in one C call.
+        ``(status, seq, records)``: ``TAIL_EMPTY`` nothing readable yet (sleep on ``seq``),
+        ``TAIL_TOOK`` records taken (at most ``max_records`` returned, the rest kept for the
+        next poll), ``TAIL_PYTHON`` ``take`` must read."""
         tail = c.reader.tail_state(c.offset)
         if tail is None:
             return TAIL_PYTHON, 0, []

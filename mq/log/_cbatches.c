@@ -284,7 +284,6 @@ mq_check_batch(PyObject *module, PyObject *args)
         return NULL;
     unsigned char *h = (unsigned char *)view.buf;
     Py_ssize_t n = view.len;
-    PyObject *res = Py_None;
     if (n < BATCH_OVERHEAD || n > max_bytes || h[16] != 2 ||
             (Py_ssize_t)be32(h + 8) != n - LOG_OVERHEAD)
         goto refused;
@@ -305,8 +304,9 @@ mq_check_batch(PyObject *module, PyObject *args)
         h[i] = (unsigned char)((uint64_t)base_offset >> (56 - 8 * i));
     for (int i = 0; i < 4; i++)                     /* partitionLeaderEpoch */
         h[12 + i] = (unsigned char)((uint32_t)leader_epoch >> (24 - 8 * i));
-    res = Py_BuildValue("(niiLLiii)", n - LOG_OVERHEAD, count, last_delta, (long long)max_ts,
-                        (long long)pid, (int)epoch, base_seq, (int)attrs);
+    PyObject *res = Py_BuildValue("(niiLLiii)", n - LOG_OVERHEAD, count, last_delta,
+                                  (long long)max_ts, (long long)pid, (int)epoch, base_seq,
+                                  (int)attrs);
     PyBuffer_Release(&view);
     return res;
 

@@ -232,10 +232,10 @@ class PartitionLog:
         ``MessageTooLargeError`` for a batch over ``max.message.bytes``, ``ValueError`` for
         offsets below the log end (without ``assign_offsets``: a bug of the caller),
         ``InvalidTimestampError`` for a client's batch whose timestamps the topic refuses at
-        the wall clock (``mq.log.timestamps``) and ``LogWriteError`` when it could not be stored (then nothing of it was). A
-        client's batch with a producer id is checked against the producer table
-        (``InvalidProducerEpochError``, ``OutOfOrderSequenceError``,
-        ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
+        the wall clock (``mq.log.timestamps``) and ``LogWriteError`` when it could not be
+        stored (then nothing of it was). A client's batch with a producer id is checked
+        against the producer table (``InvalidProducerEpochError``,
+        ``OutOfOrderSequenceError``, ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
         offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
 
         ``shared_head``: ``batch`` is memory another process may still write (a producer's

@@ -3,17 +3,18 @@
 setup.py builds it when a C compiler is available. It decodes the records section ~7-10x
 faster (``decode_records``, and ``decode_columns`` for column buffers) and accumulates records
 (``RecordAccumulator``, ``RecordFuture``: ``BatchBuilder.append``, the producer's add) several
-times faster; ``take_batches`` is a tailing consumer's whole read of plain batches
-(``mq.client.fetcher``) and ``tail_take`` a caught-up consumer's poll of one partition from
-the published state to its records (``mq.client.consumer``), and ``check_batch`` the
-broker's checks and stamps of a client's batch at its append
-(``mq.log.log.PartitionLog.append``). Each name here is the extension's function or type, or ``None`` when
-the extension is not built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything
-but "" or "0" — then its users run their pure-Python references, which the C code mirrors
-byte for byte (``RecordBatch._records_py``, ``mq.log.builder.RecordEncoder``,
-``mq.client.accumulator.RecordAccumulator``; for ``take_batches`` the reader, ``RecordBatch``
-and the fetcher's Python path; for ``check_batch`` ``RecordBatch.validate`` and the append's
-own checks; tests/unit/log/test_crecords.py, test_take_batches.py, test_check_batch.py).
+times faster. ``take_batches`` is a tailing consumer's whole read of plain batches
+(``mq.client.fetcher``), ``tail_take`` a caught-up consumer's poll of one partition from the
+published state to its records (``mq.client.consumer``), and ``check_batch`` the broker's
+checks and stamps of a client's batch at its append (``mq.log.log.PartitionLog.append``).
+Each name here is the extension's function or type, or ``None`` when the extension is not
+built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything but "" or "0" — then
+its users run their pure-Python references, which the C code mirrors byte for byte
+(``RecordBatch._records_py``, ``mq.log.builder.RecordEncoder``,
+``mq.client.accumulator.RecordAccumulator``; for ``take_batches`` and ``tail_take`` the
+reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
+``RecordBatch.validate`` and the append's own checks; tests/unit/log/test_crecords.py,
+test_take_batches.py, test_tail_take.py, test_check_batch.py).
 
 Users read these names as attributes of this module at call time (``native.decode_records``),
 so a test can switch one off.
