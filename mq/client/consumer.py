@@ -104,7 +104,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from mq.client.consumer_driver import ConsumerDriver
+from mq.client.consumer_driver import MAX_FUTEX_WORDS, ConsumerDriver
 from mq.client.consumer_group import CommitCallback, ConsumerGroup, ConsumerRebalanceListener
 from mq.client.consumer_options import (
     check_group_options,
@@ -503,9 +503,9 @@ class Consumer:
             if session is not None and session.futex and not (in_group or group.async_commits
                                                                or group.held) and \
                     (not self._subscribed or driver.topics is self._subscribed_topics):
-                c = self._fetcher.tail_cursor()
-                if c is not None:
-                    out = self._poll_tail(session, c, deadline, max_records)
+                cursors = self._fetcher.tail_cursors()
+                if cursors is not None and len(cursors) < MAX_FUTEX_WORDS:
+                    out = self._poll_tail(session, cursors, deadline, max_records)
                     if out is not None:
                         return out
                     if driver.session is not session:
@@ -533,28 +533,29 @@ class Consumer:
             driver.wait(session, self._fetcher.watched(), remaining, group.changed,
                         group.on_reply)
 
-    def _poll_tail(self, session, c, deadline: float | None, max_records: int
+    def _poll_tail(self, session, cursors: list, deadline: float | None, max_records: int
                    ) -> dict[TopicPartition, list[Record]] | None:
-        """A caught-up consumer of one partition (``Fetcher.tail_cursor``) polls here: from the
-        broker's published state to its records in one C call (``Fetcher.take_tail``), and
-        its futex sleep (``ConsumerDriver.sleep_tail``), with only this loop between a
+        """A caught-up consumer (``Fetcher.tail_cursors``) polls here: from the broker's
+        published state to its records in one C call per partition (``Fetcher.take_tails``),
+        and its futex sleep (``ConsumerDriver.sleep_tail``), with only this loop between a
         wake-up and the decoded records. None when ``_poll_loop`` goes on: whatever the C
         take leaves to the Python path, a sleep's slice passed or an interrupt."""
         fetcher, driver, on_reply = self._fetcher, self._driver, self._group.on_reply
-        word = driver.slot_base(c.tp)
+        words = [driver.slot_base(c.tp) for c in cursors]
+        seqs = [0] * len(cursors)
         while True:
             local = int.from_bytes(session.local, "little")     # before the look: no lost wake
-            status, seq, records = fetcher.take_tail(session, c, word, max_records)
-            if records:
-                return {c.tp: records}
+            status, out = fetcher.take_tails(session, cursors, words, seqs, max_records)
+            if out:
+                return out
             if status != TAIL_EMPTY:
                 if status == TAIL_TOOK:
-                    continue                  # batches below the position: read on
+                    continue                  # batches below the positions: read on
                 return None
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return {}
-            if not driver.sleep_tail(session, word, seq, local, remaining, on_reply):
+            if not driver.sleep_tail(session, words, seqs, local, remaining, on_reply):
                 return None
 
     # --- iteration ------------------------------------------------------------------------------

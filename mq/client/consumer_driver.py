@@ -45,7 +45,7 @@ log = logging.getLogger("mq.client.consumer")
 
 RECONNECT_BACKOFF_S = (0.05, 1.0)
 _LIVENESS_CHECK_S = 1.0           # a blocked consumer checks its connection this often
-_MAX_WORDS = 127                  # futex_waitv's limit, less the consumer's own word
+MAX_FUTEX_WORDS = 127             # futex_waitv's limit, less the consumer's own word
 _ALL = 0x7FFFFFFF                 # FUTEX_WAKE: every sleeper
 
 
@@ -344,7 +344,7 @@ class ConsumerDriver:
             pause = max(0.0, self._reconnect_at - time.monotonic())
             time.sleep(min(slice_s, pause) if pause else 0.001)
             return
-        if session.futex and len(watched) < _MAX_WORDS:
+        if session.futex and len(watched) < MAX_FUTEX_WORDS:
             try:
                 self._sleep(session, watched, slice_s, interrupted, on_reply)
                 return
@@ -422,19 +422,19 @@ class ConsumerDriver:
             return                                # changed before the sleep began
         _pass_on(state.region, offsets, values, woken, session.passed)
 
-    def sleep_tail(self, session: Session, word: int, seq: int, local: int,
+    def sleep_tail(self, session: Session, words: list[int], seqs: list[int], local: int,
                    remaining: float | None, on_reply: Callable) -> bool:
-        """The fast tail poll's sleep (``Consumer._poll_tail``) on one partition's word, which
-        held ``seq`` when the poll found nothing to read, as ``_sleep`` sleeps (``local``:
-        ``session.local`` read before that). True when the poll may look again at once: the
-        word changed (its wake-up passed on); False when ``poll``'s general loop goes on: the
-        slice passed (the connection checked, as ``_sleep`` does) or ``session.local``
-        moved."""
+        """The fast tail poll's sleep (``Consumer._poll_tail``) on its partitions' words,
+        which held ``seqs`` when the poll found nothing to read, as ``_sleep`` sleeps
+        (``local``: ``session.local`` read before that). True when the poll may look again
+        at once: a word changed (its wake-up passed on); False when ``poll``'s general loop
+        goes on: the slice passed (the connection checked, as ``_sleep`` does) or
+        ``session.local`` moved."""
         slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
-        region, value = session.state.region, seq & 0xFFFFFFFF
-        woken = _sleep_on(region, [word], [value], session.local, local, slice_s, self.spin_s)
-        if woken == 0:
-            _pass_on(region, [word], [value], 0, session.passed)
+        region, values = session.state.region, [seq & 0xFFFFFFFF for seq in seqs]
+        woken = _sleep_on(region, words, values, session.local, local, slice_s, self.spin_s)
+        if 0 <= woken < len(words):
+            _pass_on(region, words, values, woken, session.passed)
             return True
         if woken == -1 and not session.alive(on_reply):
             self.lost()

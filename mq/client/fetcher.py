@@ -39,6 +39,8 @@ __all__ = ["Fetcher", "PartitionCursor", "Record", "TAIL_EMPTY", "TAIL_TOOK", "T
 
 # ``Fetcher.take_tail``'s outcomes (``_crecords.tail_take``'s status).
 TAIL_EMPTY, TAIL_TOOK, TAIL_PYTHON = range(3)
+# ``PartitionReader.tail_state`` of a reader with no segment to go on in: matches none.
+_NO_TAIL = (-1, -1, None, 0, -1, 0, 0)
 
 
 class Record(NamedTuple):
@@ -137,6 +139,7 @@ class Fetcher:
         self.cursors: dict[TopicPartition, PartitionCursor] = {}
         self.order: list[PartitionCursor] = []
         self._next_start = 0
+        self.tail_python = False          # ``take_tails`` left a partition to ``take``
         self._generation = driver.generation
         self._topics: dict | None = None          # the metadata the cursors' topic ids match
         self._handed: list[Record] = []           # handed to the iterator (``hand_out``)
@@ -427,20 +430,59 @@ class Fetcher:
         c.raw, c.index, c.ready = records, 0, True
         return True
 
-    def tail_cursor(self) -> PartitionCursor | None:
-        """The cursor of a fast tail poll (``Consumer._poll_tail``, ``take_tail``): the only
-        one, unpaused, with a position and nothing decoded left to return, on a consumer the
-        C tail take serves (as ``_take_tail``), following the driver's topics and broker
-        already (``_sync`` has nothing to do); else None."""
-        if native.tail_take is None or len(self.order) != 1 or self.read_committed or \
-                self.value_bytes or self.key_deserializer or self.value_deserializer:
+    def tail_cursors(self) -> list[PartitionCursor] | None:
+        """The cursors of a fast tail poll (``Consumer._poll_tail``, ``take_tails``): the
+        unpaused ones, in this poll's order (``take``'s fairness), when each has a position
+        and nothing decoded left to return, on a consumer the C tail take serves (as
+        ``_take_tail``), following the driver's topics and broker already (``_sync`` has
+        nothing to do); else None. None once after a fast take left a partition to the
+        Python path with records of others to return (``tail_python``)."""
+        if self.tail_python:
+            self.tail_python = False      # that partition's turn: ``take`` reads it
             return None
-        c = self.order[0]
+        if native.tail_take is None or self.read_committed or self.value_bytes or \
+                self.key_deserializer or self.value_deserializer:
+            return None
         driver = self._driver
-        if c.paused or c.offset is None or c.index < len(c.raw) or c.batches or \
-                driver.generation != self._generation or driver.topics is not self._topics:
+        if driver.generation != self._generation or driver.topics is not self._topics:
             return None
-        return c
+        order = self.order
+        start = self._next_start % len(order) if order else 0
+        out = []
+        for c in order[start:] + order[:start]:
+            if c.paused:
+                continue
+            if c.offset is None or c.index < len(c.raw) or c.batches:
+                return None
+            out.append(c)
+        return out or None
+
+    def take_tails(self, session, cursors: list[PartitionCursor], slot_bases: list[int],
+                   seqs: list[int], max_records: int
+                   ) -> tuple[int, dict[TopicPartition, list[Record]]]:
+        """One fast take over ``cursors`` (``tail_cursors``), as ``take`` takes: each
+        partition's new records in turn, up to ``max_records`` in all (the next poll then
+        starts after the partition that filled this one). ``(status, records by
+        partition)``: ``TAIL_EMPTY`` nothing readable (``seqs`` holds each slot's sequence to
+        sleep on), ``TAIL_TOOK`` batches taken, maybe without records (look again),
+        ``TAIL_PYTHON`` a partition must be read by ``take``: with records of others, they
+        are returned and the next poll starts with ``take`` (``tail_python``)."""
+        out: dict[TopicPartition, list[Record]] = {}
+        took = False
+        for i, c in enumerate(cursors):
+            status, seqs[i], records = self.take_tail(session, c, slot_bases[i], max_records)
+            if status == TAIL_PYTHON:
+                self.tail_python = bool(out)
+                return status, out
+            if records:
+                out[c.tp] = records
+                max_records -= len(records)
+                if max_records <= 0:
+                    self._next_start = self.order.index(c) + 1     # fairness, as ``take``
+                    break
+            elif status == TAIL_TOOK:
+                took = True
+        return TAIL_TOOK if out or took else TAIL_EMPTY, out
 
     def take_tail(self, session, c: PartitionCursor, slot_base: int, max_records: int
                   ) -> tuple[int, int, list[Record]]:
@@ -449,10 +491,9 @@ class Fetcher:
         ``(status, seq, records)``: ``TAIL_EMPTY`` nothing readable yet (sleep on ``seq``),
         ``TAIL_TOOK`` records taken (at most ``max_records`` returned, the rest kept for the
         next poll), ``TAIL_PYTHON`` ``take`` must read."""
-        tail = c.reader.tail_state(c.offset)
-        if tail is None:
-            return TAIL_PYTHON, 0, []
-        base, generation, view, mapped, fd, position, remap_at = tail
+        # No segment to go on in (nothing read yet): the call can still say nothing is there.
+        base, generation, view, mapped, fd, position, remap_at = \
+            c.reader.tail_state(c.offset) or _NO_TAIL
         topic, partition = c.tp
         enabled = gc.isenabled()          # as ``take``: a large take creates many objects
         if enabled:

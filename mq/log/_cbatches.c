@@ -334,8 +334,9 @@ const char mq_tail_take_doc[] =
 "watermark passed offset, take_batches over the new bytes of the segment the last read ended\n"
 "in, at byte position: from view (the segment's map, mapped bytes) below mapped, else from\n"
 "one pread of fd of at most max_bytes. status 0: nothing readable past offset yet, seq is the\n"
-"slot's sequence to sleep on; 1: records taken (maybe none, of batches below offset), with\n"
-"the position and offset after them; 2: the Python path must read (the topics changed, the\n"
+"slot's sequence to sleep on (whatever segment_base and the rest say: a reader without a\n"
+"segment passes -1); 1: records taken (maybe none, of batches below offset), with the\n"
+"position and offset after them; 2: the Python path must read (the topics changed, the\n"
 "segment rolled or the set changed, a reset is due, the readable end passed remap_at, or\n"
 "the next batch is one take_batches leaves to it).";
 
@@ -383,12 +384,12 @@ mq_tail_take(PyObject *module, PyObject *args)
     PyBuffer_Release(&rv);
     int64_t hw = f[0], log_start = f[2], active_base = f[3], hw_position = f[4],
             gen = f[5], log_end = f[6];
-    if (meta != meta_version || hw < 0 || gen != generation || active_base != segment_base ||
-            offset < log_start || offset > log_end)
+    if (meta != meta_version || hw < 0 || offset < log_start || offset > log_end)
         return Py_BuildValue("(iLOnL)", TAIL_PYTHON, (long long)seq, Py_None, position, offset);
-    if (offset >= hw)
+    if (offset >= hw)             /* whatever the segments: nothing to read, sleep on seq */
         return Py_BuildValue("(iLOnL)", TAIL_EMPTY, (long long)seq, Py_None, position, offset);
-    if (position >= hw_position || hw_position >= remap_at)
+    if (gen != generation || active_base != segment_base || position >= hw_position ||
+            hw_position >= remap_at)
         return Py_BuildValue("(iLOnL)", TAIL_PYTHON, (long long)seq, Py_None, position, offset);
 
     PyObject *mv, *data = NULL;

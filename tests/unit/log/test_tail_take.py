@@ -120,6 +120,17 @@ def test_nothing_past_the_position_is_empty_with_the_sequence_to_sleep_on(seg_fi
         (TAIL_EMPTY, 42, None)
 
 
+def test_nothing_to_read_is_empty_whatever_the_segment():
+    """A reader with no segment to go on in (nothing read yet: base -1, no map, no
+    descriptor) still learns that nothing is there, and sleeps; something there is the
+    Python path's."""
+    raw, _ = segment([2])
+    assert tail_take(region(2, len(raw), seq=8), SLOT, META, -1, -1, None, 0, -1, 0, 2, 0, BIG,
+                     True, "t", 0, Record)[:2] == (TAIL_EMPTY, 8)
+    assert tail_take(region(2, len(raw)), SLOT, META, -1, -1, None, 0, -1, 0, 0, 0, BIG,
+                     True, "t", 0, Record)[0] == TAIL_PYTHON
+
+
 def test_records_stop_at_the_published_high_watermark_not_the_bytes(seg_file):
     raw, batches = segment([2, 3, 1])
     fd = seg_file(raw)
