@@ -400,6 +400,13 @@ class Fetcher:
         return _new_record(Record, (topic, partition, r.offset, r.timestamp, tt, key, value,
                                     headers))
 
+    @property
+    def _plain(self) -> bool:
+        """Records are returned as decoded, every one below the high watermark (no
+        ``read_committed`` filter, no conversion): what the C tail takes serve."""
+        return not (self.read_committed or self.value_bytes or self.key_deserializer or
+                    self.value_deserializer)
+
     def _take_tail(self, c: PartitionCursor, st, bound: int) -> bool:
         """The tail take: a cursor that goes on where its last read ended, in the segment
         holding the readable end (a consumer caught up, or nearly), reads the plain batches
@@ -408,8 +415,7 @@ class Fetcher:
         goes on from the position, and the Python path (the reference) skips or raises at
         whatever the C call left to it."""
         take = native.take_batches
-        if take is None or self.read_committed or self.value_bytes or \
-                self.key_deserializer or self.value_deserializer:
+        if take is None or not self._plain:
             return False
         window = c.reader.tail_window(c.offset, st.active_segment_base, st.hw_position,
                                       self.max_partition_fetch_bytes,
@@ -440,8 +446,7 @@ class Fetcher:
         if self.tail_python:
             self.tail_python = False      # that partition's turn: ``take`` reads it
             return None
-        if native.tail_take is None or self.read_committed or self.value_bytes or \
-                self.key_deserializer or self.value_deserializer:
+        if native.tail_take is None or not self._plain:
             return None
         driver = self._driver
         if driver.generation != self._generation or driver.topics is not self._topics:

@@ -250,10 +250,12 @@ class PartitionLog:
                                         self.config.message_timestamp_type == "LogAppendTime"):
             batch, shared_head = bytearray(batch), None   # rewritten whole: a private copy
         head = None
-        parsed = self._checked_in_c(batch, leader_epoch) \
-            if shared_head is None and assign_offsets and from_client else None
+        parsed = None
+        if shared_head is None and assign_offsets and from_client:
+            base_offset = self.log_end_offset
+            parsed = self._checked_in_c(batch, base_offset, leader_epoch)
         if parsed is not None:                  # checked and stamped (the reference: below)
-            buf, base_offset = batch, self.log_end_offset
+            buf = batch
         else:
             buf, parsed, head, base_offset = self._check(batch, leader_epoch, assign_offsets,
                                                           from_client, shared_head)
@@ -344,7 +346,8 @@ class PartitionLog:
                                  f"offset {self.log_end_offset}")
         return buf, parsed, head, base_offset
 
-    def _checked_in_c(self, batch, leader_epoch: int) -> RecordBatch | None:
+    def _checked_in_c(self, batch, base_offset: int, leader_epoch: int
+                      ) -> RecordBatch | None:
         """A client's batch checked and stamped in one C call (``native.check_batch``), on a
         CreateTime topic without a ``message.timestamp.before.max.ms`` (whose check decodes
         the records) and for a writable buffer; its header's facts, or None when the call
@@ -355,7 +358,7 @@ class PartitionLog:
                 not (type(batch) is bytearray or (type(batch) is memoryview and
                                                   not batch.readonly and batch.format == "B")):
             return None
-        facts = check(batch, self.log_end_offset, leader_epoch, _now_ms(),
+        facts = check(batch, base_offset, leader_epoch, _now_ms(),
                       config.max_message_bytes, config.message_timestamp_after_max_ms)
         return None if facts is None else _CheckedHeader(facts)
 
