@@ -92,13 +92,17 @@ class BatchAccumulator:
             info.open[batch.partition] = None
         del self.open[batch]
         self.full.pop(batch, None)
+        self.closed(info, batch.partition)
+        return batch
+
+    def closed(self, info: TopicState, partition: int) -> None:
+        """A batch of ``partition`` was closed (here, or built whole by ``send()``): the
+        partitioner's hook."""
         if self.on_batch_closed is not None:
             try:
-                self.on_batch_closed(batch.topic, batch.partition, info.partitions,
-                                     info.partitions)
+                self.on_batch_closed(info.name, partition, info.partitions, info.partitions)
             except Exception:
                 log.exception("partitioner's on_batch_closed raised")
-        return batch
 
     def due(self, now: float, room: int) -> list[Batch]:
         """The batches to close at ``now`` with ``room`` requests free in flight: full ones

@@ -157,13 +157,37 @@ class Connection:
             raise LocalProtocolError(f"{api.name} request: {err}") from err
         if claim:
             self._claimed.add(rid)
+        try:
+            self._write(sock, parts, fds)
+        except BrokerUnavailableError:
+            self._claimed.discard(rid)
+            raise
+        return rid
+
+    def _write(self, sock: socket.socket, parts, fds: tuple[int, ...] = ()) -> None:
         with self._send_lock:
             try:
                 send_parts(sock, parts, fds)
             except OSError as err:
-                self._claimed.discard(rid)
                 raise BrokerUnavailableError(f"broker connection lost: {err}") from err
-        return rid
+
+    @property
+    def takes_tails(self) -> bool:
+        """The broker takes Produce batches as frame tails (``frames.encode_tail_frame``)."""
+        return self._tails
+
+    def next_id(self) -> int | None:
+        """The id of a request this process builds itself (``send_frame``), or None when the
+        connection must be made again first (closed, or a forked child's copy): ``send``
+        does that."""
+        if self._closed or self._pid != os.getpid():
+            return None
+        return next(self._ids)
+
+    def send_frame(self, parts) -> None:
+        """Write a request frame built by the caller, its id from ``next_id``, in order.
+        Raises ``BrokerUnavailableError`` when the connection is lost."""
+        self._write(self._ensure(), parts)
 
     def share_arena(self, arena: Arena) -> None:
         """Hand ``arena`` to the broker (``ShareMemory``, its fd passed with ``SCM_RIGHTS``)

@@ -90,7 +90,7 @@ from mq.errors import (
     InvalidTxnStateError,
     UnknownTopicOrPartitionError,
 )
-from mq.log.compression import available_codecs, codec_from_name
+from mq.log.compression import NONE, available_codecs, codec_from_name
 from mq.log.layout import MAX_RECORD_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mq.protocol.messages import ACKS_ALL
 
@@ -101,6 +101,7 @@ log = logging.getLogger("mq.producer")
 
 # Keys repeat (user ids, order ids): remembering recent hashes saves murmur2's Python loop.
 _KEY_CACHE_SIZE = 16384                   # about 2 MB of keys at most
+_WHOLE_MAX_BYTES = 16384                  # send_whole: larger records take the general path
 
 
 _IN_TRANSACTION = TxnState.IN_TRANSACTION
@@ -247,6 +248,10 @@ class Producer:
         self._explicit_idempotence = enable_idempotence is True
         self._transactional_id = transactional_id
         self._transaction_timeout_ms = transaction_timeout_ms
+        # send() writes a record whole, in one C call, where linger_ms=0 closes its batch at
+        # once anyway (ProducerIO.send_whole; not mq.aio's driver, whose writes are the loop's)
+        self._whole = not linger_ms and codec == NONE and self._acks != 0 and \
+            transactional_id is None and hasattr(self._io_type, "send_whole")
         self._build_parts(ProducerIdentity(transactional_id is not None) if idempotent else None)
         self._start()
 
@@ -387,38 +392,49 @@ class Producer:
                 if m.state is not _IN_TRANSACTION or (topic, partition) not in m.partitions:
                     self._admit(topic, partition)
                 sticky = False                    # stay on the partition the txn has
-            # The accumulator's fast path, inlined: the partition's open batch takes the
-            # record if it fits (one C call), and keeps filling.
+            # With linger_ms=0, a record goes out whole when its partition has no open
+            # batch (ProducerIO.send_whole). Else the accumulator's fast path, inlined: the
+            # partition's open batch takes the record if it fits (one C call), and keeps
+            # filling.
             batch = info.open[partition]
-            # a batch this big takes the record
-            fits = info.batch_limit - MAX_RECORD_OVERHEAD - size
-            if batch is not None and batch.records.size <= fits:
-                fut = batch.add(timestamp_ms, key, value, headers)     # None: now, in C
-                if batch.records.size <= fits and self._linger_s:
-                    return fut                    # the common case: the batch keeps filling
-                closed = False
+            fut = None
+            if batch is None and self._whole and size <= _WHOLE_MAX_BYTES:
+                self._meta.refresh(info, time.monotonic())
+                fut = io.send_whole(info, partition, timestamp_ms, key, value, headers)
+            if fut is not None:
+                if not self._sender.ready:
+                    return fut
+                closed = True                     # its write failed: pump finds out why
             else:
-                closed = False
-                acc, sender = self._acc, self._sender
-                while batch is not None and batch.records.size > fits and \
-                        batch.records.size > RECORD_BATCH_OVERHEAD:
-                    if acc.may_grow(batch, info, size, sender.room):
-                        break                     # nowhere to send it yet: let it grow
-                    self._close_batch(batch)      # the record does not fit: close, start anew
+                # a batch this big takes the record
+                fits = info.batch_limit - MAX_RECORD_OVERHEAD - size
+                if batch is not None and batch.records.size <= fits:
+                    fut = batch.add(timestamp_ms, key, value, headers)     # None: now, in C
+                    if batch.records.size <= fits and self._linger_s:
+                        return fut                # the common case: the batch keeps filling
+                    closed = False
+                else:
+                    closed = False
+                    acc, sender = self._acc, self._sender
+                    while batch is not None and batch.records.size > fits and \
+                            batch.records.size > RECORD_BATCH_OVERHEAD:
+                        if acc.may_grow(batch, info, size, sender.room):
+                            break                 # nowhere to send it yet: let it grow
+                        self._close_batch(batch)  # the record does not fit: close, start anew
+                        closed = True
+                        if sticky:                # KIP-480: a new batch, maybe a new partition
+                            sticky = False
+                            new = self._sticky.get(topic, partition)
+                            if new < info.num_partitions:
+                                partition = new
+                        batch = info.open[partition]
+                    if batch is None:
+                        batch = self._new_batch(info, partition)
+                    fut = batch.add(timestamp_ms, key, value, headers)
+                if self._acc.settle(batch, info, batch.records.size + size + MAX_RECORD_OVERHEAD,
+                                    self._sender.room):
+                    self._close_batch(batch)
                     closed = True
-                    if sticky:                    # KIP-480: a new batch, maybe a new partition
-                        sticky = False
-                        new = self._sticky.get(topic, partition)
-                        if new < info.num_partitions:
-                            partition = new
-                    batch = info.open[partition]
-                if batch is None:
-                    batch = self._new_batch(info, partition)
-                fut = batch.add(timestamp_ms, key, value, headers)
-            if self._acc.settle(batch, info, batch.records.size + size + MAX_RECORD_OVERHEAD,
-                                self._sender.room):
-                self._close_batch(batch)
-                closed = True
             if closed:
                 finished: list = []
                 io.pump(finished)

@@ -98,6 +98,33 @@ class Batch:
         self.lock = lock
 
 
+    @classmethod
+    def whole(cls, info: TopicState, partition: int, data: bytearray, now: float,
+              lock: threading.Lock, pool: list[bytearray], producer_id: int,
+              producer_epoch: int) -> Batch:
+        """A batch built and sealed whole, ``data`` (``ProducerIO.send_whole``): closed from
+        the start, with no builder."""
+        batch = cls.__new__(cls)
+        batch.topic = info.name
+        batch.partition = partition
+        batch.info = info
+        batch.builder = batch.add = batch.records = None
+        batch.created = batch.deadline = now
+        batch.data = data
+        batch.seq = 0
+        batch.producer_id = producer_id
+        batch.producer_epoch = producer_epoch
+        batch.attempts = 0
+        batch.not_before = batch.sent_at = 0.0
+        batch.base_offset = batch.log_append_time = -1
+        batch.error = batch.last_error = None
+        batch.done = False
+        batch.event = batch.callbacks = None
+        batch.lock = lock
+        batch.pool = pool
+        return batch
+
+
 class FutureRecordMetadata(FutureBase):
     """The outcome of one ``send()``: a ``RecordMetadata`` or the exception that failed it.
 

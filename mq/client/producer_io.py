@@ -55,7 +55,12 @@ from mq.client.arena import Arena, arena_supported
 from mq.client.batch_accumulator import BatchAccumulator
 from mq.client.connection import Connection
 from mq.client.idempotence import ProducerIdentity
-from mq.client.producer_batches import Batch, TopicState, finish_batch
+from mq.client.producer_batches import (
+    Batch,
+    FutureRecordMetadata,
+    TopicState,
+    finish_batch,
+)
 from mq.client.producer_metadata import ProducerMetadata, unknown_topic
 from mq.client.sender import MAX_BACKOFF_S, Sender
 from mq.client.transaction_manager import TransactionManager
@@ -70,6 +75,7 @@ from mq.errors import (
     UnsupportedVersionError,
     error_for_code,
 )
+from mq.log import native
 from mq.protocol.messages import Api
 
 __all__ = ["ARENA_MIN_BYTES", "ProducerIO"]
@@ -81,6 +87,7 @@ _CALLER_READ_S = 50e-6                     # send() looks for replies at most th
 # Batches from this size up go through the arena; smaller ones are cheaper to copy through
 # the socket than the broker's check of the written bytes (a map of them) costs.
 ARENA_MIN_BYTES = 32 * 1024
+_PRODUCE = int(Api.PRODUCE)
 
 
 class ProducerIO:
@@ -291,6 +298,59 @@ class ProducerIO:
         if sender.wake:
             sender.wake = False
             self.wake()
+
+    def send_whole(self, info: TopicState, partition: int, timestamp_ms: int | None, key,
+                   value, headers) -> FutureRecordMetadata | None:
+        """In ``send()``, under the lock, with ``linger_ms=0`` and no open batch for the
+        partition: a batch of this one record would be opened, closed, sealed, built, queued
+        and written at once, so write it now, built by one C call (``produce_frame``) with its
+        request around it. Returns its future, or None where the general path must go
+        (nothing queued ahead of it, a connection that takes frame tails, room in flight, a
+        producer id if idempotent, no partition in retry): the record is then untouched. A
+        write that fails leaves the batch queued, as the general path does, for ``pump`` to
+        find the lost connection."""
+        sender, conn = self.sender, self.conn
+        encode = native.produce_frame
+        if conn is None or encode is None or not sender.acks or sender.ready or sender.muted \
+                or sender.retrying or len(sender.in_flight) >= sender.max_in_flight \
+                or not conn.takes_tails or self.io_thread is None:
+            return None
+        ids = sender.ids
+        if ids is None:
+            producer_id = epoch = sequence = -1
+        elif ids.producer_id < 0:
+            return None
+        else:
+            producer_id, epoch = ids.producer_id, ids.epoch
+            sequence = ids.next_sequence(info.name, partition)
+        rid = conn.next_id()
+        if rid is None:
+            return None
+        head, data, ts = encode(_PRODUCE, rid, info.name, partition, sender.acks, timestamp_ms,
+                                key, value, headers, producer_id, epoch, sequence, 0)
+        if len(data) > sender.request_cap or \
+                (conn.arena is not None and len(data) >= ARENA_MIN_BYTES):
+            return None                           # failed there, or written through the arena
+        if ids is not None:
+            ids.assign(info.name, partition, 1)
+        acc = self.accumulator
+        now = time.monotonic()
+        batch = Batch.whole(info, partition, data, now, acc.cb_lock, acc.buffers,
+                            producer_id, epoch)
+        sender.seq += 1
+        batch.seq = sender.seq
+        sender.incomplete.add(batch)
+        try:
+            conn.send_frame((head, data))
+        except MQError:
+            sender.ready.append(batch)            # nothing was queued ahead of it
+        else:
+            sender.sent(batch, rid, now, None)    # type: ignore[arg-type]  # acks: no outcome
+            if now + self.request_timeout_s < self.wake_at:
+                self.wake_at = now + self.request_timeout_s
+                self.wake()                       # so the I/O thread watches the timeout
+        acc.closed(info, partition)
+        return FutureRecordMetadata(batch, 0, ts)
 
     def wait_for_room(self, max_block_s: float) -> None:
         """In ``send()``, under the lock: wait while ``max_in_flight`` batches are queued.

@@ -67,8 +67,8 @@ crc32c_hw(const unsigned char *p, size_t n)
 }
 #endif
 
-static uint32_t
-crc32c(const unsigned char *p, size_t n)
+uint32_t
+mq_crc32c(const unsigned char *p, size_t n)
 {
     if (crc_hw < 0)
         crc_init();
@@ -170,7 +170,7 @@ take_core(PyObject *mv, const Py_buffer *view, Py_ssize_t start, Py_ssize_t end,
             break;
         }
         if (check_crc &&
-                crc32c(h + CRC_FROM, (size_t)(size - CRC_FROM)) != (uint32_t)be32(h + 17)) {
+                mq_crc32c(h + CRC_FROM, (size_t)(size - CRC_FROM)) != (uint32_t)be32(h + 17)) {
             stop = STOP_OTHER;
             break;
         }
@@ -298,7 +298,7 @@ mq_check_batch(PyObject *module, PyObject *args)
                                         ahead > after_max)) ||
             (pid >= 0 && (base_seq < 0 || epoch < 0)))
         goto refused;
-    if (crc32c(h + CRC_FROM, (size_t)(n - CRC_FROM)) != (uint32_t)be32(h + 17))
+    if (mq_crc32c(h + CRC_FROM, (size_t)(n - CRC_FROM)) != (uint32_t)be32(h + 17))
         goto refused;
     for (int i = 0; i < 8; i++)                     /* baseOffset, big-endian */
         h[i] = (unsigned char)((uint64_t)base_offset >> (56 - 8 * i));

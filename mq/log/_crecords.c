@@ -1045,6 +1045,154 @@ now_ms(void)
     return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
+/* ---- produce_frame: a Produce request of one record, for send() with linger_ms=0 ---- */
+
+/* msgpack's smallest encoding of an int, as msgpack.packb chooses it. */
+static unsigned char *
+mp_int(unsigned char *q, long long v)
+{
+    uint64_t u = (uint64_t)v;
+    int n;
+    if (v >= 0 && v < 128) {
+        *q++ = (unsigned char)v;
+        return q;
+    }
+    if (v < 0 && v >= -32) {
+        *q++ = (unsigned char)(v & 0xFF);
+        return q;
+    }
+    if (v >= 0)
+        n = v < 256 ? (*q++ = 0xcc, 1) : v < 65536 ? (*q++ = 0xcd, 2) :
+            v <= 0xFFFFFFFFLL ? (*q++ = 0xce, 4) : (*q++ = 0xcf, 8);
+    else
+        n = v >= -128 ? (*q++ = 0xd0, 1) : v >= -32768 ? (*q++ = 0xd1, 2) :
+            v >= INT32_MIN ? (*q++ = 0xd2, 4) : (*q++ = 0xd3, 8);
+    for (int i = n - 1; i >= 0; i--)
+        *q++ = (unsigned char)(u >> (8 * i));
+    return q;
+}
+
+static unsigned char *
+put_be(unsigned char *q, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--)
+        *q++ = (unsigned char)(v >> (8 * i));
+    return q;
+}
+
+#define TAIL_FLAG 0x80000000u     /* frames.TAIL_FLAG */
+#define MP_HEAD_MAX (1 + 4 * 9 + 5)  /* fixarray, four ints, a str header */
+
+PyDoc_STRVAR(produce_frame_doc,
+"produce_frame(api, request_id, topic, partition, acks, timestamp_ms, key, value, headers,\n"
+"              producer_id, producer_epoch, base_sequence, attributes)\n"
+"    -> (head, batch, timestamp_ms)\n\n"
+"A Produce request of one record, as send() with linger_ms=0 writes it: batch is the record's\n"
+"RecordBatch v2 (base offset 0, leader epoch -1, CRC set) as a bytearray, head the tail\n"
+"frame's prefix and msgpack header [api, request_id, topic, partition, acks]\n"
+"(mq.protocol.frames), to be sent in that order. timestamp_ms None: now (returned). Byte for\n"
+"byte encode_tail_frame(request(api, request_id, topic, partition, acks, batch)) and\n"
+"BatchBuilder.build() of the one record (tests/unit/log/test_produce_frame.py).");
+
+static PyObject *
+produce_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    long long f[13];
+    if (nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "produce_frame expected 13 arguments, got %zd", nargs);
+        return NULL;
+    }
+    for (int i = 0; i < 13; i++) {
+        if (i == 2 || (i >= 5 && i <= 8))
+            continue;
+        if ((f[i] = PyLong_AsLongLong(args[i])) == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    long long ts;
+    if (args[5] == Py_None)
+        ts = now_ms();
+    else if ((ts = PyLong_AsLongLong(args[5])) == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t topic_len;
+    if (!PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "produce_frame: topic must be a str");
+        return NULL;
+    }
+    const char *topic = PyUnicode_AsUTF8AndSize(args[2], &topic_len);
+    if (topic == NULL)
+        return NULL;
+    PyObject *hl = args[8] == Py_None ? PyList_New(0) : PySequence_List(args[8]);
+    if (hl == NULL)
+        return NULL;
+    PyObject *batch = NULL, *head = NULL, *out = NULL;
+    Out body = {NULL, NULL, 0}, lv = {NULL, NULL, 0};
+    if (put_body(&body, 0, 0, args[6], args[7], hl) < 0 || put(&lv, zigzag(body.n), NULL, 0) < 0)
+        goto done;
+    Py_ssize_t size = RECORD_BATCH_OVERHEAD + lv.n + body.n;
+    if ((batch = PyByteArray_FromStringAndSize(NULL, size)) == NULL)
+        goto done;
+    unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(batch), *q = b;
+    q = put_be(q, 0, 8);                                     /* base offset */
+    q = put_be(q, (uint64_t)(size - 12), 4);                 /* batch length */
+    q = put_be(q, (uint64_t)-1, 4);                          /* partition leader epoch */
+    *q++ = 2;                                                /* magic */
+    q += 4;                                                  /* the CRC, below */
+    q = put_be(q, (uint64_t)f[12], 2);                       /* attributes */
+    q = put_be(q, 0, 4);                                     /* last offset delta */
+    q = put_be(q, (uint64_t)ts, 8);                          /* base timestamp */
+    q = put_be(q, (uint64_t)ts, 8);                          /* max timestamp */
+    q = put_be(q, (uint64_t)f[9], 8);                        /* producer id */
+    q = put_be(q, (uint64_t)f[10], 2);                       /* producer epoch */
+    q = put_be(q, (uint64_t)f[11], 4);                       /* base sequence */
+    q = put_be(q, 1, 4);                                     /* records */
+    Out w = {q, b + size, 0};
+    if (put(&w, zigzag(body.n), NULL, 0) < 0 || put_body(&w, 0, 0, args[6], args[7], hl) < 0)
+        goto done;
+    if (w.q != w.end) {
+        PyErr_SetString(PyExc_RuntimeError, "record changed while being encoded");
+        goto done;
+    }
+    put_be(b + 17, mq_crc32c(b + 21, (size_t)(size - 21)), 4);
+
+    unsigned char mp[MP_HEAD_MAX], *m = mp;
+    *m++ = 0x95;                                             /* [api, id, topic, p, acks] */
+    m = mp_int(m, f[0]);
+    m = mp_int(m, f[1]);
+    if (topic_len < 32)
+        *m++ = (unsigned char)(0xa0 | topic_len);
+    else if (topic_len < 256)
+        m = put_be((*m++ = 0xd9, m), (uint64_t)topic_len, 1);
+    else if (topic_len < 65536)
+        m = put_be((*m++ = 0xda, m), (uint64_t)topic_len, 2);
+    else
+        m = put_be((*m++ = 0xdb, m), (uint64_t)topic_len, 4);
+    Py_ssize_t before = m - mp;                              /* the topic goes here */
+    unsigned char rest[2 * 9], *r = rest;
+    r = mp_int(r, f[3]);
+    r = mp_int(r, f[4]);
+    Py_ssize_t hlen = before + topic_len + (r - rest);
+    Py_ssize_t length = 4 + hlen + size;
+    if (length > (Py_ssize_t)(TAIL_FLAG - 1)) {
+        PyErr_SetString(PyExc_ValueError, "produce_frame: frame too large");
+        goto done;
+    }
+    if ((head = PyBytes_FromStringAndSize(NULL, 8 + hlen)) == NULL)
+        goto done;
+    q = (unsigned char *)PyBytes_AS_STRING(head);
+    q = put_be(q, TAIL_FLAG | (uint32_t)length, 4);
+    q = put_be(q, (uint64_t)hlen, 4);
+    memcpy(q, mp, (size_t)before);
+    memcpy(q + before, topic, (size_t)topic_len);
+    memcpy(q + before + topic_len, rest, (size_t)(r - rest));
+    out = Py_BuildValue("(OOL)", head, batch, ts);
+done:
+    Py_DECREF(hl);
+    Py_XDECREF(head);
+    Py_XDECREF(batch);
+    return out;
+}
+
 /* Append one record: 0 and its delta and timestamp; -1 with an exception, or 1 when a
  * non-empty batch would grow past `limit` bytes (< 0: no limit), both leaving it unchanged. */
 static int
@@ -1340,6 +1488,8 @@ static PyMethodDef methods[] = {
     {"check_batch", mq_check_batch, METH_VARARGS, mq_check_batch_doc},
     {"tail_take", mq_tail_take, METH_VARARGS, mq_tail_take_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
+    {"produce_frame", (PyCFunction)(void (*)(void))produce_frame, METH_FASTCALL,
+     produce_frame_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
      encode_record_doc},
     {NULL, NULL, 0, NULL}

@@ -219,6 +219,7 @@ int mq_decode_section(PyObject *out, Py_ssize_t at, PyObject *mv, const unsigned
                       const PublicRecords *pub);
 
 /* _cbatches.c: the module functions take_batches, check_batch and tail_take. */
+uint32_t mq_crc32c(const unsigned char *p, size_t n);      /* _cbatches.c */
 PyObject *mq_take_batches(PyObject *module, PyObject *args);
 extern const char mq_take_batches_doc[];
 PyObject *mq_check_batch(PyObject *module, PyObject *args);

@@ -302,11 +302,13 @@ def read_partition(b, topic: str, partition: int) -> list[tuple]:
         plog.close()
 
 
-def test_no_duplicates_after_broker_kill_9_restarts(tmp_path):
+@pytest.mark.parametrize("linger_ms", [1, 0])
+def test_no_duplicates_after_broker_kill_9_restarts(tmp_path, linger_ms):
     """Two idempotent producers stream keyed records while the broker is killed (SIGKILL)
     three times with requests in flight: afterwards every acknowledged record is in its
     partition exactly once and each producer's records are in order, though batches were
-    re-sent (``attempts > 1``)."""
+    re-sent (``attempts > 1``). With ``linger_ms=0`` a record goes out whole when nothing is
+    queued before it, else through the batches: both ways, mixed."""
     partitions, restarts = 3, 3
     with mq.testing.broker(tmp_path / "data") as b:
         create_topic(b, "crash", partitions)
@@ -320,7 +322,7 @@ def test_no_duplicates_after_broker_kill_9_restarts(tmp_path):
                                              key=b"%d" % (i % 11)))
                 i += 1
 
-        producers = [Producer(socket=b.socket, linger_ms=1, retries=50,
+        producers = [Producer(socket=b.socket, linger_ms=linger_ms, retries=50,
                               delivery_timeout_ms=120_000) for _ in range(2)]
         threads = [threading.Thread(target=stream, args=(n, p), daemon=True)
                    for n, p in enumerate(producers)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -195,6 +196,74 @@ def test_linger_zero_sends_at_once(broker):
     with Producer(socket=broker.socket, acks=1, linger_ms=0) as producer:
         for i in range(20):
             assert producer.send("t", value=b"%d" % i).get(timeout=WAIT).offset == i
+
+
+def _counted_produce_frame(monkeypatch) -> list:
+    """Count the records ``send()`` writes whole (``native.produce_frame``, one C call)."""
+    from mq.log import native
+    calls: list = []
+    encode = native.produce_frame
+    if encode is None:
+        pytest.skip("the C extension is not built")
+    monkeypatch.setattr(native, "produce_frame", lambda *a: (calls.append(a), encode(*a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_linger_zero_writes_a_record_whole_as_the_batches_would(broker, monkeypatch,
+                                                                idempotent):
+    """With ``linger_ms=0`` and nothing queued, ``send()`` writes a record's request whole,
+    built in one C call, and the log holds what the general path writes: the same records
+    (keys, values, headers, timestamps, offsets) and batch headers, sequences included."""
+    from mq.log import native
+    create_topic(broker, "whole", 1)
+    create_topic(broker, "batched", 1)
+    records = [(b"k%d" % i if i % 3 else None, b"v%d" % i * (i + 1),
+                [("h", b"%d" % i)] if i % 2 else None, 1_700_000_000_000 + i)
+               for i in range(40)]
+    calls = _counted_produce_frame(monkeypatch)
+    for topic in ("whole", "batched"):
+        if topic == "batched":
+            monkeypatch.setattr(native, "produce_frame", None)
+        with Producer(socket=broker.socket, acks="all" if idempotent else 1, linger_ms=0,
+                      enable_idempotence=idempotent) as producer:
+            for key, value, headers, ts in records:
+                meta = producer.send(topic, value=value, key=key, headers=headers,
+                                     timestamp_ms=ts).get(timeout=WAIT)
+                assert (meta.timestamp_ms, meta.partition) == (ts, 0)
+    assert len(calls) == len(records)
+    whole, batched = (read_batches(broker, t, 0) for t in ("whole", "batched"))
+    assert [recs for _, recs in whole] == [recs for _, recs in batched]
+    fields = ("base_offset", "attributes", "base_sequence", "producer_epoch", "records_count",
+              "max_timestamp")
+    assert [[getattr(b, f) for f in fields] for b, _ in whole] == \
+        [[getattr(b, f) for f in fields] for b, _ in batched]
+    assert all((b.producer_id >= 0) == idempotent for b, _ in whole)
+
+
+def test_a_record_written_whole_over_a_lost_connection_is_sent_again(broker, monkeypatch):
+    """The connection breaks under ``send()``'s whole write: the record waits in the queue
+    as the general path leaves a batch it could not write, and goes out once the producer
+    has connected again, once (idempotence)."""
+    create_topic(broker, "t", 1)
+    calls = _counted_produce_frame(monkeypatch)
+    with Producer(socket=broker.socket, acks="all", linger_ms=0) as producer:
+        assert producer.send("t", value=b"first").get(timeout=WAIT).offset == 0
+        conn = producer._io.conn
+        write = conn.send_frame
+
+        def broken(parts):
+            conn._sock.shutdown(socket.SHUT_RDWR)     # the kernel refuses the write
+            conn.send_frame = write
+            return write(parts)
+
+        conn.send_frame = broken
+        fut = producer.send("t", value=b"second")
+        assert fut.get(timeout=WAIT).offset == 1
+        assert fut.attempts == 1 and producer._io.conn is not conn
+        assert producer.send("t", value=b"third").get(timeout=WAIT).offset == 2
+    assert len(calls) == 3
+    assert [r[3] for r in read_records(broker, "t")[0]] == [b"first", b"second", b"third"]
 
 
 @pytest.mark.parametrize("acks", [0, 1])
@@ -697,13 +766,15 @@ def test_several_producer_processes_acks_all(broker, start_method):
 
 # --- broker crash and restart -----------------------------------------------------------------
 
-def test_broker_killed_mid_stream_acks_all(tmp_path):
+@pytest.mark.parametrize("linger_ms", [1, 0])
+def test_broker_killed_mid_stream_acks_all(tmp_path, linger_ms):
     """kill -9 the broker while records flow: every acknowledged record is in the log after the
     restart; without idempotence (at least once) a record appears twice only if its batch was
-    re-sent (``attempts > 1``). With idempotence: test_idempotence.py."""
+    re-sent (``attempts > 1``). With idempotence: test_idempotence.py. With ``linger_ms=0``,
+    records go out whole (``send_whole``) and in batches, mixed."""
     with mq.testing.broker(tmp_path / "data") as b:
         create_topic(b, "crash", 2)
-        producer = Producer(socket=b.socket, acks="all", linger_ms=1, retries=10,
+        producer = Producer(socket=b.socket, acks="all", linger_ms=linger_ms, retries=10,
                             delivery_timeout_ms=60_000, enable_idempotence=False)
         futures: list = []
         started, reached, stop = threading.Event(), threading.Event(), threading.Event()

@@ -309,9 +309,13 @@ def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path
     handled: dict[int, list[int]] = collections.defaultdict(list)
     for p, o in calls(events, "done"):
         handled[p].append(o)
-    for tp, offset in committed(cluster, group).items():
+    after_first = committed(cluster, group)
+    for tp, offset in after_first.items():
         assert sorted(handled[tp.partition]) == list(range(offset)), \
             f"{tp}: committed {offset} is not right after what was handled"
+    never = sorted(set(handled) - {tp.partition for tp in after_first})
+    assert not never, f"partitions {never} were handled but never committed: " \
+                      f"{first.stderr()[-4000:]}"
 
     second = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                   events=first.events)
@@ -320,5 +324,7 @@ def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path
     second.wait_for(lambda: caught_up(cluster, group, source), "the rest", timeout=TIMEOUT)
     assert second.stop() == 0
     done = calls(read_events(first.events), "done")
-    assert [k for k, n in done.items() if n > 1] == [], "a record ran twice"
+    twice = sorted({p for (p, _), n in done.items() if n > 1})
+    assert not twice, f"records of partitions {twice} ran twice; committed after the first " \
+                      f"pool: {after_first}; the second pool: {second.stderr()[-4000:]}"
     assert set(done) == {(r.partition, r.offset) for r in read_all(cluster, source)}
