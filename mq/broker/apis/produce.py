@@ -88,7 +88,8 @@ class ProduceApis:
                 Api.PRODUCE_SHARED: self.produce_shared}
 
     def produce(self, conn: Conn, req: Request) -> list | None:
-        return self._produce(conn, req, req["batch"], False)
+        return self.append(conn, req.request_id, req["topic"], req["partition"], req["acks"],
+                           req["batch"])
 
     def share_memory(self, conn: Conn, req: Request) -> list:
         """Map the producer's batch arena, the fd passed with this request (``arena.py``):
@@ -131,15 +132,18 @@ class ProduceApis:
         if req["acks"] == 0:
             raise InvalidRequestError("ProduceShared needs acks: the reply frees the slot")
         with memoryview(arena) as whole, whole[offset:offset + length] as batch:
-            return self._produce(conn, req, batch, True)
+            return self.append(conn, req.request_id, req["topic"], req["partition"],
+                               req["acks"], batch, req.api, True)
 
-    def _produce(self, conn: Conn, req: Request, batch, shared: bool) -> list | None:
-        topic, acks = req["topic"], req["acks"]
+    def append(self, conn: Conn, request_id: int, topic: str, partition: int, acks: int,
+               batch, api: Api = Api.PRODUCE, shared: bool = False) -> list | None:
+        """A produce request's append and its reply (None: later, or none with acks=0). The
+        loop calls this directly for a plain Produce (``Broker._handle``)."""
         if is_internal(topic):
             raise InvalidRequestError(f"cannot produce to internal topic {topic!r}")
         if acks not in (0, 1, ACKS_ALL):
             raise InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {acks}")
-        part = self._lookup(topic, req["partition"])
+        part = self._lookup(topic, partition)
         plog = part.log
         if len(batch) > plog.config.max_message_bytes:
             raise errors.MessageTooLargeError(
@@ -154,7 +158,7 @@ class ProduceApis:
             raise errors.InvalidRecordError("clients may not produce control batches "
                                             "(transaction markers come from the coordinator)")
         if attributes & TRANSACTIONAL_MASK and self._verify_transaction is not None:
-            self._verify_transaction(topic, req["partition"],
+            self._verify_transaction(topic, partition,
                                      _PRODUCER_ID.unpack_from(head, PRODUCER_ID_OFFSET)[0],
                                      _PRODUCER_EPOCH.unpack_from(head, PRODUCER_EPOCH_OFFSET)[0])
         end = plog.log_end_offset
@@ -169,7 +173,7 @@ class ProduceApis:
             part.produced_records += plog.log_end_offset - end
             part.produced_bytes += len(batch)
         self._touched.add(part)
-        reply = response(req.api, req.request_id, 0, None, info.first_offset,
+        reply = response(api, request_id, 0, None, info.first_offset,
                          info.log_append_time, plog.log_start_offset)
         if acks == ACKS_ALL:
             self._hold(part, plog.log_end_offset, conn, reply)
