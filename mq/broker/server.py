@@ -521,6 +521,10 @@ class Broker:
                     reply = self._append(conn, rid, topic, partition, acks, batch)
                 except Exception as err:
                     reply = self._failed(conn, Api.PRODUCE, rid, err)
+                # The last request of this read: its record's consumers are woken now, before
+                # its reply is encoded and the round goes on (a burst publishes once).
+                if not conn.reader.has_message():
+                    self._publish_touched()
                 if reply is not None:
                     self.conns.send(conn, reply)
                 return

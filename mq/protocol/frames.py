@@ -189,6 +189,13 @@ class FrameReader:
         self._buf.pop()
         return True
 
+    def has_message(self) -> bool:
+        """Whether a whole frame waits after the message last yielded: ``messages()`` will
+        yield again without another read. Raises as ``messages()`` for a frame length out of
+        bounds."""
+        frame = self._frame_bytes()
+        return bool(frame) and self._end - self._start >= frame
+
     def buffer_updated(self, n: int) -> None:
         """``n`` bytes were received into the view ``get_buffer`` returned."""
         self._end += n

@@ -181,3 +181,30 @@ def test_an_integer_msgpack_cannot_encode_is_named(message, wide):
                                                  r"outside msgpack's -2\*\*63..2\*\*64-1$"):
         encode_frame(message)
     encode_frame([19, 1, "t", (1 << 64) - 1, -(1 << 63)])          # the edges encode
+
+
+@settings(max_examples=100, deadline=None)
+@given(specs=messages, cuts=st.lists(st.integers(1, 300_000), min_size=1, max_size=20))
+def test_has_message_says_whether_messages_yields_again(specs, cuts):
+    """``has_message()`` before each step of ``messages()`` (the broker asks it after each
+    request it handles) is true exactly when that step yields a message."""
+    stream, expected = build(specs)
+    reader = FrameReader()
+    pos, i, got = 0, 0, 0
+    least = len(stream) // _MAX_READS + 1
+    while pos < len(stream):
+        with reader.get_buffer() as view:
+            n = min(len(view), max(cuts[i % len(cuts)], least), len(stream) - pos)
+            view[:n] = stream[pos:pos + n]
+        reader.buffer_updated(n)
+        pos, i = pos + n, i + 1
+        steps = reader.messages()
+        while True:
+            said = reader.has_message()
+            message = next(steps, None)
+            assert said == (message is not None)
+            if message is None:
+                break
+            assert plain(message) == plain(expected[got])
+            got += 1
+    assert got == len(expected)
