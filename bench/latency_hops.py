@@ -119,7 +119,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.n
     stamp(server.Broker, "_read", "read")
-    stamp(produce.ProduceApis, "produce", "appended", at_end=True)
+    stamp(produce.ProduceApis, "append", "appended", at_end=True)
     stamp(state.StateWriter, "publish", "publish")
     stamp(state.StateWriter, "publish", "woke", at_end=True)
     d = tempfile.mkdtemp(prefix="mq-hops-")
