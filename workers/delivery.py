@@ -388,6 +388,11 @@ class Delivery:
         """Commit before the partitions go: their next owner starts where this one stopped."""
         try:
             yield from self.commit(sync=True, tps=None if self.eos else tps)
+        except Exception as err:
+            log.warning("the commit before a revocation failed (%s: %s): the next owner "
+                        "handles again what was done since the last commit (done, not "
+                        "committed: %s)", type(err).__name__, err, _positions(self.changed(tps)))
+            raise
         finally:
             self.forget(tps)
 
@@ -400,6 +405,12 @@ class Delivery:
     def lost(self) -> Op[None]:
         """Every partition was taken without a revocation: commit nothing; an open
         transaction's offsets would be refused, so abort it."""
+        uncommitted = self.changed()
+        if uncommitted:
+            log.warning("the group took this member's partitions without a revocation (its "
+                        "session expired?): their next owner handles again what was done "
+                        "since the last commit (done, not committed: %s)",
+                        _positions(uncommitted))
         self.done.clear()
         self.committed.clear()
         self._sent = {}
@@ -409,6 +420,12 @@ class Delivery:
                 yield from self._abort(MQError("the group took this member's partitions"))
             except TransactionAborted:
                 pass
+
+
+def _positions(offsets: dict) -> str:
+    """``{tp: offset}`` for a log line: "topic-partition@offset, ..."."""
+    return ", ".join(f"{tp.topic}-{tp.partition}@{o}" for tp, o in sorted(offsets.items())) \
+        or "none"
 
 
 def _encoded(value):
