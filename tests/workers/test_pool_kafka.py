@@ -293,6 +293,11 @@ def test_an_exactly_once_pool_goes_on_while_a_kafka_node_is_killed(kafka_cluster
 
 
 def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path, pools, name):
+    """SIGTERM drains a pool (each child finishes the record in hand, commits, leaves) and a
+    second pool of the group starts where it stopped: no record runs twice. A failure says
+    which way: records run twice inside the first pool, a partition handled and never
+    committed, or one committed and started over by the second pool; with the pools' logs,
+    where a child whose partitions were lost or whose commit failed says so."""
     source, group = name("in"), name("g")
     create(cluster, {source: 4})
     feeder = Feeder(cluster, source, 4, rate=500)
@@ -310,21 +315,48 @@ def test_sigterm_drains_and_a_restart_repeats_nothing(cluster, handler, tmp_path
     for p, o in calls(events, "done"):
         handled[p].append(o)
     after_first = committed(cluster, group)
+    assert not twice(events), f"the first pool ran records twice: {twice(events)}; " \
+                              f"committed: {after_first}\n{first.stderr()[-6000:]}"
     for tp, offset in after_first.items():
         assert sorted(handled[tp.partition]) == list(range(offset)), \
-            f"{tp}: committed {offset} is not right after what was handled"
+            f"{tp}: committed {offset} is not right after what was handled\n" \
+            f"{first.stderr()[-6000:]}"
     never = sorted(set(handled) - {tp.partition for tp in after_first})
     assert not never, f"partitions {never} were handled but never committed: " \
-                      f"{first.stderr()[-4000:]}"
+                      f"{first.stderr()[-6000:]}"
 
     second = Pool(tmp_path, cluster, handler, topics=(source,), group=group, processes=2,
                   events=first.events)
     pools(second)
     feeder.stop()
     second.wait_for(lambda: caught_up(cluster, group, source), "the rest", timeout=TIMEOUT)
-    assert second.stop() == 0
-    done = calls(read_events(first.events), "done")
-    twice = sorted({p for (p, _), n in done.items() if n > 1})
-    assert not twice, f"records of partitions {twice} ran twice; committed after the first " \
-                      f"pool: {after_first}; the second pool: {second.stderr()[-4000:]}"
+    assert second.stop() == 0, second.stderr()[-4000:]
+    both = read_events(first.events)
+    firsts = {e["pid"] for e in events}
+    assert not twice(both), f"records ran twice: {twice(both, firsts)}; committed after the " \
+                            f"first pool: {after_first}\nthe first pool: " \
+                            f"{first.stderr()[-4000:]}\nthe second pool: " \
+                            f"{second.stderr()[-4000:]}"
+    done = calls(both, "done")
     assert set(done) == {(r.partition, r.offset) for r in read_all(cluster, source)}
+
+
+def twice(events: list[dict], first: set[int] = frozenset()) -> dict[int, str]:
+    """The partitions with records handled more than once: for each, which offsets and the
+    children that handled them, in order ("pid P (first pool): first-last"; ``first``: the
+    first pool's children). Empty if none ran twice."""
+    done = calls(events, "done")
+    again: dict[int, set[int]] = collections.defaultdict(set)
+    for (p, o), n in done.items():
+        if n > 1:
+            again[p].add(o)
+    out = {}
+    for p, offsets in sorted(again.items()):
+        by_pid: dict[int, list[int]] = {}
+        for e in events:
+            if e["kind"] == "done" and e["partition"] == p and e["offset"] in offsets:
+                by_pid.setdefault(e["pid"], []).append(e["offset"])
+        out[p] = f"{len(offsets)} record(s) of {min(offsets)}-{max(offsets)}, by " + ", ".join(
+            f"pid {pid}{' (first pool)' if pid in first else ''}: {min(o)}-{max(o)}"
+            for pid, o in by_pid.items())
+    return out
