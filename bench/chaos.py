@@ -9,7 +9,8 @@ and full-disk episodes, with the durability invariants checked after every cycle
 Processes: the broker (``python -m mq.broker``) on a data dir that, when this runs as root, is
 a tmpfs of its own (``--tmpfs-mb``) so that the disk can be filled; ``--producers`` producer
 processes (``mq.Producer``, acks="all", about ``--rate`` records/s each, value
-``p<producer>-<seq>|`` plus filler, partitions in turn); ``--members`` consumer-group members
+``p<producer>-<seq>|`` plus filler, partitions in turn; odd ones with ``linger_ms=0``, even
+ones 2 ms); ``--members`` consumer-group members
 (``mq.Consumer`` with ``group_id``, ``commit()`` of what they consumed at most every 100 ms).
 Producers and members come from a multiprocessing forkserver (a child starts in ~20 ms).
 

@@ -61,7 +61,9 @@ def _connect(factory: Callable, stop: list):
 def producer_main(n: int, socket: str, partitions: int, rate: float, ack_path: str,
                   err_path: str) -> None:
     """Send ``make_value(n, seq)`` to partition ``seq % partitions`` at ``rate`` records/s
-    with acks="all"; the callback appends ``A partition offset seq t`` once acknowledged."""
+    with acks="all"; the callback appends ``A partition offset seq t`` once acknowledged.
+    Even producers linger 2 ms (batches); odd ones send with ``linger_ms=0``, so that a
+    record mostly goes out whole (``ProducerIO.send_whole``)."""
     stop = _child_setup(err_path)
     import mq
     from mq.errors import MQError
@@ -74,7 +76,8 @@ def producer_main(n: int, socket: str, partitions: int, rate: float, ack_path: s
     def failed(seq: int, err: BaseException) -> None:
         os.write(fd, b"F %d %s %.6f\n" % (seq, type(err).__name__.encode(), clock()))
 
-    producer = _connect(lambda: mq.Producer(socket=socket, acks="all", linger_ms=2,
+    producer = _connect(lambda: mq.Producer(socket=socket, acks="all",
+                                            linger_ms=0 if n % 2 else 2,
                                             max_block_ms=10_000), stop)
     if producer is None:
         return
