@@ -97,7 +97,6 @@ class Batch:
         self.callbacks: list | None = None
         self.lock = lock
 
-
     @classmethod
     def whole(cls, info: TopicState, partition: int, data: bytearray, now: float,
               lock: threading.Lock, pool: list[bytearray], producer_id: int,
