@@ -252,16 +252,24 @@ def coordinator_not_ready(err: mq.errors.UnknownServerError) -> bool:
     return err.code in (14, 15, 16)
 
 
+# Kafka's answers to a client whose metadata went stale while a leader moved (a node killed
+# by a test beside this one): LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER,
+# FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH. Retriable in Kafka's clients; the next look
+# asks with a fresh client.
+_STALE_LEADER = (5, 6, 74, 76)
+
+
 def caught_up(socket: str | Cluster, group: str, topic: str) -> bool:
     """The group committed the end of every partition of ``topic`` (an empty one needs
-    no commit)."""
+    no commit). False while the cluster's group coordinator or a partition's leader is
+    moving (``coordinator_not_ready``, ``_STALE_LEADER``): a wait asks again."""
     try:
         done = committed(socket, group)
-    except mq.errors.UnknownServerError as err:
-        if not coordinator_not_ready(err):
-            raise
-        return False
-    return all(done.get(tp, 0) == end for tp, end in ends(socket, topic).items())
+        return all(done.get(tp, 0) == end for tp, end in ends(socket, topic).items())
+    except mq.errors.BrokerError as err:
+        if coordinator_not_ready(err) or err.code in _STALE_LEADER:
+            return False
+        raise
 
 
 def run_pool_script(script, socket: str, group: str, topic: str, cwd) -> None:
