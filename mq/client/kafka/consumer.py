@@ -26,6 +26,8 @@ Where the local consumer's semantics are kept by hand:
   poll's messages is raised at the next ``poll`` when records came before it. What a
   rebalance listener raises comes out of ``poll`` once the rebalance is done, as in Kafka's
   Java client, and the records the poll took are read again.
+- **A partition taken away is no longer paused** when it comes back (librdkafka would keep
+  it paused across the revocation).
 - **A commit a rebalance refused** (unknown member, old generation, rebalance in progress)
   raises ``CommitFailedError``, as Kafka's Java client does.
 
@@ -306,6 +308,7 @@ class KafkaConsumer:
         self._commit_handed(revoked)
         self._listen("on_partitions_revoked", revoked)
         self._drop_early(revoked)
+        self._unpause(revoked)
 
     def _on_lost(self, rd: Any, partitions: list) -> None:
         lost = {_tp(tp) for tp in partitions}
@@ -313,6 +316,22 @@ class KafkaConsumer:
             self._handed.pop(tp, None)        # another member may own them: never commit
         self._listen("on_partitions_lost", lost)
         self._drop_early(lost)
+        self._unpause(lost)
+
+    def _unpause(self, tps: set[TopicPartition]) -> None:
+        """Partitions taken from this consumer are no longer paused when the group gives
+        them back, as with the local consumer and Kafka's Java client. librdkafka keeps them
+        paused, and its (eager) rebalances take every partition: a listener that dropped a
+        paused partition's records at the revocation would never resume it, and the
+        partition would stall for good."""
+        gone = self._paused & tps
+        if not gone:
+            return
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as RdPartition
+        with contextlib.suppress(KafkaException):
+            self._rd.resume([RdPartition(tp.topic, tp.partition) for tp in gone])
+        self._paused -= gone
 
     # --- commits ---------------------------------------------------------------------------
     def group_metadata(self) -> ConsumerGroupMetadata:

@@ -194,6 +194,48 @@ def test_a_group_shares_partitions_and_commits(backend):
         assert admin.list_group_offsets(group)[TopicPartition(name, 0)] == 0
 
 
+def test_a_paused_partition_taken_away_comes_back_unpaused(backend):
+    """A partition paused, revoked by a rebalance and given back to the same consumer is
+    read again, as with the local consumer and Kafka's Java client. librdkafka kept it
+    paused, and a pool child that drops a revoked partition's records (and so never resumes
+    it) stalled on it for good."""
+    name = topic(backend, 2)
+    group = backend.name("g")
+    with mq.Producer(bootstrap_servers=backend.bootstrap) as p:
+        for i in range(20):
+            p.send(name, b"%d" % i, partition=i % 2)
+        p.flush()
+    revoked: list = []
+
+    class Listener(mq.ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions):
+            revoked.append(partitions)
+
+    options = dict(group_id=group, bootstrap_servers=backend.bootstrap, enable_auto_commit=False)
+    a = mq.Consumer(name, listener=Listener(), **options)
+
+    def a_has(count: int) -> bool:
+        a.poll(50)
+        return len(a.assignment()) == count
+    try:
+        mq.testing.wait_for(lambda: a_has(2), timeout=WAIT_S, message="both partitions")
+        a.pause(*a.assignment())
+        b = mq.Consumer(name, **options)        # joins: every partition is revoked
+        try:
+            def shared() -> bool:
+                a.poll(50)
+                b.poll(50)
+                return len(a.assignment()) == len(b.assignment()) == 1
+            mq.testing.wait_for(shared, timeout=WAIT_S, message="the partitions to be shared")
+        finally:
+            b.close()                           # leaves: both partitions come back to a
+        mq.testing.wait_for(lambda: a_has(2), timeout=WAIT_S, message="both partitions back")
+        assert len(revoked) >= 2 and a.paused() == set()
+        assert sorted(int(r.value) for r in read(a, 20)) == list(range(20))
+    finally:
+        a.close()
+
+
 def test_auto_commit_commits_only_what_was_handed_out(backend):
     name = topic(backend)
     group = backend.name("g")
