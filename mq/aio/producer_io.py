@@ -68,6 +68,7 @@ class AsyncProducerIO:
     # The threaded driver's decisions, over this driver's attributes.
     queue = ProducerIO.queue
     pump = ProducerIO.pump
+    _watch_timeout = ProducerIO._watch_timeout
     _disconnected = ProducerIO._disconnected
     _dispatch = ProducerIO._dispatch
     _service = ProducerIO._service

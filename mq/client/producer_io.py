@@ -292,11 +292,17 @@ class ProducerIO:
             if taken is not None:
                 self.slots[rid] = taken[0]
             sender.sent(batch, rid, now, finished)
-            if acks and now + self.request_timeout_s < self.wake_at:
-                self.wake_at = now + self.request_timeout_s
-                self.wake()                       # so the I/O thread watches the timeout
+            if acks:
+                self._watch_timeout(now)
         if sender.wake:
             sender.wake = False
+            self.wake()
+
+    def _watch_timeout(self, now: float) -> None:
+        """A request went out at ``now``: wake the I/O thread if it would look in after its
+        timeout."""
+        if now + self.request_timeout_s < self.wake_at:
+            self.wake_at = now + self.request_timeout_s
             self.wake()
 
     def send_whole(self, info: TopicState, partition: int, timestamp_ms: int | None, key,
@@ -337,18 +343,14 @@ class ProducerIO:
         now = time.monotonic()
         batch = Batch.whole(info, partition, data, now, acc.cb_lock, acc.buffers,
                             producer_id, epoch)
-        sender.seq += 1
-        batch.seq = sender.seq
-        sender.incomplete.add(batch)
+        sender.admit(batch)
         try:
             conn.send_frame((head, data))
         except MQError:
             sender.ready.append(batch)            # nothing was queued ahead of it
         else:
             sender.sent(batch, rid, now, None)    # type: ignore[arg-type]  # acks: no outcome
-            if now + self.request_timeout_s < self.wake_at:
-                self.wake_at = now + self.request_timeout_s
-                self.wake()                       # so the I/O thread watches the timeout
+            self._watch_timeout(now)
         acc.closed(info, partition)
         return FutureRecordMetadata(batch, 0, ts)
 

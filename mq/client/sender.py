@@ -130,11 +130,15 @@ class Sender:
         if ids is not None and not unsealed:
             self._seal(batch, ids)
         batch.data = batch.builder.build()
+        self.admit(batch)
+        self.ready.append(batch)
+        return unsealed
+
+    def admit(self, batch: Batch) -> None:
+        """``batch``, built and sealed, is the sender's from now on (in close order)."""
         self.seq += 1
         batch.seq = self.seq
-        self.ready.append(batch)
         self.incomplete.add(batch)
-        return unsealed
 
     def hurry_producer_id(self, now: float) -> bool:
         """A batch waits for a producer id: ask again soon (backoff from its start). True if
