@@ -256,7 +256,7 @@ def coordinator_not_ready(err: mq.errors.UnknownServerError) -> bool:
 # by a test beside this one): LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER,
 # FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH. Retriable in Kafka's clients; the next look
 # asks with a fresh client.
-_STALE_LEADER = (5, 6, 74, 76)
+_STALE_LEADER = (5, 6, 74, 75)
 
 
 def caught_up(socket: str | Cluster, group: str, topic: str) -> bool:

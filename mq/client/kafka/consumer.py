@@ -55,7 +55,7 @@ from mq.client.consumer_options import (
 )
 from mq.client.fetcher import Record
 from mq.client.kafka.config import connection_only, native, with_overrides
-from mq.client.kafka.errors import from_kafka, raising, results
+from mq.client.kafka.errors import committed_offsets, from_kafka, raising, results
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
     ClosedError,
@@ -443,14 +443,15 @@ class KafkaConsumer:
             callback(offsets, error)
 
     def committed(self, partition: TopicPartition) -> int | None:
-        """The group's committed offset for ``partition`` (None if it has none)."""
+        """The group's committed offset for ``partition`` (None if it has none), asked again
+        while the group's coordinator moves, for up to ``request_timeout_ms``
+        (``errors.committed_offsets``)."""
         self._check_open()
         if self.group_id is None:
             raise ValueError("committed() needs a group_id")
         from confluent_kafka import TopicPartition as RdPartition
-        with raising("committed"):
-            [tp] = self._rd.committed([RdPartition(partition[0], partition[1])],
-                                      timeout=self._timeout)
+        [tp] = committed_offsets(self._rd, [RdPartition(partition[0], partition[1])],
+                                 f"committed offset of group {self.group_id}", self._timeout)
         return tp.offset if tp.offset >= 0 else None
 
     def _store_handed(self, only: set[TopicPartition] | None = None) -> None:

@@ -27,7 +27,7 @@ from mq.errors import (
     error_for_code,
 )
 
-__all__ = ["from_kafka", "raising", "results"]
+__all__ = ["committed_offsets", "from_kafka", "raising", "results"]
 
 
 def _no_offset(message: str) -> NoOffsetForPartitionError:
@@ -94,11 +94,11 @@ class raising:
 # The answers that mean the client's metadata is stale, after which Kafka's own client
 # refreshes its metadata before it asks again: LEADER_NOT_AVAILABLE (5),
 # NOT_LEADER_OR_FOLLOWER (6), REPLICA_NOT_AVAILABLE (9), FENCED_LEADER_EPOCH (74: asked with
-# the epoch of a leader that has since moved), UNKNOWN_LEADER_EPOCH (76) and
+# the epoch of a leader that has since moved), UNKNOWN_LEADER_EPOCH (75) and
 # OFFSET_NOT_AVAILABLE (78, a leader catching up after an election). With the codes whose mq
 # class says so, they are Kafka's retriable answers, which librdkafka's admin results do not
 # flag.
-_STALE_METADATA = frozenset({5, 6, 9, 74, 76, 78})
+_STALE_METADATA = frozenset({5, 6, 9, 74, 75, 78})
 _RETRIABLE = frozenset({code for code, cls in ERRORS_BY_CODE.items() if cls.retriable} |
                        _STALE_METADATA)
 
@@ -129,4 +129,37 @@ def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float,
                     renew()
                 except KafkaException:
                     pass                    # asked again below, until the deadline
+        time.sleep(0.1)
+
+
+# A group's coordinator moving or loading its offsets (a node restarted, the offsets topic's
+# leader elected anew): COORDINATOR_LOAD_IN_PROGRESS (14), COORDINATOR_NOT_AVAILABLE (15) and
+# NOT_COORDINATOR (16). Kafka's own clients find the coordinator again and ask again until
+# their timeout; librdkafka's consumer hands them to its caller of committed().
+_COORDINATOR_MOVING = frozenset({14, 15, 16})
+
+
+def committed_offsets(rd: Any, partitions: list, what: str, timeout: float) -> list:
+    """librdkafka consumer ``rd``'s ``committed(partitions)`` (confluent-kafka's
+    ``TopicPartition``s: their committed offsets, -1001 for none), asked again while the
+    cluster answers that the group's coordinator is moving or loading, for up to ``timeout``
+    seconds. Raises mq's exception for another failure, or for the coordinator's last answer
+    when it had not settled by the deadline (the message says how long it was asked)."""
+    from confluent_kafka import KafkaException
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        cause: KafkaException | None = None
+        try:
+            found = rd.committed(partitions, timeout=left)
+            err = next((tp.error for tp in found if tp.error is not None), None)
+            if err is None:
+                return found
+        except KafkaException as exc:
+            err, cause = exc.args[0], exc
+        if err.code() not in _COORDINATOR_MOVING:
+            raise from_kafka(err, what) from cause
+        if time.monotonic() >= deadline:
+            raise from_kafka(err, f"{what} (the group's coordinator was still moving after "
+                                  f"{timeout:g} s)") from cause
         time.sleep(0.1)
