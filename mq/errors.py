@@ -440,10 +440,12 @@ class InvalidReplicationFactorError(BrokerError):
 
 
 class FencedLeaderEpochError(BrokerError):
-    """The client's leader epoch is older than the broker's."""
+    """The client's leader epoch is older than the broker's: its metadata is stale (the
+    leader moved); retriable after a metadata refresh, as in Kafka's Java client
+    (``FencedLeaderEpochException`` is an ``InvalidMetadataException``)."""
 
     code = 74
-    retriable = False
+    retriable = True
 
 
 class UnknownLeaderEpochError(BrokerError):
