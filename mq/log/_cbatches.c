@@ -82,30 +82,6 @@ mq_crc32c(const unsigned char *p, size_t n)
     return ~c;
 }
 
-/* ---- big-endian fields ---- */
-
-static inline int64_t
-be64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | p[i];
-    return (int64_t)v;
-}
-
-static inline int32_t
-be32(const unsigned char *p)
-{
-    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
-                     (uint32_t)p[3]);
-}
-
-static inline int16_t
-be16(const unsigned char *p)
-{
-    return (int16_t)(((unsigned)p[0] << 8) | p[1]);
-}
-
 const char mq_take_batches_doc[] =
 "take_batches(buf, start, end, offset, bound, max_bytes, check_crc, topic, partition,\n"
 "             record_type) -> (records, position, offset, stop)\n\n"
@@ -271,22 +247,13 @@ const char mq_check_batch_doc[] =
 "with a producer id, a base sequence and an epoch >= 0. Returns the header's facts, or None,\n"
 "with buf untouched, when a check fails: the Python path then says why.";
 
-PyObject *
-mq_check_batch(PyObject *module, PyObject *args)
+int
+mq_check_stamp(unsigned char *h, Py_ssize_t n, int64_t base_offset, int32_t leader_epoch,
+               int64_t now_ms, Py_ssize_t max_bytes, int64_t after_max, BatchFacts *facts)
 {
-    (void)module;
-    Py_buffer view;
-    long long base_offset, now_ms, after_max;
-    int leader_epoch;
-    Py_ssize_t max_bytes;
-    if (!PyArg_ParseTuple(args, "w*LiLnL:check_batch", &view, &base_offset, &leader_epoch,
-                          &now_ms, &max_bytes, &after_max))
-        return NULL;
-    unsigned char *h = (unsigned char *)view.buf;
-    Py_ssize_t n = view.len;
     if (n < BATCH_OVERHEAD || n > max_bytes || h[16] != 2 ||
             (Py_ssize_t)be32(h + 8) != n - LOG_OVERHEAD)
-        goto refused;
+        return -1;
     int16_t attrs = be16(h + 21);
     int32_t last_delta = be32(h + 23), count = be32(h + 57), base_seq = be32(h + 53);
     int16_t epoch = be16(h + 51);
@@ -297,22 +264,45 @@ mq_check_batch(PyObject *module, PyObject *args)
             (after_max != INT64_MAX && (__builtin_sub_overflow(max_ts, now_ms, &ahead) ||
                                         ahead > after_max)) ||
             (pid >= 0 && (base_seq < 0 || epoch < 0)))
-        goto refused;
+        return -1;
     if (mq_crc32c(h + CRC_FROM, (size_t)(n - CRC_FROM)) != (uint32_t)be32(h + 17))
-        goto refused;
+        return -1;
     for (int i = 0; i < 8; i++)                     /* baseOffset, big-endian */
         h[i] = (unsigned char)((uint64_t)base_offset >> (56 - 8 * i));
     for (int i = 0; i < 4; i++)                     /* partitionLeaderEpoch */
         h[12 + i] = (unsigned char)((uint32_t)leader_epoch >> (24 - 8 * i));
-    PyObject *res = Py_BuildValue("(niiLLiii)", n - LOG_OVERHEAD, count, last_delta,
-                                  (long long)max_ts, (long long)pid, (int)epoch, base_seq,
-                                  (int)attrs);
+    facts->count = count;
+    facts->last_delta = last_delta;
+    facts->max_ts = max_ts;
+    facts->pid = pid;
+    facts->epoch = epoch;
+    facts->base_seq = base_seq;
+    facts->attrs = attrs;
+    return 0;
+}
+
+PyObject *
+mq_check_batch(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer view;
+    long long base_offset, now_ms, after_max;
+    int leader_epoch;
+    Py_ssize_t max_bytes;
+    BatchFacts f;
+    if (!PyArg_ParseTuple(args, "w*LiLnL:check_batch", &view, &base_offset, &leader_epoch,
+                          &now_ms, &max_bytes, &after_max))
+        return NULL;
+    PyObject *res;
+    if (mq_check_stamp((unsigned char *)view.buf, view.len, base_offset, leader_epoch, now_ms,
+                       max_bytes, after_max, &f) < 0)
+        res = Py_NewRef(Py_None);
+    else
+        res = Py_BuildValue("(niiLLiii)", view.len - LOG_OVERHEAD, f.count, f.last_delta,
+                            (long long)f.max_ts, (long long)f.pid, (int)f.epoch, f.base_seq,
+                            (int)f.attrs);
     PyBuffer_Release(&view);
     return res;
-
-refused:
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
 }
 
 

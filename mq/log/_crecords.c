@@ -1487,6 +1487,8 @@ static PyMethodDef methods[] = {
     {"take_batches", mq_take_batches, METH_VARARGS, mq_take_batches_doc},
     {"check_batch", mq_check_batch, METH_VARARGS, mq_check_batch_doc},
     {"tail_take", mq_tail_take, METH_VARARGS, mq_tail_take_doc},
+    {"append_plain", (PyCFunction)(void (*)(void))mq_append_plain, METH_FASTCALL,
+     mq_append_plain_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"produce_frame", (PyCFunction)(void (*)(void))produce_frame, METH_FASTCALL,
      produce_frame_doc},

@@ -11,6 +11,30 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ---- big-endian fields ---- */
+
+static inline int64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+static inline int32_t
+be32(const unsigned char *p)
+{
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+static inline int16_t
+be16(const unsigned char *p)
+{
+    return (int16_t)(((unsigned)p[0] << 8) | p[1]);
+}
+
 /* ---- varints ---- */
 
 static inline int64_t
@@ -218,13 +242,26 @@ int mq_decode_section(PyObject *out, Py_ssize_t at, PyObject *mv, const unsigned
                       int log_append, int64_t max_ts, Py_ssize_t count, PyObject *record_type,
                       const PublicRecords *pub);
 
-/* _cbatches.c: the module functions take_batches, check_batch and tail_take. */
+/* _cbatches.c: the module functions take_batches, check_batch and tail_take, and the check
+ * append_plain shares. */
 uint32_t mq_crc32c(const unsigned char *p, size_t n);      /* _cbatches.c */
 PyObject *mq_take_batches(PyObject *module, PyObject *args);
 extern const char mq_take_batches_doc[];
+/* A client's batch h[0:n] checked (check_batch's doc) and, if it passes, stamped with
+ * base_offset and leader_epoch: 0 with *facts filled, or -1 with h untouched. */
+typedef struct {
+    int32_t count, last_delta, base_seq;
+    int64_t max_ts, pid;
+    int16_t epoch, attrs;
+} BatchFacts;
+int mq_check_stamp(unsigned char *h, Py_ssize_t n, int64_t base_offset, int32_t leader_epoch,
+                   int64_t now_ms, Py_ssize_t max_bytes, int64_t after_max, BatchFacts *facts);
 PyObject *mq_check_batch(PyObject *module, PyObject *args);
 extern const char mq_check_batch_doc[];
 PyObject *mq_tail_take(PyObject *module, PyObject *args);
+/* _cappend.c: the module function append_plain. */
+PyObject *mq_append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern const char mq_append_plain_doc[];
 extern const char mq_tail_take_doc[];
 
 #endif

@@ -235,8 +235,9 @@ class PartitionLog:
         the wall clock (``mq.log.timestamps``) and ``LogWriteError`` when it could not be
         stored (then nothing of it was). A client's batch with a producer id is checked
         against the producer table (``InvalidProducerEpochError``,
-        ``OutOfOrderSequenceError``, ``InvalidTxnStateError``); the broker's own (``from_client=False``: transactional
-        offset commits, with no sequence) only updates it, as Kafka's coordinator appends.
+        ``OutOfOrderSequenceError``, ``InvalidTxnStateError``); the broker's own
+        (``from_client=False``: transactional offset commits, with no sequence) only updates
+        it, as Kafka's coordinator appends.
 
         ``shared_head``: ``batch`` is memory another process may still write (a producer's
         arena, ``mq/client/arena.py``) and this is a copy of its header taken once. The
@@ -244,7 +245,20 @@ class PartitionLog:
         reached the file (``LogSegment.append``), and a batch changed meanwhile is cut off
         again and refused with ``CorruptRecordError``: the log only ever holds what was
         checked, with no copy of the batch made here.
+
+        The common case, a plain batch that needs no roll, index entry or new leader epoch,
+        is done in one C call (``native.append_plain``) when the disk seam is the real one;
+        everything else, and whatever that call declines, takes the Python path below.
         """
+        if shared_head is None and assign_offsets and from_client and now_ms is None:
+            plain = native.append_plain
+            if plain is not None and type(diskio.ops) is diskio.DiskIO:
+                try:
+                    done = plain(self, batch, leader_epoch, _now_ms())
+                except OSError as err:
+                    raise self._write_failed("append", err) from err
+                if done is not None:
+                    return AppendInfo(*done)
         self._check_writable()
         if shared_head is not None and (not assign_offsets or
                                         self.config.message_timestamp_type == "LogAppendTime"):

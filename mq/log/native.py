@@ -6,7 +6,8 @@ faster (``decode_records``, and ``decode_columns`` for column buffers) and accum
 times faster. ``take_batches`` is a tailing consumer's whole read of plain batches
 (``mq.client.fetcher``), ``tail_take`` a caught-up consumer's poll of one partition from the
 published state to its records (``mq.client.consumer``), and ``check_batch`` the broker's
-checks and stamps of a client's batch at its append (``mq.log.log.PartitionLog.append``), and
+checks and stamps of a client's batch at its append (``mq.log.log.PartitionLog.append``),
+``append_plain`` that whole append for a plain batch in the common case (the same method), and
 ``produce_frame`` the Produce request of one record that ``send()`` writes with
 ``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``).
 Each name here is the extension's function or type, or ``None`` when the extension is not
@@ -15,9 +16,11 @@ its users run their pure-Python references, which the C code mirrors byte for by
 (``RecordBatch._records_py``, ``mq.log.builder.RecordEncoder``,
 ``mq.client.accumulator.RecordAccumulator``; for ``take_batches`` and ``tail_take`` the
 reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
-``RecordBatch.validate`` and the append's own checks; for ``produce_frame`` the producer's
+``RecordBatch.validate`` and the append's own checks; for ``append_plain`` the append's
+Python path; for ``produce_frame`` the producer's
 batch, sender and ``encode_tail_frame``; tests/unit/log/test_crecords.py,
-test_take_batches.py, test_tail_take.py, test_check_batch.py, test_produce_frame.py).
+test_take_batches.py, test_tail_take.py, test_check_batch.py, test_append_plain.py,
+test_produce_frame.py).
 
 Users read these names as attributes of this module at call time (``native.decode_records``),
 so a test can switch one off.
@@ -31,13 +34,14 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "check_batch",
-           "produce_frame", "RecordAccumulator", "RecordFuture"]
+           "append_plain", "produce_frame", "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
 take_batches: Callable[..., tuple] | None = None
 tail_take: Callable[..., tuple] | None = None
 check_batch: Callable[..., tuple | None] | None = None
+append_plain: Callable[..., tuple | None] | None = None
 produce_frame: Callable[..., tuple] | None = None
 RecordAccumulator: Any = None
 RecordFuture: Any = None
@@ -54,6 +58,7 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         take_batches = getattr(_crecords, "take_batches", None)
         tail_take = getattr(_crecords, "tail_take", None)
         check_batch = getattr(_crecords, "check_batch", None)
+        append_plain = getattr(_crecords, "append_plain", None)
         produce_frame = getattr(_crecords, "produce_frame", None)
         if hasattr(_crecords, "RecordAccumulator"):
             RecordAccumulator, RecordFuture = _crecords.RecordAccumulator, _crecords.RecordFuture

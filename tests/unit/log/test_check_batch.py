@@ -3,7 +3,8 @@
 ``PartitionLog.append`` checks and stamps a client's batch in one C call when the topic is
 CreateTime without ``message.timestamp.before.max.ms`` and the batch is a writable buffer;
 whatever the call refuses goes through the Python checks, which say why. Here two logs take the
-same batches, one with the C call and one without (``native.check_batch = None``): over
+same batches, one with the C calls and one without (``native.check_batch`` and
+``native.append_plain`` set to None): over
 batches built by ``BatchBuilder`` and then damaged field by field or byte by byte, both
 append the same bytes with the same ``AppendInfo``, or both raise the same error and leave
 the buffer the same; what the C call refuses it never stamps.
@@ -113,6 +114,7 @@ def test_c_and_python_paths_append_the_same_and_refuse_the_same(tmp_path_factory
             got = outcome(with_c, batch, as_view)
             with monkeypatch_module.context() as m:
                 m.setattr(native, "check_batch", None)
+                m.setattr(native, "append_plain", None)
                 want = outcome(with_py, batch, as_view)
             assert got == want
         assert with_c.log_end_offset == with_py.log_end_offset

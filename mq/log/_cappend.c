@@ -1,0 +1,347 @@
+/* mq.log._crecords.append_plain -- the broker's append of a client's plain batch in one call.
+ *
+ * PartitionLog.append, LogSegment.append and the roll rule (mq/log/log.py, segment.py,
+ * policy.py) cost some 35 us of Python calls for one small batch at a low rate, where every
+ * call runs with cold caches. This does the common case of the same work in C, on the same
+ * Python objects, which stay the only state: a plain batch (no producer id) from a client, on
+ * a CreateTime topic without message.timestamp.before.max.ms, into the active segment with its
+ * files and indexes open, when neither a roll, nor an index entry, nor a new leader epoch is
+ * due. It checks and stamps the batch (mq_check_stamp), writes it with pwrite at the segment's
+ * size, and then moves the segment's and the log's fields as LogSegment.append and
+ * PartitionLog.append do.
+ *
+ * Anything else returns None before the buffer or a file is touched, and the Python path does
+ * the append; it stays the reference (tests/unit/log/test_append_plain.py holds the two to the
+ * same files and state). A failed write is cut off again, as LogSegment.append does (the
+ * segment is torn if even that fails), and raised as OSError for PartitionLog.append to count.
+ */
+#include "_crecords.h"
+
+#include <errno.h>
+#include <unistd.h>
+
+#define BATCH_HEAD 61             /* RecordBatch v2 header */
+#define INT32_MAX_ 2147483647LL
+
+static PyObject *s_closed, *s_offline, *s_config, *s_ts_type, *s_before_max, *s_after_max,
+    *s_max_bytes, *s_segment_bytes, *s_segment_ms, *s_interval, *s_segments, *s_next_offset,
+    *s_size, *s_base_offset, *s_first_ts, *s_jitter, *s_since_index, *s_max_ts_so_far,
+    *s_max_ts_offset, *s_torn, *s_read_only, *s_files, *s_fd, *s_offset_index, *s_time_index,
+    *s_entries, *s_length, *s_entry_size, *s_leader_epochs, *s_hw_follows, *s_hw,
+    *s_create_time;
+
+static int
+intern_names(void)
+{
+    if (s_create_time != NULL)
+        return 0;
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&s_closed, "closed"}, {&s_offline, "offline"}, {&s_config, "config"},
+        {&s_ts_type, "message_timestamp_type"},
+        {&s_before_max, "message_timestamp_before_max_ms"},
+        {&s_after_max, "message_timestamp_after_max_ms"},
+        {&s_max_bytes, "max_message_bytes"}, {&s_segment_bytes, "segment_bytes"},
+        {&s_segment_ms, "segment_ms"}, {&s_interval, "index_interval_bytes"},
+        {&s_segments, "segments"}, {&s_next_offset, "_next_offset"}, {&s_size, "size"},
+        {&s_base_offset, "base_offset"}, {&s_first_ts, "first_batch_timestamp"},
+        {&s_jitter, "rolling_jitter_ms"}, {&s_since_index, "bytes_since_last_index_entry"},
+        {&s_max_ts_so_far, "max_timestamp_so_far"},
+        {&s_max_ts_offset, "offset_of_max_timestamp_so_far"}, {&s_torn, "torn"},
+        {&s_read_only, "read_only"}, {&s_files, "_files"}, {&s_fd, "_fd"},
+        {&s_offset_index, "_offset_index"}, {&s_time_index, "_time_index"},
+        {&s_entries, "entries"}, {&s_length, "_length"}, {&s_entry_size, "_entry_size"},
+        {&s_leader_epochs, "leader_epochs"}, {&s_hw_follows, "high_watermark_follows_log_end"},
+        {&s_hw, "high_watermark"}, {&s_create_time, "CreateTime"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
+    return 0;
+}
+
+/* obj.name as a C integer: 0, 1 when it is None (*out untouched), or -1 with an error set. */
+static int
+get_int(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    if (v == Py_None) {
+        Py_DECREF(v);
+        return 1;
+    }
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* obj.name's truth: 0 or 1, or -1 with an error set. */
+static int
+get_bool(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int
+set_int(PyObject *obj, PyObject *name, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* Whether the open index `index` (None: not open) is full, as OffsetIndex.is_full (reserve 0)
+ * and TimeIndex.is_full (reserve 1: the slot kept for the entry written at roll) say:
+ * 0 or 1, 2 when it is not open, -1 with an error set. */
+static int
+index_full(PyObject *index, long long reserve)
+{
+    if (index == Py_None)
+        return 2;
+    long long entries, length, entry_size;
+    if (get_int(index, s_entries, &entries) || get_int(index, s_length, &length) ||
+            get_int(index, s_entry_size, &entry_size))
+        return -1;
+    return entry_size <= 0 || entries >= length / entry_size - reserve;
+}
+
+/* The segment's files open for an append: its .log descriptor (>= 0), -2 when they are not
+ * all open or an index is full (the Python path opens them, or rolls), -1 with an error. */
+static int
+open_files(PyObject *seg)
+{
+    PyObject *files = PyObject_GetAttr(seg, s_files);
+    if (files == NULL)
+        return -1;
+    long long fd = -1;
+    int res = -1, full;
+    PyObject *oi = PyObject_GetAttr(files, s_offset_index), *ti = NULL;
+    if (oi == NULL || (ti = PyObject_GetAttr(files, s_time_index)) == NULL)
+        goto done;
+    if (get_int(files, s_fd, &fd) < 0)
+        goto done;
+    res = -2;
+    if (fd < 0 || fd > INT32_MAX_)
+        goto done;
+    if ((full = index_full(oi, 0)) != 0 || (full = index_full(ti, 1)) != 0) {
+        res = full < 0 ? -1 : -2;
+        goto done;
+    }
+    res = (int)fd;
+done:
+    Py_DECREF(files);
+    Py_XDECREF(oi);
+    Py_XDECREF(ti);
+    return res;
+}
+
+/* pwrite every byte of p[0:n] at position, the GIL released (as os.pwrite does): 0, or an
+ * errno (a write of nothing counts as ENOSPC, as mq.log.diskio.write_fully says). */
+static int
+write_fully(int fd, const unsigned char *p, Py_ssize_t n, long long position)
+{
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, (size_t)n, (off_t)position);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            err = w < 0 ? errno : ENOSPC;
+            break;
+        }
+        p += w;
+        n -= w;
+        position += w;
+    }
+    Py_END_ALLOW_THREADS
+    return err;
+}
+
+const char mq_append_plain_doc[] =
+"append_plain(log, batch, leader_epoch, now_ms)\n"
+"    -> (first_offset, last_offset, max_timestamp, -1, records_count, size) | None\n\n"
+"PartitionLog.append of a client's plain batch (the writable buffer batch, whole) to log's\n"
+"active segment, done in C on log's own objects; None, with nothing touched, when the case\n"
+"is not the common one (a producer id, a roll, an index entry or a new leader epoch due,\n"
+"files not open, a topic setting, a batch the checks refuse): the Python path then appends.\n"
+"Raises OSError when the write fails, after cutting off what reached the file (or marking\n"
+"the segment torn).";
+
+PyObject *
+mq_append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append_plain takes 4 arguments");
+        return NULL;
+    }
+    PyObject *plog = args[0], *batch = args[1];
+    long long leader_epoch = PyLong_AsLongLong(args[2]), now_ms = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred() || intern_names() < 0)
+        return NULL;
+    if (leader_epoch < 0 || leader_epoch > INT32_MAX_)
+        Py_RETURN_NONE;
+    /* A bytearray, or a writable memoryview of bytes (PartitionLog._checked_in_c's rule). */
+    if (!(PyByteArray_CheckExact(batch) ||
+          (PyMemoryView_Check(batch) && !PyMemoryView_GET_BUFFER(batch)->readonly &&
+           PyMemoryView_GET_BUFFER(batch)->format != NULL &&
+           strcmp(PyMemoryView_GET_BUFFER(batch)->format, "B") == 0)))
+        Py_RETURN_NONE;
+
+    PyObject *config = NULL, *segments = NULL, *seg = NULL, *epochs = NULL, *res = NULL;
+    Py_buffer view = {0};
+    int r;
+    long long before_max, after_max, max_bytes, segment_bytes, segment_ms, interval;
+    long long next_offset = -1, size, seg_base, first_ts, jitter, since, max_so_far,
+        max_offset;
+
+    /* The log writable (PartitionLog._check_writable) and the topic's settings. */
+    if ((r = get_bool(plog, s_closed)) != 0)
+        goto out;
+    PyObject *offline = PyObject_GetAttr(plog, s_offline);
+    if (offline == NULL)
+        goto out;
+    Py_DECREF(offline);
+    if (offline != Py_None)
+        goto none;
+    if ((config = PyObject_GetAttr(plog, s_config)) == NULL)
+        goto out;
+    PyObject *ts_type = PyObject_GetAttr(config, s_ts_type);
+    if (ts_type == NULL)
+        goto out;
+    r = PyUnicode_Check(ts_type) && PyUnicode_Compare(ts_type, s_create_time) == 0;
+    Py_DECREF(ts_type);
+    if (!r)
+        goto none;
+    if (get_int(config, s_before_max, &before_max) || get_int(config, s_after_max, &after_max) ||
+            get_int(config, s_max_bytes, &max_bytes) ||
+            get_int(config, s_segment_bytes, &segment_bytes) ||
+            get_int(config, s_segment_ms, &segment_ms) ||
+            get_int(config, s_interval, &interval))
+        goto out;
+    if (before_max != INT64_MAX)
+        goto none;
+
+    /* The batch's header, read before anything is decided: a producer's batch (its state)
+     * and one too short to be a batch are the Python path's. */
+    if (PyObject_GetBuffer(batch, &view, PyBUF_WRITABLE) < 0)
+        goto out;
+    unsigned char *h = (unsigned char *)view.buf;
+    const Py_ssize_t n = view.len;
+    if (n < BATCH_HEAD || be64(h + 43) >= 0)
+        goto none;
+    const int64_t batch_max_ts = be64(h + 35);
+    const int32_t last_delta = be32(h + 23);
+
+    /* The active segment, and its facts the roll rule and the append read. */
+    if ((segments = PyObject_GetAttr(plog, s_segments)) == NULL)
+        goto out;
+    if (!PyList_Check(segments) || PyList_GET_SIZE(segments) == 0)
+        goto none;
+    seg = Py_NewRef(PyList_GET_ITEM(segments, PyList_GET_SIZE(segments) - 1));
+    if ((r = get_bool(seg, s_read_only)) != 0 || (r = get_bool(seg, s_torn)) != 0)
+        goto out;
+    if ((r = get_int(seg, s_next_offset, &next_offset)) != 0)
+        goto out;                           /* None: not known yet (the Python path scans) */
+    if (get_int(seg, s_size, &size) || get_int(seg, s_base_offset, &seg_base) ||
+            get_int(seg, s_first_ts, &first_ts) || get_int(seg, s_jitter, &jitter) ||
+            get_int(seg, s_since_index, &since) ||
+            get_int(seg, s_max_ts_so_far, &max_so_far) ||
+            get_int(seg, s_max_ts_offset, &max_offset))
+        goto out;
+    const long long last_offset = next_offset + last_delta;
+    /* Kafka's roll rule (mq.log.policy.roll_reason), each condition left to the Python path;
+     * and an index entry due (LogSegment._index_entry). */
+    if (size > segment_bytes - n)
+        goto none;
+    if (size > 0 && (first_ts < 0 || batch_max_ts - first_ts > segment_ms - jitter))
+        goto none;
+    if (last_delta < 0 || last_offset - seg_base < 0 || last_offset - seg_base > INT32_MAX_)
+        goto none;
+    if (since > interval)
+        goto none;
+    /* A new leader epoch is written to the epoch file (LeaderEpochCache.assign). */
+    if ((epochs = PyObject_GetAttr(plog, s_leader_epochs)) == NULL)
+        goto out;
+    PyObject *entries = PyObject_GetAttr(epochs, s_entries);
+    if (entries == NULL)
+        goto out;
+    long long latest = -1;
+    r = 0;
+    if (!PyList_Check(entries)) {
+        r = 1;
+    } else if (PyList_GET_SIZE(entries) > 0) {
+        PyObject *last = PyList_GET_ITEM(entries, PyList_GET_SIZE(entries) - 1);
+        if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) < 1)
+            r = 1;
+        else
+            latest = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 0));
+    }
+    Py_DECREF(entries);
+    if (PyErr_Occurred())
+        goto out;
+    if (r || leader_epoch > latest)
+        goto none;
+    int fd = open_files(seg);
+    if (fd == -1)
+        goto out;
+    if (fd < 0)
+        goto none;
+
+    BatchFacts f;
+    if (mq_check_stamp(h, n, next_offset, (int32_t)leader_epoch, now_ms,
+                       max_bytes > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)max_bytes,
+                       after_max, &f) < 0 || f.pid >= 0)
+        goto none;                          /* refused: the Python path says why */
+    int err = write_fully(fd, h, n, size);
+    if (err) {
+        /* LogSegment._truncate_back: cut off what reached the file; torn if that fails. */
+        int cut;
+        Py_BEGIN_ALLOW_THREADS
+        cut = ftruncate(fd, (off_t)size);
+        Py_END_ALLOW_THREADS
+        if (cut < 0 && PyObject_SetAttr(seg, s_torn, Py_True) < 0)
+            goto out;
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto out;
+    }
+    /* Stored: now the segment's and the log's fields move (LogSegment.append,
+     * PartitionLog.append). */
+    if ((size == 0 && set_int(seg, s_first_ts, f.max_ts) < 0) ||
+            set_int(seg, s_size, size + n) < 0 ||
+            (f.max_ts > max_so_far && (set_int(seg, s_max_ts_so_far, f.max_ts) < 0 ||
+                                       set_int(seg, s_max_ts_offset, last_offset) < 0)) ||
+            set_int(seg, s_since_index, since + n) < 0 ||
+            set_int(seg, s_next_offset, last_offset + 1) < 0)
+        goto out;
+    if ((r = get_bool(plog, s_hw_follows)) < 0 ||
+            (r && set_int(plog, s_hw, last_offset + 1) < 0))
+        goto out;
+    res = Py_BuildValue("(LLLiin)", next_offset, last_offset, (long long)f.max_ts, -1,
+                        (int)f.count, n);
+    goto out;
+
+none:
+    res = Py_NewRef(Py_None);
+out:
+    /* r > 0 from a truth test (closed, read-only, torn, next offset unknown): none. */
+    if (res == NULL && !PyErr_Occurred())
+        res = Py_NewRef(Py_None);
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
+    Py_XDECREF(config);
+    Py_XDECREF(segments);
+    Py_XDECREF(seg);
+    Py_XDECREF(epochs);
+    return res;
+}
