@@ -90,12 +90,22 @@ def create(cluster: Cluster, partitions: dict[str, int]) -> None:
 
 def progressed(pool: Pool, since: int, feeder: Feeder | None = None):
     """A condition: a record was handled after ``since`` (CLOCK_MONOTONIC ns). With a
-    ``feeder``, what stopped it is raised: the pool cannot progress without input."""
+    ``feeder``, what stopped it is raised: the pool cannot progress without input. Its
+    ``explain()``, shown when the wait times out, says how long ago the last record was
+    handled and what the feeder wrote meanwhile (a stall of the input, or of the pool)."""
     def check() -> bool:
         if feeder is not None:
             feeder.check()
         return any(e["t"] > since and e["kind"] == "done"
                    for e in read_events(pool.events)[-200:])
+
+    def explain() -> str:
+        done = [e for e in read_events(pool.events) if e["kind"] == "done"]
+        last = (f"the last record handled {(time.monotonic_ns() - done[-1]['t']) / 1e9:.1f} s "
+                f"ago ({done[-1]['partition']}@{done[-1]['offset']}, pid {done[-1]['pid']})"
+                if done else "no record handled")
+        return f"{last}; {feeder.state() if feeder is not None else 'no feeder'}"
+    check.explain = explain
     return check
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,6 +150,8 @@ class Pool:
         self.wait_for(lambda: "ready:" in self.stderr(), "the pool to be ready")
 
     def wait_for(self, condition, message: str, timeout: float = TIMEOUT) -> None:
+        """Until ``condition()``; a timeout's failure shows the pool's log, what
+        ``condition.explain()`` says (if it has one) and the children's stacks."""
         def check() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the pool exited ({self.proc.returncode}) while "
@@ -157,7 +160,24 @@ class Pool:
         try:
             mq.testing.wait_for(check, timeout=timeout, interval=0.01, message=message)
         except TimeoutError as err:
-            raise AssertionError(f"{err}\n{self.stderr()[-4000:]}") from err
+            explain = getattr(condition, "explain", None)
+            raise AssertionError(f"{err}\n{explain() if explain else ''}\n"
+                                 f"{self.stderr()[-4000:]}\n{self.stacks()}") from err
+
+    def stacks(self) -> str:
+        """``py-spy dump`` of each child (Python and native frames), where py-spy is
+        installed: where a stalled child waits."""
+        if shutil.which("py-spy") is None:
+            return "(no py-spy: the children's stacks are not shown)"
+        out = []
+        for pid in self.child_pids():
+            try:
+                dump = subprocess.run(["py-spy", "dump", "--native", "--pid", str(pid)],
+                                      capture_output=True, text=True, timeout=30, check=False)
+                out.append(f"child {pid}:\n{dump.stdout}{dump.stderr}")
+            except subprocess.TimeoutExpired:
+                out.append(f"child {pid}: py-spy did not answer within 30 s")
+        return "\n".join(out)
 
     # --- acting -----------------------------------------------------------------------------
     def send_signal(self, sig: int) -> None:
@@ -191,6 +211,7 @@ class Feeder(threading.Thread):
         super().__init__(daemon=True, name="wk-feeder")
         self.socket, self.topic, self.partitions, self.rate = socket, topic, partitions, rate
         self.acked: list[bytes] = []
+        self.failed: list[BaseException] = []        # sends the broker refused or timed out
         self.sent = 0
         self._done = threading.Event()
         self.error: BaseException | None = None
@@ -206,10 +227,18 @@ class Feeder(threading.Thread):
                     value = b"f%06d" % self.sent
                     fut = p.send(self.topic, value=value, partition=self.sent % self.partitions)
                     fut.add_callback(lambda _m, v=value: self.acked.append(v))
+                    fut.add_errback(self.failed.append)
                     self.sent += 1
                 p.flush(TIMEOUT)
         except BaseException as err:                  # noqa: BLE001 -- reported by stop()
             self.error = err
+
+    def state(self) -> str:
+        """What was sent, acknowledged and refused so far: a pool without progress may have
+        had no new input."""
+        last = f" (last: {self.failed[-1]!r})" if self.failed else ""
+        return (f"the feeder: {self.sent} sent, {len(self.acked)} acknowledged, "
+                f"{len(self.failed)} failed{last}, {'running' if self.is_alive() else 'ended'}")
 
     def stop(self) -> list[bytes]:
         self.close()
