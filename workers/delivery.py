@@ -87,14 +87,18 @@ class TransactionAborted(MQError):
 
 def _again_on_timeout(step: str) -> Op[None]:
     """``commit_transaction``/``abort_transaction``: ``TimeoutError`` means still under way;
-    calling again finishes it."""
+    calling again finishes it. Each call again is logged: on a Kafka cluster a call may
+    wait ``max_block_ms`` (60 s) before it times out, and a child that spent minutes so
+    showed nothing in the pool's log."""
     for attempt in range(_TRIES):
         try:
             yield (step,)
             return
-        except TimeoutError:
+        except TimeoutError as err:
             if attempt == _TRIES - 1:
                 raise
+            log.warning("%s did not finish (call %d of %d), calling it again: %s",
+                        step.replace("_", " "), attempt + 1, _TRIES, err)
 
 
 class Delivery:

@@ -144,7 +144,7 @@ def test_at_least_once_an_output_refused_at_once_fails_the_attempt():
         c.run(d.send_normalized([("out", None, b"big", None)], Record(0)))
 
 
-def test_exactly_once_a_transaction_commits_its_offsets_and_calls_again_on_timeout():
+def test_exactly_once_a_transaction_commits_its_offsets_and_calls_again_on_timeout(caplog):
     d, c = delivery(exactly_once=True), Scripted()
     c.run(d.send_normalized([("out", None, b"a", None)], Record(0)))
     assert c.names() == ["partitions_for", "begin_transaction", "send"]
@@ -155,6 +155,8 @@ def test_exactly_once_a_transaction_commits_its_offsets_and_calls_again_on_timeo
     c.run(d.commit())
     assert c.names() == ["send_offsets", "commit_transaction", "commit_transaction"]
     assert c.calls[0][1] == {TP: 2} and d.committed == {TP: 2}
+    assert [r.getMessage() for r in caplog.records if r.name == "workers.delivery"] == [
+        "commit transaction did not finish (call 1 of 10), calling it again: still committing"]
     assert d.send_now([("out", None, b"c", None)], Record(2), c.send) is not None  # a new txn
 
 
