@@ -1482,6 +1482,130 @@ static PyTypeObject AccType = {
     .tp_getset = Acc_getset,
 };
 
+/* ---- take_produce: the broker's parse of the frame produce_frame writes ---- */
+
+/* A msgpack int at p[*pos, lim) into *out (any of msgpack's int encodings whose value fits
+ * int64): 0, or -1 when the next object is something else. */
+static int
+mp_read_int(const unsigned char *p, Py_ssize_t *pos, Py_ssize_t lim, long long *out)
+{
+    Py_ssize_t i = *pos;
+    if (i >= lim)
+        return -1;
+    unsigned b = p[i++];
+    int n;
+    int sign;
+    if (b < 0x80 || b >= 0xe0) {                       /* positive or negative fixint */
+        *out = b < 0x80 ? (long long)b : (long long)b - 256;
+        *pos = i;
+        return 0;
+    }
+    switch (b) {
+    case 0xcc: n = 1; sign = 0; break;
+    case 0xcd: n = 2; sign = 0; break;
+    case 0xce: n = 4; sign = 0; break;
+    case 0xcf: n = 8; sign = 0; break;
+    case 0xd0: n = 1; sign = 1; break;
+    case 0xd1: n = 2; sign = 1; break;
+    case 0xd2: n = 4; sign = 1; break;
+    case 0xd3: n = 8; sign = 1; break;
+    default: return -1;
+    }
+    if (lim - i < n)
+        return -1;
+    uint64_t u = 0;
+    for (int k = 0; k < n; k++)
+        u = (u << 8) | p[i + k];
+    if (sign && n < 8 && (u >> (8 * n - 1)))
+        u |= ~(uint64_t)0 << (8 * n);                  /* sign-extend */
+    else if (!sign && n == 8 && u > (uint64_t)INT64_MAX)
+        return -1;                                     /* past int64: the Python path */
+    *out = (long long)u;
+    *pos = i + n;
+    return 0;
+}
+
+PyDoc_STRVAR(take_produce_doc,
+"take_produce(buf, start, end, max_frame_bytes)\n"
+"    -> (request_id, topic, partition, acks, tail_start, frame_end) | None\n\n"
+"The frame at buf[start:end] read as a Produce tail frame (mq.protocol.frames), the shape\n"
+"produce_frame writes: the prefix, a header of exactly the msgpack array [0, request_id,\n"
+"topic, partition, acks] (ints and a UTF-8 str), and the batch at [tail_start, frame_end).\n"
+"None when the frame is not whole yet or is anything else, even malformed: the general\n"
+"path (FrameReader.messages) then reads it and says what is wrong.");
+
+static PyObject *
+take_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "take_produce takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), end = PyLong_AsSsize_t(args[2]);
+    long long max_frame = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *res = NULL, *topic = NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    if (start < 0 || end > view.len || end - start < 9)
+        goto none;
+    uint32_t word = (uint32_t)be32(p + start);
+    long long length = word & ~TAIL_FLAG;
+    if (!(word & TAIL_FLAG) || length < 5 || length > max_frame || length > end - start - 4)
+        goto none;
+    const Py_ssize_t frame_end = start + 4 + (Py_ssize_t)length;
+    const long long head = (uint32_t)be32(p + start + 4);
+    if (head > length - 4)
+        goto none;
+    Py_ssize_t pos = start + 8;
+    const Py_ssize_t lim = pos + (Py_ssize_t)head;
+    long long api, rid, partition, acks;
+    if (lim - pos < 2 || p[pos] != 0x95)               /* fixarray of 5 */
+        goto none;
+    pos++;
+    if (mp_read_int(p, &pos, lim, &api) < 0 || api != 0 ||
+            mp_read_int(p, &pos, lim, &rid) < 0 || pos >= lim)
+        goto none;
+    unsigned b = p[pos++];
+    Py_ssize_t n;
+    if ((b & 0xe0) == 0xa0) {
+        n = b & 0x1f;
+    } else if (b == 0xd9 && lim - pos >= 1) {
+        n = p[pos++];
+    } else if (b == 0xda && lim - pos >= 2) {
+        n = ((Py_ssize_t)p[pos] << 8) | p[pos + 1];
+        pos += 2;
+    } else if (b == 0xdb && lim - pos >= 4) {
+        n = (Py_ssize_t)(uint32_t)be32(p + pos);
+        pos += 4;
+    } else {
+        goto none;
+    }
+    if (n > lim - pos)
+        goto none;
+    topic = PyUnicode_DecodeUTF8((const char *)p + pos, n, NULL);
+    if (topic == NULL) {
+        PyErr_Clear();                                 /* msgpack raises: the Python path */
+        goto none;
+    }
+    pos += n;
+    if (mp_read_int(p, &pos, lim, &partition) < 0 || mp_read_int(p, &pos, lim, &acks) < 0 ||
+            pos != lim)
+        goto none;
+    res = Py_BuildValue("(LOLLnn)", rid, topic, partition, acks, lim, frame_end);
+    goto out;
+none:
+    res = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(topic);
+    PyBuffer_Release(&view);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
     {"take_batches", mq_take_batches, METH_VARARGS, mq_take_batches_doc},
@@ -1494,6 +1618,8 @@ static PyMethodDef methods[] = {
      produce_frame_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
      encode_record_doc},
+    {"take_produce", (PyCFunction)(void (*)(void))take_produce, METH_FASTCALL,
+     take_produce_doc},
     {NULL, NULL, 0, NULL}
 };
 

@@ -9,7 +9,8 @@ published state to its records (``mq.client.consumer``), and ``check_batch`` the
 checks and stamps of a client's batch at its append (``mq.log.log.PartitionLog.append``),
 ``append_plain`` that whole append for a plain batch in the common case (the same method), and
 ``produce_frame`` the Produce request of one record that ``send()`` writes with
-``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``).
+``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``), and ``take_produce`` the
+broker's parse of such a frame (``mq.protocol.frames.FrameReader.take_produce``).
 Each name here is the extension's function or type, or ``None`` when the extension is not
 built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything but "" or "0" — then
 its users run their pure-Python references, which the C code mirrors byte for byte
@@ -18,9 +19,10 @@ its users run their pure-Python references, which the C code mirrors byte for by
 reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
 ``RecordBatch.validate`` and the append's own checks; for ``append_plain`` the append's
 Python path; for ``produce_frame`` the producer's
-batch, sender and ``encode_tail_frame``; tests/unit/log/test_crecords.py,
+batch, sender and ``encode_tail_frame``; for ``take_produce`` ``FrameReader.messages``;
+tests/unit/log/test_crecords.py,
 test_take_batches.py, test_tail_take.py, test_check_batch.py, test_append_plain.py,
-test_produce_frame.py).
+test_produce_frame.py, tests/unit/protocol/test_frames.py).
 
 Users read these names as attributes of this module at call time (``native.decode_records``),
 so a test can switch one off.
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "check_batch",
-           "append_plain", "produce_frame", "RecordAccumulator", "RecordFuture"]
+           "append_plain", "produce_frame", "take_produce", "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
@@ -43,6 +45,7 @@ tail_take: Callable[..., tuple] | None = None
 check_batch: Callable[..., tuple | None] | None = None
 append_plain: Callable[..., tuple | None] | None = None
 produce_frame: Callable[..., tuple] | None = None
+take_produce: Callable[..., tuple | None] | None = None
 RecordAccumulator: Any = None
 RecordFuture: Any = None
 if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
@@ -60,5 +63,6 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         check_batch = getattr(_crecords, "check_batch", None)
         append_plain = getattr(_crecords, "append_plain", None)
         produce_frame = getattr(_crecords, "produce_frame", None)
+        take_produce = getattr(_crecords, "take_produce", None)
         if hasattr(_crecords, "RecordAccumulator"):
             RecordAccumulator, RecordFuture = _crecords.RecordAccumulator, _crecords.RecordFuture

@@ -41,6 +41,7 @@ from typing import Final
 import msgpack
 
 from mq.errors import LocalProtocolError, RemoteProtocolError
+from mq.log import native
 
 __all__ = ["FrameReader", "encode_frame", "encode_tail_frame", "DEFAULT_MAX_FRAME_BYTES",
            "TAIL_FLAG"]
@@ -195,6 +196,23 @@ class FrameReader:
         bounds."""
         frame = self._frame_bytes()
         return bool(frame) and self._end - self._start >= frame
+
+    def take_produce(self) -> tuple | None:
+        """The next message if it is a Produce tail frame of the shape a producer's
+        ``send()`` writes, parsed in one C call (``native.take_produce``): ``(request_id,
+        topic, partition, acks, batch)``, the batch a writable view of the buffer that the
+        caller releases before it asks for anything else. None, with nothing consumed, for
+        any other frame (``messages()`` reads it, and raises for a bad one), a partial one, a
+        broken stream or a build without the extension."""
+        take = native.take_produce
+        if take is None or self._broken:
+            return None
+        got = take(self._buf, self._start, self._end, self._max)
+        if got is None:
+            return None
+        request_id, topic, partition, acks, tail_start, frame_end = got
+        self._start = frame_end
+        return request_id, topic, partition, acks, memoryview(self._buf)[tail_start:frame_end]
 
     def buffer_updated(self, n: int) -> None:
         """``n`` bytes were received into the view ``get_buffer`` returned."""

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mq.errors import LocalProtocolError, RemoteProtocolError
+from mq.log import native
 from mq.protocol.frames import TAIL_FLAG, FrameReader, encode_frame, encode_tail_frame
 
 fields = st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=10),
@@ -208,3 +209,91 @@ def test_has_message_says_whether_messages_yields_again(specs, cuts):
             assert plain(message) == plain(expected[got])
             got += 1
     assert got == len(expected)
+
+
+# --- the broker's C parse of a producer's Produce frame (FrameReader.take_produce) ----------
+
+_crecords = pytest.importorskip("mq.log._crecords")
+ints = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1,
+                        -1, -32, -33, -128, -129, -32768, -32769, -2**31, -2**31 - 1, -2**63])
+produce_fields = st.one_of(
+    # The shape take_produce reads: [0, request_id, topic, partition, acks, tail].
+    st.tuples(st.just(0), ints, st.text(max_size=300), ints, ints),
+    # Near it: another api, a non-int, a bytes topic, a field too many or too few.
+    st.tuples(st.sampled_from([1, 0]), ints | st.none() | st.booleans(),
+              st.text(max_size=5) | st.binary(max_size=5), ints | st.text(max_size=2), ints)
+    .map(list) | st.lists(ints, max_size=6))
+
+
+def produce_stream(draw_specs) -> tuple[bytes, list[list]]:
+    stream, expected = b"", []
+    for spec, tail in draw_specs:
+        message = [*spec, tail]
+        head, view = encode_tail_frame(message)
+        stream += head + bytes(view)
+        expected.append(message)
+    return stream, expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs=st.lists(st.tuples(produce_fields, st.binary(max_size=200)), min_size=1,
+                      max_size=6),
+       cut=st.integers(0, 50), flip=st.none() | st.tuples(st.integers(0, 10_000),
+                                                          st.integers(1, 255)))
+def test_take_produce_reads_what_messages_reads_or_leaves_it(specs, cut, flip):
+    """Over Produce frames and frames near their shape (then maybe a byte flipped or the
+    stream cut short): ``take_produce`` returns exactly the message ``messages()`` reads of
+    the same bytes, when it has the Produce shape with int fields and a str topic, or
+    None and consumes nothing, leaving ``messages()`` to read (or refuse) it."""
+    stream, _ = produce_stream(specs)
+    stream = bytearray(stream[:len(stream) - cut] if cut < len(stream) else stream)
+    if flip is not None and stream:
+        stream[flip[0] % len(stream)] ^= flip[1]
+    fast, general = FrameReader(), FrameReader()
+    fast.feed(stream)
+    general.feed(stream)
+    while True:
+        start = fast._start
+        got = fast.take_produce()
+        try:
+            message = next_message(general)
+        except RemoteProtocolError:
+            assert got is None
+            return
+        if got is not None:
+            rid, topic, partition, acks, batch = got
+            with batch:
+                assert [0, rid, topic, partition, acks, bytes(batch)] == message
+            assert all(type(v) is int for v in (rid, partition, acks)) and type(topic) is str
+            continue
+        assert fast._start == start                 # nothing consumed
+        if message is None:
+            return
+        shaped = (len(message) == 6 and message[0] == 0 and type(message[2]) is str and
+                  all(type(message[i]) is int for i in (1, 3, 4)))
+        assert not shaped, message
+        assert next_message(fast) == message        # left to messages(): both move past it
+
+
+def next_message(reader: FrameReader) -> list | None:
+    """The next message of ``messages()`` (its tail as bytes, taken while still valid)."""
+    for message in reader.messages():
+        return plain(message)
+    return None
+
+
+def test_the_broker_takes_a_producers_frames_in_c(monkeypatch):
+    """A producer's request, as ``produce_frame`` writes it, is parsed in C; without the
+    extension the same frame goes to ``messages()``."""
+    head, batch = _crecords.produce_frame(0, 7, "tópico", 3, -1, 1000, b"k", b"v", [], -1, -1,
+                                          -1, 0)[:2]
+    reader = FrameReader()
+    reader.feed(head + batch)
+    rid, topic, partition, acks, view = reader.take_produce()
+    with view:
+        assert (rid, topic, partition, acks, bytes(view)) == (7, "tópico", 3, -1, bytes(batch))
+    assert reader.take_produce() is None and reader.buffered == 0
+    monkeypatch.setattr(native, "take_produce", None)
+    reader.feed(head + batch)
+    assert reader.take_produce() is None
+    assert next_message(reader) == [0, 7, "tópico", 3, -1, bytes(batch)]
