@@ -472,6 +472,8 @@ class Broker:
                         self._produce_tail(conn, rid, topic, partition, acks, batch)
                     if conn.closing:
                         return
+                if not reader.buffered:
+                    return          # all taken (a large buffer goes back at the next trim)
             for message in reader.messages():
                 self._handle(conn, message)
                 if conn.closing:
