@@ -58,3 +58,19 @@ def test_a_renewal_that_fails_is_asked_again_until_the_deadline():
 def test_a_refusal_is_raised_at_once_as_mq_s_exception():
     with pytest.raises(mq.errors.TopicAuthorizationFailedError):
         results(answers(KafkaError.TOPIC_AUTHORIZATION_FAILED), "list offsets", 60.0)
+
+
+def test_an_unknown_topic_is_asked_for_again_with_fresh_metadata_within_the_grace():
+    """A partition's leader that has not applied its topic's creation yet (a node restarted a
+    moment ago) answers UNKNOWN_TOPIC_OR_PART: list offsets asks again for a few seconds."""
+    renewed = []
+    assert results(answers(3, 3), "list offsets", 30.0, lambda: renewed.append(1),
+                   unknown_grace=5.0) == {"tp": "offsets"}
+    assert len(renewed) == 2
+
+
+def test_an_unknown_topic_is_raised_after_the_grace_or_at_once_without_one():
+    with pytest.raises(mq.errors.UnknownTopicOrPartitionError):
+        results(answers(3), "delete records", 30.0)
+    with pytest.raises(mq.errors.UnknownTopicOrPartitionError):
+        results(answers(*[3] * 1000), "list offsets", 30.0, unknown_grace=0.3)

@@ -17,7 +17,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mq.client.kafka.config import connection_only, native, with_overrides
-from mq.client.kafka.errors import committed_offsets, raising, results
+from mq.client.kafka.errors import (
+    LIST_OFFSETS_UNKNOWN_GRACE_S,
+    committed_offsets,
+    raising,
+    results,
+)
 from mq.client.types import TopicPartition
 from mq.errors import ClosedError, ResourceNotFoundError, UnsupportedOperationError
 
@@ -58,9 +63,9 @@ class KafkaAdmin:
             self._rd = native(self, AdminClient, self._conf)
         self._closed = False
 
-    def _run(self, call: Any, what: str) -> dict:
+    def _run(self, call: Any, what: str, unknown_grace: float = 0.0) -> dict:
         """An admin call's results by key (``errors.results``)."""
-        return results(call, what, self._timeout, self._renew)
+        return results(call, what, self._timeout, self._renew, unknown_grace)
 
     def _renew(self) -> None:
         """Fresh metadata in librdkafka's cache (``errors.results``)."""
@@ -148,7 +153,7 @@ class KafkaAdmin:
         from confluent_kafka import TopicPartition as RdPartition
         found = self._run(lambda: self._client().list_offsets(
             {RdPartition(name, p): spec for p in range(count)}, request_timeout=self._timeout),
-            "list offsets")
+            "list offsets", LIST_OFFSETS_UNKNOWN_GRACE_S)
         return [found[tp].offset for tp in sorted(found, key=lambda t: t.partition)]
 
     def create_partitions(self, name: str, total: int) -> dict:
@@ -217,7 +222,7 @@ class KafkaAdmin:
             from confluent_kafka.admin import OffsetSpec
             found = self._run(lambda: self._client().list_offsets(
                 {RdPartition(*tp): OffsetSpec.latest() for tp in offsets},
-                request_timeout=self._timeout), "list offsets")
+                request_timeout=self._timeout), "list offsets", LIST_OFFSETS_UNKNOWN_GRACE_S)
             ends = {TopicPartition(t.topic, t.partition): r.offset for t, r in found.items()}
         return {"group": group, "state": desc.state.name.title(),
                 "assignor": desc.partition_assignor or None, "members": members,

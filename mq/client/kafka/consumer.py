@@ -55,7 +55,13 @@ from mq.client.consumer_options import (
 )
 from mq.client.fetcher import Record
 from mq.client.kafka.config import connection_only, native, with_overrides
-from mq.client.kafka.errors import committed_offsets, from_kafka, raising, results
+from mq.client.kafka.errors import (
+    LIST_OFFSETS_UNKNOWN_GRACE_S,
+    committed_offsets,
+    from_kafka,
+    raising,
+    results,
+)
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
     ClosedError,
@@ -595,7 +601,8 @@ class KafkaConsumer:
         found = results(lambda: self._admin.list_offsets(
             {RdPartition(tp.topic, tp.partition): spec for tp, spec in specs.items()},
             isolation_level=level, request_timeout=self._timeout), "list offsets",
-            self._timeout, lambda: self._admin.list_topics(timeout=self._timeout))
+            self._timeout, lambda: self._admin.list_topics(timeout=self._timeout),
+            LIST_OFFSETS_UNKNOWN_GRACE_S)
         return {_tp(rd_tp): info for rd_tp, info in found.items()}
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]

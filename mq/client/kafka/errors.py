@@ -27,7 +27,8 @@ from mq.errors import (
     error_for_code,
 )
 
-__all__ = ["committed_offsets", "from_kafka", "raising", "results"]
+__all__ = ["LIST_OFFSETS_UNKNOWN_GRACE_S", "committed_offsets", "from_kafka", "raising",
+           "results"]
 
 
 def _no_offset(message: str) -> NoOffsetForPartitionError:
@@ -99,12 +100,18 @@ class raising:
 # class says so, they are Kafka's retriable answers, which librdkafka's admin results do not
 # flag.
 _STALE_METADATA = frozenset({5, 6, 9, 74, 75, 78})
+_UNKNOWN_TOPIC_OR_PART = 3
+# How long list offsets asks again when a partition's leader does not know its topic (see
+# results): a restarted node applies the metadata log in seconds, 5 s on a loaded box; an
+# unknown topic's error comes that much later.
+LIST_OFFSETS_UNKNOWN_GRACE_S = 5.0
 _RETRIABLE = frozenset({code for code, cls in ERRORS_BY_CODE.items() if cls.retriable} |
                        _STALE_METADATA)
 
 
 def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float,
-            renew: Callable[[], Any] | None = None) -> dict[Any, Any]:
+            renew: Callable[[], Any] | None = None, unknown_grace: float = 0.0
+            ) -> dict[Any, Any]:
     """The results of an admin call (``call()`` returns its futures by key), asked again
     while the cluster answers with a retriable error (a leader moving, a partition just
     created) for up to ``timeout`` seconds; other failures raised as mq's exceptions.
@@ -112,19 +119,25 @@ def results(call: Callable[[], Mapping[Any, Any]], what: str, timeout: float,
     An answer that says the client's metadata is stale (a leader or its epoch moved) calls
     ``renew()`` first, which asks the cluster for fresh metadata: librdkafka would otherwise
     send the same stale leader epoch until its cache expires (minutes), as Kafka's own
-    client did before KAFKA-9535."""
+    client did before KAFKA-9535. So does UNKNOWN_TOPIC_OR_PART (3) for the first
+    ``unknown_grace`` seconds: the answer of a partition's leader that has not applied the
+    topic's creation yet (a node restarted a moment ago, which the controller made the
+    leader of a new topic's partition: CI saw list offsets answered so just after
+    create_topic returned)."""
     from confluent_kafka import KafkaException
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while True:
         futures = call()
         try:
             return {key: fut.result() for key, fut in futures.items()}
         except KafkaException as exc:
             err = exc.args[0]
-            if not (err.retriable() or err.code() in _RETRIABLE) or \
-                    time.monotonic() >= deadline:
+            now = time.monotonic()
+            unknown = err.code() == _UNKNOWN_TOPIC_OR_PART and now < start + unknown_grace
+            if not (err.retriable() or err.code() in _RETRIABLE or unknown) or now >= deadline:
                 raise from_kafka(err, what) from exc
-            if renew is not None and err.code() in _STALE_METADATA:
+            if renew is not None and (unknown or err.code() in _STALE_METADATA):
                 try:
                     renew()
                 except KafkaException:
