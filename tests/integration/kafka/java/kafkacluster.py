@@ -168,14 +168,17 @@ class KafkaCluster:
         """Every partition of ``topics`` (all topics, internal ones included, when none are
         given) with its leader, replicas and ISR. A topic that the node asked does not know
         yet (created through another node a moment ago: each learns it from the metadata log
-        in its own time) is asked for again for up to ``timeout`` seconds; raises
-        ``KafkaException`` if no running node answers within 10 s."""
+        in its own time) is asked for again for up to ``timeout`` seconds, and so is a
+        request that timed out (the node it went to was killed meanwhile by another test:
+        "Timed out waiting for controller"), through a client of the nodes running then;
+        raises ``KafkaException`` when that does not answer either."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 return self._describe(topics)
             except KafkaException as err:
-                if (err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+                if (err.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                               KafkaError._TIMED_OUT)
                         or time.monotonic() > deadline):
                     raise
             time.sleep(0.1)
