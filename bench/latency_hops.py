@@ -1,7 +1,7 @@
 """Where an end-to-end record's time goes, hop by hop, at a paced rate (100 B, acks=1, linger 0).
 
     python3 -m bench.latency_hops [--rate 1000] [--n 3000] [--broker-spin-us 0]
-                                  [--consumer-spin-us 0]
+                                  [--consumer-spin-us 0] [--broker-steps]
 
 The broker runs in this process (a thread: its methods are wrapped to stamp the time); the
 producer and the consumer are forked processes, also stamping. Every stamp is
@@ -10,7 +10,10 @@ matched in order: its ``send()`` call, that call's ``sendmsg``, the broker's nex
 and publish, the consumer's wake-up and its ``poll()`` returning. The first fifth is warm-up.
 The spin options choose the wait strategies (README, "Wait strategies"): 0, the default,
 sleeps at once.
-Prints p50 and p90 per hop (bench/RESULTS.md, "Latency at 1 k/s").
+Prints p50 and p90 per hop (bench/RESULTS.md, "Latency at 1 k/s"). ``--broker-steps`` adds
+the p50 of each step from the broker's read to its publish (``BROKER_STEPS``: the handler of
+a Produce taken from a tail frame, the partition log's append, the publication), each stamp
+costing about a µs more.
 """
 
 from __future__ import annotations
@@ -30,12 +33,16 @@ import mq
 from mq.broker import server
 from mq.broker.apis import produce
 from mq.broker.config import BrokerConfig
+from mq.log.log import PartitionLog
 from mq.protocol import state
 
 EVENTS: list[tuple[str, int]] = []        # the broker's stamps (this process)
 HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to appended",
         "appended to publish", "publish and futex wake (broker)", "publish to consumer awake",
         "consumer awake to poll()", "TOTAL (intended send to poll)"]
+BROKER_STEPS = ["  read to the Produce handler", "  handler to the log's append",
+                "  the log's append", "  the log's append to appended",
+                "  appended to publishing", "  publishing to the slot's write"]
 
 
 def stamp(owner, name: str, tag: str, at_end: bool = False) -> None:
@@ -114,6 +121,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000, help="records (3000)")
     ap.add_argument("--broker-spin-us", type=int, default=0, metavar="US",
                     help="the broker's spin_us: its loop's busy wait before sleeping (0)")
+    ap.add_argument("--broker-steps", action="store_true",
+                    help="also stamp the steps from the broker's read to its publish")
     ap.add_argument("--consumer-spin-us", type=int, default=0, metavar="US",
                     help="the consumer's spin_us: its busy wait before sleeping (0)")
     args = ap.parse_args()
@@ -122,6 +131,11 @@ def main() -> None:
     stamp(produce.ProduceApis, "append", "appended", at_end=True)
     stamp(state.StateWriter, "publish", "publish")
     stamp(state.StateWriter, "publish", "woke", at_end=True)
+    if args.broker_steps:
+        stamp(server.Broker, "_produce_tail", "handler")
+        stamp(PartitionLog, "append", "log")
+        stamp(PartitionLog, "append", "logged", at_end=True)
+        stamp(server.Broker, "_publish_touched", "publishing")
     d = tempfile.mkdtemp(prefix="mq-hops-")
     sock = os.path.join(d, "mq.sock")
     broker = server.Broker(BrokerConfig(data_dir=d, socket=sock, spin_us=args.broker_spin_us))
@@ -151,7 +165,8 @@ def main() -> None:
         return xs[i]
     read, appended, publish, woke = times("read"), times("appended"), times("publish"), \
         times("woke")
-    rows = []
+    steps = {tag: times(tag) for tag in ("handler", "log", "logged", "publishing")}
+    rows, step_rows = [], []
     for i in range(n // 5, n - 5):
         s = sends[i]
         try:
@@ -159,8 +174,15 @@ def main() -> None:
             rd = after(read, sm)
             ap_ = after(appended, rd)
             pb = after(publish, ap_)
-            rows.append((sm - s, rd - sm, ap_ - rd, pb - ap_, after(woke, pb) - pb,
-                         after(wakes, pb) - pb, got[i][1] - after(wakes, pb), got[i][1] - s))
+            row = (sm - s, rd - sm, ap_ - rd, pb - ap_, after(woke, pb) - pb,
+                   after(wakes, pb) - pb, got[i][1] - after(wakes, pb), got[i][1] - s)
+            if args.broker_steps:
+                hd = after(steps["handler"], rd)
+                lg = after(steps["log"], hd)
+                ld = after(steps["logged"], lg)
+                ps = after(steps["publishing"], ap_)
+                step_rows.append((hd - rd, lg - hd, ld - lg, ap_ - ld, ps - ap_, pb - ps))
+            rows.append(row)
         except LookupError:
             continue        # under load a consumer may take the last records without sleeping
     if not rows:
@@ -171,6 +193,9 @@ def main() -> None:
         v = sorted(r[j] for r in rows)
         print(f"{name:34s} p50 {v[len(v) // 2] / 1000:7.1f} us   "
               f"p90 {v[int(len(v) * 0.9)] / 1000:7.1f} us")
+    for j, name in enumerate(BROKER_STEPS if step_rows else []):
+        v = sorted(r[j] for r in step_rows)
+        print(f"{name:34s} p50 {v[len(v) // 2] / 1000:7.1f} us")
     broker.request_stop()       # a clean stop: its shared memory and semaphores go too
     serving.join(30)
     shutil.rmtree(d, ignore_errors=True)
