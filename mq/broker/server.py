@@ -77,7 +77,7 @@ from mq.broker.space import FreeSpaceGuard, format_bytes
 from mq.broker.stats import BrokerStats
 from mq.broker.wakeups import StatePublisher
 from mq.errors import ConfigError, InvalidRequestError, RemoteProtocolError
-from mq.log import diskio, files
+from mq.log import diskio, files, native
 from mq.log.cleaner import CleanerConfig
 from mq.log.log import PartitionLog
 from mq.log.manager import LogManager
@@ -464,9 +464,10 @@ class Broker:
         reader = conn.reader
         reader.buffer_updated(n)
         try:
-            if conn.greeted:
+            take = native.take_produce
+            if conn.greeted and take is not None:
                 # The hot path: a producer's Produce frames parsed in C (else None).
-                while (produce := reader.take_produce()) is not None:
+                while (produce := reader.take_with(take)) is not None:
                     rid, topic, partition, acks, batch = produce
                     with batch:
                         self._produce_tail(conn, rid, topic, partition, acks, batch)

@@ -10,7 +10,8 @@ checks and stamps of a client's batch at its append (``mq.log.log.PartitionLog.a
 ``append_plain`` that whole append for a plain batch in the common case (the same method), and
 ``produce_frame`` the Produce request of one record that ``send()`` writes with
 ``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``), and ``take_produce`` the
-broker's parse of such a frame (``mq.protocol.frames.FrameReader.take_produce``).
+broker's parse of such a frame (``mq.broker.server.Broker._read``, through
+``mq.protocol.frames.FrameReader.take_with``).
 Each name here is the extension's function or type, or ``None`` when the extension is not
 built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything but "" or "0" — then
 its users run their pure-Python references, which the C code mirrors byte for byte

@@ -35,13 +35,12 @@ the stream can no longer be re-synchronised.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import msgpack
 
 from mq.errors import LocalProtocolError, RemoteProtocolError
-from mq.log import native
 
 __all__ = ["FrameReader", "encode_frame", "encode_tail_frame", "DEFAULT_MAX_FRAME_BYTES",
            "TAIL_FLAG"]
@@ -197,22 +196,22 @@ class FrameReader:
         frame = self._frame_bytes()
         return bool(frame) and self._end - self._start >= frame
 
-    def take_produce(self) -> tuple | None:
-        """The next message if it is a Produce tail frame of the shape a producer's
-        ``send()`` writes, parsed in one C call (``native.take_produce``): ``(request_id,
-        topic, partition, acks, batch)``, the batch a writable view of the buffer that the
-        caller releases before it asks for anything else. None, with nothing consumed, for
-        any other frame (``messages()`` reads it, and raises for a bad one), a partial one, a
-        broken stream or a build without the extension."""
-        take = native.take_produce
-        if take is None or self._broken:
+    def take_with(self, parse: Callable[..., tuple | None]) -> tuple | None:
+        """The next message if ``parse`` reads it: a C parser of one shape of tail frame
+        (``mq.log.native.take_produce``, a producer's Produce), called as ``parse(buffer,
+        start, end, max_frame_bytes)`` and returning the message's fields, the tail's start
+        and the frame's end, or None. Returns the fields and the tail as a writable view of
+        the buffer, which the caller releases before it asks for anything else; None, with
+        nothing consumed, for any other frame (``messages()`` reads it, and raises for a bad
+        one), a partial one or a broken stream."""
+        if self._broken:
             return None
-        got = take(self._buf, self._start, self._end, self._max)
+        got = parse(self._buf, self._start, self._end, self._max)
         if got is None:
             return None
-        request_id, topic, partition, acks, tail_start, frame_end = got
+        *fields, tail_start, frame_end = got
         self._start = frame_end
-        return request_id, topic, partition, acks, memoryview(self._buf)[tail_start:frame_end]
+        return (*fields, memoryview(self._buf)[tail_start:frame_end])
 
     def buffer_updated(self, n: int) -> None:
         """``n`` bytes were received into the view ``get_buffer`` returned."""

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mq.errors import LocalProtocolError, RemoteProtocolError
-from mq.log import native
 from mq.protocol.frames import TAIL_FLAG, FrameReader, encode_frame, encode_tail_frame
 
 fields = st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=10),
@@ -211,9 +210,10 @@ def test_has_message_says_whether_messages_yields_again(specs, cuts):
     assert got == len(expected)
 
 
-# --- the broker's C parse of a producer's Produce frame (FrameReader.take_produce) ----------
+# --- the broker's C parse of a producer's Produce frame (take_produce, FrameReader.take_with) -
 
 _crecords = pytest.importorskip("mq.log._crecords")
+take_produce = _crecords.take_produce
 ints = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1,
                         -1, -32, -33, -128, -129, -32768, -32769, -2**31, -2**31 - 1, -2**63])
 produce_fields = st.one_of(
@@ -242,9 +242,10 @@ def produce_stream(draw_specs) -> tuple[bytes, list[list]]:
                                                           st.integers(1, 255)))
 def test_take_produce_reads_what_messages_reads_or_leaves_it(specs, cut, flip):
     """Over Produce frames and frames near their shape (then maybe a byte flipped or the
-    stream cut short): ``take_produce`` returns exactly the message ``messages()`` reads of
-    the same bytes, when it has the Produce shape with int fields and a str topic, or
-    None and consumes nothing, leaving ``messages()`` to read (or refuse) it."""
+    stream cut short): ``take_produce`` (through ``take_with``) returns exactly the message
+    ``messages()`` reads of the same bytes, when it has the Produce shape with int fields
+    and a str topic, or None and consumes nothing, leaving ``messages()`` to read (or
+    refuse) it."""
     stream, _ = produce_stream(specs)
     stream = bytearray(stream[:len(stream) - cut] if cut < len(stream) else stream)
     if flip is not None and stream:
@@ -254,7 +255,7 @@ def test_take_produce_reads_what_messages_reads_or_leaves_it(specs, cut, flip):
     general.feed(stream)
     while True:
         start = fast._start
-        got = fast.take_produce()
+        got = fast.take_with(take_produce)
         try:
             message = next_message(general)
         except RemoteProtocolError:
@@ -282,18 +283,17 @@ def next_message(reader: FrameReader) -> list | None:
     return None
 
 
-def test_the_broker_takes_a_producers_frames_in_c(monkeypatch):
-    """A producer's request, as ``produce_frame`` writes it, is parsed in C; without the
-    extension the same frame goes to ``messages()``."""
+def test_a_producers_frame_is_taken_whole_and_any_other_left_to_messages():
+    """A producer's request, as ``produce_frame`` writes it, is parsed in C; a parse that
+    declines (another frame, or no extension) leaves the same frame to ``messages()``."""
     head, batch = _crecords.produce_frame(0, 7, "tópico", 3, -1, 1000, b"k", b"v", [], -1, -1,
                                           -1, 0)[:2]
     reader = FrameReader()
     reader.feed(head + batch)
-    rid, topic, partition, acks, view = reader.take_produce()
+    rid, topic, partition, acks, view = reader.take_with(take_produce)
     with view:
         assert (rid, topic, partition, acks, bytes(view)) == (7, "tópico", 3, -1, bytes(batch))
-    assert reader.take_produce() is None and reader.buffered == 0
-    monkeypatch.setattr(native, "take_produce", None)
+    assert reader.take_with(take_produce) is None and reader.buffered == 0
     reader.feed(head + batch)
-    assert reader.take_produce() is None
+    assert reader.take_with(lambda *args: None) is None
     assert next_message(reader) == [0, 7, "tópico", 3, -1, bytes(batch)]
