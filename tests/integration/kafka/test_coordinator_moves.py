@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import pytest
 
 import mq
 from mq.protocol.kafka.codec import decode_request, encode_response
+from wire_calls import read_frame
 
 API_VERSIONS, METADATA, FIND_COORDINATOR, OFFSET_FETCH = 18, 3, 10, 9
 # What the fake broker answers: below the versions with topic ids and batched lookups.
@@ -69,12 +69,11 @@ class MovingCoordinator:
     def _serve(self, conn: socket.socket) -> None:
         try:
             while True:
-                size = struct.unpack(">i", _read(conn, 4))[0]
-                header, body = decode_request(_read(conn, size))
+                header, body = decode_request(read_frame(conn))
                 reply = self._answer(header.api_key, header.api_version, body)
                 conn.sendall(b"".join(bytes(p) for p in encode_response(
                     header.api_key, header.api_version, header.correlation_id, reply)))
-        except (OSError, EOFError):
+        except OSError:                  # ConnectionError: the client closed
             conn.close()
 
     def _answer(self, api: int, version: int, body: dict) -> dict:
@@ -104,16 +103,6 @@ class MovingCoordinator:
                  "metadata": COMMITTED_METADATA}
                 for p in t["partition_indexes"]]} for t in asked]}
         raise AssertionError(f"the fake broker was sent api {api} v{version}")
-
-
-def _read(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
 
 
 @pytest.fixture

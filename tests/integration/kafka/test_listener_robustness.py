@@ -27,6 +27,7 @@ from mq.protocol.kafka import codec
 from mq.protocol.kafka.schemas import APIS
 from tests.integration.cli_run import ENV, mq_run
 from tests.property.kafka_bodies import body
+from wire_calls import read_frame
 
 API_VERSIONS, METADATA, FETCH, PRODUCE, CONSUMER_GROUP_HEARTBEAT = 18, 3, 1, 0, 68
 MAX_REQUEST_BYTES = 100 * 1024 * 1024
@@ -95,23 +96,10 @@ def kafka(tmp_path):
 
 
 # --- a small client --------------------------------------------------------------------------
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
-
-
-def read_response(sock: socket.socket) -> bytes:
-    return recv_exactly(sock, struct.unpack(">i", recv_exactly(sock, 4))[0])
-
 
 def api_versions(sock: socket.socket, correlation_id: int = 1, version: int = 3) -> dict:
     sock.sendall(codec.encode_request(API_VERSIONS, version, correlation_id, {}))
-    got_id, body = codec.decode_response(API_VERSIONS, version, read_response(sock))
+    got_id, body = codec.decode_response(API_VERSIONS, version, read_frame(sock))
     assert got_id == correlation_id
     return body
 
@@ -188,7 +176,7 @@ def test_garbage_after_a_valid_header_is_answered_or_closes_the_connection(kafka
             sock.sendall(struct.pack(">i", len(body)) + body)
             sock.settimeout(2.0)
             try:
-                response = read_response(sock)
+                response = read_frame(sock)
             except TimeoutError:                            # waiting, as it asked
                 with kafka.connect() as bystander:
                     api_versions(bystander)
@@ -225,7 +213,7 @@ def test_an_unsupported_api_versions_version_is_answered_in_v0(kafka):
     with kafka.connect() as sock:
         frame = struct.pack(">hhi", API_VERSIONS, 9, 7) + b"\x00\x02cl" + b"\xde\xad"
         sock.sendall(struct.pack(">i", len(frame)) + frame)
-        got_id, body = codec.decode_response(API_VERSIONS, 0, read_response(sock))
+        got_id, body = codec.decode_response(API_VERSIONS, 0, read_frame(sock))
         assert got_id == 7 and body["error_code"] == 35
         assert {"api_key": FETCH, "min_version": 4, "max_version": 12} in body["api_keys"]
         assert api_versions(sock, correlation_id=8)["error_code"] == 0     # and it stays open
@@ -257,7 +245,7 @@ def test_consumer_group_heartbeat_answers_an_empty_group_id(kafka):
             "group_id": "", "member_id": "m", "member_epoch": 0,
             "rebalance_timeout_ms": 1000, "subscribed_topic_names": ["keep"],
             "topic_partitions": []}))
-        _, got = codec.decode_response(CONSUMER_GROUP_HEARTBEAT, 0, read_response(sock))
+        _, got = codec.decode_response(CONSUMER_GROUP_HEARTBEAT, 0, read_frame(sock))
     assert got["error_code"] == 42                    # INVALID_REQUEST, as Kafka answers
     assert "Traceback" not in kafka.proc.stderr()
 

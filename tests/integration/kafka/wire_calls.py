@@ -6,7 +6,7 @@ import socket
 
 from mq.protocol.kafka.codec import decode_response, encode_request
 
-__all__ = ["call"]
+__all__ = ["call", "read_frame"]
 
 
 def call(address: str, api_key: int, version: int, body: dict, timeout: float = 30.0
@@ -16,11 +16,23 @@ def call(address: str, api_key: int, version: int, body: dict, timeout: float = 
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
         sock.sendall(encode_request(api_key, version, 7, body))
-        data = b""
-        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
-            chunk = sock.recv(65536)
-            assert chunk, "the broker closed the connection"
-            data += chunk
-    correlation_id, response = decode_response(api_key, version, data[4:])
+        data = read_frame(sock)
+    correlation_id, response = decode_response(api_key, version, data)
     assert correlation_id == 7
     return response
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """One size-prefixed Kafka frame (a request or a response) without its size. Raises
+    ``ConnectionError`` if the peer closes first."""
+    return _recv_exactly(sock, int.from_bytes(_recv_exactly(sock, 4), "big", signed=True))
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
