@@ -129,14 +129,12 @@ class KafkaAdmin:
         """``{name, id, partitions, config, overrides, offsets: [(start, end)], leaders,
         replicas, isr}``."""
         from confluent_kafka import TopicCollection
-        from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec, ResourceType
+        from confluent_kafka.admin import ConfigSource, OffsetSpec
         rd = self._client()
         [desc] = self._run(lambda: rd.describe_topics(TopicCollection([name]),
                                              request_timeout=self._timeout),
                           "describe topic").values()
-        [entries] = self._run(lambda: rd.describe_configs([ConfigResource(ResourceType.TOPIC, name)],
-                                                 request_timeout=self._timeout),
-                             "describe configs").values()
+        entries = self._configs(name)
         parts = sorted(desc.partitions, key=lambda p: p.id)
         ends = [self._offsets(name, len(parts), spec)
                 for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]
@@ -171,6 +169,7 @@ class KafkaAdmin:
             AlterConfigOpType,
             ConfigEntry,
             ConfigResource,
+            ConfigSource,
             ResourceType,
         )
         entries = [ConfigEntry(k, None if v is None else str(v),
@@ -180,7 +179,29 @@ class KafkaAdmin:
         self._run(lambda: self._client().incremental_alter_configs([resource],
                                                           request_timeout=self._timeout),
                  "alter config")
-        return self.describe_topic(name)["config"]
+        wanted = {k: None if v is None else str(v) for k, v in config.items()}
+        deadline = time.monotonic() + self._timeout
+        while True:
+            # The controller has the change; the node that answers a describe learns it from
+            # the metadata log in its own time (CI saw the old value once), so wait as
+            # _settle does until the change is there to see.
+            entries = self._configs(name)
+            if all(entries[k].source != ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+                   if v is None else entries[k].value == v
+                   for k, v in wanted.items() if k in entries):
+                return {k: e.value for k, e in entries.items()}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {name!r} config was altered but the cluster does "
+                                   f"not show it within {self._timeout} s")
+            time.sleep(0.05)
+
+    def _configs(self, name: str) -> dict:
+        """The topic's config entries by name, as the node that answers sees them."""
+        from confluent_kafka.admin import ConfigResource, ResourceType
+        [entries] = self._run(lambda: self._client().describe_configs(
+            [ConfigResource(ResourceType.TOPIC, name)], request_timeout=self._timeout),
+            "describe configs").values()
+        return entries
 
     def delete_records(self, name: str, partition: int, before_offset: int) -> int:
         """Delete the records before ``before_offset``; the partition's new start offset."""
