@@ -339,18 +339,23 @@ class ProducerIO:
             return None                           # failed there, or written through the arena
         if ids is not None:
             ids.assign(info.name, partition, 1)
+        # Written first, booked after: the broker works on it meanwhile. Its reply is taken
+        # under the lock this send() holds, so it finds the batch in flight.
+        try:
+            conn.send_frame((head, data))
+            written = True
+        except MQError:
+            written = False
         acc = self.accumulator
         now = time.monotonic()
         batch = Batch.whole(info, partition, data, now, acc.cb_lock, acc.buffers,
                             producer_id, epoch)
         sender.admit(batch)
-        try:
-            conn.send_frame((head, data))
-        except MQError:
-            sender.ready.append(batch)            # nothing was queued ahead of it
-        else:
+        if written:
             sender.sent(batch, rid, now, None)    # type: ignore[arg-type]  # acks: no outcome
             self._watch_timeout(now)
+        else:
+            sender.ready.append(batch)            # nothing was queued ahead of it
         acc.closed(info, partition)
         return FutureRecordMetadata(batch, 0, ts)
 
