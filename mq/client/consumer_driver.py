@@ -46,7 +46,6 @@ log = logging.getLogger("mq.client.consumer")
 RECONNECT_BACKOFF_S = (0.05, 1.0)
 _LIVENESS_CHECK_S = 1.0           # a blocked consumer checks its connection this often
 MAX_FUTEX_WORDS = 127             # futex_waitv's limit, less the consumer's own word
-_ALL = 0x7FFFFFFF                 # FUTEX_WAKE: every sleeper
 
 
 def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
@@ -61,23 +60,15 @@ def _block(sem: posix_ipc.Semaphore, timeout: float) -> bool:
 
 
 def _sleep_on(region, offsets: list[int], values: list[int], local: bytearray,
-              local_value: int, timeout: float, spin: float = 0.0) -> int:
+              local_value: int, timeout: float, spin: float, passed: dict[int, int]) -> int:
     """Futex sleep (``_futex.wait_any``), after watching the words for ``spin`` seconds: the
     index of the word woken, -1 on timeout, -2 if one had changed (before the sleep, or
-    while spinning). (A seam for tests, like ``_block``.)"""
-    return futex.wait_any(region, offsets, values, local, local_value, timeout, spin)
+    while spinning). (A seam for tests, like ``_block``.)
 
-
-def _pass_on(region, offsets: list[int], values: list[int], woken: int,
-             passed: dict[int, int]) -> None:
-    """After a futex sleep: the broker wakes one sleeper per publish, and the one it woke
-    wakes the others. Any changed word may have had its wake-up land here, so each is passed
-    on, once per value (so two consumers cannot keep waking each other)."""
-    for i, word in enumerate(offsets):
-        now = int.from_bytes(region[word:word + 4], "little")
-        if (i == woken or now != values[i]) and passed.get(word) != now:
-            passed[word] = now
-            futex.wake(region, word, _ALL)
+    The broker wakes one sleeper per publish, and the one it woke wakes the others: a shared
+    word's wake-up is passed on in the same C call, before the take, once per value
+    (``passed``, by word offset), so two consumers cannot keep waking each other."""
+    return futex.wait_any(region, offsets, values, local, local_value, timeout, spin, passed)
 
 
 def _drain(sem: posix_ipc.Semaphore) -> None:
@@ -413,14 +404,9 @@ class ConsumerDriver:
         if look or state.metadata_version != self.meta_version or interrupted():
             return
         woken = _sleep_on(state.region, offsets, values, session.local, local, slice_s,
-                          self.spin_s)
-        if woken == -1:
-            if not session.alive(on_reply):
-                self.lost()
-            return
-        if woken < 0:
-            return                                # changed before the sleep began
-        _pass_on(state.region, offsets, values, woken, session.passed)
+                          self.spin_s, session.passed)
+        if woken == -1 and not session.alive(on_reply):
+            self.lost()
 
     def sleep_tail(self, session: Session, words: list[int], seqs: list[int], local: int,
                    remaining: float | None, on_reply: Callable) -> bool:
@@ -432,9 +418,9 @@ class ConsumerDriver:
         ``session.local`` moved."""
         slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
         region, values = session.state.region, [seq & 0xFFFFFFFF for seq in seqs]
-        woken = _sleep_on(region, words, values, session.local, local, slice_s, self.spin_s)
+        woken = _sleep_on(region, words, values, session.local, local, slice_s, self.spin_s,
+                          session.passed)
         if 0 <= woken < len(words):
-            _pass_on(region, words, values, woken, session.passed)
             return True
         if woken == -1 and not session.alive(on_reply):
             self.lost()

@@ -88,7 +88,8 @@ futex_wake(PyObject *self, PyObject *args, PyObject *kwds)
 }
 
 PyDoc_STRVAR(wait_any_doc,
-"wait_any(buffer, offsets, values, local, local_value, timeout, spin=0.0) -> int\n\n"
+"wait_any(buffer, offsets, values, local, local_value, timeout, spin=0.0, passed=None)\n"
+"    -> int\n\n"
 "Sleep (GIL released) until a sleeper on one of the shared 32-bit words at `offsets` in\n"
 "`buffer`, or on the private word at the start of `local`, is woken, or `timeout` seconds\n"
 "pass; at most 127 shared words. Each word must still hold its expected value (`values`,\n"
@@ -98,7 +99,12 @@ PyDoc_STRVAR(wait_any_doc,
 "With `spin` > 0 it first watches the words for up to `spin` seconds without sleeping\n"
 "(a busy wait, one CPU at 100%) and returns -2 as soon as one changes: that wake-up costs\n"
 "no scheduler round trip, and no sleeper's wake-up was taken. Both buffers stay exported\n"
-"while it spins.");
+"while it spins.\n\n"
+"With `passed` (a dict), a shared word's wake-up is passed on before the call returns: the\n"
+"broker wakes one sleeper per publish, and the one it woke wakes the others. Each shared\n"
+"word that was woken or no longer holds its value gets a FUTEX_WAKE of every sleeper, once\n"
+"per value: `passed` maps a word's offset to the value last passed on, so two sleepers\n"
+"cannot keep waking each other.");
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_RELAX() __builtin_ia32_pause()
@@ -134,17 +140,61 @@ spin_on(const struct futex_waitv *w, Py_ssize_t count, int64_t until)
     }
 }
 
+/* After a sleep woken on shared word `woken`: wake every sleeper on each shared word that was
+ * woken or changed, once per value (`passed`: offset -> value last passed on). The buffer is
+ * exported again for the reads; one closed meanwhile has no sleepers left to pass on to. */
+static int
+pass_on(PyObject *buffer, const Py_ssize_t *offs, const struct futex_waitv *w, Py_ssize_t n,
+        long woken, PyObject *passed)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        if (offs[i] > view.len - 4)
+            continue;
+        uint32_t *addr = (uint32_t *)((char *)view.buf + offs[i]);
+        uint32_t now = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+        if (i != woken && now == (uint32_t)w[i].val)
+            continue;
+        PyObject *key = PyLong_FromSsize_t(offs[i]);
+        PyObject *value = PyLong_FromUnsignedLong(now);
+        if (key == NULL || value == NULL) {
+            rc = -1;
+        } else {
+            PyObject *prev = PyDict_GetItemWithError(passed, key);      /* borrowed */
+            int same = prev == NULL ? 0 : PyObject_RichCompareBool(prev, value, Py_EQ);
+            if ((prev == NULL && PyErr_Occurred()) || same < 0)
+                rc = -1;
+            else if (!same && (rc = PyDict_SetItem(passed, key, value)) == 0)
+                syscall(SYS_futex, addr, FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+    }
+    PyBuffer_Release(&view);
+    return rc;
+}
+
 static PyObject *
 futex_wait_any(PyObject *self, PyObject *args)
 {
-    PyObject *buffer, *offsets, *values, *local;
+    PyObject *buffer, *offsets, *values, *local, *passed = Py_None;
     unsigned long long local_value;
     double timeout, spin = 0.0;
     struct futex_waitv w[FUTEX_WAITV_MAX];
+    Py_ssize_t offs_at[FUTEX_WAITV_MAX];
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOKd|d", &buffer, &offsets, &values, &local, &local_value,
-                          &timeout, &spin))
+    if (!PyArg_ParseTuple(args, "OOOOKd|dO", &buffer, &offsets, &values, &local, &local_value,
+                          &timeout, &spin, &passed))
         return NULL;
+    if (passed != Py_None && !PyDict_Check(passed)) {
+        PyErr_SetString(PyExc_TypeError, "passed must be a dict or None");
+        return NULL;
+    }
     PyObject *offs = PySequence_Fast(offsets, "offsets must be a sequence");
     if (offs == NULL)
         return NULL;
@@ -172,6 +222,7 @@ futex_wait_any(PyObject *self, PyObject *args)
         w[i].uaddr = (uint64_t)(uintptr_t)addr;
         w[i].val = v & 0xffffffffu;
         w[i].flags = FUTEX_32;
+        offs_at[i] = off;
     }
     {
         uint32_t *addr;
@@ -225,8 +276,11 @@ futex_wait_any(PyObject *self, PyObject *args)
     r = syscall(__NR_futex_waitv, w, (unsigned int)(n + 1), 0, &ts, CLOCK_MONOTONIC);
     err = errno;
     Py_END_ALLOW_THREADS
-    if (r >= 0)
+    if (r >= 0) {
+        if (r < n && passed != Py_None && pass_on(buffer, offs_at, w, n, r, passed) < 0)
+            return NULL;
         return PyLong_FromLong(r);
+    }
     if (err == ETIMEDOUT)
         return PyLong_FromLong(-1);
     if (err == EAGAIN || err == EFAULT)

@@ -109,6 +109,59 @@ def test_processes_sleep_on_a_read_only_map_and_the_writer_wakes_them_all(region
             p.join(WAIT)
 
 
+def _passing_sleeper(pipe, ro, offset: int) -> None:
+    passed: dict[int, int] = {}
+    pipe.send("asleep")
+    pipe.send((futex.wait_any(ro, [64, offset], [0, 0], bytearray(4), 0, WAIT, 0.0, passed),
+               passed))
+
+
+def test_the_sleeper_woken_passes_the_wake_up_on_in_the_same_call(region):
+    """The writer wakes one of three sleepers (as the broker does per publish); the one it
+    woke wakes the others before its call returns, and says in ``passed`` which value of
+    which word it passed on, so it does not pass the same one on again."""
+    rw, ro = region
+    pipes, procs = [], []
+    for _ in range(3):
+        ours, theirs = CTX.Pipe()
+        p = CTX.Process(target=_passing_sleeper, args=(theirs, ro, 128), daemon=True)
+        p.start()
+        pipes.append(ours)
+        procs.append(p)
+    try:
+        for pipe in pipes:
+            assert pipe.poll(WAIT) and pipe.recv() == "asleep"
+        put(rw, 128, 1)
+        futex.wake(rw, 128, 1)                        # one wake, and never another
+        results = []
+        for pipe in pipes:
+            assert pipe.poll(WAIT), "a sleeper was never woken"
+            results.append(pipe.recv())
+        # Each was woken (index 1), or saw the word changed before it slept (-2).
+        assert all(r in (1, -2) for r, _ in results)
+        assert all(passed == ({128: 1} if r == 1 else {}) for r, passed in results)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(WAIT)
+
+
+def test_a_value_already_passed_on_is_not_passed_on_again():
+    m, local = mmap.mmap(-1, 4096), bytearray(4)
+    passed = {0: True}             # == 1, yet not the int a pass-on of value 1 would store
+
+    def publish() -> None:
+        put(m, 0, 1)
+        futex.wake(m, 0, 1)
+    t = threading.Timer(0.05, publish)
+    t.start()
+    assert futex.wait_any(m, [0, 64], [0, 0], local, 0, WAIT, 0.0, passed) == 0
+    t.join()
+    assert passed[0] is True
+    with pytest.raises(TypeError):
+        futex.wait_any(m, [0], [1], local, 0, 0.01, 0.0, [])   # passed: a dict or None
+
+
 def test_bad_arguments_raise():
     m, local = mmap.mmap(-1, 4096), bytearray(4)
     with pytest.raises(ValueError):
