@@ -30,11 +30,10 @@ import threading
 import time
 
 import mq
-from mq.broker import server
+from mq.broker import server, wakeups
 from mq.broker.apis import produce
 from mq.broker.config import BrokerConfig
 from mq.log.log import PartitionLog
-from mq.protocol import state
 
 EVENTS: list[tuple[str, int]] = []        # the broker's stamps (this process)
 HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to appended",
@@ -42,7 +41,7 @@ HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to append
         "consumer awake to poll()", "TOTAL (intended send to poll)"]
 BROKER_STEPS = ["  read to the Produce handler", "  handler to the log's append",
                 "  the log's append", "  the log's append to appended",
-                "  appended to publishing", "  publishing to the slot's write"]
+                "  appended to publishing", "  publishing to the partition's publication"]
 
 
 def stamp(owner, name: str, tag: str, at_end: bool = False) -> None:
@@ -129,8 +128,10 @@ def main() -> None:
     n = args.n
     stamp(server.Broker, "_read", "read")
     stamp(produce.ProduceApis, "append", "appended", at_end=True)
-    stamp(state.StateWriter, "publish", "publish")
-    stamp(state.StateWriter, "publish", "woke", at_end=True)
+    # The partition's publication: its slot's write and the futex wake (in C, or the Python
+    # path's state_of and StateWriter.publish).
+    stamp(wakeups.StatePublisher, "publish", "publish")
+    stamp(wakeups.StatePublisher, "publish", "woke", at_end=True)
     if args.broker_steps:
         stamp(server.Broker, "_produce_tail", "handler")
         stamp(PartitionLog, "append", "log")

@@ -19,7 +19,8 @@ from __future__ import annotations
 import posix_ipc
 
 from mq.broker.partitions import VACANT, Partition, PartitionTable
-from mq.protocol.state import StateWriter
+from mq.log import native
+from mq.protocol.state import StateWriter, slot_offset
 
 __all__ = ["StatePublisher", "nudge", "post"]
 
@@ -52,8 +53,11 @@ class StatePublisher:
         self._table = table
 
     def publish(self, part: Partition) -> None:
-        """Write ``part``'s slot now."""
-        self.state.publish(part.slot, self._table.state_of(part))
+        """Write ``part``'s slot now: in one C call in the common case (the high watermark at
+        the log end, no transaction open), else as the partition table says."""
+        fast = native.publish_slot
+        if fast is None or not fast(self.state.region, slot_offset(part.slot), part.log, part):
+            self.state.publish(part.slot, self._table.state_of(part))
 
     def wake(self, part: Partition) -> None:
         """Post every waiter of ``part`` that the high watermark passed."""

@@ -345,3 +345,155 @@ out:
     Py_XDECREF(epochs);
     return res;
 }
+
+
+/* ---- publish_slot: a partition's slot of the broker's state region, written in C ---- */
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+#define SLOT_BYTES 64             /* mq.protocol.state: a slot's sequence and its 7 fields */
+
+static PyObject *s_producers, *s_open, *s_swap_count, *s_shape, *s_generation, *s_log_start;
+
+static int
+intern_publish_names(void)
+{
+    if (s_log_start != NULL)
+        return 0;
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&s_producers, "producers"}, {&s_open, "_open"}, {&s_swap_count, "swap_count"},
+        {&s_shape, "shape"}, {&s_generation, "generation"},
+        {&s_log_start, "log_start_offset"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
+    return 0;
+}
+
+/* Whether tuple `t` is exactly (a, b, c, d): 1 or 0, -1 with an error set. */
+static int
+same_shape(PyObject *t, const long long *want)
+{
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4)
+        return 0;
+    for (Py_ssize_t i = 0; i < 4; i++) {
+        PyObject *v = PyTuple_GET_ITEM(t, i);
+        if (!PyLong_Check(v))
+            return 0;
+        int overflow;
+        long long got = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (got == -1 && PyErr_Occurred())
+            return -1;
+        if (overflow || got != want[i])
+            return 0;
+    }
+    return 1;
+}
+
+const char mq_publish_slot_doc[] =
+"publish_slot(region, slot_base, log, part) -> bool\n\n"
+"The broker's publication of a partition's state (mq.broker.partitions.PartitionTable.state_of\n"
+"and mq.protocol.state.StateWriter.publish) in one call: the slot at slot_base of the writable\n"
+"state region written under its seqlock from part (a Partition: its segment-set generation,\n"
+"moved when the segment list changed shape) and log (its PartitionLog), then one sleeper on\n"
+"the slot's futex word woken. Only for the common case: the high watermark at the log end and\n"
+"no transaction open (the readable end is the active segment's end, the last stable offset\n"
+"the high watermark). False, with nothing touched, otherwise: the Python path publishes.";
+
+PyObject *
+mq_publish_slot(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "publish_slot takes 4 arguments");
+        return NULL;
+    }
+    PyObject *region = args[0], *plog = args[2], *part = args[3];
+    Py_ssize_t slot_base = PyLong_AsSsize_t(args[1]);
+    if ((slot_base == -1 && PyErr_Occurred()) || intern_names() < 0 ||
+            intern_publish_names() < 0)
+        return NULL;
+    PyObject *segments = NULL, *seg = NULL, *producers = NULL, *heap = NULL, *shape = NULL,
+        *res = NULL;
+    long long hw, log_end, size, active_base, first_base, swaps, log_start, generation;
+    int r;
+    if ((segments = PyObject_GetAttr(plog, s_segments)) == NULL)
+        goto out;
+    if (!PyList_Check(segments) || PyList_GET_SIZE(segments) == 0)
+        goto declined;
+    Py_ssize_t count = PyList_GET_SIZE(segments);
+    seg = Py_NewRef(PyList_GET_ITEM(segments, count - 1));
+    if (get_int(PyList_GET_ITEM(segments, 0), s_base_offset, &first_base) ||
+            get_int(seg, s_base_offset, &active_base) || get_int(seg, s_size, &size) ||
+            get_int(plog, s_swap_count, &swaps) || get_int(plog, s_hw, &hw) ||
+            get_int(plog, s_log_start, &log_start))
+        goto out;
+    if ((r = get_int(seg, s_next_offset, &log_end)) != 0)
+        goto out;                               /* None: not known yet (a property scans) */
+    if (hw < log_end)
+        goto declined;                          /* the readable end is in an older place */
+    /* No transaction open: ProducerStateManager.first_unstable_offset is None for an empty
+     * heap (a non-empty one may hold only closed ones; the property pops those). */
+    if ((producers = PyObject_GetAttr(plog, s_producers)) == NULL ||
+            (heap = PyObject_GetAttr(producers, s_open)) == NULL)
+        goto out;
+    if (!PyList_Check(heap) || PyList_GET_SIZE(heap) != 0)
+        goto declined;
+    if ((shape = PyObject_GetAttr(part, s_shape)) == NULL ||
+            get_int(part, s_generation, &generation))
+        goto out;
+    const long long now_shape[4] = {first_base, active_base, (long long)count, swaps};
+    if ((r = same_shape(shape, now_shape)) < 0)
+        goto out;
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(region, &view, PyBUF_WRITABLE) < 0)
+        goto out;
+    if (slot_base < 0 || slot_base % 8 != 0 || slot_base > view.len - SLOT_BYTES) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "slot at %zd is outside the region", slot_base);
+        goto out;
+    }
+    if (!r) {                                   /* the shape changed: a new generation */
+        PyObject *t = Py_BuildValue("(LLLL)", first_base, active_base, (long long)count,
+                                    swaps);
+        if (t == NULL || PyObject_SetAttr(part, s_shape, t) < 0 ||
+                set_int(part, s_generation, generation + 1) < 0) {
+            Py_XDECREF(t);
+            PyBuffer_Release(&view);
+            goto out;
+        }
+        Py_DECREF(t);
+        generation += 1;
+    }
+    int64_t *slot = (int64_t *)((char *)view.buf + slot_base);
+    const int64_t seq = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    const int64_t fields[7] = {hw, hw, log_start, active_base, size, generation, log_end};
+    __atomic_store_n(slot, seq + 1, __ATOMIC_RELAXED);         /* odd: being written */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (int i = 0; i < 7; i++)
+        __atomic_store_n(slot + 1 + i, fields[i], __ATOMIC_RELAXED);
+    __atomic_store_n(slot, seq + 2, __ATOMIC_RELEASE);         /* even: stable */
+#ifdef __linux__
+    syscall(SYS_futex, (uint32_t *)slot, FUTEX_WAKE, 1, NULL, NULL, 0);   /* it wakes the rest */
+#endif
+    PyBuffer_Release(&view);
+    res = Py_NewRef(Py_True);
+    goto out;
+
+declined:
+    res = Py_NewRef(Py_False);
+out:
+    if (res == NULL && !PyErr_Occurred())
+        res = Py_NewRef(Py_False);              /* r > 0: the segment's next offset unknown */
+    Py_XDECREF(segments);
+    Py_XDECREF(seg);
+    Py_XDECREF(producers);
+    Py_XDECREF(heap);
+    Py_XDECREF(shape);
+    return res;
+}

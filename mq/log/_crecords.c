@@ -1613,6 +1613,8 @@ static PyMethodDef methods[] = {
     {"tail_take", mq_tail_take, METH_VARARGS, mq_tail_take_doc},
     {"append_plain", (PyCFunction)(void (*)(void))mq_append_plain, METH_FASTCALL,
      mq_append_plain_doc},
+    {"publish_slot", (PyCFunction)(void (*)(void))mq_publish_slot, METH_FASTCALL,
+     mq_publish_slot_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"produce_frame", (PyCFunction)(void (*)(void))produce_frame, METH_FASTCALL,
      produce_frame_doc},

@@ -192,17 +192,19 @@ class StateWriter:
             shm.close_fd()
         _HEADER.pack_into(self._map, 0, MAGIC, LAYOUT_VERSION, os.getpid(), generation, slots,
                           SLOT_SIZE, 0)
-        self._seqs = [0] * slots
+        # The writable map, for the broker's publication in C (``mq.log.native.publish_slot``,
+        # which writes a slot as ``publish`` does); None once closed.
+        self.region: mmap.mmap | None = self._map
 
     def publish(self, slot: int, state: PartitionState) -> None:
         base = slot_offset(slot)
-        seq = self._seqs[slot] + 1
+        (seq,) = _SEQ.unpack_from(self._map, base)          # this is the only writer
+        seq += 1
         _SEQ.pack_into(self._map, base, seq)                  # odd: writing
         _FIELDS.pack_into(self._map, base + 8, state.high_watermark, state.last_stable_offset,
                           state.log_start_offset, state.active_segment_base, state.hw_position,
                           state.segment_generation, state.log_end_offset)
         _SEQ.pack_into(self._map, base, seq + 1)              # even: stable
-        self._seqs[slot] = seq + 1
         if futex is not None:
             futex.wake(self._map, base, 1)                    # one; it wakes the others
 
@@ -216,7 +218,7 @@ class StateWriter:
         if self._map is None:
             return
         self._map.close()
-        self._map = None
+        self._map = self.region = None
         try:
             posix_ipc.unlink_shared_memory(self.name)
         except posix_ipc.ExistentialError:
