@@ -41,7 +41,7 @@ HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to append
         "consumer awake to poll()", "TOTAL (intended send to poll)"]
 BROKER_STEPS = ["  read to the Produce handler", "  handler to the log's append",
                 "  the log's append", "  the log's append to appended",
-                "  appended to publishing", "  publishing to the partition's publication"]
+                "  appended to publishing", "  publishing to the publication"]
 
 
 def stamp(owner, name: str, tag: str, at_end: bool = False) -> None:
