@@ -617,10 +617,11 @@ class Broker:
 
     def _periodic_flush(self, now: float) -> None:
         """Every ``flush_interval_ms``: fsync what acks=0/1 produces left in the page cache
-        (``GroupCommit.periodic``) and checkpoint recovery points."""
+        (``GroupCommit.periodic``) and checkpoint recovery points, the files written off this
+        loop (their fsyncs took milliseconds from the records arriving meanwhile)."""
         self._next_flush = now + self.config.flush_interval_ms / 1e3
         self._commit.periodic(self.metadata.log)
-        self.logs.checkpoint()
+        self.logs.checkpoint_in_background()
 
     def _retention(self) -> None:
         """Apply retention, and forget producers idle past ``producer_id_expiration_ms``

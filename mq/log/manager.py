@@ -11,7 +11,9 @@ directory is opened, and so written to, only once something says it is a partiti
 
 Close sequence: flush and close every log, write both checkpoints (recovery point = log end),
 then write the marker, fsynced. Checkpoints are written atomically (temp, fsync, rename, fsync
-dir), so a crash leaves the previous or the next checkpoint. A partition found on disk but not
+dir), so a crash leaves the previous or the next checkpoint; the broker's periodic one is
+written by a thread of its own (``checkpoint_in_background``), one write at a time and never
+an older one over a newer one. A partition found on disk but not
 loaded yet keeps its checkpoint entries, and a close before loading finished (a start that
 failed) writes no clean-shutdown marker: what was not opened was not recovered.
 
@@ -30,9 +32,11 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from mq.errors import ClosedError, DataDirError, LogDirLockedError
 from mq.log import datadir, diskio, files, partition_metadata
@@ -78,6 +82,14 @@ class LogManager:
         self._progress: Callable[[int, int], None] | None = None
         self._loaded = 0
         self._total = 0
+        # Checkpoint writes (``checkpoint``, ``checkpoint_in_background``): one at a time,
+        # numbered as taken, so an older one never lands over a newer one.
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_seq = 0
+        self._written_seq = 0
+        self._writer: ThreadPoolExecutor | None = None
+        self._writing: Future | None = None
+        self._written: list | None = None  # a background write's points, to prune
 
     @classmethod
     def open(cls, data_dir: str, config_for: Callable[[str], LogConfig] | None = None,
@@ -273,28 +285,81 @@ class LogManager:
     def checkpoint(self) -> bool:
         """Write both checkpoint files from the logs' current state; False (logged, the old
         files kept) when they could not be written."""
+        taken = self._checkpoint_contents()
+        if not self._write_checkpoints(*taken[:3]):
+            return False
+        self._prune(taken[3])
+        return True
+
+    def checkpoint_in_background(self) -> None:
+        """The periodic checkpoint, its files written by a thread of their own: the writes
+        are fsynced (milliseconds), and the caller, the broker's loop, serves meanwhile. What
+        is written is taken here, from recovery points that only completed fsyncs moved, so a
+        late write is stale at worst, never ahead of the data. Skipped while the last one is
+        still being written (the next one is fresher); the producer snapshots below what it
+        wrote are pruned at the next call, on the caller's thread."""
+        done, self._written = self._written, None
+        if done is not None:
+            self._prune([(key, lg, point) for key, lg, point in done
+                         if self.logs.get(key) is lg and not lg.closed])
+        if self._writing is not None and not self._writing.done():
+            return
+        seq, recovery, starts, points = self._checkpoint_contents()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="mq-checkpoint")
+
+        def write() -> None:
+            if self._write_checkpoints(seq, recovery, starts):
+                self._written = points
+        self._writing = self._writer.submit(write)
+
+    def _checkpoint_contents(self) -> tuple[int, dict, dict, list]:
+        """What the checkpoints say now, numbered: ``(seq, recovery points, log starts,
+        [(key, log, recovery point)])``."""
         for lg in self.logs.values():
             lg.take_recovery_snapshot()
-        points = {k: lg.recovery_point for k, lg in self.logs.items()}
+        points = [(k, lg, lg.recovery_point) for k, lg in self.logs.items()]
         # A partition not loaded (yet) keeps what the last checkpoints said of it.
         kept = [k for k in self.unloaded if k in self._recovery or k in self._starts]
-        try:
-            files.write_checkpoint(
-                os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT),
-                {**{k: self._recovery[k] for k in kept if k in self._recovery}, **points})
-            files.write_checkpoint(
-                os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT),
-                {**{k: self._starts[k] for k in kept if k in self._starts},
-                 **{k: lg.log_start_offset for k, lg in self.logs.items()
-                    if lg.log_start_offset > lg.segments[0].base_offset}})
-        except OSError as err:
-            self.write_failures += 1
-            log.warning("%s: checkpoints not written (%s); the previous ones stay",
-                        self.data_dir, err.strerror or err)
-            return False
-        for key, point in points.items():
-            self.logs[key].prune_recovery_snapshots(point)
-        return True
+        recovery = {**{k: self._recovery[k] for k in kept if k in self._recovery},
+                    **{k: point for k, _, point in points}}
+        starts = {**{k: self._starts[k] for k in kept if k in self._starts},
+                  **{k: lg.log_start_offset for k, lg in self.logs.items()
+                     if lg.log_start_offset > lg.segments[0].base_offset}}
+        self._checkpoint_seq += 1
+        return self._checkpoint_seq, recovery, starts, points
+
+    def _write_checkpoints(self, seq: int, recovery: dict, starts: dict) -> bool:
+        """Write both files (on any thread: one writer at a time, and contents older than
+        what is on disk already are not written over it)."""
+        with self._checkpoint_lock:
+            if seq < self._written_seq:
+                return True
+            try:
+                files.write_checkpoint(
+                    os.path.join(self.data_dir, files.RECOVERY_POINT_CHECKPOINT), recovery)
+                files.write_checkpoint(
+                    os.path.join(self.data_dir, files.LOG_START_OFFSET_CHECKPOINT), starts)
+            except OSError as err:
+                self.write_failures += 1
+                log.warning("%s: checkpoints not written (%s); the previous ones stay",
+                            self.data_dir, err.strerror or err)
+                return False
+            self._written_seq = seq
+            return True
+
+    @staticmethod
+    def _prune(points: list) -> None:
+        """A checkpoint of these recovery points is on disk: the producer snapshots no
+        recovery starts from go."""
+        for _, lg, point in points:
+            lg.prune_recovery_snapshots(point)
+
+    def _stop_writer(self) -> None:
+        """Wait for a checkpoint being written in the background, and end its thread."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = self._writing = None
 
     @property
     def had_write_failure(self) -> bool:
@@ -319,6 +384,7 @@ class LogManager:
         if self.closed:
             return
         try:
+            self._stop_writer()
             for plog in self:
                 plog.close()
             # A log that closed cleanly flushed to its end; an offline one stays at its last

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import threading
 
 import pytest
 
@@ -364,6 +365,9 @@ def test_swap_at_or_above_smallest_cleaned_is_an_incomplete_split(tmp_path):
 
 # --- LogManager ---------------------------------------------------------------------------------
 
+WAIT_S = 30
+
+
 def small(topic: str) -> LogConfig:
     return LogConfig(segment_bytes=300)
 
@@ -460,6 +464,48 @@ def test_checkpoints_written_and_honoured(tmp_path):
     plog = mgr.get("orders", 2)
     assert plog.recovery_report.segments_recovered == len(plog.segments) > 1
     assert plog.recovery_point == 0
+    mgr.close()
+
+
+def test_the_periodic_checkpoint_is_written_off_the_callers_thread(tmp_path, monkeypatch):
+    """The broker's loop hands the checkpoint files to a thread of their own; a call while
+    the last one is still being written skips (the next is fresher), and close waits for it."""
+    data = tmp_path / "data"
+    mgr = LogManager.open(str(data), small)
+    plog = mgr.create("orders", 0)
+    for _ in range(5):
+        plog.append(make_batch())
+    plog.flush()
+    release, writers = threading.Event(), []
+    write = files.write_checkpoint
+
+    def held(path, entries):
+        writers.append(threading.current_thread().name)
+        assert release.wait(WAIT_S)
+        write(path, entries)
+    monkeypatch.setattr(files, "write_checkpoint", held)
+    mgr.checkpoint_in_background()                  # returns with its write held
+    mgr.checkpoint_in_background()                  # still being written: skipped
+    release.set()
+    mgr.close()                                     # waits for it, then its own
+    assert writers[:2] == ["mq-checkpoint_0"] * 2 and len(writers) == 4
+    assert files.read_checkpoint(str(data / files.RECOVERY_POINT_CHECKPOINT)) == \
+        {("orders", 0): 5}
+
+
+def test_an_older_checkpoint_is_never_written_over_a_newer_one(tmp_path):
+    data = tmp_path / "data"
+    mgr = LogManager.open(str(data), small)
+    plog = mgr.create("orders", 0)
+    plog.append(make_batch())
+    plog.flush()
+    older = mgr._checkpoint_contents()              # taken, its write late (a slow thread)
+    plog.append(make_batch())
+    plog.flush()
+    assert mgr.checkpoint()
+    assert mgr._write_checkpoints(*older[:3])       # nothing to do: newer is on disk
+    assert files.read_checkpoint(str(data / files.RECOVERY_POINT_CHECKPOINT)) == \
+        {("orders", 0): 2}
     mgr.close()
 
 
