@@ -112,7 +112,7 @@ from mq.client.consumer_options import (
     check_spin,
     check_subscription,
 )
-from mq.client.fetcher import TAIL_EMPTY, TAIL_TOOK, Fetcher, Record
+from mq.client.fetcher import TAIL_EMPTY, TAIL_PYTHON, TAIL_TOOK, Fetcher, Record
 from mq.client.kafka.config import backend_args, bootstrap
 from mq.client.types import ConsumerGroupMetadata, TopicPartition
 from mq.errors import (
@@ -537,15 +537,17 @@ class Consumer:
                    ) -> dict[TopicPartition, list[Record]] | None:
         """A caught-up consumer (``Fetcher.tail_cursors``) polls here: from the broker's
         published state to its records in one C call per partition (``Fetcher.take_tails``),
-        and its futex sleep (``ConsumerDriver.sleep_tail``), with only this loop between a
-        wake-up and the decoded records. None when ``_poll_loop`` goes on: whatever the C
-        take leaves to the Python path, a sleep's slice passed or an interrupt."""
+        and its futex sleep (``ConsumerDriver.sleep_tail``), whose C call takes the woken
+        partition's records right after the wake-up, with no Python between. None when
+        ``_poll_loop`` goes on: whatever the C take leaves to the Python path, a sleep's
+        slice passed or an interrupt."""
         fetcher, driver, on_reply = self._fetcher, self._driver, self._group.on_reply
         words = [driver.slot_base(c.tp) for c in cursors]
         seqs = [0] * len(cursors)
+        takes: list = [None] * len(cursors)
         while True:
             local = int.from_bytes(session.local, "little")     # before the look: no lost wake
-            status, out = fetcher.take_tails(session, cursors, words, seqs, max_records)
+            status, out = fetcher.take_tails(session, cursors, words, seqs, takes, max_records)
             if out:
                 return out
             if status != TAIL_EMPTY:
@@ -555,7 +557,16 @@ class Consumer:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return {}
-            if not driver.sleep_tail(session, words, seqs, local, remaining, on_reply):
+            again, woken, taken = driver.sleep_tail(session, words, seqs, local, remaining,
+                                                    on_reply, takes)
+            if taken is not None:             # the woken partition's take, in the same call
+                c = cursors[woken]
+                status, records = fetcher.took_tail(c, taken, max_records)
+                if records:
+                    return {c.tp: records}
+                if status == TAIL_PYTHON:
+                    return None
+            elif not again:
                 return None
 
     # --- iteration ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from mq.errors import (
     UnknownTopicOrPartitionError,
     error_for_code,
 )
+from mq.log import native
 from mq.protocol.messages import Api
 from mq.protocol.state import StateReader, futex, slot_offset
 
@@ -409,19 +410,28 @@ class ConsumerDriver:
             self.lost()
 
     def sleep_tail(self, session: Session, words: list[int], seqs: list[int], local: int,
-                   remaining: float | None, on_reply: Callable) -> bool:
+                   remaining: float | None, on_reply: Callable, takes: list
+                   ) -> tuple[bool, int, tuple | None]:
         """The fast tail poll's sleep (``Consumer._poll_tail``) on its partitions' words,
         which held ``seqs`` when the poll found nothing to read, as ``_sleep`` sleeps
-        (``local``: ``session.local`` read before that). True when the poll may look again
-        at once: a word changed (its wake-up passed on); False when ``poll``'s general loop
-        goes on: the slice passed (the connection checked, as ``_sleep`` does) or
-        ``session.local`` moved."""
+        (``local``: ``session.local`` read before that), and the take that follows a
+        partition's wake-up in the same C call (``_crecords.tail_wait_take``, with that
+        partition's ``tail_take`` arguments in ``takes``). ``(look_again, woken, taken)``:
+        ``taken`` is that take's result (for ``Fetcher.took_tail``), else None; look again at
+        once when a word changed (its wake-up passed on); else ``poll``'s general loop goes
+        on: the slice passed (the connection checked, as ``_sleep`` does) or ``session.local``
+        moved."""
         slice_s = _LIVENESS_CHECK_S if remaining is None else min(remaining, _LIVENESS_CHECK_S)
         region, values = session.state.region, [seq & 0xFFFFFFFF for seq in seqs]
-        woken = _sleep_on(region, words, values, session.local, local, slice_s, self.spin_s,
-                          session.passed)
+        wait_args = (region, words, values, session.local, local, slice_s, self.spin_s,
+                     session.passed)
+        fused = native.tail_wait_take
+        if fused is not None:
+            woken, taken = fused(_sleep_on, wait_args, takes)
+        else:
+            woken, taken = _sleep_on(*wait_args), None
         if 0 <= woken < len(words):
-            return True
+            return True, woken, taken
         if woken == -1 and not session.alive(on_reply):
             self.lost()
-        return woken == -2 and int.from_bytes(session.local, "little") == local
+        return woken == -2 and int.from_bytes(session.local, "little") == local, woken, None

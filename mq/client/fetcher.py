@@ -463,19 +463,31 @@ class Fetcher:
         return out or None
 
     def take_tails(self, session, cursors: list[PartitionCursor], slot_bases: list[int],
-                   seqs: list[int], max_records: int
+                   seqs: list[int], takes: list, max_records: int
                    ) -> tuple[int, dict[TopicPartition, list[Record]]]:
         """One fast take over ``cursors`` (``tail_cursors``), as ``take`` takes: each
         partition's new records in turn, up to ``max_records`` in all (the next poll then
         starts after the partition that filled this one). ``(status, records by
         partition)``: ``TAIL_EMPTY`` nothing readable (``seqs`` holds each slot's sequence to
-        sleep on), ``TAIL_TOOK`` batches taken, maybe without records (look again),
-        ``TAIL_PYTHON`` a partition must be read by ``take``: with records of others, they
-        are returned and the next poll starts with ``take`` (``tail_python``)."""
+        sleep on, ``takes`` each partition's ``tail_take`` arguments for the take after the
+        wake-up, ``took_tail``), ``TAIL_TOOK`` batches taken, maybe without records (look
+        again), ``TAIL_PYTHON`` a partition must be read by ``take``: with records of others,
+        they are returned and the next poll starts with ``take`` (``tail_python``)."""
         out: dict[TopicPartition, list[Record]] = {}
         took = False
         for i, c in enumerate(cursors):
-            status, seqs[i], records = self.take_tail(session, c, slot_bases[i], max_records)
+            args = self.tail_args(session, c, slot_bases[i])
+            takes[i] = args
+            enabled = gc.isenabled()      # as ``take``: a large take creates many objects
+            if enabled:
+                gc.disable()
+            try:
+                taken = native.tail_take(*args)
+            finally:
+                if enabled:
+                    gc.enable()
+            seqs[i] = taken[1]
+            status, records = self.took_tail(c, taken, max_records)
             if status == TAIL_PYTHON:
                 self.tail_python = bool(out)
                 return status, out
@@ -483,42 +495,41 @@ class Fetcher:
                 out[c.tp] = records
                 max_records -= len(records)
                 if max_records <= 0:
-                    self._next_start = self.order.index(c) + 1     # fairness, as ``take``
                     break
             elif status == TAIL_TOOK:
                 took = True
         return TAIL_TOOK if out or took else TAIL_EMPTY, out
 
-    def take_tail(self, session, c: PartitionCursor, slot_base: int, max_records: int
-                  ) -> tuple[int, int, list[Record]]:
-        """The fast tail poll's take (``_crecords.tail_take``): ``c``'s slot (at
-        ``slot_base``) read, then the new batches after its position, in one C call.
-        ``(status, seq, records)``: ``TAIL_EMPTY`` nothing readable yet (sleep on ``seq``),
-        ``TAIL_TOOK`` records taken (at most ``max_records`` returned, the rest kept for the
-        next poll), ``TAIL_PYTHON`` ``take`` must read."""
+    def tail_args(self, session, c: PartitionCursor, slot_base: int) -> tuple:
+        """The fast tail poll's take of ``c`` (``_crecords.tail_take``), its arguments: the
+        slot at ``slot_base`` read, then the new batches after the position, in one C
+        call."""
         # No segment to go on in (nothing read yet): the call can still say nothing is there.
         base, generation, view, mapped, fd, position, remap_at = \
             c.reader.tail_state(c.offset) or _NO_TAIL
         topic, partition = c.tp
-        enabled = gc.isenabled()          # as ``take``: a large take creates many objects
-        if enabled:
-            gc.disable()
-        try:
-            status, seq, records, position, offset = native.tail_take(
-                session.state.region, slot_base, self._driver.meta_version, generation,
-                base, view, mapped, fd, position, c.offset, remap_at,
-                self.max_partition_fetch_bytes, self.check_crcs, topic, partition, Record)
-        finally:
-            if enabled:
-                gc.enable()
+        return (session.state.region, slot_base, self._driver.meta_version, generation, base,
+                view, mapped, fd, position, c.offset, remap_at, self.max_partition_fetch_bytes,
+                self.check_crcs, topic, partition, Record)
+
+    def took_tail(self, c: PartitionCursor, taken: tuple, max_records: int
+                  ) -> tuple[int, list[Record]]:
+        """What ``tail_take`` returned for ``c`` (``taken``: ``(status, seq, records,
+        position, offset)``), applied: ``(status, records)``, ``TAIL_EMPTY`` nothing readable
+        yet, ``TAIL_TOOK`` records taken (at most ``max_records`` returned, the rest kept for
+        the next poll, which then starts after ``c``: ``take``'s fairness), ``TAIL_PYTHON``
+        ``take`` must read."""
+        status, _, records, position, offset = taken
         if status != TAIL_TOOK:
-            return status, seq, []
+            return status, []
         c.reader.advance(offset, position)
         c.offset = offset
-        if len(records) > max_records:
-            c.raw, c.index, c.ready = records, max_records, True
-            records = records[:max_records]
-        return status, seq, records
+        if len(records) >= max_records:
+            self._next_start = self.order.index(c) + 1
+            if len(records) > max_records:
+                c.raw, c.index, c.ready = records, max_records, True
+                records = records[:max_records]
+        return status, records
 
     def _read_more(self, session, c: PartitionCursor) -> bool:
         """Read batches at the position from the map; False when nothing is readable."""

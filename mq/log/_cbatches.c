@@ -440,3 +440,47 @@ mq_tail_take(PyObject *module, PyObject *args)
     return res;
 #endif
 }
+
+
+/* ---- tail_wait_take: the caught-up poll's sleep and its take after the wake-up ---- */
+
+const char mq_tail_wait_take_doc[] =
+"tail_wait_take(wait, wait_args, takes) -> (woken, taken)\n\n"
+"A caught-up consumer's sleep and the take that follows it, with no Python frame between the\n"
+"wake-up and the records: wait(*wait_args) (mq.protocol._futex.wait_any, through the\n"
+"consumer's seam) returns the index of the word woken; when it is a partition's (0 <= woken <\n"
+"len(takes)), taken is tail_take(*takes[woken]) (the arguments of that partition's last take,\n"
+"which found nothing), run with the garbage collector paused as the Python caller runs it.\n"
+"Else taken is None.";
+
+PyObject *
+mq_tail_wait_take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "tail_wait_take(wait, wait_args: tuple, takes: list)");
+        return NULL;
+    }
+    PyObject *got = PyObject_Call(args[0], args[1], NULL);
+    if (got == NULL)
+        return NULL;
+    long woken = PyLong_AsLong(got);
+    if (woken == -1 && PyErr_Occurred()) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    PyObject *takes = args[2];
+    if (woken < 0 || woken >= PyList_GET_SIZE(takes) ||
+            !PyTuple_Check(PyList_GET_ITEM(takes, woken)))
+        return Py_BuildValue("(NO)", got, Py_None);
+    PyObject *take = Py_NewRef(PyList_GET_ITEM(takes, woken));
+    int collecting = PyGC_Disable();         /* a large take creates many objects */
+    PyObject *taken = mq_tail_take(module, take);
+    if (collecting)
+        PyGC_Enable();
+    Py_DECREF(take);
+    if (taken == NULL) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", got, taken);
+}

@@ -1611,6 +1611,8 @@ static PyMethodDef methods[] = {
     {"take_batches", mq_take_batches, METH_VARARGS, mq_take_batches_doc},
     {"check_batch", mq_check_batch, METH_VARARGS, mq_check_batch_doc},
     {"tail_take", mq_tail_take, METH_VARARGS, mq_tail_take_doc},
+    {"tail_wait_take", (PyCFunction)(void (*)(void))mq_tail_wait_take, METH_FASTCALL,
+     mq_tail_wait_take_doc},
     {"append_plain", (PyCFunction)(void (*)(void))mq_append_plain, METH_FASTCALL,
      mq_append_plain_doc},
     {"publish_slot", (PyCFunction)(void (*)(void))mq_publish_slot, METH_FASTCALL,

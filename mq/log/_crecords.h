@@ -262,6 +262,8 @@ PyObject *mq_tail_take(PyObject *module, PyObject *args);
 /* _cappend.c: the module function append_plain. */
 PyObject *mq_append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern const char mq_append_plain_doc[];
+PyObject *mq_tail_wait_take(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern const char mq_tail_wait_take_doc[];
 PyObject *mq_publish_slot(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern const char mq_publish_slot_doc[];
 extern const char mq_tail_take_doc[];

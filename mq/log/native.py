@@ -5,10 +5,11 @@ faster (``decode_records``, and ``decode_columns`` for column buffers) and accum
 (``RecordAccumulator``, ``RecordFuture``: ``BatchBuilder.append``, the producer's add) several
 times faster. ``take_batches`` is a tailing consumer's whole read of plain batches
 (``mq.client.fetcher``), ``tail_take`` a caught-up consumer's poll of one partition from the
-published state to its records (``mq.client.consumer``), and ``check_batch`` the broker's
-checks and stamps of a client's batch at its append (``mq.log.log.PartitionLog.append``),
-``append_plain`` that whole append for a plain batch in the common case (the same method), and
-``produce_frame`` the Produce request of one record that ``send()`` writes with
+published state to its records (``mq.client.consumer``), ``tail_wait_take`` its sleep and
+that take after the wake-up in one call (``mq.client.consumer_driver``), and ``check_batch``
+the broker's checks and stamps of a client's batch at its append
+(``mq.log.log.PartitionLog.append``), ``append_plain`` that whole append for a plain batch
+in the common case (the same method), ``produce_frame`` the Produce request of one record that ``send()`` writes with
 ``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``), ``take_produce`` the
 broker's parse of such a frame (``mq.broker.server.Broker._read``, through
 ``mq.protocol.frames.FrameReader.take_with``), and ``publish_slot`` the broker's publication
@@ -17,8 +18,8 @@ Each name here is the extension's function or type, or ``None`` when the extensi
 built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything but "" or "0" — then
 its users run their pure-Python references, which the C code mirrors byte for byte
 (``RecordBatch._records_py``, ``mq.log.builder.RecordEncoder``,
-``mq.client.accumulator.RecordAccumulator``; for ``take_batches`` and ``tail_take`` the
-reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
+``mq.client.accumulator.RecordAccumulator``; for ``take_batches``, ``tail_take`` and
+``tail_wait_take`` the reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
 ``RecordBatch.validate`` and the append's own checks; for ``append_plain`` the append's
 Python path; for ``produce_frame`` the producer's
 batch, sender and ``encode_tail_frame``; for ``take_produce`` ``FrameReader.messages``;
@@ -39,14 +40,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "check_batch",
-           "append_plain", "produce_frame", "take_produce", "publish_slot", "RecordAccumulator",
-           "RecordFuture"]
+__all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "tail_wait_take",
+           "check_batch", "append_plain", "produce_frame", "take_produce", "publish_slot",
+           "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
 take_batches: Callable[..., tuple] | None = None
 tail_take: Callable[..., tuple] | None = None
+tail_wait_take: Callable[..., tuple] | None = None
 check_batch: Callable[..., tuple | None] | None = None
 append_plain: Callable[..., tuple | None] | None = None
 produce_frame: Callable[..., tuple] | None = None
@@ -66,6 +68,7 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         decode_columns = getattr(_crecords, "decode_columns", None)
         take_batches = getattr(_crecords, "take_batches", None)
         tail_take = getattr(_crecords, "tail_take", None)
+        tail_wait_take = getattr(_crecords, "tail_wait_take", None)
         check_batch = getattr(_crecords, "check_batch", None)
         append_plain = getattr(_crecords, "append_plain", None)
         produce_frame = getattr(_crecords, "produce_frame", None)

@@ -186,3 +186,30 @@ def test_bad_arguments_raise(seg_file):
     with pytest.raises(TypeError):
         tail_take(region(1, len(raw)), SLOT, META, GEN, BASE, memoryview(raw), len(raw), fd, 0,
                   0, BIG, BIG, True, "t", 0, dict)
+
+
+# --- tail_wait_take: the sleep and the take after its wake-up, in one call --------------------
+def test_the_woken_partitions_take_follows_the_wait_in_the_same_call(seg_file):
+    """``tail_wait_take`` calls the wait it is given with its arguments, and for a
+    partition's index takes with that partition's arguments exactly what ``tail_take`` takes;
+    for any other outcome (the local word, a timeout, a changed word) it takes nothing."""
+    raw, batches = segment([2, 3])
+    fd = seg_file(raw)
+    reg = region(batches[1].next_offset, len(raw))
+    mapped = len(raw)
+    args = (reg, SLOT, META, GEN, BASE, memoryview(raw), mapped, fd, batches[1].position,
+            batches[1].base_offset, BIG, BIG, True, "t", 0, Record)
+    calls = []
+
+    def wait(*wait_args):
+        calls.append(wait_args)
+        return wait_args[0]
+    woken, taken = _crecords.tail_wait_take(wait, (1, "x"), [None, args])
+    assert calls == [(1, "x")] and woken == 1 and taken == tail_take(*args)
+    assert taken[0] == TAIL_TOOK and [r.offset for r in taken[2]] == [2, 3, 4]
+    for outcome in (2, -1, -2, 0):        # the local word, timeout, changed, no arguments
+        assert _crecords.tail_wait_take(wait, (outcome,), [None, args]) == (outcome, None)
+    with pytest.raises(ZeroDivisionError):
+        _crecords.tail_wait_take(lambda: 1 / 0, (), [args])     # the wait's error, raised
+    with pytest.raises(TypeError):
+        _crecords.tail_wait_take(wait, [1], [args])             # wait_args: a tuple
