@@ -147,18 +147,25 @@ class Zmq(System):
     guess = (600e3, 400e3, 30e3)
     sections = frozenset({"throughput", "latency"})
 
+    # ``received``: the consumer has every message, so the producer may close its socket
+    # (peers.py, "ZeroMQ": closing earlier loses the last messages to a lagging consumer).
     def throughput_jobs(self, values: list[bytes], n: int) -> Jobs:
         addr = peers.zmq_address(self.base, f"z{next(_names)}")
-        return [(peers.zmq_producer, {"address": addr, "values": values, "n": n}),
-                (peers.zmq_consumer, {"address": addr, "n": n})], lambda: None
+        received = harness.CTX.Event()
+        return [(peers.zmq_producer, {"address": addr, "values": values, "n": n,
+                                      "received": received}),
+                (peers.zmq_consumer, {"address": addr, "n": n, "received": received})], \
+            lambda: None
 
     def latency_jobs(self, size: int, rate: float, n: int, warm: int,
                      timeout_s: float) -> Jobs:
         addr = peers.zmq_address(self.base, f"zl{next(_names)}")
+        received = harness.CTX.Event()
         return [(peers.zmq_lat_producer, {"address": addr, "size": size, "rate": rate,
-                                          "n": n}),
-                (peers.zmq_lat_consumer, {"address": addr, "n": n, "warm": warm})], \
-            lambda: None
+                                          "n": n, "received": received,
+                                          "timeout_s": timeout_s}),
+                (peers.zmq_lat_consumer, {"address": addr, "n": n, "warm": warm,
+                                          "received": received})], lambda: None
 
 
 class Sqlite(System):

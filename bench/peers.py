@@ -270,36 +270,47 @@ def _recv_latencies(start, recv, n: int, warm: int) -> dict:
 
 
 # --- ZeroMQ PUSH/PULL over ipc:// ----------------------------------------------------------
+#
+# The PUSH side closes only once the PULL side says it has every message (``received``, an
+# event of the run's, which the consumer sets): closing with LINGER -1 does not wait for them.
+# libzmq (4.3.5 here; libzmq#4660) drops what its ipc engine has taken from the socket's queue
+# and not yet written when the socket closes, which happens when the consumer lags behind the
+# producer; that consumer then waits in ``recv()`` for messages that never come. Seen on a
+# loaded box at 50 k/s: the consumer had 24,520 of 25,000 when the producer had exited, and
+# the run timed out.
 
 def zmq_address(base: str, name: str) -> str:
     return f"ipc://{os.path.join(base, name)}.zmq"
 
 
-def zmq_producer(start, address: str, values: list[bytes], n: int) -> dict:
+def zmq_producer(start, address: str, values: list[bytes], n: int, received,
+                 timeout_s: float = 120.0) -> dict:
     """PUSH, connected to the consumer's PULL; ``send(bytes)`` with pyzmq's defaults (copy,
-    high-water mark 1000 messages). Closing with linger -1 waits until every message left."""
+    high-water mark 1000 messages); closed once the consumer has them all
+    (``_zmq_close_received``)."""
     ctx, s = _zmq_push(address)
     t0, t1 = _send_all(start, s.send, values, n)
-    s.close()
-    ctx.term()
+    _zmq_close_received(ctx, s, received, n, timeout_s)
     return {"t_first": t0, "t_end": t1, "n": n}
 
 
-def zmq_consumer(start, address: str, n: int) -> dict:
-    """PULL, bound before the barrier; blocking ``recv()`` (bytes) ``n`` times."""
+def zmq_consumer(start, address: str, n: int, received) -> dict:
+    """PULL, bound before the barrier; blocking ``recv()`` (bytes) ``n`` times, then
+    ``received`` set (the producer may close)."""
     import zmq
     ctx = zmq.Context()
     s = ctx.socket(zmq.PULL)
     s.bind(address)
     res = _recv_all(start, s.recv, n)
+    received.set()
     s.close(linger=0)
     ctx.term()
     return res
 
 
 def _zmq_push(address: str):
-    """A PUSH socket (linger -1: closing waits until every message left) connected to the
-    PULL side's ``address`` once that is bound, and its context."""
+    """A PUSH socket (linger -1) connected to the PULL side's ``address`` once that is bound,
+    and its context."""
     import zmq
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
@@ -313,22 +324,36 @@ def _zmq_push(address: str):
     return ctx, s
 
 
-def zmq_lat_producer(start, address: str, size: int, rate: float, n: int) -> dict:
-    """Open loop: ``send`` one message per call, 8-byte intended send time first."""
-    ctx, s = _zmq_push(address)
-    res = _paced(start, s.send, size, rate, n)
+def _zmq_close_received(ctx, s, received, n: int, timeout_s: float) -> None:
+    """Close the PUSH socket and its context once the consumer set ``received`` (it has all
+    ``n`` messages), waiting ``timeout_s`` at most: closing earlier may lose the last ones
+    (see above). Raises ``RuntimeError`` when the consumer does not say so in time."""
+    if not received.wait(timeout_s):
+        raise RuntimeError(f"the ZeroMQ consumer did not receive all {n} messages within "
+                           f"{timeout_s:g} s of the last send")
     s.close()
     ctx.term()
+
+
+def zmq_lat_producer(start, address: str, size: int, rate: float, n: int, received,
+                     timeout_s: float) -> dict:
+    """Open loop: ``send`` one message per call, 8-byte intended send time first; closed once
+    the consumer has them all, or ``timeout_s`` after the last send (``_zmq_close_received``)."""
+    ctx, s = _zmq_push(address)
+    res = _paced(start, s.send, size, rate, n)
+    _zmq_close_received(ctx, s, received, n, timeout_s)
     return res
 
 
-def zmq_lat_consumer(start, address: str, n: int, warm: int) -> dict:
-    """PULL, bound before the barrier; blocking ``recv()`` ``n`` times."""
+def zmq_lat_consumer(start, address: str, n: int, warm: int, received) -> dict:
+    """PULL, bound before the barrier; blocking ``recv()`` ``n`` times, then ``received``
+    set."""
     import zmq
     ctx = zmq.Context()
     s = ctx.socket(zmq.PULL)
     s.bind(address)
     res = _recv_latencies(start, s.recv, n, warm)
+    received.set()
     s.close(linger=0)
     ctx.term()
     return res
