@@ -445,9 +445,9 @@ class Broker:
         # one buffer of its size and its batch is appended from there, never copied here.
         # recvmsg, not recv: a producer's ShareMemory comes with its arena's fd (SCM_RIGHTS),
         # which a plain recv would close.
+        reader = conn.reader
         try:
-            with conn.reader.get_buffer() as view:
-                n, ancillary, flags, _ = conn.sock.recvmsg_into((view,), _FD_ROOM)
+            n, ancillary, flags = reader.recvmsg(conn.sock, _FD_ROOM)
             if ancillary:
                 conn.take_fds(ancillary, flags)
         except (BlockingIOError, InterruptedError):
@@ -461,8 +461,6 @@ class Broker:
         if not n:
             self._close(conn)
             return
-        reader = conn.reader
-        reader.buffer_updated(n)
         try:
             take = native.take_produce
             if conn.greeted and take is not None:

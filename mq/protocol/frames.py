@@ -36,11 +36,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgpack
 
 from mq.errors import LocalProtocolError, RemoteProtocolError
+
+if TYPE_CHECKING:
+    import socket
 
 __all__ = ["FrameReader", "encode_frame", "encode_tail_frame", "DEFAULT_MAX_FRAME_BYTES",
            "TAIL_FLAG"]
@@ -162,6 +165,28 @@ class FrameReader:
         stop = end + want if frame > max(pending, _HEAD_READ) \
             else min(len(self._buf), end + max(want, _HEAD_READ))
         return memoryview(self._buf)[end:stop]
+
+    def recvmsg(self, sock: socket.socket, ancbufsize: int) -> tuple[int, list, int]:
+        """``sock.recvmsg_into`` into the buffer (``get_buffer``, then ``buffer_updated``):
+        ``(bytes received, ancillary data, flags)``. Raises as ``recvmsg_into`` does, or
+        ``RemoteProtocolError`` as ``get_buffer``.
+
+        The steady state of a connection that sends a frame at a time, everything received
+        parsed and no view kept, takes a short cut: the buffer is reused from its start, as
+        ``get_buffer`` would, without its steps (a broker's read is on every record's way)."""
+        buf = self._buf
+        if self._start == self._end and self._tail is None and \
+                _HEAD_READ <= len(buf) <= _KEEP_BYTES and self._exclusive():
+            self._start = self._end = 0
+            view = memoryview(buf)[:_HEAD_READ]
+        else:
+            view = self.get_buffer()
+        try:
+            n, ancillary, flags, _ = sock.recvmsg_into((view,), ancbufsize)
+        finally:
+            view.release()
+        self._end += n
+        return n, ancillary, flags
 
     def _make_room(self, pending: int, needed: int) -> None:
         """Move the unparsed bytes to the front, into a larger or fresh buffer if need be
