@@ -331,6 +331,12 @@ class Broker:
                 timeout = min(timeout, self.kafka.deadline_s(now))
             for key, events in self._select(timeout):
                 what = key.data
+                if type(what) is Conn:            # a client's request: the hot path, first
+                    if events & selectors.EVENT_READ:
+                        self._read(what)
+                    if events & selectors.EVENT_WRITE:
+                        self._write(what)
+                    continue
                 if what == "accept":
                     self._accept()
                 elif what is self.kafka:
