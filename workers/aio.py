@@ -22,7 +22,11 @@ flushes, commits, transactions, revocations (the rebalance listener's methods ar
 inside ``getmany``) — and never blocks on it, so running handlers go on meanwhile, and the
 child has no thread but the loop's. A commit is a task of its own: while it runs, the loop
 starts the records it already holds, and releases and polls nothing (so no revocation and no
-send of a release comes between the commit's steps). The loop awaits a poll of up to
+send of a release comes between the commit's steps). The task awaits the commit itself (a
+synchronous one), never hands it to a task of the clients' that outlives it: such a task's
+request could reach the consumer after the next poll, whose revocation commits newer positions
+first, and then move the group's committed offsets back (the next owner handles those records
+again). The loop awaits a poll of up to
 ``_IDLE_POLL_S`` only when no task runs; otherwise it polls without waiting and waits for a
 task to finish for at most ``_BUSY_WAIT_S`` (a new record waits that long at most for a free
 place to be noticed).
@@ -128,9 +132,17 @@ class AsyncEngine(Base):
 
     async def commit(self) -> None:
         """Move the idle partitions' done positions past what never reaches the handler,
-        then commit."""
+        then commit and wait for the broker's answer (``sync``).
+
+        Not ``commit_async``: ``AsyncClients`` runs that as a task of its own, whose first
+        step, not the call, hands the commit to the consumer. When the loop's next turn came
+        first (this task ended as the loop woke for a finished record), the loop's poll was
+        queued on the consumer's thread ahead of it; that poll's revocation committed the
+        partitions' newer positions, and then the stale commit moved them back (seen on mq's
+        Kafka listener: 1203, then 1161 for the same partition, whose next owner handled
+        1161-1202 again)."""
         await self.run_op(self.settle(self.busy()))
-        await self.run_op(self.delivery.commit())
+        await self.run_op(self.delivery.commit(sync=True))
 
     async def finish_running(self) -> None:
         """Draining: let running records finish for most of ``drain_timeout_s`` (the

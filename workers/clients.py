@@ -286,7 +286,9 @@ class AsyncClients:
         await self.consumer.commit(offsets)                         # type: ignore[union-attr]
 
     async def commit_async(self, offsets: dict, callback) -> None:
-        """The commit as a task; ``callback(offsets, error or None)`` when it is done."""
+        """The commit as a task; ``callback(offsets, error or None)`` when it is done. The task,
+        not this call, hands the commit to the consumer: a step awaited after this one (a poll)
+        may reach it first, so ``aio.AsyncEngine`` commits synchronously instead."""
         task = asyncio.get_running_loop().create_task(self.consumer.commit(offsets))
         self._commits.add(task)
 

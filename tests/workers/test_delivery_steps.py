@@ -12,7 +12,7 @@ import pytest
 
 import mq
 from mq.errors import MessageTooLargeError, ProducerFencedError, UnknownTopicOrPartitionError
-from workers.clients import SyncClients
+from workers.clients import AsyncClients, SyncClients
 from workers.config import HandlerRef, PoolConfig
 from workers.delivery import BadOutput, Delivery, MissingOutputTopic, TransactionAborted
 
@@ -179,3 +179,47 @@ def test_exactly_once_fenced_is_raised_as_it_is():
     with pytest.raises(ProducerFencedError):
         c.run(d.commit())
     assert "abort_transaction" not in c.names()
+
+
+class AsyncScripted(Scripted):
+    """``Scripted`` whose steps are awaited, as ``AsyncClients``' are (``run`` returns the
+    coroutine); ``consumer``: what ``AsyncEngine`` asks locally (nothing paused)."""
+
+    class Consumer:
+        def paused(self):
+            return set()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consumer = self.Consumer()
+
+    run = AsyncClients.run
+
+    def position(self, tp):
+        self.called("position", tp)
+        return 0
+
+
+def test_the_async_engines_commit_waits_for_the_broker_inside_its_task(tmp_path):
+    """``AsyncEngine.commit`` (the loop's commit task) commits synchronously. A
+    ``commit_async`` is a task of ``AsyncClients`` whose first step, not the call, hands the
+    commit to the consumer: the loop's next poll could reach the consumer's thread first, its
+    revocation commit newer positions, and the stale commit then move them back (the next
+    owner handled those records again, on mq's Kafka listener)."""
+    import asyncio
+
+    from workers.aio import AsyncEngine
+    from workers.handling import Counters
+    from workers.stats import StatsTable
+
+    config = PoolConfig(handler=HandlerRef("m", "f"), topics=("in",), group_id="g",
+                        stats_path=str(tmp_path / "stats"))
+    table = StatsTable.create(str(tmp_path / "stats"), "g", ["in"], 1, config.concurrency)
+    try:
+        d, c = delivery(), AsyncScripted()
+        engine = AsyncEngine(config, 0, None, c, d, table, Counters(table, 0), lambda: False)
+        d.done[TP] = 7
+        asyncio.run(engine.commit())
+        assert c.calls == [("position", TP), ("commit", {TP: 7})] and d.committed == {TP: 7}
+    finally:
+        table.close()
