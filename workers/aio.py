@@ -132,7 +132,8 @@ class AsyncEngine(Base):
 
     async def commit(self) -> None:
         """Move the idle partitions' done positions past what never reaches the handler,
-        then commit and wait for the broker's answer (``sync``).
+        then commit and wait for the broker's answer (``sync``; a failure is logged and
+        left to the next commit, as an async commit's was).
 
         Not ``commit_async``: ``AsyncClients`` runs that as a task of its own, whose first
         step, not the call, hands the commit to the consumer. When the loop's next turn came
@@ -142,7 +143,7 @@ class AsyncEngine(Base):
         Kafka listener: 1203, then 1161 for the same partition, whose next owner handled
         1161-1202 again)."""
         await self.run_op(self.settle(self.busy()))
-        await self.run_op(self.delivery.commit(sync=True))
+        await self.run_op(self.delivery.commit(sync=True, retry_later=True))
 
     async def finish_running(self) -> None:
         """Draining: let running records finish for most of ``drain_timeout_s`` (the

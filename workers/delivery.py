@@ -12,9 +12,10 @@ committed yet (at least once), never a record it skipped.
 At least once: outputs and dead letters go through an idempotent producer (``acks="all"``).
 A commit first ``flush()``es it and checks that every output since the last commit was
 acknowledged (``OutputsLost`` if not: the child exits and the records are redelivered), then
-``commit_async`` the changed positions, one commit in flight at a time. Commits happen every
-``commit_interval_ms``, when the child goes idle, before a partition is revoked (synchronous)
-and at drain.
+``commit_async`` the changed positions, one commit in flight at a time (an ``async def``
+handler's loop commits synchronously inside its commit task instead: ``aio.py``). Commits
+happen every ``commit_interval_ms``, when the child goes idle, before a partition is revoked
+(synchronous) and at drain.
 
 Exactly once: a transactional producer whose ``transactional_id`` is stable per slot, made and
 ``init_transactions()``-ed before the consumer joins (it fences a dead predecessor of the slot
@@ -257,10 +258,12 @@ class Delivery:
         return {tp: done[tp] for tp in (done if tps is None else tps)
                 if tp in done and base.get(tp) != done[tp]}
 
-    def commit(self, sync: bool = False, tps=None) -> Op[None]:
+    def commit(self, sync: bool = False, tps=None, retry_later: bool = False) -> Op[None]:
         """Make the done positions durable (all, or of ``tps``). ``sync``: wait for it (at
-        least once; a transaction always waits). Raises ``OutputsLost`` (at least once),
-        ``TransactionAborted`` and ``ProducerFencedError`` (exactly once).
+        least once; a transaction always waits); ``retry_later``: a synchronous commit that
+        fails is logged and left to the next one, as an async commit's failure is. Raises
+        ``OutputsLost`` (at least once), ``TransactionAborted`` and ``ProducerFencedError``
+        (exactly once).
 
         The next commit is due ``commit_interval_ms`` later, or ``_BLOCKED_FACTOR`` times as
         long as this one took, if that is longer. Exactly once, that includes the
@@ -275,13 +278,13 @@ class Delivery:
             if self.eos:
                 yield from self._commit_transaction()
             else:
-                yield from self._commit(sync, tps)
+                yield from self._commit(sync, tps, retry_later)
         finally:
             now = time.monotonic()
             blocked, self._blocked = now - started + self._blocked, 0.0
             self._next_commit = now + max(self._interval, _BLOCKED_FACTOR * blocked)
 
-    def _commit(self, sync: bool, tps) -> Op[None]:
+    def _commit(self, sync: bool, tps, retry_later: bool = False) -> Op[None]:
         if self._sent and not sync:     # sync: whatever an async commit in flight may carry
             return                      # one async commit in flight at a time
         changed = self.changed(tps)
@@ -304,7 +307,13 @@ class Delivery:
             del self._pending[mark:]
         self._pending += pending                            # left for the next commit
         if sync:
-            yield ("commit", changed)
+            try:
+                yield ("commit", changed)
+            except (MQError, TimeoutError) as err:
+                if not retry_later:
+                    raise
+                log.warning("commit failed (the next one retries it): %s", err)
+                return
             self._confirmed(changed)
         else:
             self._sent = dict(changed)

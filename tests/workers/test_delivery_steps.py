@@ -223,3 +223,16 @@ def test_the_async_engines_commit_waits_for_the_broker_inside_its_task(tmp_path)
         assert c.calls == [("position", TP), ("commit", {TP: 7})] and d.committed == {TP: 7}
     finally:
         table.close()
+
+
+def test_a_sync_commit_that_may_be_retried_later_logs_its_failure_and_confirms_nothing(caplog):
+    d, c = delivery(), Scripted()
+    d.done[TP] = 3
+    c.errors["commit"] = [mq.errors.CommitFailedError("rebalance in progress")]
+    with pytest.raises(mq.errors.CommitFailedError):
+        c.run(d.commit(sync=True))
+    c.errors["commit"] = [mq.errors.CommitFailedError("rebalance in progress")]
+    c.run(d.commit(sync=True, retry_later=True))
+    assert d.committed == {} and "commit failed (the next one retries it)" in caplog.text
+    c.run(d.commit(sync=True, retry_later=True))
+    assert d.committed == {TP: 3} and c.names() == ["commit"] * 3
