@@ -9,11 +9,11 @@ published state to its records (``mq.client.consumer``), ``tail_wait_take`` its 
 that take after the wake-up in one call (``mq.client.consumer_driver``), and ``check_batch``
 the broker's checks and stamps of a client's batch at its append
 (``mq.log.log.PartitionLog.append``), ``append_plain`` that whole append for a plain batch
-in the common case (the same method), ``produce_frame`` the Produce request of one record that ``send()`` writes with
-``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``), ``take_produce`` the
-broker's parse of such a frame (``mq.broker.server.Broker._read``, through
-``mq.protocol.frames.FrameReader.take_with``), and ``publish_slot`` the broker's publication
-of a partition's state in the common case (``mq.broker.wakeups.StatePublisher``).
+in the common case (the same method), ``produce_frame`` the Produce request of one record
+that ``send()`` writes with ``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``),
+``take_produce`` the broker's parse of such a frame (``mq.broker.server.Broker._read``,
+through ``mq.protocol.frames.FrameReader.take_with``), and ``publish_slot`` the broker's
+publication of a partition's state in the common case (``mq.broker.wakeups.StatePublisher``).
 Each name here is the extension's function or type, or ``None`` when the extension is not
 built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything but "" or "0" — then
 its users run their pure-Python references, which the C code mirrors byte for byte
