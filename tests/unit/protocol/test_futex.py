@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import multiprocessing
 import os
@@ -70,6 +71,27 @@ def test_the_local_word_interrupts_a_sleep():
     t.join()
 
 
+@contextlib.contextmanager
+def sleepers(target, *args):
+    """Three processes running ``target(pipe, *args)``, each said "asleep" on its pipe
+    (maybe still on its way into the sleep); killed after."""
+    pipes, procs = [], []
+    try:
+        for _ in range(3):
+            ours, theirs = CTX.Pipe()
+            p = CTX.Process(target=target, args=(theirs, *args), daemon=True)
+            p.start()
+            pipes.append(ours)
+            procs.append(p)
+        for pipe in pipes:
+            assert pipe.poll(WAIT) and pipe.recv() == "asleep"
+        yield pipes
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(WAIT)
+
+
 def _sleeper(pipe, ro, offset: int, value: int) -> None:
     pipe.send("asleep")
     pipe.send(futex.wait_any(ro, [offset], [value], bytearray(4), 0, WAIT))
@@ -79,16 +101,7 @@ def test_processes_sleep_on_a_read_only_map_and_the_writer_wakes_them_all(region
     """Three processes sleep on a word of their read-only map; one wake of all wakes each
     (a wake of one, then of the rest, is how consumers pass a publish on)."""
     rw, ro = region
-    pipes, procs = [], []
-    for _ in range(3):
-        ours, theirs = CTX.Pipe()
-        p = CTX.Process(target=_sleeper, args=(theirs, ro, 128, 0), daemon=True)
-        p.start()
-        pipes.append(ours)
-        procs.append(p)
-    try:
-        for pipe in pipes:
-            assert pipe.poll(WAIT) and pipe.recv() == "asleep"
+    with sleepers(_sleeper, ro, 128, 0) as pipes:
         put(rw, 128, 1)
         woken = 0
         while woken < 3:                  # a sleeper may still be on its way into the sleep
@@ -103,10 +116,6 @@ def test_processes_sleep_on_a_read_only_map_and_the_writer_wakes_them_all(region
             results.append(pipe.recv())
         assert all(r in (0, -2) for r in results)     # woken, or the word had changed
         assert word(ro, 128) == 1
-    finally:
-        for p in procs:
-            p.kill()
-            p.join(WAIT)
 
 
 def _passing_sleeper(pipe, ro, offset: int) -> None:
@@ -121,16 +130,7 @@ def test_the_sleeper_woken_passes_the_wake_up_on_in_the_same_call(region):
     woke wakes the others before its call returns, and says in ``passed`` which value of
     which word it passed on, so it does not pass the same one on again."""
     rw, ro = region
-    pipes, procs = [], []
-    for _ in range(3):
-        ours, theirs = CTX.Pipe()
-        p = CTX.Process(target=_passing_sleeper, args=(theirs, ro, 128), daemon=True)
-        p.start()
-        pipes.append(ours)
-        procs.append(p)
-    try:
-        for pipe in pipes:
-            assert pipe.poll(WAIT) and pipe.recv() == "asleep"
+    with sleepers(_passing_sleeper, ro, 128) as pipes:
         put(rw, 128, 1)
         futex.wake(rw, 128, 1)                        # one wake, and never another
         results = []
@@ -140,10 +140,6 @@ def test_the_sleeper_woken_passes_the_wake_up_on_in_the_same_call(region):
         # Each was woken (index 1), or saw the word changed before it slept (-2).
         assert all(r in (1, -2) for r, _ in results)
         assert all(passed == ({128: 1} if r == 1 else {}) for r, passed in results)
-    finally:
-        for p in procs:
-            p.kill()
-            p.join(WAIT)
 
 
 def test_a_value_already_passed_on_is_not_passed_on_again():
