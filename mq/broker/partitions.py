@@ -71,7 +71,10 @@ class PartitionTable:
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
+        # The same dict for the table's life: the Produce hot path looks partitions up in it
+        # from C (``by_key``, ``mq.log.native.produce_plain``).
         self._by_key: dict[tuple[str, int], Partition] = {}
+        self.by_key = self._by_key
         self._free_slots: list[int] = []
         self._next_slot = 0
         # Partitions whose published state moved this round (``touch``); the loop publishes

@@ -497,3 +497,174 @@ out:
     Py_XDECREF(shape);
     return res;
 }
+
+
+/* ---- produce_plain: the broker's Produce of a plain batch, from its checks to its reply ---- */
+
+static PyObject *s_log, *s_min_free, *s_refusing, *s_clock, *s_next_refresh, *s_free,
+    *s_admitted, *s_produced_records, *s_produced_bytes;
+
+static int
+intern_produce_names(void)
+{
+    if (s_produced_bytes != NULL)
+        return 0;
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&s_log, "log"}, {&s_min_free, "min_free_bytes"}, {&s_refusing, "refusing"},
+        {&s_clock, "_clock"}, {&s_next_refresh, "_next_refresh"}, {&s_free, "_free"},
+        {&s_admitted, "_admitted"}, {&s_produced_records, "produced_records"},
+        {&s_produced_bytes, "produced_bytes"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
+    return 0;
+}
+
+/* obj.name += delta, for an int attribute: 0, or -1 with an error set. */
+static int
+add_int(PyObject *obj, PyObject *name, long long delta)
+{
+    long long v;
+    int r = get_int(obj, name, &v);
+    if (r != 0) {
+        if (r > 0)
+            PyErr_Format(PyExc_TypeError, "%U is None", name);
+        return -1;
+    }
+    return set_int(obj, name, v + delta);
+}
+
+/* The free-space guard's admission of n bytes (mq.broker.space.FreeSpaceGuard.admit) when
+ * it needs no new reading and leaves the guard as it is: 2 admitted (counted), 1 admitted
+ * (the guard is off), 0 for the Python path (a reading due, too little room, refusing), -1
+ * with an error set. */
+static int
+admit_space(PyObject *space, Py_ssize_t n)
+{
+    long long min_free, free_bytes, admitted;
+    int r;
+    if ((r = get_int(space, s_min_free, &min_free)) != 0)
+        return r < 0 ? -1 : 0;
+    if (min_free <= 0)
+        return 1;
+    if ((r = get_bool(space, s_refusing)) != 0)
+        return r < 0 ? -1 : 0;
+    PyObject *now = PyObject_CallMethodNoArgs(space, s_clock);
+    if (now == NULL)
+        return -1;
+    PyObject *next = PyObject_GetAttr(space, s_next_refresh);
+    if (next == NULL) {
+        Py_DECREF(now);
+        return -1;
+    }
+    int due = PyObject_RichCompareBool(now, next, Py_GE);
+    Py_DECREF(now);
+    Py_DECREF(next);
+    if (due != 0)
+        return due < 0 ? -1 : 0;
+    if (get_int(space, s_free, &free_bytes) || get_int(space, s_admitted, &admitted))
+        return PyErr_Occurred() ? -1 : 0;
+    if (free_bytes - admitted - n < min_free)
+        return 0;
+    return set_int(space, s_admitted, admitted + n) < 0 ? -1 : 2;
+}
+
+#define PRODUCER_EPOCH_END 53     /* ProduceApis reads the attributes of longer batches */
+#define ATTRIBUTES_LOW_AT 22      /* the low byte of the big-endian int16 at 21 */
+#define TRANSACTIONAL_BIT 0x10
+#define CONTROL_BIT 0x20
+
+const char mq_produce_plain_doc[] =
+"produce_plain(by_key, space, touched, topic, partition, batch, leader_epoch, now_ms,\n"
+"              request_id, api) -> reply | None\n\n"
+"The broker's Produce with acks=1 of a client's plain batch (mq.broker.apis.produce.\n"
+"ProduceApis.append) in one call: the topic not internal, the partition found in by_key\n"
+"(PartitionTable's (topic, partition) -> Partition), the batch within max.message.bytes, the\n"
+"high watermark following the log end, no control or transactional bit, room by the\n"
+"free-space guard space without a new reading, then append_plain's append, the partition's\n"
+"counters, touched (the set of partitions to publish), and the reply message\n"
+"[api, request_id, 0, None, first_offset, log_append_time, log_start_offset]. None, with\n"
+"nothing touched, for anything else: the Python path then does it all. A failed write raises\n"
+"OSError after the space is counted, as the Python path counts it before its write.";
+
+PyObject *
+mq_produce_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10 || !PyDict_Check(args[0]) || !PySet_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "produce_plain(by_key: dict, space, touched: set, "
+                        "topic, partition, batch, leader_epoch, now_ms, request_id, api)");
+        return NULL;
+    }
+    PyObject *by_key = args[0], *space = args[1], *touched = args[2], *topic = args[3],
+        *batch = args[5];
+    if (intern_names() < 0 || intern_publish_names() < 0 || intern_produce_names() < 0)
+        return NULL;
+    if (!PyUnicode_Check(topic) || (PyUnicode_GET_LENGTH(topic) >= 2 &&
+                                    PyUnicode_READ_CHAR(topic, 0) == '_' &&
+                                    PyUnicode_READ_CHAR(topic, 1) == '_'))
+        Py_RETURN_NONE;                         /* an internal topic: refused there */
+    PyObject *key = PyTuple_Pack(2, topic, args[4]);
+    if (key == NULL)
+        return NULL;
+    PyObject *part = PyDict_GetItemWithError(by_key, key);
+    Py_DECREF(key);
+    if (part == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;                         /* unknown: the Python path names it */
+    }
+    Py_INCREF(part);
+    PyObject *plog = NULL, *config = NULL, *res = NULL, *done = NULL;
+    Py_ssize_t n = PyObject_Length(batch);
+    long long max_bytes, log_start;
+    int r, admitted = 0;
+    if (n < 0 || (plog = PyObject_GetAttr(part, s_log)) == NULL ||
+            (config = PyObject_GetAttr(plog, s_config)) == NULL)
+        goto out;
+    if ((r = get_int(config, s_max_bytes, &max_bytes)) != 0 || n > max_bytes)
+        goto declined;
+    if ((r = get_bool(plog, s_hw_follows)) <= 0)
+        goto declined;                          /* durable mode holds the reply */
+    if (n > PRODUCER_EPOCH_END) {               /* control or transactional: checked there */
+        Py_buffer view;
+        if (PyObject_GetBuffer(batch, &view, PyBUF_SIMPLE) < 0)
+            goto out;
+        unsigned char attributes = ((unsigned char *)view.buf)[ATTRIBUTES_LOW_AT];
+        PyBuffer_Release(&view);
+        if (attributes & (CONTROL_BIT | TRANSACTIONAL_BIT))
+            goto declined;
+    }
+    if ((admitted = admit_space(space, n)) <= 0)
+        goto declined;
+    PyObject *call[4] = {plog, batch, args[6], args[7]};
+    if ((done = mq_append_plain(module, call, 4)) == NULL)
+        goto out;                               /* OSError: counted, as there */
+    if (done == Py_None) {                      /* declined: uncounted, for the Python path */
+        if (admitted == 2 && add_int(space, s_admitted, -(long long)n) < 0)
+            goto out;
+        goto declined;
+    }
+    long long first = PyLong_AsLongLong(PyTuple_GET_ITEM(done, 0)),
+        last = PyLong_AsLongLong(PyTuple_GET_ITEM(done, 1));
+    if (PyErr_Occurred() || add_int(part, s_produced_records, last + 1 - first) < 0 ||
+            add_int(part, s_produced_bytes, n) < 0 || PySet_Add(touched, part) < 0 ||
+            get_int(plog, s_log_start, &log_start))
+        goto out;
+    PyObject *api = PyNumber_Index(args[9]);
+    if (api == NULL)
+        goto out;
+    res = Py_BuildValue("[NOiOLOL]", api, args[8], 0, Py_None, first,
+                        PyTuple_GET_ITEM(done, 3), log_start);
+    goto out;
+
+declined:
+    if (!PyErr_Occurred())
+        res = Py_NewRef(Py_None);
+out:
+    Py_DECREF(part);
+    Py_XDECREF(plog);
+    Py_XDECREF(config);
+    Py_XDECREF(done);
+    return res;
+}

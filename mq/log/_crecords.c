@@ -1617,6 +1617,8 @@ static PyMethodDef methods[] = {
      mq_append_plain_doc},
     {"publish_slot", (PyCFunction)(void (*)(void))mq_publish_slot, METH_FASTCALL,
      mq_publish_slot_doc},
+    {"produce_plain", (PyCFunction)(void (*)(void))mq_produce_plain, METH_FASTCALL,
+     mq_produce_plain_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"produce_frame", (PyCFunction)(void (*)(void))produce_frame, METH_FASTCALL,
      produce_frame_doc},

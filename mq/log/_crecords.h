@@ -265,6 +265,8 @@ extern const char mq_append_plain_doc[];
 PyObject *mq_tail_wait_take(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern const char mq_tail_wait_take_doc[];
 PyObject *mq_publish_slot(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *mq_produce_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern const char mq_produce_plain_doc[];
 extern const char mq_publish_slot_doc[];
 extern const char mq_tail_take_doc[];
 

@@ -13,7 +13,9 @@ in the common case (the same method), ``produce_frame`` the Produce request of o
 that ``send()`` writes with ``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``),
 ``take_produce`` the broker's parse of such a frame (``mq.broker.server.Broker._read``,
 through ``mq.protocol.frames.FrameReader.take_with``), and ``publish_slot`` the broker's
-publication of a partition's state in the common case (``mq.broker.wakeups.StatePublisher``).
+publication of a partition's state in the common case (``mq.broker.wakeups.StatePublisher``),
+``produce_plain`` the broker's Produce of a plain batch with acks=1 from its checks to its reply
+(``mq.broker.apis.produce.ProduceApis.append``).
 Each name here is the extension's function or type, or ``None`` when the extension is not
 built, is too old to have it, or ``MQ_PURE_PYTHON`` is set to anything but "" or "0" — then
 its users run their pure-Python references, which the C code mirrors byte for byte
@@ -23,11 +25,12 @@ its users run their pure-Python references, which the C code mirrors byte for by
 ``RecordBatch.validate`` and the append's own checks; for ``append_plain`` the append's
 Python path; for ``produce_frame`` the producer's
 batch, sender and ``encode_tail_frame``; for ``take_produce`` ``FrameReader.messages``;
-for ``publish_slot`` ``PartitionTable.state_of`` and ``StateWriter.publish``;
+for ``publish_slot`` ``PartitionTable.state_of`` and ``StateWriter.publish``; for
+``produce_plain`` ``ProduceApis.append``'s Python path;
 tests/unit/log/test_crecords.py,
 test_take_batches.py, test_tail_take.py, test_check_batch.py, test_append_plain.py,
 test_produce_frame.py, tests/unit/protocol/test_frames.py,
-tests/unit/broker/test_publish_slot.py).
+tests/unit/broker/test_publish_slot.py, test_produce_plain.py).
 
 Users read these names as attributes of this module at call time (``native.decode_records``),
 so a test can switch one off.
@@ -42,7 +45,7 @@ from typing import Any
 
 __all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "tail_wait_take",
            "check_batch", "append_plain", "produce_frame", "take_produce", "publish_slot",
-           "RecordAccumulator", "RecordFuture"]
+           "produce_plain", "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
@@ -54,6 +57,7 @@ append_plain: Callable[..., tuple | None] | None = None
 produce_frame: Callable[..., tuple] | None = None
 take_produce: Callable[..., tuple | None] | None = None
 publish_slot: Callable[..., bool] | None = None
+produce_plain: Callable[..., list | None] | None = None
 RecordAccumulator: Any = None
 RecordFuture: Any = None
 if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
@@ -74,5 +78,6 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         produce_frame = getattr(_crecords, "produce_frame", None)
         take_produce = getattr(_crecords, "take_produce", None)
         publish_slot = getattr(_crecords, "publish_slot", None)
+        produce_plain = getattr(_crecords, "produce_plain", None)
         if hasattr(_crecords, "RecordAccumulator"):
             RecordAccumulator, RecordFuture = _crecords.RecordAccumulator, _crecords.RecordFuture

@@ -29,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import time
 from collections.abc import Callable, Mapping
 
 import posix_ipc
@@ -42,6 +43,7 @@ from mq.broker.partitions import PartitionTable
 from mq.broker.space import FreeSpaceGuard
 from mq.broker.wakeups import post
 from mq.errors import InvalidRequestError
+from mq.log import diskio, native
 from mq.log.layout import (
     ATTRIBUTES_OFFSET,
     CONTROL_MASK,
@@ -79,6 +81,7 @@ class ProduceApis:
         self._verify_transaction = verify_transaction
         # Bound once: the produce path uses them per request.
         self._lookup = table.partition
+        self._by_key = table.by_key
         self._touched = table.touched
         self._hold = commit.tracker.hold
 
@@ -139,6 +142,17 @@ class ProduceApis:
                batch, api: Api = Api.PRODUCE, shared: bool = False) -> list | None:
         """A produce request's append and its reply (None: later, or none with acks=0). The
         loop calls this directly for a plain Produce (``Broker._handle``)."""
+        fast = native.produce_plain
+        if fast is not None and acks == 1 and not shared and type(diskio.ops) is diskio.DiskIO:
+            # The common case in one C call, from the checks to the reply; None: it declined
+            # with nothing touched, and the Python path below does it all.
+            try:
+                reply = fast(self._by_key, self._space, self._touched, topic, partition, batch,
+                             self._epoch, int(time.time() * 1000), request_id, api)
+            except OSError as err:
+                raise self._lookup(topic, partition).log._write_failed("append", err) from err
+            if reply is not None:
+                return reply
         if is_internal(topic):
             raise InvalidRequestError(f"cannot produce to internal topic {topic!r}")
         if acks not in (0, 1, ACKS_ALL):
