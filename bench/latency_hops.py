@@ -12,8 +12,8 @@ The spin options choose the wait strategies (README, "Wait strategies"): 0, the 
 sleeps at once.
 Prints p50 and p90 per hop (bench/RESULTS.md, "Latency at 1 k/s"). ``--broker-steps`` adds
 the p50 of each step from the broker's read to its publish (``BROKER_STEPS``: the handler of
-a Produce taken from a tail frame, the partition log's append, the publication), each stamp
-costing about a µs more.
+a Produce taken from a tail frame, the Produce itself (in C, ``produce_plain``, for a plain
+batch with acks=1), the publication), each stamp costing about a µs more.
 """
 
 from __future__ import annotations
@@ -33,14 +33,12 @@ import mq
 from mq.broker import server, wakeups
 from mq.broker.apis import produce
 from mq.broker.config import BrokerConfig
-from mq.log.log import PartitionLog
 
 EVENTS: list[tuple[str, int]] = []        # the broker's stamps (this process)
 HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to appended",
         "appended to publish", "publish and futex wake (broker)", "publish to consumer awake",
         "consumer awake to poll()", "TOTAL (intended send to poll)"]
-BROKER_STEPS = ["  read to the Produce handler", "  handler to the log's append",
-                "  the log's append", "  the log's append to appended",
+BROKER_STEPS = ["  read to the Produce handler", "  the Produce: checks to reply",
                 "  appended to publishing", "  publishing to the publication"]
 
 
@@ -134,8 +132,6 @@ def main() -> None:
     stamp(wakeups.StatePublisher, "publish", "woke", at_end=True)
     if args.broker_steps:
         stamp(server.Broker, "_produce_tail", "handler")
-        stamp(PartitionLog, "append", "log")
-        stamp(PartitionLog, "append", "logged", at_end=True)
         stamp(server.Broker, "_publish_touched", "publishing")
     d = tempfile.mkdtemp(prefix="mq-hops-")
     sock = os.path.join(d, "mq.sock")
@@ -166,7 +162,7 @@ def main() -> None:
         return xs[i]
     read, appended, publish, woke = times("read"), times("appended"), times("publish"), \
         times("woke")
-    steps = {tag: times(tag) for tag in ("handler", "log", "logged", "publishing")}
+    steps = {tag: times(tag) for tag in ("handler", "publishing")}
     rows, step_rows = [], []
     for i in range(n // 5, n - 5):
         s = sends[i]
@@ -179,10 +175,8 @@ def main() -> None:
                    after(wakes, pb) - pb, got[i][1] - after(wakes, pb), got[i][1] - s)
             if args.broker_steps:
                 hd = after(steps["handler"], rd)
-                lg = after(steps["log"], hd)
-                ld = after(steps["logged"], lg)
                 ps = after(steps["publishing"], ap_)
-                step_rows.append((hd - rd, lg - hd, ld - lg, ap_ - ld, ps - ap_, pb - ps))
+                step_rows.append((hd - rd, ap_ - hd, ps - ap_, pb - ps))
             rows.append(row)
         except LookupError:
             continue        # under load a consumer may take the last records without sleeping
