@@ -110,17 +110,22 @@ class KafkaAdmin:
     def _settle(self, name: str, done: Any, what: str) -> None:
         """Return as the local broker does, once the change is there to see: until the
         cluster's metadata shows ``name`` as ``done`` wants it (each node learns a change from
-        the metadata log in its own time). ``TimeoutError`` after the admin timeout."""
+        the metadata log in its own time), as many times in a row as the cluster has nodes
+        (each request may go to another node). ``TimeoutError`` after the admin timeout."""
         deadline = time.monotonic() + self._timeout
+        seen = 0
         while True:
-            topics = self._metadata().topics
-            found = topics.get(name)
-            if done(found if found is None or found.error is None else None):
+            metadata = self._metadata()
+            found = metadata.topics.get(name)
+            seen = seen + 1 if done(found if found is None or found.error is None else None) \
+                else 0
+            if seen >= max(1, len(metadata.brokers)):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"topic {name!r} was {what} but the cluster's metadata "
                                    f"does not show it within {self._timeout} s")
-            time.sleep(0.05)
+            if not seen:
+                time.sleep(0.05)
 
     def list_topics(self) -> list[str]:
         return sorted(t for t in self._metadata().topics if not t.startswith("__"))
@@ -131,9 +136,20 @@ class KafkaAdmin:
         from confluent_kafka import TopicCollection
         from confluent_kafka.admin import ConfigSource, OffsetSpec
         rd = self._client()
-        [desc] = self._run(lambda: rd.describe_topics(TopicCollection([name]),
-                                             request_timeout=self._timeout),
-                          "describe topic").values()
+        known = self._metadata().topics.get(name)
+        deadline = time.monotonic() + self._timeout
+        while True:
+            [desc] = self._run(lambda: rd.describe_topics(TopicCollection([name]),
+                                                          request_timeout=self._timeout),
+                               "describe topic").values()
+            # Each call may go to another node, which learns a change from the metadata log
+            # in its own time (CI saw 2 partitions here just after 3 were created): a node
+            # behind the metadata this client has is asked again. Partitions only grow.
+            if known is None or known.error is not None or \
+                    len(desc.partitions) >= len(known.partitions) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         entries = self._configs(name)
         parts = sorted(desc.partitions, key=lambda p: p.id)
         ends = [self._offsets(name, len(parts), spec)
