@@ -73,8 +73,7 @@ class PartitionTable:
         self.slots = slots
         # The same dict for the table's life: the Produce hot path looks partitions up in it
         # from C (``by_key``, ``mq.log.native.produce_plain``).
-        self._by_key: dict[tuple[str, int], Partition] = {}
-        self.by_key = self._by_key
+        self.by_key: dict[tuple[str, int], Partition] = {}
         self._free_slots: list[int] = []
         self._next_slot = 0
         # Partitions whose published state moved this round (``touch``); the loop publishes
@@ -86,13 +85,13 @@ class PartitionTable:
 
     # --- lookup -------------------------------------------------------------------------------
     def get(self, topic: str, partition: int) -> Partition | None:
-        return self._by_key.get((topic, partition))
+        return self.by_key.get((topic, partition))
 
     def partition(self, topic: str, partition: int) -> Partition:
         """The partition, or ``UnknownTopicOrPartitionError`` naming what is missing."""
-        part = self._by_key.get((topic, partition))
+        part = self.by_key.get((topic, partition))
         if part is None:
-            count = sum(1 for key in self._by_key if key[0] == topic)
+            count = sum(1 for key in self.by_key if key[0] == topic)
             if not count:
                 raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
             raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} "
@@ -101,14 +100,14 @@ class PartitionTable:
 
     def of_topic(self, topic: str) -> list[Partition]:
         """The topic's partitions, by partition number."""
-        return sorted((p for p in self._by_key.values() if p.topic == topic),
+        return sorted((p for p in self.by_key.values() if p.topic == topic),
                       key=lambda p: p.partition)
 
     def __iter__(self) -> Iterator[Partition]:
-        return iter(list(self._by_key.values()))
+        return iter(list(self.by_key.values()))
 
     def __len__(self) -> int:
-        return len(self._by_key)
+        return len(self.by_key)
 
     # --- slots --------------------------------------------------------------------------------
     def check_room(self, count: int) -> None:
@@ -132,13 +131,13 @@ class PartitionTable:
         else:
             raise self._full(1, 0)
         part = Partition(topic, partition, log, slot)
-        self._by_key[(topic, partition)] = part
+        self.by_key[(topic, partition)] = part
         return part
 
     def remove(self, topic: str, partition: int) -> Partition:
         """Take the partition out and free its slot (its waiters stay on the returned
         ``Partition``, to be woken so they notice)."""
-        part = self._by_key.pop((topic, partition))
+        part = self.by_key.pop((topic, partition))
         self._free_slots.append(part.slot)
         self.touched.discard(part)
         return part
@@ -189,7 +188,7 @@ class PartitionTable:
         ready = False
         armed = []
         for topic, partition, offset in positions:
-            part = self._by_key.get((topic, partition))
+            part = self.by_key.get((topic, partition))
             if part is None:
                 ready = True
                 continue
@@ -224,6 +223,6 @@ class PartitionTable:
         """Forget every waiter of ``conn`` (its connection closed)."""
         for sem in conn.semaphores.values():
             self._armed.pop(sem, None)
-        for part in self._by_key.values():
+        for part in self.by_key.values():
             if part.waiters:
                 part.waiters = [w for w in part.waiters if w[0] is not conn]

@@ -28,12 +28,14 @@ static PyObject *s_closed, *s_offline, *s_config, *s_ts_type, *s_before_max, *s_
     *s_size, *s_base_offset, *s_first_ts, *s_jitter, *s_since_index, *s_max_ts_so_far,
     *s_max_ts_offset, *s_torn, *s_read_only, *s_files, *s_fd, *s_offset_index, *s_time_index,
     *s_entries, *s_length, *s_entry_size, *s_leader_epochs, *s_hw_follows, *s_hw,
-    *s_create_time;
+    *s_create_time, *s_producers, *s_open, *s_swap_count, *s_shape, *s_generation,
+    *s_log_start, *s_log, *s_min_free, *s_refusing, *s_clock, *s_next_refresh, *s_free,
+    *s_admitted, *s_produced_records, *s_produced_bytes;
 
 static int
 intern_names(void)
 {
-    if (s_create_time != NULL)
+    if (s_produced_bytes != NULL)
         return 0;
     struct { PyObject **slot; const char *name; } names[] = {
         {&s_closed, "closed"}, {&s_offline, "offline"}, {&s_config, "config"},
@@ -52,6 +54,15 @@ intern_names(void)
         {&s_entries, "entries"}, {&s_length, "_length"}, {&s_entry_size, "_entry_size"},
         {&s_leader_epochs, "leader_epochs"}, {&s_hw_follows, "high_watermark_follows_log_end"},
         {&s_hw, "high_watermark"}, {&s_create_time, "CreateTime"},
+        /* publish_slot's */
+        {&s_producers, "producers"}, {&s_open, "_open"}, {&s_swap_count, "swap_count"},
+        {&s_shape, "shape"}, {&s_generation, "generation"},
+        {&s_log_start, "log_start_offset"},
+        /* produce_plain's */
+        {&s_log, "log"}, {&s_min_free, "min_free_bytes"}, {&s_refusing, "refusing"},
+        {&s_clock, "_clock"}, {&s_next_refresh, "_next_refresh"}, {&s_free, "_free"},
+        {&s_admitted, "_admitted"}, {&s_produced_records, "produced_records"},
+        {&s_produced_bytes, "produced_bytes"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
@@ -356,24 +367,6 @@ out:
 
 #define SLOT_BYTES 64             /* mq.protocol.state: a slot's sequence and its 7 fields */
 
-static PyObject *s_producers, *s_open, *s_swap_count, *s_shape, *s_generation, *s_log_start;
-
-static int
-intern_publish_names(void)
-{
-    if (s_log_start != NULL)
-        return 0;
-    struct { PyObject **slot; const char *name; } names[] = {
-        {&s_producers, "producers"}, {&s_open, "_open"}, {&s_swap_count, "swap_count"},
-        {&s_shape, "shape"}, {&s_generation, "generation"},
-        {&s_log_start, "log_start_offset"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
-            return -1;
-    return 0;
-}
-
 /* Whether tuple `t` is exactly (a, b, c, d): 1 or 0, -1 with an error set. */
 static int
 same_shape(PyObject *t, const long long *want)
@@ -414,8 +407,7 @@ mq_publish_slot(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *region = args[0], *plog = args[2], *part = args[3];
     Py_ssize_t slot_base = PyLong_AsSsize_t(args[1]);
-    if ((slot_base == -1 && PyErr_Occurred()) || intern_names() < 0 ||
-            intern_publish_names() < 0)
+    if ((slot_base == -1 && PyErr_Occurred()) || intern_names() < 0)
         return NULL;
     PyObject *segments = NULL, *seg = NULL, *producers = NULL, *heap = NULL, *shape = NULL,
         *res = NULL;
@@ -501,26 +493,6 @@ out:
 
 /* ---- produce_plain: the broker's Produce of a plain batch, from its checks to its reply ---- */
 
-static PyObject *s_log, *s_min_free, *s_refusing, *s_clock, *s_next_refresh, *s_free,
-    *s_admitted, *s_produced_records, *s_produced_bytes;
-
-static int
-intern_produce_names(void)
-{
-    if (s_produced_bytes != NULL)
-        return 0;
-    struct { PyObject **slot; const char *name; } names[] = {
-        {&s_log, "log"}, {&s_min_free, "min_free_bytes"}, {&s_refusing, "refusing"},
-        {&s_clock, "_clock"}, {&s_next_refresh, "_next_refresh"}, {&s_free, "_free"},
-        {&s_admitted, "_admitted"}, {&s_produced_records, "produced_records"},
-        {&s_produced_bytes, "produced_bytes"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
-            return -1;
-    return 0;
-}
-
 /* obj.name += delta, for an int attribute: 0, or -1 with an error set. */
 static int
 add_int(PyObject *obj, PyObject *name, long long delta)
@@ -598,7 +570,7 @@ mq_produce_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *by_key = args[0], *space = args[1], *touched = args[2], *topic = args[3],
         *batch = args[5];
-    if (intern_names() < 0 || intern_publish_names() < 0 || intern_produce_names() < 0)
+    if (intern_names() < 0)
         return NULL;
     if (!PyUnicode_Check(topic) || (PyUnicode_GET_LENGTH(topic) >= 2 &&
                                     PyUnicode_READ_CHAR(topic, 0) == '_' &&

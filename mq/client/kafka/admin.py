@@ -112,19 +112,31 @@ class KafkaAdmin:
         cluster's metadata shows ``name`` as ``done`` wants it (each node learns a change from
         the metadata log in its own time), as many times in a row as the cluster has nodes
         (each request may go to another node). ``TimeoutError`` after the admin timeout."""
-        deadline = time.monotonic() + self._timeout
         seen = 0
-        while True:
+
+        def settled() -> bool:
+            nonlocal seen
             metadata = self._metadata()
             found = metadata.topics.get(name)
             seen = seen + 1 if done(found if found is None or found.error is None else None) \
                 else 0
-            if seen >= max(1, len(metadata.brokers)):
-                return
+            return seen >= max(1, len(metadata.brokers))
+        self._until(settled, lambda: seen > 0,
+                    f"topic {name!r} was {what} but the cluster's metadata does not show it")
+
+    def _until(self, look: Any, again_now: Any, what: str) -> Any:
+        """``look()``'s first true answer, asked every 50 ms (at once while ``again_now()``)
+        until the admin timeout; then ``TimeoutError`` saying ``what``. Each node of the
+        cluster learns a change from the metadata log in its own time, and each request may
+        go to another node: what a change returns waits until it is there to see."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            found = look()
+            if found:
+                return found
             if time.monotonic() > deadline:
-                raise TimeoutError(f"topic {name!r} was {what} but the cluster's metadata "
-                                   f"does not show it within {self._timeout} s")
-            if not seen:
+                raise TimeoutError(f"{what} within {self._timeout} s")
+            if not again_now():
                 time.sleep(0.05)
 
     def list_topics(self) -> list[str]:
@@ -137,19 +149,21 @@ class KafkaAdmin:
         from confluent_kafka.admin import ConfigSource, OffsetSpec
         rd = self._client()
         known = self._metadata().topics.get(name)
-        deadline = time.monotonic() + self._timeout
-        while True:
+        least = 0 if known is None or known.error is not None else len(known.partitions)
+        last: list = []
+
+        def described() -> Any:
             [desc] = self._run(lambda: rd.describe_topics(TopicCollection([name]),
                                                           request_timeout=self._timeout),
                                "describe topic").values()
-            # Each call may go to another node, which learns a change from the metadata log
-            # in its own time (CI saw 2 partitions here just after 3 were created): a node
-            # behind the metadata this client has is asked again. Partitions only grow.
-            if known is None or known.error is not None or \
-                    len(desc.partitions) >= len(known.partitions) or \
-                    time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+            last[:] = [desc]
+            return desc if len(desc.partitions) >= least else None
+        # A node behind the metadata this client has is asked again (CI saw 2 partitions
+        # just after 3 were created); partitions only grow. Past the timeout, its answer.
+        try:
+            desc = self._until(described, lambda: False, "")
+        except TimeoutError:
+            desc = last[0]
         entries = self._configs(name)
         parts = sorted(desc.partitions, key=lambda p: p.id)
         ends = [self._offsets(name, len(parts), spec)
@@ -196,20 +210,19 @@ class KafkaAdmin:
                                                           request_timeout=self._timeout),
                  "alter config")
         wanted = {k: None if v is None else str(v) for k, v in config.items()}
-        deadline = time.monotonic() + self._timeout
-        while True:
-            # The controller has the change; the node that answers a describe learns it from
-            # the metadata log in its own time (CI saw the old value once), so wait as
-            # _settle does until the change is there to see.
+
+        def shown() -> tuple | None:
             entries = self._configs(name)
             if all(entries[k].source != ConfigSource.DYNAMIC_TOPIC_CONFIG.value
                    if v is None else entries[k].value == v
                    for k, v in wanted.items() if k in entries):
-                return {k: e.value for k, e in entries.items()}
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"topic {name!r} config was altered but the cluster does "
-                                   f"not show it within {self._timeout} s")
-            time.sleep(0.05)
+                return ({k: e.value for k, e in entries.items()},)
+            return None
+        # The controller has the change; the node answering may not yet (CI saw the old value).
+        [shown_config] = self._until(
+            shown, lambda: False,
+            f"topic {name!r} config was altered but the cluster does not show it")
+        return shown_config
 
     def _configs(self, name: str) -> dict:
         """The topic's config entries by name, as the node that answers sees them."""
