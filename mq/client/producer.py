@@ -380,6 +380,8 @@ class Producer:
             meta = self._meta
             check_record_size(topic, partition, timestamp_ms, key, value, headers,
                               meta.max_request_size, meta.request_cap, meta.broker_max_request)
+        if self._whole and len(self._sender.in_flight) >= self._max_in_flight:
+            io.read_for_room()                    # so the record can go out whole, now
         with self._lock:
             if io.closed:
                 raise ClosedError("producer is closed")

@@ -394,6 +394,16 @@ class ProducerIO:
         self.caller_read_at = now + _CALLER_READ_S
         return conn
 
+    def read_for_room(self) -> None:
+        """In ``send()``, before its lock, with ``linger_ms=0`` and ``max_in_flight`` requests
+        out: their replies are likely on the socket already, waiting for an I/O thread that
+        waits for the GIL (a caller busy between its sends holds it for up to the 5 ms switch
+        interval). Take them now, so this record goes out whole at once instead of queued
+        behind them."""
+        conn = self.conn
+        if conn is not None and threading.get_ident() != self.io_ident:
+            self.read(conn, caller=True)
+
     def read(self, conn: Connection, caller: bool = False) -> None:
         """Take the replies waiting on ``conn``, never waiting for one: the I/O thread reads
         once ``poll`` says the socket is readable, ``send()`` (``caller``) when ``due_reply``

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -318,6 +319,40 @@ def test_a_busy_caller_reads_its_own_replies_with_linger_zero(broker):
         assert [f.get(timeout=WAIT).offset for f in futures] == \
             list(range(1, len(futures) + 1))
     assert callback_threads and callback_threads[0] != caller
+
+
+def test_a_caller_with_max_in_flight_out_takes_their_replies_and_writes_whole(broker,
+                                                                            monkeypatch):
+    """With ``linger_ms=0`` and ``max_in_flight`` requests out whose replies have come, send()
+    takes those replies itself and writes its record whole at once, instead of queueing it
+    for an I/O thread that may wait for the GIL (here: busy in a callback, so it reads
+    nothing)."""
+    create_topic(broker, "t", 1)
+    calls = _counted_produce_frame(monkeypatch)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(_meta):
+        if threading.get_ident() != caller:   # (a callback added late runs here: no hold)
+            entered.set()
+            release.wait(WAIT)
+
+    caller = threading.get_ident()
+    with Producer(socket=broker.socket, acks=1, linger_ms=0, max_in_flight=1) as producer:
+        while not entered.is_set():           # the I/O thread, held in a callback
+            producer.send("t", value=b"held").add_callback(hold).get(timeout=WAIT)
+        try:
+            sock = producer._io.conn._sock
+            futures = [producer.send("t", value=b"0")]
+            for i in range(1, 10):
+                assert select.select([sock], [], [], WAIT)[0], "no reply"
+                futures.append(producer.send("t", value=b"%d" % i))
+                assert futures[-2].is_done, f"record {i - 1}'s reply was not taken"
+            written = len(calls)
+        finally:
+            release.set()
+        offsets = [f.get(timeout=WAIT).offset for f in futures]
+    assert offsets == list(range(offsets[0], offsets[0] + 10))
+    assert written == offsets[0] + 10         # every record went out whole, built in C
 
 
 def test_many_small_sends_make_few_batches(broker):
