@@ -6,7 +6,8 @@
 The broker runs in this process (a thread: its methods are wrapped to stamp the time); the
 producer and the consumer are forked processes, also stamping. Every stamp is
 ``perf_counter_ns`` (CLOCK_MONOTONIC, the same clock in all processes). Each record's hops are
-matched in order: its ``send()`` call, that call's ``sendmsg``, the broker's next read, append
+matched in order: its ``send()`` call, that call's write (``native.produce_send``: the request
+built and written by one C call), the broker's next read, append
 and publish, the consumer's wake-up and its ``poll()`` returning. The first fifth is warm-up.
 The spin options choose the wait strategies (README, "Wait strategies"): 0, the default,
 sleeps at once.
@@ -35,7 +36,7 @@ from mq.broker.apis import produce
 from mq.broker.config import BrokerConfig
 
 EVENTS: list[tuple[str, int]] = []        # the broker's stamps (this process)
-HOPS = ["send() to its sendmsg", "sendmsg to the broker's read", "read to appended",
+HOPS = ["send() to its write (C)", "the write to the broker's read", "read to appended",
         "appended to publish", "publish and futex wake (broker)", "publish to consumer awake",
         "consumer awake to poll()", "TOTAL (intended send to poll)"]
 BROKER_STEPS = ["  read to the Produce handler", "  the Produce: checks to reply",
@@ -58,14 +59,14 @@ def stamp(owner, name: str, tag: str, at_end: bool = False) -> None:
 
 
 def producer(sock: str, n: int, rate: float, start, out) -> None:
-    from mq.client import connection
+    from mq.log import native
     sendmsgs: list[int] = []
-    send_parts = connection.send_parts
+    build_and_write = native.produce_send     # the request built and written in one C call
 
-    def stamped(s, parts, *fds):
+    def stamped(*args):
         sendmsgs.append(time.perf_counter_ns())
-        return send_parts(s, parts, *fds)
-    connection.send_parts = stamped
+        return build_and_write(*args)
+    native.produce_send = stamped
     p = mq.Producer(socket=sock, acks=1, linger_ms=0)
     p.partitions_for("t")
     start.wait()

@@ -16,6 +16,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mq.client.arena import Arena
@@ -183,6 +184,34 @@ class Connection:
         if self._closed or self._pid != os.getpid():
             return None
         return next(self._ids)
+
+    def send_built(self, build: Callable[..., tuple | None], limit: int, *args: Any
+                   ) -> tuple | None:
+        """Write a request frame that one C call builds and writes as far as the socket
+        takes it at once, ``build(fd, limit, *args)`` (``native.produce_send``), its id from
+        ``next_id``, in order; the rest is written here. Returns build's fields but the last
+        (the request's parts first) and whether the whole frame went out: False when the
+        connection is lost (``BrokerUnavailableError`` from ``send_frame``). None, with
+        nothing written, when build declined (a batch over ``limit`` bytes)."""
+        sock = self._sock                      # next_id saw it open, in this process
+        if sock is None:
+            return None
+        with self._send_lock:
+            got = build(sock.fileno(), limit, *args)
+            if got is None:
+                return None
+            *fields, sent = got
+            if sent < 0:
+                return (*fields, False)
+            head, data = fields[0], fields[1]
+            if sent < len(head) + len(data):
+                rest = (head[sent:], data) if sent < len(head) else \
+                    (memoryview(data)[sent - len(head):],)
+                try:
+                    send_parts(sock, rest)
+                except OSError:
+                    return (*fields, False)
+        return (*fields, True)
 
     def send_frame(self, parts) -> None:
         """Write a request frame built by the caller, its id from ``next_id``, in order.

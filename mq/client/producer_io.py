@@ -309,15 +309,15 @@ class ProducerIO:
                    value, headers) -> FutureRecordMetadata | None:
         """In ``send()``, under the lock, with ``linger_ms=0`` and no open batch for the
         partition: a batch of this one record would be opened, closed, sealed, built, queued
-        and written at once, so write it now, built by one C call (``produce_frame``) with its
-        request around it. Returns its future, or None where the general path must go
+        and written at once, so write it now: built with its request around it and written
+        by one C call (``produce_send``). Returns its future, or None where the general path must go
         (nothing queued ahead of it, a connection that takes frame tails, room in flight, a
         producer id if idempotent, no partition in retry): the record is then untouched. A
         write that fails leaves the batch queued, as the general path does, for ``pump`` to
         find the lost connection."""
         sender, conn = self.sender, self.conn
-        encode = native.produce_frame
-        if conn is None or encode is None or not sender.acks or sender.ready or sender.muted \
+        build = native.produce_send
+        if conn is None or build is None or not sender.acks or sender.ready or sender.muted \
                 or sender.retrying or len(sender.in_flight) >= sender.max_in_flight \
                 or not conn.takes_tails or self.io_thread is None:
             return None
@@ -332,20 +332,18 @@ class ProducerIO:
         rid = conn.next_id()
         if rid is None:
             return None
-        head, data, ts = encode(_PRODUCE, rid, info.name, partition, sender.acks, timestamp_ms,
-                                key, value, headers, producer_id, epoch, sequence, 0)
-        if len(data) > sender.request_cap or \
-                (conn.arena is not None and len(data) >= ARENA_MIN_BYTES):
-            return None                           # failed there, or written through the arena
+        # Built and written first, booked after: the broker works on it meanwhile. Its reply
+        # is taken under the lock this send() holds, so it finds the batch in flight. Larger
+        # than the request cap, or one for the arena: not written, the general path's.
+        limit = sender.request_cap if conn.arena is None else \
+            min(sender.request_cap, ARENA_MIN_BYTES - 1)
+        got = conn.send_built(build, limit, _PRODUCE, rid, info.name, partition, sender.acks,
+                              timestamp_ms, key, value, headers, producer_id, epoch, sequence, 0)
+        if got is None:
+            return None
+        _, data, ts, written = got
         if ids is not None:
             ids.assign(info.name, partition, 1)
-        # Written first, booked after: the broker works on it meanwhile. Its reply is taken
-        # under the lock this send() holds, so it finds the batch in flight.
-        try:
-            conn.send_frame((head, data))
-            written = True
-        except MQError:
-            written = False
         acc = self.accumulator
         now = time.monotonic()
         batch = Batch.whole(info, partition, data, now, acc.cb_lock, acc.buffers,

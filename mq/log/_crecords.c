@@ -22,6 +22,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <limits.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 /* ---- Record: what decode_records returns (same attributes as batch.BatchRecord) ---- */
 
@@ -1094,38 +1098,38 @@ PyDoc_STRVAR(produce_frame_doc,
 "byte encode_tail_frame(request(api, request_id, topic, partition, acks, batch)) and\n"
 "BatchBuilder.build() of the one record (tests/unit/log/test_produce_frame.py).");
 
-static PyObject *
-produce_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The record's batch and the frame's head, from produce_frame's 13 arguments: 0, or -1 with
+ * an exception. */
+static int
+build_produce(PyObject *const *args, PyObject **head_out, PyObject **batch_out, long long *ts_out)
 {
-    (void)module;
     long long f[13];
-    if (nargs != 13) {
-        PyErr_Format(PyExc_TypeError, "produce_frame expected 13 arguments, got %zd", nargs);
-        return NULL;
-    }
     for (int i = 0; i < 13; i++) {
         if (i == 2 || (i >= 5 && i <= 8))
             continue;
         if ((f[i] = PyLong_AsLongLong(args[i])) == -1 && PyErr_Occurred())
-            return NULL;
+            return -1;
     }
     long long ts;
     if (args[5] == Py_None)
         ts = now_ms();
     else if ((ts = PyLong_AsLongLong(args[5])) == -1 && PyErr_Occurred())
-        return NULL;
+        return -1;
     Py_ssize_t topic_len;
     if (!PyUnicode_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "produce_frame: topic must be a str");
-        return NULL;
+        return -1;
     }
     const char *topic = PyUnicode_AsUTF8AndSize(args[2], &topic_len);
     if (topic == NULL)
-        return NULL;
-    PyObject *hl = args[8] == Py_None ? PyList_New(0) : PySequence_List(args[8]);
-    if (hl == NULL)
-        return NULL;
-    PyObject *batch = NULL, *head = NULL, *out = NULL;
+        return -1;
+    PyObject *hl;
+    if (args[8] == Py_None || (PyTuple_CheckExact(args[8]) && PyTuple_GET_SIZE(args[8]) == 0))
+        hl = Py_NewRef(empty_list);
+    else if ((hl = PySequence_List(args[8])) == NULL)
+        return -1;
+    PyObject *batch = NULL, *head = NULL;
+    int rc = -1;
     Out body = {NULL, NULL, 0}, lv = {NULL, NULL, 0};
     if (put_body(&body, 0, 0, args[6], args[7], hl) < 0 || put(&lv, zigzag(body.n), NULL, 0) < 0)
         goto done;
@@ -1185,12 +1189,85 @@ produce_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     memcpy(q, mp, (size_t)before);
     memcpy(q + before, topic, (size_t)topic_len);
     memcpy(q + before + topic_len, rest, (size_t)(r - rest));
-    out = Py_BuildValue("(OOL)", head, batch, ts);
+    *head_out = head;
+    *batch_out = batch;
+    *ts_out = ts;
+    head = batch = NULL;
+    rc = 0;
 done:
     Py_DECREF(hl);
     Py_XDECREF(head);
     Py_XDECREF(batch);
+    return rc;
+}
+
+static PyObject *
+produce_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "produce_frame expected 13 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *head, *batch;
+    long long ts;
+    if (build_produce(args, &head, &batch, &ts) < 0)
+        return NULL;
+    PyObject *out = Py_BuildValue("(NNL)", head, batch, ts);
     return out;
+}
+
+PyDoc_STRVAR(produce_send_doc,
+"produce_send(fd, limit, api, request_id, topic, partition, acks, timestamp_ms, key, value,\n"
+"             headers, producer_id, producer_epoch, base_sequence, attributes)\n"
+"    -> (head, batch, timestamp_ms, sent) | None\n\n"
+"produce_frame's request, written to the socket fd as far as it takes it at once (sendmsg,\n"
+"non-blocking, the GIL held): sent is the bytes written (the caller writes the rest), or\n"
+"-errno when the write failed. None, with nothing written, when the batch is over limit\n"
+"bytes. The caller holds the connection's send lock.");
+
+static PyObject *
+produce_send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "produce_send expected 15 arguments, got %zd", nargs);
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "produce_send: bad file descriptor");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *head, *batch;
+    long long ts;
+    if (build_produce(args + 2, &head, &batch, &ts) < 0)
+        return NULL;
+    if (PyByteArray_GET_SIZE(batch) > limit) {
+        Py_DECREF(head);
+        Py_DECREF(batch);
+        Py_RETURN_NONE;
+    }
+    struct iovec iov[2] = {
+        {PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head)},
+        {PyByteArray_AS_STRING(batch), (size_t)PyByteArray_GET_SIZE(batch)},
+    };
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    ssize_t sent;
+    do {
+        sent = sendmsg((int)fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent < 0)
+        sent = errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -(ssize_t)errno;
+    return Py_BuildValue("(NNLn)", head, batch, ts, (Py_ssize_t)sent);
 }
 
 /* Append one record: 0 and its delta and timestamp; -1 with an exception, or 1 when a
@@ -1622,6 +1699,8 @@ static PyMethodDef methods[] = {
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"produce_frame", (PyCFunction)(void (*)(void))produce_frame, METH_FASTCALL,
      produce_frame_doc},
+    {"produce_send", (PyCFunction)(void (*)(void))produce_send, METH_FASTCALL,
+     produce_send_doc},
     {"encode_record", (PyCFunction)(void (*)(void))encode_record, METH_FASTCALL,
      encode_record_doc},
     {"take_produce", (PyCFunction)(void (*)(void))take_produce, METH_FASTCALL,

@@ -10,7 +10,8 @@ that take after the wake-up in one call (``mq.client.consumer_driver``), and ``c
 the broker's checks and stamps of a client's batch at its append
 (``mq.log.log.PartitionLog.append``), ``append_plain`` that whole append for a plain batch
 in the common case (the same method), ``produce_frame`` the Produce request of one record
-that ``send()`` writes with ``linger_ms=0`` (``mq.client.producer_io.ProducerIO.send_whole``),
+that ``send()`` writes with ``linger_ms=0`` and ``produce_send`` that request built and
+written in one call (``mq.client.producer_io.ProducerIO.send_whole``),
 ``take_produce`` the broker's parse of such a frame (``mq.broker.server.Broker._read``,
 through ``mq.protocol.frames.FrameReader.take_with``), and ``publish_slot`` the broker's
 publication of a partition's state in the common case (``mq.broker.wakeups.StatePublisher``),
@@ -23,7 +24,7 @@ its users run their pure-Python references, which the C code mirrors byte for by
 ``mq.client.accumulator.RecordAccumulator``; for ``take_batches``, ``tail_take`` and
 ``tail_wait_take`` the reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
 ``RecordBatch.validate`` and the append's own checks; for ``append_plain`` the append's
-Python path; for ``produce_frame`` the producer's
+Python path; for ``produce_frame`` and ``produce_send`` the producer's
 batch, sender and ``encode_tail_frame``; for ``take_produce`` ``FrameReader.messages``;
 for ``publish_slot`` ``PartitionTable.state_of`` and ``StateWriter.publish``; for
 ``produce_plain`` ``ProduceApis.append``'s Python path;
@@ -44,8 +45,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "tail_wait_take",
-           "check_batch", "append_plain", "produce_frame", "take_produce", "publish_slot",
-           "produce_plain", "RecordAccumulator", "RecordFuture"]
+           "check_batch", "append_plain", "produce_frame", "produce_send", "take_produce",
+           "publish_slot", "produce_plain", "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
@@ -55,6 +56,7 @@ tail_wait_take: Callable[..., tuple] | None = None
 check_batch: Callable[..., tuple | None] | None = None
 append_plain: Callable[..., tuple | None] | None = None
 produce_frame: Callable[..., tuple] | None = None
+produce_send: Callable[..., tuple | None] | None = None
 take_produce: Callable[..., tuple | None] | None = None
 publish_slot: Callable[..., bool] | None = None
 produce_plain: Callable[..., list | None] | None = None
@@ -76,6 +78,7 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         check_batch = getattr(_crecords, "check_batch", None)
         append_plain = getattr(_crecords, "append_plain", None)
         produce_frame = getattr(_crecords, "produce_frame", None)
+        produce_send = getattr(_crecords, "produce_send", None)
         take_produce = getattr(_crecords, "take_produce", None)
         publish_slot = getattr(_crecords, "publish_slot", None)
         produce_plain = getattr(_crecords, "produce_plain", None)

@@ -200,13 +200,13 @@ def test_linger_zero_sends_at_once(broker):
 
 
 def _counted_produce_frame(monkeypatch) -> list:
-    """Count the records ``send()`` writes whole (``native.produce_frame``, one C call)."""
+    """Count the records ``send()`` writes whole (``native.produce_send``, one C call)."""
     from mq.log import native
     calls: list = []
-    encode = native.produce_frame
+    encode = native.produce_send
     if encode is None:
         pytest.skip("the C extension is not built")
-    monkeypatch.setattr(native, "produce_frame", lambda *a: (calls.append(a), encode(*a))[1])
+    monkeypatch.setattr(native, "produce_send", lambda *a: (calls.append(a), encode(*a))[1])
     return calls
 
 
@@ -225,7 +225,7 @@ def test_linger_zero_writes_a_record_whole_as_the_batches_would(broker, monkeypa
     calls = _counted_produce_frame(monkeypatch)
     for topic in ("whole", "batched"):
         if topic == "batched":
-            monkeypatch.setattr(native, "produce_frame", None)
+            monkeypatch.setattr(native, "produce_send", None)
         with Producer(socket=broker.socket, acks="all" if idempotent else 1, linger_ms=0,
                       enable_idempotence=idempotent) as producer:
             for key, value, headers, ts in records:
@@ -251,14 +251,14 @@ def test_a_record_written_whole_over_a_lost_connection_is_sent_again(broker, mon
     with Producer(socket=broker.socket, acks="all", linger_ms=0) as producer:
         assert producer.send("t", value=b"first").get(timeout=WAIT).offset == 0
         conn = producer._io.conn
-        write = conn.send_frame
+        write = conn.send_built
 
-        def broken(parts):
+        def broken(*args):
             conn._sock.shutdown(socket.SHUT_RDWR)     # the kernel refuses the write
-            conn.send_frame = write
-            return write(parts)
+            conn.send_built = write
+            return write(*args)
 
-        conn.send_frame = broken
+        conn.send_built = broken
         fut = producer.send("t", value=b"second")
         assert fut.get(timeout=WAIT).offset == 1
         assert fut.attempts == 1 and producer._io.conn is not conn

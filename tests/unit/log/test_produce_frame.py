@@ -103,3 +103,64 @@ def test_msgpack_reads_the_header_as_packb_wrote_it():
     head, _, _ = produce_frame(int(Api.PRODUCE), 1 << 40, "ü" * 40, -1 << 40, -1, 0, None,
                                None, None, -1, -1, -1, 0)
     assert msgpack.unpackb(head[8:]) == [int(Api.PRODUCE), 1 << 40, "ü" * 40, -1 << 40, -1]
+
+
+# --- produce_send: the same request, written in the same call ---------------------------------
+
+def _pair(sndbuf: int | None = None):
+    import socket
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    if sndbuf is not None:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    return a, b
+
+
+def _received(sock, n: int) -> bytes:
+    got = bytearray()
+    while len(got) < n:
+        got += sock.recv(n - len(got))
+    return bytes(got)
+
+
+@settings(max_examples=50, deadline=None)
+@given(key=BLOB, value=BLOB, headers=HEADERS, topic=st.text(min_size=1, max_size=40))
+def test_produce_send_writes_produce_frames_bytes(key, value, headers, topic):
+    a, b = _pair()
+    with a, b:
+        args = (int(Api.PRODUCE), 9, topic, 0, 1, 1_700_000_000_000, key, value, headers, -1,
+                -1, -1, 0)
+        head, batch, ts, sent = _crecords.produce_send(a.fileno(), 1 << 20, *args)
+        assert (head, batch, ts) == produce_frame(*args)
+        assert sent == len(head) + len(batch)
+        assert _received(b, sent) == head + batch
+
+
+def test_produce_send_declines_a_batch_over_its_limit_and_writes_nothing():
+    a, b = _pair()
+    with a, b:
+        args = (int(Api.PRODUCE), 1, "t", 0, 1, None, None, b"v" * 100, (), -1, -1, -1, 0)
+        size = len(produce_frame(*args)[1])
+        assert _crecords.produce_send(a.fileno(), size - 1, *args) is None
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(1)
+        assert _crecords.produce_send(a.fileno(), size, *args)[3] > 0
+
+
+def test_produce_send_reports_a_short_write_and_a_failed_one():
+    """It never blocks: a socket that takes part of the frame reports what it took (the
+    caller writes the rest, ``Connection.send_built``); a full one 0; a broken one -errno."""
+    import errno
+    a, b = _pair(sndbuf=4096)
+    with a, b:
+        args = (int(Api.PRODUCE), 1, "t", 0, 1, None, None, b"v" * (1 << 20), (), -1, -1, -1, 0)
+        head, batch, _, sent = _crecords.produce_send(a.fileno(), 1 << 30, *args)
+        assert 0 < sent < len(head) + len(batch)
+        assert _received(b, sent) == (head + batch)[:sent]
+        while _crecords.produce_send(a.fileno(), 1 << 30, *args)[3] > 0:
+            pass                                   # fill the socket's buffers
+        assert _crecords.produce_send(a.fileno(), 1 << 30, *args)[3] == 0
+    a, b = _pair()
+    b.close()
+    with a:
+        assert _crecords.produce_send(a.fileno(), 1 << 30, *args)[3] == -errno.EPIPE
