@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("mq.log._crecords", ["mq/log/_crecords.c", "mq/log/_cbatches.c",
-                                      "mq/log/_cappend.c"],
+                                      "mq/log/_cappend.c", "mq/log/_csend.c"],
                   depends=["mq/log/_crecords.h"], optional=True),
         Extension("mq.protocol._futex", ["mq/protocol/_futex.c"], optional=True),
     ],

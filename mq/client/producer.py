@@ -90,6 +90,7 @@ from mq.errors import (
     InvalidTxnStateError,
     UnknownTopicOrPartitionError,
 )
+from mq.log import native
 from mq.log.compression import NONE, available_codecs, codec_from_name
 from mq.log.layout import MAX_RECORD_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mq.protocol.messages import ACKS_ALL
@@ -273,6 +274,14 @@ class Producer:
                               self._explicit_idempotence, self._acc, self._sender, self._meta)
         self._lock = self._io.lock
         self._ready = self._sender.ready          # read by send() for room: never rebound
+        # send()'s common case in one C call (native.send_open): a record into its
+        # partition's open batch, where linger_ms > 0 keeps batches open; None: Python's.
+        self._open_state = None
+        if self._linger_s and self._key_serializer is None and self._value_serializer is None \
+                and self._transactional_id is None:
+            self._open_state = (self._topics, self._sticky if self._keyed_default else None,
+                                self._key_hashes, self._io, self._lock, self._ready,
+                                self._max_in_flight, self._meta)
         self._txn: Transactions | None = None
         if manager is not None:
             self._txn = self._io.transactions(manager, ids, self._max_block_s)
@@ -322,6 +331,13 @@ class Producer:
         record of a partition in the transaction. The future fails with
         ``InvalidTimestampError`` when the topic refuses the record's timestamp
         (``message.timestamp.after.max.ms``, ``message.timestamp.before.max.ms``)."""
+        state = self._open_state
+        if state is not None:
+            fast = native.send_open
+            if fast is not None:
+                fut = fast(state, topic, value, key, partition, headers, timestamp_ms)
+                if fut is not None:
+                    return fut
         io = self._io
         if io.closed:
             raise ClosedError("producer is closed")

@@ -1696,6 +1696,7 @@ static PyMethodDef methods[] = {
      mq_publish_slot_doc},
     {"produce_plain", (PyCFunction)(void (*)(void))mq_produce_plain, METH_FASTCALL,
      mq_produce_plain_doc},
+    {"send_open", (PyCFunction)(void (*)(void))mq_send_open, METH_FASTCALL, mq_send_open_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"produce_frame", (PyCFunction)(void (*)(void))produce_frame, METH_FASTCALL,
      produce_frame_doc},

@@ -267,6 +267,9 @@ extern const char mq_tail_wait_take_doc[];
 PyObject *mq_publish_slot(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *mq_produce_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern const char mq_produce_plain_doc[];
+/* _csend.c: the producer's send() into an open batch. */
+PyObject *mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern const char mq_send_open_doc[];
 extern const char mq_publish_slot_doc[];
 extern const char mq_tail_take_doc[];
 

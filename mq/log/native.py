@@ -9,7 +9,9 @@ published state to its records (``mq.client.consumer``), ``tail_wait_take`` its 
 that take after the wake-up in one call (``mq.client.consumer_driver``), and ``check_batch``
 the broker's checks and stamps of a client's batch at its append
 (``mq.log.log.PartitionLog.append``), ``append_plain`` that whole append for a plain batch
-in the common case (the same method), ``produce_frame`` the Produce request of one record
+in the common case (the same method), ``send_open`` a producer's ``send()`` of a record into
+its partition's open batch (``mq.client.producer.Producer.send``), ``produce_frame`` the
+Produce request of one record
 that ``send()`` writes with ``linger_ms=0`` and ``produce_send`` that request built and
 written in one call (``mq.client.producer_io.ProducerIO.send_whole``),
 ``take_produce`` the broker's parse of such a frame (``mq.broker.server.Broker._read``,
@@ -24,7 +26,8 @@ its users run their pure-Python references, which the C code mirrors byte for by
 ``mq.client.accumulator.RecordAccumulator``; for ``take_batches``, ``tail_take`` and
 ``tail_wait_take`` the reader, ``RecordBatch`` and the fetcher's Python path; for ``check_batch``
 ``RecordBatch.validate`` and the append's own checks; for ``append_plain`` the append's
-Python path; for ``produce_frame`` and ``produce_send`` the producer's
+Python path; for ``send_open`` ``send()``'s Python path; for ``produce_frame`` and
+``produce_send`` the producer's
 batch, sender and ``encode_tail_frame``; for ``take_produce`` ``FrameReader.messages``;
 for ``publish_slot`` ``PartitionTable.state_of`` and ``StateWriter.publish``; for
 ``produce_plain`` ``ProduceApis.append``'s Python path;
@@ -45,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "tail_wait_take",
-           "check_batch", "append_plain", "produce_frame", "produce_send", "take_produce",
+           "check_batch", "append_plain", "send_open", "produce_frame", "produce_send", "take_produce",
            "publish_slot", "produce_plain", "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
@@ -55,6 +58,7 @@ tail_take: Callable[..., tuple] | None = None
 tail_wait_take: Callable[..., tuple] | None = None
 check_batch: Callable[..., tuple | None] | None = None
 append_plain: Callable[..., tuple | None] | None = None
+send_open: Callable[..., Any] | None = None
 produce_frame: Callable[..., tuple] | None = None
 produce_send: Callable[..., tuple | None] | None = None
 take_produce: Callable[..., tuple | None] | None = None
@@ -77,6 +81,7 @@ if os.environ.get("MQ_PURE_PYTHON", "") in ("", "0"):
         tail_wait_take = getattr(_crecords, "tail_wait_take", None)
         check_batch = getattr(_crecords, "check_batch", None)
         append_plain = getattr(_crecords, "append_plain", None)
+        send_open = getattr(_crecords, "send_open", None)
         produce_frame = getattr(_crecords, "produce_frame", None)
         produce_send = getattr(_crecords, "produce_send", None)
         take_produce = getattr(_crecords, "take_produce", None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import select
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from brokers import broker_with, create_topic
 import mq
 import mq.testing
 from mq.client.admin import Admin
-from mq.client.partitioner import murmur2, to_positive
+from mq.client.partitioner import DefaultPartitioner, murmur2, to_positive
 from mq.client.producer import REQUEST_ENVELOPE_BYTES, FutureRecordMetadata, Producer
 from mq.client.types import RecordMetadata, TopicPartition
 from mq.errors import (
@@ -353,6 +354,87 @@ def test_a_caller_with_max_in_flight_out_takes_their_replies_and_writes_whole(br
         offsets = [f.get(timeout=WAIT).offset for f in futures]
     assert offsets == list(range(offsets[0], offsets[0] + 10))
     assert written == offsets[0] + 10         # every record went out whole, built in C
+
+
+def _sends(seed: int, n: int) -> list[dict]:
+    """``send()`` arguments of every shape: an explicit partition, a key, neither (sticky),
+    headers, a timestamp, no value; each value names its record."""
+    rng = random.Random(seed)
+    sends = []
+    for i in range(n):
+        kw: dict = {"value": b"v%d" % i + b"x" * rng.randrange(0, 300)}
+        shape = rng.choice(["partition"] * 4 + ["key", "key", "sticky", "headers", "ts",
+                                                "none"])
+        if shape == "partition":
+            kw["partition"] = rng.randrange(3)
+        elif shape == "key":
+            kw["key"] = b"k%d" % rng.randrange(20)
+        elif shape == "headers":
+            kw["headers"] = [("h", b"%d" % i)]
+        elif shape == "ts":
+            kw["timestamp_ms"] = 1_700_000_000_000 + i
+        elif shape == "none":
+            kw.update(value=None, key=b"tomb%d" % i, partition=rng.randrange(3))
+        sends.append(kw)
+    return sends
+
+
+def test_a_record_into_an_open_batch_is_added_in_c_as_python_adds_it(broker, monkeypatch):
+    """With linger_ms > 0, send() adds a record to its partition's open batch in one C call
+    (``native.send_open``) in the common case and leaves the rest to its Python path. The
+    two paths put the same records, keys, values and headers on the same partitions in the
+    same order, and their futures tell the same partitions and offsets."""
+    from mq.log import native
+    fast = native.send_open
+    if fast is None:
+        pytest.skip("the C extension is not built")
+    taken: list[bool] = []
+
+    def counted(*args):
+        fut = fast(*args)
+        taken.append(fut is not None)
+        return fut
+
+    sends = _sends(7, 600)
+    metas = {}
+    for topic in ("c", "py"):
+        create_topic(broker, topic, 3)
+        monkeypatch.setattr(native, "send_open", counted if topic == "c" else None)
+        # One batch per partition until flush (nothing closes one early, so the sticky
+        # partition never moves); the same random sticky choice on both.
+        with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=1 << 20,
+                      partitioner=DefaultPartitioner(random.Random(3))) as producer:
+            futures = [producer.send(topic, **kw) for kw in sends]
+            producer.flush(WAIT)
+            metas[topic] = [(f.get(WAIT).partition, f.get(WAIT).offset) for f in futures]
+    assert metas["c"] == metas["py"]
+    c, py = read_records(broker, "c", 3), read_records(broker, "py", 3)
+    assert {p: [r[2:] for r in recs] for p, recs in c.items()} == \
+        {p: [r[2:] for r in recs] for p, recs in py.items()}
+    assert 300 < sum(taken) < len(taken)     # the common case in C, the rest declined
+
+
+def test_records_filling_their_batches_leave_the_c_add_to_python(broker, monkeypatch):
+    """A record that could fill its batch is Python's (it may close the batch and open the
+    next): with small batches every record still lands once, in order, and the C add
+    declines some records as their batch fills."""
+    from mq.log import native
+    fast = native.send_open
+    if fast is None:
+        pytest.skip("the C extension is not built")
+    taken: list[bool] = []
+    monkeypatch.setattr(native, "send_open",
+                        lambda *a: (fut := fast(*a), taken.append(fut is not None))[0])
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=2048) as producer:
+        futures = [producer.send("t", value=b"%d" % i + b"x" * 100, partition=0)
+                   for i in range(500)]
+        producer.flush(WAIT)
+        assert [f.get(WAIT).offset for f in futures] == list(range(500))
+    batches = read_batches(broker, "t", 0)
+    assert [r[3][:3].rstrip(b"x") for _, recs in batches for r in recs] == \
+        [b"%d" % i for i in range(500)]
+    assert len(batches) > 1 and taken.count(False) > 0 and taken.count(True) >= 10
 
 
 def test_many_small_sends_make_few_batches(broker):

@@ -1,0 +1,238 @@
+/* mq/log/_csend.c -- the producer's send() of a record into its partition's open batch, in one
+ * C call (mq.client.producer.Producer.send's common case with linger_ms > 0).
+ *
+ * Producer.send reads its checks and its batch add as Python: about 1.2 us of the 1.7 a record
+ * costs a tight loop. This is that path's common branch, and only it: a record of bytes (or
+ * None) for a known topic, its partition given, by a cached key hash, or sticky; no headers, no
+ * timestamp; the partition's batch open, with room for this record and one more of its size
+ * after it; the producer open, its queue below max_in_flight, its lock free. Anything else
+ * returns None with nothing done, and send() takes its Python path, which does it all.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "_crecords.h"
+
+/* What a record adds to a batch at most beyond its key and value: Kafka's
+ * MAX_RECORD_OVERHEAD (21) and the key's, value's and header count's varints (5 each), rounded
+ * up. */
+#define RECORD_BOUND 64
+#define MAX_RECORD_OVERHEAD 21   /* mq.log.layout.MAX_RECORD_OVERHEAD: send()'s `fits` */
+
+static PyObject *s_num_partitions, *s_big_record, *s_acquire, *s_release, *s_closed, *s_open,
+    *s_records, *s_size, *s_batch_limit, *s_add, *empty_tuple;
+
+static int
+send_names(void)
+{
+    if (empty_tuple != NULL)
+        return 0;
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&s_num_partitions, "num_partitions"}, {&s_big_record, "big_record"},
+        {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_closed, "closed"},
+        {&s_open, "open"}, {&s_records, "records"}, {&s_size, "size"},
+        {&s_batch_limit, "batch_limit"}, {&s_add, "add"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
+    empty_tuple = PyTuple_New(0);
+    return empty_tuple == NULL ? -1 : 0;
+}
+
+/* obj.name as a C long: 0, 1 when it is not an int (the caller declines), -1 with an error. */
+static int
+long_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = 1;
+    if (PyLong_CheckExact(v)) {
+        *out = PyLong_AsLongLong(v);
+        r = *out == -1 && PyErr_Occurred() ? -1 : 0;
+    }
+    Py_DECREF(v);
+    return r;
+}
+
+/* The partition the record goes to: 0 with *p, 1 to decline, -1 with an error. */
+static int
+choose(PyObject *topic, PyObject *key, PyObject *partition, PyObject *sticky,
+       PyObject *key_hashes, long long num_partitions, long long *p)
+{
+    if (partition != Py_None) {
+        if (!PyLong_CheckExact(partition))
+            return 1;
+        int overflow;
+        *p = PyLong_AsLongLongAndOverflow(partition, &overflow);
+        if (*p == -1 && PyErr_Occurred())
+            return -1;
+        return overflow || *p < 0 || *p >= num_partitions;
+    }
+    if (sticky == Py_None)
+        return 1;                          /* a partitioner of the user's: Python calls it */
+    PyObject *got = key == Py_None ? PyDict_GetItemWithError(sticky, topic)
+                                   : PyDict_GetItemWithError(key_hashes, key);
+    if (got == NULL)
+        return PyErr_Occurred() ? -1 : 1;  /* no sticky partition, no cached hash: Python's */
+    if (!PyLong_CheckExact(got))
+        return 1;
+    long long v = PyLong_AsLongLong(got);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0)
+        return 1;
+    if (key == Py_None) {
+        *p = v;
+        return v >= num_partitions;        /* the topic shrank: Python picks again */
+    }
+    *p = v % num_partitions;               /* Kafka's: to_positive(murmur2(key)) % n */
+    return 0;
+}
+
+/* Under the producer's lock: the record added to the partition's open batch, its future;
+ * Py_None to decline; NULL with an error. */
+static PyObject *
+add_locked(PyObject *io, PyObject *ready, long long max_in_flight, PyObject *info,
+           long long p, Py_ssize_t size, PyObject *key, PyObject *value)
+{
+    PyObject *closed = PyObject_GetAttr(io, s_closed);
+    if (closed == NULL)
+        return NULL;
+    int is_closed = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    if (is_closed != 0)
+        return is_closed < 0 ? NULL : Py_NewRef(Py_None);
+    Py_ssize_t queued = PyObject_Length(ready);
+    if (queued < 0)
+        return NULL;
+    if (queued >= max_in_flight)
+        return Py_NewRef(Py_None);         /* no room: send() waits for it */
+    PyObject *open = PyObject_GetAttr(info, s_open);
+    if (open == NULL)
+        return NULL;
+    PyObject *batch = PyList_CheckExact(open) && p < PyList_GET_SIZE(open) ?
+        Py_NewRef(PyList_GET_ITEM(open, p)) : Py_NewRef(Py_None);
+    Py_DECREF(open);
+    PyObject *records = NULL, *add = NULL, *res = NULL;
+    long long filled, limit;
+    int r;
+    if (batch == Py_None) {                /* a new batch: Python opens it */
+        res = Py_NewRef(Py_None);
+        goto out;
+    }
+    if ((records = PyObject_GetAttr(batch, s_records)) == NULL)
+        goto out;
+    if (records == Py_None || (r = long_attr(records, s_size, &filled)) > 0 ||
+            (r == 0 && (r = long_attr(info, s_batch_limit, &limit)) > 0)) {
+        res = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (r < 0)
+        goto out;
+    /* Room for this record and one more of its size: send()'s `fits` holds after the add, so
+     * the batch stays open, as its Python path leaves it. */
+    if (filled + 2 * ((long long)size + RECORD_BOUND) + MAX_RECORD_OVERHEAD > limit) {
+        res = Py_NewRef(Py_None);
+        goto out;
+    }
+    if ((add = PyObject_GetAttr(batch, s_add)) == NULL)
+        goto out;
+    PyObject *call[4] = {Py_None, key, value, empty_tuple};
+    res = PyObject_Vectorcall(add, call, 4, NULL);
+out:
+    Py_DECREF(batch);
+    Py_XDECREF(records);
+    Py_XDECREF(add);
+    return res;
+}
+
+const char mq_send_open_doc[] =
+"send_open(state, topic, value, key, partition, headers, timestamp_ms) -> future | None\n\n"
+"Producer.send's common case in one call: the record added to its partition's open batch\n"
+"(BatchBuilder.add) under the producer's lock, its future returned. state is the producer's\n"
+"(topics, sticky, key_hashes, io, lock, ready, max_in_flight, meta): its fresh TopicStates by\n"
+"name, the default partitioner's sticky partitions and cached key hashes (None: a partitioner\n"
+"of the user's), its ProducerIO (closed), the lock, the queue of batches to send, and its\n"
+"ProducerMetadata (big_record). None, with nothing done, for anything else: a value or key\n"
+"not bytes, headers, a timestamp, an unknown topic, a partition out of range or to be chosen\n"
+"by Python, a big record, the lock taken, the producer closed or its queue full, no open batch\n"
+"or one that this record could fill.";
+
+PyObject *
+mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "send_open(state: 8-tuple, topic, value, key, "
+                        "partition, headers, timestamp_ms)");
+        return NULL;
+    }
+    PyObject *state = args[0], *topic = args[1], *value = args[2], *key = args[3],
+        *partition = args[4], *headers = args[5];
+    if (args[6] != Py_None ||
+            (value != Py_None && !PyBytes_CheckExact(value)) ||
+            (key != Py_None && !PyBytes_CheckExact(key)) ||
+            !(headers == Py_None ||
+              (PyTuple_CheckExact(headers) && PyTuple_GET_SIZE(headers) == 0) ||
+              (PyList_CheckExact(headers) && PyList_GET_SIZE(headers) == 0)))
+        Py_RETURN_NONE;
+    if (send_names() < 0)
+        return NULL;
+    PyObject *topics = PyTuple_GET_ITEM(state, 0), *sticky = PyTuple_GET_ITEM(state, 1),
+        *key_hashes = PyTuple_GET_ITEM(state, 2), *io = PyTuple_GET_ITEM(state, 3),
+        *lock = PyTuple_GET_ITEM(state, 4), *ready = PyTuple_GET_ITEM(state, 5),
+        *meta = PyTuple_GET_ITEM(state, 7);
+    long long max_in_flight = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 6));
+    if (max_in_flight == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyDict_CheckExact(topics) || (sticky != Py_None && (!PyDict_CheckExact(sticky) ||
+                                                              !PyDict_CheckExact(key_hashes))))
+        Py_RETURN_NONE;
+    PyObject *info = PyDict_GetItemWithError(topics, topic);
+    if (info == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;                    /* metadata to fetch: Python's */
+    }
+    Py_INCREF(info);
+    PyObject *res = NULL;
+    long long num_partitions, big, p;
+    int r;
+    if ((r = long_attr(info, s_num_partitions, &num_partitions)) != 0 ||
+            (r = choose(topic, key, partition, sticky, key_hashes, num_partitions, &p)) != 0 ||
+            (r = long_attr(meta, s_big_record, &big)) != 0)
+        goto declined;
+    Py_ssize_t size = (value == Py_None ? 0 : PyBytes_GET_SIZE(value)) +
+        (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
+    if (size > big)
+        goto declined;                     /* its exact size is checked there */
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    if (got == NULL)
+        goto out;
+    int taken = got == Py_True;
+    Py_DECREF(got);
+    if (!taken)
+        goto declined;                     /* the I/O thread has it: send() waits there */
+    res = add_locked(io, ready, max_in_flight, info, p, size, key, value);
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);         /* released whatever the add did */
+    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    if (released == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        Py_CLEAR(res);
+        goto out;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(type, exc, tb);
+    goto out;
+declined:
+    if (r >= 0)
+        res = Py_NewRef(Py_None);
+out:
+    Py_DECREF(info);
+    return res;
+}
