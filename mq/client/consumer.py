@@ -500,12 +500,22 @@ class Consumer:
         while True:
             in_group = group.membership is not None
             session = driver.live(forbid_fork=in_group)
-            if session is not None and session.futex and not (in_group or group.async_commits
+            if session is not None and session.futex and not (group.async_commits
                                                                or group.held) and \
                     (not self._subscribed or driver.topics is self._subscribed_topics):
-                cursors = self._fetcher.tail_cursors()
+                # A group member's round first (auto-commit, reconciliation), as the Python
+                # path's take has it; a change of the assignment meanwhile ends the tail poll.
+                tail = True
+                if in_group:
+                    try:
+                        group.round(session)
+                    except BrokerUnavailableError:
+                        driver.lost()
+                        continue
+                    tail = not (group.async_commits or group.held)
+                cursors = self._fetcher.tail_cursors() if tail else None
                 if cursors is not None and len(cursors) < MAX_FUTEX_WORDS:
-                    out = self._poll_tail(session, cursors, deadline, max_records)
+                    out = self._poll_tail(session, cursors, deadline, max_records, in_group)
                     if out is not None:
                         return out
                     if driver.session is not session:
@@ -533,20 +543,24 @@ class Consumer:
             driver.wait(session, self._fetcher.watched(), remaining, group.changed,
                         group.on_reply)
 
-    def _poll_tail(self, session, cursors: list, deadline: float | None, max_records: int
-                   ) -> dict[TopicPartition, list[Record]] | None:
+    def _poll_tail(self, session, cursors: list, deadline: float | None, max_records: int,
+                   in_group: bool = False) -> dict[TopicPartition, list[Record]] | None:
         """A caught-up consumer (``Fetcher.tail_cursors``) polls here: from the broker's
         published state to its records in one C call per partition (``Fetcher.take_tails``),
         and its futex sleep (``ConsumerDriver.sleep_tail``), whose C call takes the woken
         partition's records right after the wake-up, with no Python between. None when
         ``_poll_loop`` goes on: whatever the C take leaves to the Python path, a sleep's
-        slice passed or an interrupt."""
-        fetcher, driver, on_reply = self._fetcher, self._driver, self._group.on_reply
+        slice passed, an interrupt, or (``in_group``) the member's assignment changed: the
+        heartbeat thread's change wakes the sleep through ``session.local``."""
+        fetcher, driver, group = self._fetcher, self._driver, self._group
+        on_reply = group.on_reply
         words = [driver.slot_base(c.tp) for c in cursors]
         seqs = [0] * len(cursors)
         takes: list = [None] * len(cursors)
         while True:
             local = int.from_bytes(session.local, "little")     # before the look: no lost wake
+            if in_group and group.changed():
+                return None                   # the round reconciles before the next read
             status, out = fetcher.take_tails(session, cursors, words, seqs, takes, max_records)
             if out:
                 return out

@@ -226,3 +226,75 @@ def test_a_partition_left_to_python_is_read_while_another_streams(broker, counte
     assert [v for part, v in seen if part == 0] == [b"a", b"a2", b"t", b"after"]
     assert len([v for part, v in seen if part == 1]) <= 4      # a few polls, not a stream
     assert counted, "the fast take never took anything"
+
+
+def test_a_group_member_tails_in_c_and_hands_a_partition_over(broker, monkeypatch):
+    """A caught-up group member polls through the fast tail poll as an assigned consumer
+    does (``tail_take``: from the published state to its records in one C call). A second
+    member joining wakes it from that poll's sleep: it reconciles, hands one partition over,
+    and each record reaches exactly one member, in order."""
+    import threading
+    took = []
+    real = native.tail_take
+
+    def tail_take(*args):
+        out = real(*args)
+        if out[0] == fetcher.TAIL_TOOK and out[2]:
+            took.append(len(out[2]))
+        return out
+    monkeypatch.setattr(native, "tail_take", tail_take)
+    with mq.Admin(socket=broker.socket) as admin:
+        admin.create_topic("g", 2)
+    tps = [mq.TopicPartition("g", p) for p in (0, 1)]
+    got: dict[str, list] = {"a": [], "b": []}
+
+    def records(out) -> list:
+        return [(r.partition, bytes(r.value)) for rs in out.values() for r in rs]
+
+    with mq.Producer(socket=broker.socket, linger_ms=0) as p, \
+            mq.Consumer("g", group_id="tailers", socket=broker.socket,
+                        auto_offset_reset="earliest") as a:
+        deadline = time.monotonic() + 30
+        while set(a.assignment()) != set(tps):
+            assert time.monotonic() < deadline, "the first member got no assignment"
+            got["a"] += records(a.poll(100))
+        for i in range(40):
+            p.send("g", b"a%d" % i, partition=i % 2).get()
+            want = len(got["a"]) + 1
+            while len(got["a"]) < want:
+                assert time.monotonic() < deadline + 30, "a record did not come"
+                got["a"] += records(a.poll(5000))
+        assert len(took) >= 30                    # caught up: the fast tail poll takes them
+        stop = threading.Event()
+
+        def poll_a():
+            while not stop.is_set():
+                got["a"].extend(records(a.poll(200)))
+
+        poller = threading.Thread(target=poll_a)
+        poller.start()
+        try:
+            with mq.Consumer("g", group_id="tailers", socket=broker.socket,
+                             auto_offset_reset="earliest") as b:
+                deadline = time.monotonic() + 30
+                while len(b.assignment()) != 1 or len(a.assignment()) != 1:
+                    assert time.monotonic() < deadline, "the partition was not handed over"
+                    got["b"] += records(b.poll(100))
+                for i in range(40, 80):
+                    p.send("g", b"a%d" % i, partition=i % 2).get()
+                deadline = time.monotonic() + 30
+                while len(got["a"]) + len(got["b"]) < 80:
+                    assert time.monotonic() < deadline, "records did not come"
+                    got["b"] += records(b.poll(100))
+                (mine,) = b.assignment()
+        finally:
+            stop.set()
+            poller.join(30)
+    sent = {(i % 2, b"a%d" % i) for i in range(80)}
+    everything = got["a"] + got["b"]
+    assert sorted(everything) == sorted(sent)      # each record once
+    for who in ("a", "b"):
+        for part in (0, 1):
+            values = [int(v[1:]) for q, v in got[who] if q == part]
+            assert values == sorted(values)        # in order per partition
+    assert all(q == mine.partition for q, v in got["b"] if int(v[1:]) >= 40)
