@@ -1,7 +1,7 @@
 """Where an end-to-end record's time goes, hop by hop, at a paced rate (100 B, acks=1, linger 0).
 
     python3 -m bench.latency_hops [--rate 1000] [--n 3000] [--broker-spin-us 0]
-                                  [--consumer-spin-us 0] [--broker-steps]
+                                  [--consumer-spin-us 0] [--broker-steps] [--group]
 
 The broker runs in this process (a thread: its methods are wrapped to stamp the time); the
 producer and the consumer are forked processes, also stamping. Every stamp is
@@ -10,7 +10,8 @@ matched in order: its ``send()`` call, that call's write (``native.produce_send`
 built and written by one C call), the broker's next read, append
 and publish, the consumer's wake-up and its ``poll()`` returning. The first fifth is warm-up.
 The spin options choose the wait strategies (README, "Wait strategies"): 0, the default,
-sleeps at once.
+sleeps at once. ``--group`` makes the consumer a member of a consumer group (subscribed with
+a ``group_id``) instead of assigned the partition.
 Prints p50 and p90 per hop (bench/RESULTS.md, "Latency at 1 k/s"). ``--broker-steps`` adds
 the p50 of each step from the broker's read to its publish (``BROKER_STEPS``: the handler of
 a Produce taken from a tail frame, the Produce itself (in C, ``produce_plain``, for a plain
@@ -87,7 +88,7 @@ def producer(sock: str, n: int, rate: float, start, out) -> None:
     out.put(("p", sends, sendmsgs))
 
 
-def consumer(sock: str, n: int, spin_us: int, start, out) -> None:
+def consumer(sock: str, n: int, spin_us: int, start, out, group: bool = False) -> None:
     from mq.client import consumer_driver as consumer_module
     wakes: list[int] = []
     for seam in ("_sleep_on", "_block"):          # futex words, or the semaphore
@@ -98,9 +99,15 @@ def consumer(sock: str, n: int, spin_us: int, start, out) -> None:
             wakes.append(time.perf_counter_ns())
             return r
         setattr(consumer_module, seam, stamped)
-    c = mq.Consumer(socket=sock, spin_us=spin_us)
-    c.assign([mq.TopicPartition("t", 0)])
-    c.poll(10)
+    if group:                                 # a group member: subscribed, then assigned
+        c = mq.Consumer("t", group_id="hops", socket=sock, spin_us=spin_us)
+        deadline = time.monotonic() + 30
+        while not c.assignment() and time.monotonic() < deadline:
+            c.poll(10)
+    else:
+        c = mq.Consumer(socket=sock, spin_us=spin_us)
+        c.assign([mq.TopicPartition("t", 0)])
+        c.poll(10)
     wakes.clear()
     start.set()
     got = []
@@ -123,6 +130,8 @@ def main() -> None:
                     help="also stamp the steps from the broker's read to its publish")
     ap.add_argument("--consumer-spin-us", type=int, default=0, metavar="US",
                     help="the consumer's spin_us: its busy wait before sleeping (0)")
+    ap.add_argument("--group", action="store_true",
+                    help="the consumer is a group member (subscribed), not assigned")
     args = ap.parse_args()
     n = args.n
     stamp(server.Broker, "_read", "read")
@@ -143,7 +152,8 @@ def main() -> None:
     mq.Admin(socket=sock).create_topic("t", partitions=1)
     ctx = mp.get_context("fork")
     out, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=consumer, args=(sock, n, args.consumer_spin_us, start, out)),
+    procs = [ctx.Process(target=consumer, args=(sock, n, args.consumer_spin_us, start, out,
+                                                args.group)),
              ctx.Process(target=producer, args=(sock, n, args.rate, start, out))]
     for p in procs:
         p.start()
@@ -184,7 +194,8 @@ def main() -> None:
     if not rows:
         raise SystemExit("latency_hops: no record had every stamp (an overloaded box?)")
     print(f"{n} records at {args.rate:g}/s, 100 B, acks=1, linger_ms=0, spin: broker "
-          f"{args.broker_spin_us} us, consumer {args.consumer_spin_us} us (first fifth skipped)")
+          f"{args.broker_spin_us} us, consumer {args.consumer_spin_us} us"
+          f"{', a group member' if args.group else ''} (first fifth skipped)")
     for j, name in enumerate(HOPS):
         v = sorted(r[j] for r in rows)
         print(f"{name:34s} p50 {v[len(v) // 2] / 1000:7.1f} us   "

@@ -22,7 +22,7 @@ from bench.latency_hops import BROKER_STEPS, HOPS
 
 
 @pytest.mark.parametrize("spin", [[], ["--broker-spin-us", "100", "--consumer-spin-us", "500"],
-                                  ["--broker-steps"]])
+                                  ["--broker-steps"], ["--group"]])
 def test_a_short_run_prints_every_hop_and_leaves_nothing(tmp_path, spin):
     run = subprocess.run([sys.executable, "-m", "bench.latency_hops", "--n", "300",
                           "--rate", "2000", *spin], cwd=ROOT, capture_output=True, text=True,
