@@ -48,8 +48,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["decode_records", "decode_columns", "take_batches", "tail_take", "tail_wait_take",
-           "check_batch", "append_plain", "send_open", "produce_frame", "produce_send", "take_produce",
-           "publish_slot", "produce_plain", "RecordAccumulator", "RecordFuture"]
+           "check_batch", "append_plain", "send_open", "produce_frame", "produce_send",
+           "take_produce", "publish_slot", "produce_plain", "RecordAccumulator", "RecordFuture"]
 
 decode_records: Callable[..., list] | None = None
 decode_columns: Callable[..., int] | None = None
