@@ -414,6 +414,38 @@ def test_a_record_into_an_open_batch_is_added_in_c_as_python_adds_it(broker, mon
     assert 300 < sum(taken) < len(taken)     # the common case in C, the rest declined
 
 
+def test_what_the_c_add_declines_raises_as_the_python_path_does(broker, monkeypatch):
+    """The C add takes only the common case; a bad argument goes on to ``send()``'s Python
+    path, which raises its error, and nothing is queued for it."""
+    from mq.log import native
+    fast = native.send_open
+    if fast is None:
+        pytest.skip("the C extension is not built")
+    taken: list[bool] = []
+    monkeypatch.setattr(native, "send_open",
+                        lambda *a: (fut := fast(*a), taken.append(fut is not None))[0])
+    create_topic(broker, "t", 2)
+    producer = Producer(socket=broker.socket, acks=1, linger_ms=60_000)
+    first = producer.send("t", b"first", partition=0)      # opens the batch (Python)
+    assert producer.send("t", b"second", partition=0) is not None and taken[-1]
+    for args, kwargs, error in [
+            ((), {"value": "text", "partition": 0}, TypeError),
+            ((), {"value": b"v", "key": "text", "partition": 0}, TypeError),
+            ((), {"value": b"v", "partition": 2}, UnknownTopicOrPartitionError),
+            ((), {"value": b"v", "partition": -1}, UnknownTopicOrPartitionError),
+            ((), {"value": b"v", "partition": True}, TypeError),
+            ((), {"value": b"v", "partition": 0, "timestamp_ms": -2}, ValueError)]:
+        with pytest.raises(error):
+            producer.send("t", *args, **kwargs)
+        assert not taken[-1]
+    producer.close(WAIT)
+    with pytest.raises(ClosedError):
+        producer.send("t", b"late", partition=0)
+    assert not taken[-1]
+    assert first.get(timeout=WAIT).offset == 0
+    assert [r[3] for r in read_records(broker, "t", 2)[0]] == [b"first", b"second"]
+
+
 def test_records_filling_their_batches_leave_the_c_add_to_python(broker, monkeypatch):
     """A record that could fill its batch is Python's (it may close the batch and open the
     next): with small batches every record still lands once, in order, and the C add
