@@ -37,7 +37,7 @@ intern_names(void)
 {
     if (s_produced_bytes != NULL)
         return 0;
-    struct { PyObject **slot; const char *name; } names[] = {
+    static const MqName names[] = {
         {&s_closed, "closed"}, {&s_offline, "offline"}, {&s_config, "config"},
         {&s_ts_type, "message_timestamp_type"},
         {&s_before_max, "message_timestamp_before_max_ms"},
@@ -64,10 +64,7 @@ intern_names(void)
         {&s_admitted, "_admitted"}, {&s_produced_records, "produced_records"},
         {&s_produced_bytes, "produced_bytes"},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
-            return -1;
-    return 0;
+    return mq_intern(names, sizeof names / sizeof names[0]);
 }
 
 /* obj.name as a C integer: 0, 1 when it is None (*out untouched), or -1 with an error set. */

@@ -11,6 +11,23 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ---- interned attribute names ---- */
+
+/* A file's table of the attribute names it reads, each interned once into its slot. */
+typedef struct {
+    PyObject **slot;
+    const char *name;
+} MqName;
+
+static inline int
+mq_intern(const MqName *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return -1;
+    return 0;
+}
+
 /* ---- big-endian fields ---- */
 
 static inline int64_t

@@ -27,20 +27,21 @@ send_names(void)
 {
     if (empty_tuple != NULL)
         return 0;
-    struct { PyObject **slot; const char *name; } names[] = {
+    static const MqName names[] = {
         {&s_num_partitions, "num_partitions"}, {&s_big_record, "big_record"},
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_closed, "closed"},
         {&s_open, "open"}, {&s_records, "records"}, {&s_size, "size"},
         {&s_batch_limit, "batch_limit"}, {&s_add, "add"},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
-            return -1;
+    if (mq_intern(names, sizeof names / sizeof names[0]) < 0)
+        return -1;
     empty_tuple = PyTuple_New(0);
     return empty_tuple == NULL ? -1 : 0;
 }
 
-/* obj.name as a C long: 0, 1 when it is not an int (the caller declines), -1 with an error. */
+/* obj.name as a C integer: 0, 1 when it is not an int, -1 with an error. Unlike _cappend.c's
+ * get_int, anything else declines: big_record is a float (inf) while the broker's request
+ * limit is unknown. */
 static int
 long_attr(PyObject *obj, PyObject *name, long long *out)
 {
