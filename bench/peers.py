@@ -234,11 +234,15 @@ def mpq_lat_consumer(start, queue, n: int, warm: int) -> dict:
 
 def _paced(start, send, size: int, rate: float, n: int) -> dict:
     """``paced_loop`` from the barrier on (``start()``), each call sending a ``size``-byte
-    value that carries its intended send time (``_stamped``)."""
+    value that carries its intended send time (``_stamped``). A loop that gave up early
+    sends the end marker, an empty value, so a consumer blocked in ``recv()`` stops."""
     stamped = _stamped(send, size)
     quiet_gc()
     start()
-    return paced_loop(stamped, rate, n)
+    res = paced_loop(stamped, rate, n)
+    if res["sent"] < n:
+        send(b"")
+    return res
 
 
 def _stamped(send, size: int):
@@ -262,8 +266,9 @@ def _recv_latencies(start, recv, n: int, warm: int) -> dict:
     start()
     cpu0 = time.process_time()
     for _ in range(n):
-        value = recv()
-        add(clock(), value)
+        add(clock(), recv())
+        if rec.ended:
+            break                             # the end marker: the producer gave up
     res = rec.result()
     res["cpu_s"] = time.process_time() - cpu0
     return res
@@ -524,7 +529,7 @@ def redis_lat_consumer(start, sock: str, key: str, n: int, warm: int,
     deadline = time.monotonic() + timeout_s
     ids: list = []
     clock = time.perf_counter_ns
-    while rec.got < n and time.monotonic() < deadline:
+    while rec.got < n and not rec.ended and time.monotonic() < deadline:
         resp = _redis_ack_and_read(r, key, streams, ids)
         now = clock()
         ids = []
@@ -617,6 +622,7 @@ def nats_consumer(start, url: str, stream: str, n: int, timeout_s: float = 120.0
 # --- open-loop pacing and latency recording (shared with the mq workers) --------------------
 
 SPIN_NS = 200_000             # sleep until ~200 us before the intended time, then spin
+SEND_SLACK_S = 10.0           # paced_loop gives up this long after the last intended send
 
 
 def paced_loop(send, rate: float, n: int) -> dict:
@@ -626,7 +632,12 @@ def paced_loop(send, rate: float, n: int) -> dict:
     returns the process's CPU over the loop (``cpu_s_loop``) and the CPU this thread spent
     pacing (``pace_cpu_s``: the sleeps and spins to the intended times, read from the thread's
     CPU clock between sends; the spin ends early by the reading's cost): the client's own CPU,
-    its send calls and threads, is the difference."""
+    its send calls and threads, is the difference.
+
+    A system far slower than ``rate`` (saturated) would keep the loop for many times the
+    run's length: it stops sending ``SEND_SLACK_S`` after the last intended time, and
+    ``sent`` says how many went out (the consumers end at their deadline, or at the end
+    marker ``_paced`` sends)."""
     clock, sleep, thread_ns = time.perf_counter_ns, time.sleep, time.thread_time_ns
     interval = 1e9 / rate
     send_hist = new_hist()                    # how long each send() call took, µs
@@ -634,11 +645,16 @@ def paced_loop(send, rate: float, n: int) -> dict:
     lead = _reading_ns(thread_ns, clock)
     cpu0 = time.process_time()                # ns resolution: os.times() counts 10 ms ticks
     t0 = clock() + 2_000_000
+    give_up = t0 + int(n * interval + SEND_SLACK_S * 1e9)
     late = paced = 0
+    sent = n
     for i in range(n):
         t_i = t0 + int(i * interval)
         pace0 = thread_ns()
         now = clock()
+        if now > give_up:
+            sent = i
+            break
         if t_i - now > SPIN_NS:
             sleep((t_i - now - SPIN_NS) / 1e9)
             now = clock()
@@ -652,8 +668,8 @@ def paced_loop(send, rate: float, n: int) -> dict:
         if done - t_i > interval:
             late += 1
     t_end = clock()
-    return {"t_first": t0, "t_end": t_end, "n": n, "late_sends": late,
-            "send_rate": n / ((t_end - t0) / 1e9), "send_call_hist": send_hist.encode(),
+    return {"t_first": t0, "t_end": t_end, "n": n, "sent": sent, "late_sends": late,
+            "send_rate": sent / ((t_end - t0) / 1e9), "send_call_hist": send_hist.encode(),
             "cpu_s_loop": time.process_time() - cpu0, "pace_cpu_s": paced / 1e9}
 
 
@@ -671,18 +687,23 @@ def _reading_ns(thread_ns, clock) -> int:
 
 class LatencyRecorder:
     """receive time - intended send time (first 8 bytes of the value) into an HdrHistogram in
-    µs; the first ``warm`` messages are left out (warm-up)."""
+    µs; the first ``warm`` messages are left out (warm-up). An empty value is the end marker
+    of a producer that gave up (``_paced``): ``ended``, and nothing recorded."""
 
-    __slots__ = ("first_recv", "got", "hist", "n", "slices", "t_last", "warm")
+    __slots__ = ("ended", "first_recv", "got", "hist", "n", "slices", "t_last", "warm")
 
     def __init__(self, n: int, warm: int) -> None:
         self.n, self.warm, self.got = n, warm, 0
+        self.ended = False
         self.hist = new_hist()
         self.t_last = 0
         self.first_recv = 0
         self.slices = [[0, 0] for _ in range(10)]     # (sum us, count) per tenth: lag trend
 
     def add(self, now: int, value) -> None:
+        if not value:
+            self.ended = True
+            return
         i = self.got
         self.got = i + 1
         if i < self.warm:

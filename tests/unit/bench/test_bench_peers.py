@@ -160,3 +160,35 @@ def test_tls_cost_is_paired_run_by_run_for_each_broker():
 def test_tls_cost_of_one_broker_has_no_cross_ratio():
     cmp = kafka_tls.compare({("kafka", "plain"): _runs(1.0), ("kafka", "tls"): _runs(3.0)})
     assert "mq_vs_kafka" not in cmp and list(cmp["tls_vs_plain"]) == ["kafka"]
+
+
+def test_a_paced_loop_gives_up_on_a_system_far_slower_than_its_rate(monkeypatch):
+    """A saturated peer would keep the open loop for many times the run's length (Redis at
+    50 k/s on a slow box: 70 s for 5.5 s of records): the loop stops ``SEND_SLACK_S`` after
+    its last intended send and says how many went out."""
+    import time
+
+    from bench import peers
+    monkeypatch.setattr(peers, "SEND_SLACK_S", 0.05)
+    calls: list[int] = []
+
+    def slow(t_i: int) -> None:
+        calls.append(t_i)
+        time.sleep(0.01)
+
+    res = peers.paced_loop(slow, 10_000, 1_000)          # 0.1 s of records, 10 ms a send
+    assert res["n"] == 1_000 and res["sent"] == len(calls) < 100
+    assert peers.paced_loop(lambda t_i: None, 10_000, 100)["sent"] == 100
+
+
+def test_a_blocked_consumer_stops_at_the_end_marker():
+    """After a loop that gave up, ``_paced`` sends an empty value; a consumer blocked in
+    ``recv()`` (``mp.Queue``, ZeroMQ) stops there with what it got."""
+    import struct
+    import time
+
+    from bench import peers
+    stamp = struct.Struct("<q").pack
+    values = iter([stamp(time.perf_counter_ns()) + b"x" * 92 for _ in range(5)] + [b""])
+    res = peers._recv_latencies(lambda: None, values.__next__, 1_000, 1)
+    assert res["n"] == 5
