@@ -266,7 +266,8 @@ def _recv_latencies(start, recv, n: int, warm: int) -> dict:
     start()
     cpu0 = time.process_time()
     for _ in range(n):
-        add(clock(), recv())
+        value = recv()
+        add(clock(), value)                   # the clock read after the receive
         if rec.ended:
             break                             # the end marker: the producer gave up
     res = rec.result()

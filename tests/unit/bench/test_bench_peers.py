@@ -192,3 +192,22 @@ def test_a_blocked_consumer_stops_at_the_end_marker():
     values = iter([stamp(time.perf_counter_ns()) + b"x" * 92 for _ in range(5)] + [b""])
     res = peers._recv_latencies(lambda: None, values.__next__, 1_000, 1)
     assert res["n"] == 5
+
+
+def test_a_blocking_consumer_times_each_message_when_it_arrives():
+    """The receive time is read after ``recv()`` returns: a message that took 5 ms to come
+    is recorded at 5 ms or more, not at the time the wait began."""
+    import struct
+    import time
+
+    from bench import peers
+    from bench.harness import hist_stats, merge_hists
+    stamp = struct.Struct("<q").pack
+
+    def recv() -> bytes:
+        sent = time.perf_counter_ns()
+        time.sleep(0.005)
+        return stamp(sent) + b"x" * 92
+
+    res = peers._recv_latencies(lambda: None, recv, 4, 0)
+    assert hist_stats(merge_hists([res["hist"]]))["p50_us"] >= 5_000
