@@ -34,23 +34,30 @@ def plain(r) -> tuple:
 def counted(monkeypatch):
     """Counts the tail takes that took records (``take_batches``, and ``tail_take``: those of
     the fast tail poll)."""
-    took = []
-    real, real_tail = native.take_batches, native.tail_take
+    took: list[int] = []
+    real = native.take_batches
 
     def take(*args):
         out = real(*args)
         if out[0]:
             took.append(len(out[0]))
         return out
+    monkeypatch.setattr(native, "take_batches", take)
+    count_tail_takes(monkeypatch, took)
+    return took
+
+
+def count_tail_takes(monkeypatch, took: list[int]) -> None:
+    """Append to ``took`` the number of records each fast tail poll's take
+    (``native.tail_take``) took, when it took some."""
+    real = native.tail_take
 
     def tail_take(*args):
-        out = real_tail(*args)
+        out = real(*args)
         if out[0] == fetcher.TAIL_TOOK and out[2]:
             took.append(len(out[2]))
         return out
-    monkeypatch.setattr(native, "take_batches", take)
     monkeypatch.setattr(native, "tail_take", tail_take)
-    return took
 
 
 def python_path(monkeypatch) -> None:
@@ -234,15 +241,8 @@ def test_a_group_member_tails_in_c_and_hands_a_partition_over(broker, monkeypatc
     member joining wakes it from that poll's sleep: it reconciles, hands one partition over,
     and each record reaches exactly one member, in order."""
     import threading
-    took = []
-    real = native.tail_take
-
-    def tail_take(*args):
-        out = real(*args)
-        if out[0] == fetcher.TAIL_TOOK and out[2]:
-            took.append(len(out[2]))
-        return out
-    monkeypatch.setattr(native, "tail_take", tail_take)
+    took: list[int] = []
+    count_tail_takes(monkeypatch, took)
     with mq.Admin(socket=broker.socket) as admin:
         admin.create_topic("g", 2)
     tps = [mq.TopicPartition("g", p) for p in (0, 1)]

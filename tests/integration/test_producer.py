@@ -211,6 +211,19 @@ def _counted_produce_frame(monkeypatch) -> list:
     return calls
 
 
+def _counted_send_open(monkeypatch) -> list[bool]:
+    """For each ``send()`` with ``linger_ms`` above 0, whether its C add
+    (``native.send_open``) took the record (True) or left it to the Python path."""
+    from mq.log import native
+    taken: list[bool] = []
+    fast = native.send_open
+    if fast is None:
+        pytest.skip("the C extension is not built")
+    monkeypatch.setattr(native, "send_open",
+                        lambda *a: (fut := fast(*a), taken.append(fut is not None))[0])
+    return taken
+
+
 @pytest.mark.parametrize("idempotent", [False, True])
 def test_linger_zero_writes_a_record_whole_as_the_batches_would(broker, monkeypatch,
                                                                 idempotent):
@@ -385,21 +398,13 @@ def test_a_record_into_an_open_batch_is_added_in_c_as_python_adds_it(broker, mon
     two paths put the same records, keys, values and headers on the same partitions in the
     same order, and their futures tell the same partitions and offsets."""
     from mq.log import native
-    fast = native.send_open
-    if fast is None:
-        pytest.skip("the C extension is not built")
-    taken: list[bool] = []
-
-    def counted(*args):
-        fut = fast(*args)
-        taken.append(fut is not None)
-        return fut
-
+    taken = _counted_send_open(monkeypatch)
     sends = _sends(7, 600)
     metas = {}
     for topic in ("c", "py"):
         create_topic(broker, topic, 3)
-        monkeypatch.setattr(native, "send_open", counted if topic == "c" else None)
+        if topic == "py":
+            monkeypatch.setattr(native, "send_open", None)
         # One batch per partition until flush (nothing closes one early, so the sticky
         # partition never moves); the same random sticky choice on both.
         with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=1 << 20,
@@ -417,13 +422,7 @@ def test_a_record_into_an_open_batch_is_added_in_c_as_python_adds_it(broker, mon
 def test_what_the_c_add_declines_raises_as_the_python_path_does(broker, monkeypatch):
     """The C add takes only the common case; a bad argument goes on to ``send()``'s Python
     path, which raises its error, and nothing is queued for it."""
-    from mq.log import native
-    fast = native.send_open
-    if fast is None:
-        pytest.skip("the C extension is not built")
-    taken: list[bool] = []
-    monkeypatch.setattr(native, "send_open",
-                        lambda *a: (fut := fast(*a), taken.append(fut is not None))[0])
+    taken = _counted_send_open(monkeypatch)
     create_topic(broker, "t", 2)
     producer = Producer(socket=broker.socket, acks=1, linger_ms=60_000)
     first = producer.send("t", b"first", partition=0)      # opens the batch (Python)
@@ -450,13 +449,7 @@ def test_records_filling_their_batches_leave_the_c_add_to_python(broker, monkeyp
     """A record that could fill its batch is Python's (it may close the batch and open the
     next): with small batches every record still lands once, in order, and the C add
     declines some records as their batch fills."""
-    from mq.log import native
-    fast = native.send_open
-    if fast is None:
-        pytest.skip("the C extension is not built")
-    taken: list[bool] = []
-    monkeypatch.setattr(native, "send_open",
-                        lambda *a: (fut := fast(*a), taken.append(fut is not None))[0])
+    taken = _counted_send_open(monkeypatch)
     create_topic(broker, "t", 1)
     with Producer(socket=broker.socket, acks=1, linger_ms=60_000, batch_size=2048) as producer:
         futures = [producer.send("t", value=b"%d" % i + b"x" * 100, partition=0)
