@@ -1559,6 +1559,28 @@ static PyTypeObject AccType = {
     .tp_getset = Acc_getset,
 };
 
+/* For _csend.c (declared in _crecords.h): an accumulator's size, its header included, or -1
+ * when `o` is not one; and its add(None, key, value, ()) with no Python call between. */
+Py_ssize_t
+mq_acc_size(PyObject *o)
+{
+    return Py_IS_TYPE(o, &AccType) ? RECORD_BATCH_OVERHEAD + ((AccObject *)o)->len : -1;
+}
+
+PyObject *
+mq_acc_add(PyObject *o, PyObject *key, PyObject *value)
+{
+    AccObject *a = (AccObject *)o;
+    long long d, t;
+    if (a->future_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "add() needs an accumulator with a future_type");
+        return NULL;
+    }
+    if (acc_append(a, Py_None, key, value, Py_None, NULL, -1, &d, &t) < 0)
+        return NULL;
+    return make_future(a, d, t);
+}
+
 /* ---- take_produce: the broker's parse of the frame produce_frame writes ---- */
 
 /* A msgpack int at p[*pos, lim) into *out (any of msgpack's int encodings whose value fits

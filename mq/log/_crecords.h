@@ -287,6 +287,10 @@ extern const char mq_produce_plain_doc[];
 /* _csend.c: the producer's send() into an open batch. */
 PyObject *mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern const char mq_send_open_doc[];
+/* _crecords.c, for _csend.c: a RecordAccumulator's size (-1: `o` is none) and its add of a
+ * record of bytes (or None) with no headers, timestamped now: its future. */
+Py_ssize_t mq_acc_size(PyObject *o);
+PyObject *mq_acc_add(PyObject *o, PyObject *key, PyObject *value);
 extern const char mq_publish_slot_doc[];
 extern const char mq_tail_take_doc[];
 

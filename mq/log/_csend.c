@@ -10,6 +10,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include "_crecords.h"
 
@@ -19,8 +20,8 @@
 #define RECORD_BOUND 64
 #define MAX_RECORD_OVERHEAD 21   /* mq.log.layout.MAX_RECORD_OVERHEAD: send()'s `fits` */
 
-static PyObject *s_num_partitions, *s_big_record, *s_acquire, *s_release, *s_closed, *s_open,
-    *s_records, *s_size, *s_batch_limit, *s_add, *empty_tuple;
+static PyObject *s_num_partitions, *s_big_record, *s_closed, *s_open, *s_records, *s_size,
+    *s_batch_limit, *s_add, *empty_tuple;
 
 static int
 send_names(void)
@@ -29,8 +30,7 @@ send_names(void)
         return 0;
     static const MqName names[] = {
         {&s_num_partitions, "num_partitions"}, {&s_big_record, "big_record"},
-        {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_closed, "closed"},
-        {&s_open, "open"}, {&s_records, "records"}, {&s_size, "size"},
+        {&s_closed, "closed"}, {&s_open, "open"}, {&s_records, "records"}, {&s_size, "size"},
         {&s_batch_limit, "batch_limit"}, {&s_add, "add"},
     };
     if (mq_intern(names, sizeof names / sizeof names[0]) < 0)
@@ -56,6 +56,68 @@ long_attr(PyObject *obj, PyObject *name, long long *out)
     Py_DECREF(v);
     return r;
 }
+
+/* A __slots__ attribute read at its offset in the object, as CPython's own LOAD_ATTR_SLOT
+ * does: the member descriptor is looked up once per type, and again when the type changed
+ * (its version tag). Anything else (no object slot, a type without a valid version tag, an
+ * unset slot) reads through PyObject_GetAttr. `type` is only compared, never dereferenced:
+ * a version tag is never reused. A new reference, or NULL with an error. */
+typedef struct {
+    PyObject **name;
+    PyTypeObject *type;
+    unsigned int version;
+    Py_ssize_t offset;
+} SlotRef;
+
+static void
+slot_learn(PyTypeObject *t, SlotRef *s)
+{
+    s->type = NULL;
+    PyObject *d = PyObject_GetAttr((PyObject *)t, *s->name);    /* the descriptor itself */
+    if (d == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type) && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX) {
+            s->type = t;
+            s->version = t->tp_version_tag;
+            s->offset = m->offset;
+        }
+    }
+    Py_DECREF(d);
+}
+
+static PyObject *
+slot_get(PyObject *obj, SlotRef *s)
+{
+    PyTypeObject *t = Py_TYPE(obj);
+    if (t != s->type || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ||
+            t->tp_version_tag != s->version)
+        slot_learn(t, s);
+    PyObject *v = s->type == NULL ? NULL : *(PyObject **)((char *)obj + s->offset);
+    return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(obj, *s->name);
+}
+
+/* long_attr of a slot: 0 with *out, 1 when it is not an int, -1 with an error. */
+static int
+long_slot(PyObject *obj, SlotRef *s, long long *out)
+{
+    PyObject *v = slot_get(obj, s);
+    if (v == NULL)
+        return -1;
+    int r = 1;
+    if (PyLong_CheckExact(v)) {
+        *out = PyLong_AsLongLong(v);
+        r = *out == -1 && PyErr_Occurred() ? -1 : 0;
+    }
+    Py_DECREF(v);
+    return r;
+}
+
+static SlotRef num_partitions_ref = {&s_num_partitions}, open_ref = {&s_open},
+    records_ref = {&s_records}, batch_limit_ref = {&s_batch_limit};
 
 /* The partition the record goes to: 0 with *p, 1 to decline, -1 with an error. */
 static int
@@ -110,7 +172,7 @@ add_locked(PyObject *io, PyObject *ready, long long max_in_flight, PyObject *inf
         return NULL;
     if (queued >= max_in_flight)
         return Py_NewRef(Py_None);         /* no room: send() waits for it */
-    PyObject *open = PyObject_GetAttr(info, s_open);
+    PyObject *open = slot_get(info, &open_ref);
     if (open == NULL)
         return NULL;
     PyObject *batch = PyList_CheckExact(open) && p < PyList_GET_SIZE(open) ?
@@ -123,10 +185,11 @@ add_locked(PyObject *io, PyObject *ready, long long max_in_flight, PyObject *inf
         res = Py_NewRef(Py_None);
         goto out;
     }
-    if ((records = PyObject_GetAttr(batch, s_records)) == NULL)
+    if ((records = slot_get(batch, &records_ref)) == NULL)
         goto out;
-    if (records == Py_None || (r = long_attr(records, s_size, &filled)) > 0 ||
-            (r == 0 && (r = long_attr(info, s_batch_limit, &limit)) > 0)) {
+    int acc = (filled = mq_acc_size(records)) >= 0;  /* the C accumulator: read, add directly */
+    if (records == Py_None || (!acc && (r = long_attr(records, s_size, &filled)) > 0) ||
+            ((acc || r == 0) && (r = long_slot(info, &batch_limit_ref, &limit)) > 0)) {
         res = Py_NewRef(Py_None);
         goto out;
     }
@@ -136,6 +199,10 @@ add_locked(PyObject *io, PyObject *ready, long long max_in_flight, PyObject *inf
      * the batch stays open, as its Python path leaves it. */
     if (filled + 2 * ((long long)size + RECORD_BOUND) + MAX_RECORD_OVERHEAD > limit) {
         res = Py_NewRef(Py_None);
+        goto out;
+    }
+    if (acc) {
+        res = mq_acc_add(records, key, value);
         goto out;
     }
     if ((add = PyObject_GetAttr(batch, s_add)) == NULL)
@@ -153,20 +220,20 @@ const char mq_send_open_doc[] =
 "send_open(state, topic, value, key, partition, headers, timestamp_ms) -> future | None\n\n"
 "Producer.send's common case in one call: the record added to its partition's open batch\n"
 "(BatchBuilder.add) under the producer's lock, its future returned. state is the producer's\n"
-"(topics, sticky, key_hashes, io, lock, ready, max_in_flight, meta): its fresh TopicStates by\n"
-"name, the default partitioner's sticky partitions and cached key hashes (None: a partitioner\n"
-"of the user's), its ProducerIO (closed), the lock, the queue of batches to send, and its\n"
-"ProducerMetadata (big_record). None, with nothing done, for anything else: a value or key\n"
-"not bytes, headers, a timestamp, an unknown topic, a partition out of range or to be chosen\n"
-"by Python, a big record, the lock taken, the producer closed or its queue full, no open batch\n"
-"or one that this record could fill.";
+"(topics, sticky, key_hashes, io, lock, ready, max_in_flight, meta, acquire, release): its\n"
+"fresh TopicStates by name, the default partitioner's sticky partitions and cached key hashes\n"
+"(None: a partitioner of the user's), its ProducerIO (closed), the lock, the queue of batches\n"
+"to send, its ProducerMetadata (big_record), and the lock's acquire and release. None, with\n"
+"nothing done, for anything else: a value or key not bytes, headers, a timestamp, an unknown\n"
+"topic, a partition out of range or to be chosen by Python, a big record, the lock taken, the\n"
+"producer closed or its queue full, no open batch or one that this record could fill.";
 
 PyObject *
 mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
-        PyErr_SetString(PyExc_TypeError, "send_open(state: 8-tuple, topic, value, key, "
+    if (nargs != 7 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
+        PyErr_SetString(PyExc_TypeError, "send_open(state: 10-tuple, topic, value, key, "
                         "partition, headers, timestamp_ms)");
         return NULL;
     }
@@ -183,8 +250,8 @@ mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *topics = PyTuple_GET_ITEM(state, 0), *sticky = PyTuple_GET_ITEM(state, 1),
         *key_hashes = PyTuple_GET_ITEM(state, 2), *io = PyTuple_GET_ITEM(state, 3),
-        *lock = PyTuple_GET_ITEM(state, 4), *ready = PyTuple_GET_ITEM(state, 5),
-        *meta = PyTuple_GET_ITEM(state, 7);
+        *ready = PyTuple_GET_ITEM(state, 5), *meta = PyTuple_GET_ITEM(state, 7),
+        *acquire = PyTuple_GET_ITEM(state, 8), *release = PyTuple_GET_ITEM(state, 9);
     long long max_in_flight = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 6));
     if (max_in_flight == -1 && PyErr_Occurred())
         return NULL;
@@ -201,7 +268,7 @@ mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *res = NULL;
     long long num_partitions, big, p;
     int r;
-    if ((r = long_attr(info, s_num_partitions, &num_partitions)) != 0 ||
+    if ((r = long_slot(info, &num_partitions_ref, &num_partitions)) != 0 ||
             (r = choose(topic, key, partition, sticky, key_hashes, num_partitions, &p)) != 0 ||
             (r = long_attr(meta, s_big_record, &big)) != 0)
         goto declined;
@@ -209,7 +276,8 @@ mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         (key == Py_None ? 0 : PyBytes_GET_SIZE(key));
     if (size > big)
         goto declined;                     /* its exact size is checked there */
-    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    PyObject *no_wait = Py_False;
+    PyObject *got = PyObject_Vectorcall(acquire, &no_wait, 1, NULL);
     if (got == NULL)
         goto out;
     int taken = got == Py_True;
@@ -219,7 +287,7 @@ mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     res = add_locked(io, ready, max_in_flight, info, p, size, key, value);
     PyObject *type, *exc, *tb;
     PyErr_Fetch(&type, &exc, &tb);         /* released whatever the add did */
-    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    PyObject *released = PyObject_Vectorcall(release, NULL, 0, NULL);
     if (released == NULL) {
         Py_XDECREF(type);
         Py_XDECREF(exc);

@@ -445,6 +445,25 @@ def test_what_the_c_add_declines_raises_as_the_python_path_does(broker, monkeypa
     assert [r[3] for r in read_records(broker, "t", 2)[0]] == [b"first", b"second"]
 
 
+def test_the_c_add_follows_its_classes_when_they_change(broker, monkeypatch):
+    """The C add reads a topic's and a batch's ``__slots__`` at offsets it learned once per
+    class; a class changed meanwhile (here: an attribute added to it) is learned again, and
+    every record still lands once, in order, through the C add."""
+    from mq.client.producer_batches import Batch, TopicState
+    taken = _counted_send_open(monkeypatch)
+    create_topic(broker, "t", 1)
+    with Producer(socket=broker.socket, acks=1, linger_ms=60_000) as producer:
+        futures = [producer.send("t", b"%d" % i, partition=0) for i in range(50)]
+        for cls in (TopicState, Batch):
+            monkeypatch.setattr(cls, "probe", 1, raising=False)
+            futures += [producer.send("t", b"%d" % i, partition=0)
+                        for i in range(len(futures), len(futures) + 50)]
+        producer.flush(WAIT)
+        assert [f.get(WAIT).offset for f in futures] == list(range(150))
+    assert [r[3] for r in read_records(broker, "t", 1)[0]] == [b"%d" % i for i in range(150)]
+    assert taken.count(True) >= 145
+
+
 def test_records_filling_their_batches_leave_the_c_add_to_python(broker, monkeypatch):
     """A record that could fill its batch is Python's (it may close the batch and open the
     next): with small batches every record still lands once, in order, and the C add
