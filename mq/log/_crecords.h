@@ -171,11 +171,25 @@ header_key(KeyCache *c, const unsigned char *p, Py_ssize_t n)
     return s;
 }
 
-/* A slice mv[a:b] of the payload memoryview: a new view on the same buffer (no copy). */
+/* A slice mv[a:b] of the payload memoryview: a new view on the same buffer (no copy). For a
+ * 1-D view of bytes, contiguous (the log's maps and batches always are), that is mv's own
+ * copy (PyMemoryView_FromObject: a view of the same managed buffer) narrowed to [a, b), as
+ * memoryview slicing narrows it, without the slice object and its two ints to make and
+ * parse for every key and value. 0 <= a <= b <= len(mv) (the decoders check it first). */
 static inline PyObject *
 slice(PyObject *mv, Py_ssize_t a, Py_ssize_t b)
 {
-    return PySequence_GetSlice(mv, a, b);
+    const Py_buffer *v = PyMemoryView_Check(mv) ? PyMemoryView_GET_BUFFER(mv) : NULL;
+    if (v == NULL || v->ndim != 1 || v->itemsize != 1 || v->suboffsets != NULL ||
+            (v->strides != NULL && v->strides[0] != 1) || v->shape == NULL)
+        return PySequence_GetSlice(mv, a, b);
+    PyObject *s = PyMemoryView_FromObject(mv);
+    if (s == NULL)
+        return NULL;
+    Py_buffer *n = PyMemoryView_GET_BUFFER(s);
+    n->buf = (char *)n->buf + a;
+    n->len = n->shape[0] = b - a;
+    return s;
 }
 
 /* The head of the record at p[*pos]: its length (which must fit p[*pos, end); *rec_end is where

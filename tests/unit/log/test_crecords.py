@@ -525,6 +525,34 @@ def test_record_type_behaves_like_batch_record():
         del decoded.headers
 
 
+@pytest.mark.parametrize("readonly", [False, True])
+def test_keys_and_values_are_the_views_slicing_makes(readonly):
+    """The C decoder narrows a copy of the payload's view instead of slicing it; each key and
+    value is still what ``payload[a:b]`` would be, in every attribute, and outlives the
+    payload's own view."""
+    builder = BatchBuilder()
+    for i, value in enumerate([b"alpha", b"", b"beta" * 300, None]):
+        builder.append(1000 + i, b"key-%d" % i, value, [("h", b"hv-%d" % i)])
+    buf = builder.build()
+    data = bytes(buf) if readonly else buf
+    payload = memoryview(data)
+    records = RecordBatch(payload).records()
+    assert [r.value for r in records] == [b"alpha", b"", b"beta" * 300, None]
+    for view in (v for r in records for v in (r.key, r.value, r.headers[0][1])
+                 if v is not None):
+        start = bytes(data).index(bytes(view)) if len(view) else 0
+        ref = payload[start:start + len(view)]
+        assert (view.obj, view.readonly, view.format, view.itemsize, view.ndim, view.shape,
+                view.strides, view.nbytes, view.c_contiguous, view.contiguous) == \
+            (ref.obj, ref.readonly, ref.format, ref.itemsize, ref.ndim, ref.shape,
+             ref.strides, ref.nbytes, ref.c_contiguous, ref.contiguous)
+        assert view == ref and view.tobytes() == ref.tobytes() and view[1:] == ref[1:]
+        if readonly:
+            assert hash(view) == hash(ref.tobytes())
+    payload.release()                                      # the views hold the buffer alone
+    assert records[2].value.tobytes() == b"beta" * 300
+
+
 def test_env_var_forces_pure_python():
     code = ("from mq.log import native; print(native.decode_records is None "
             "and native.RecordAccumulator is None)")
