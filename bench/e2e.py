@@ -42,6 +42,7 @@ import itertools
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -401,6 +402,9 @@ def run_acks(ctx: Ctx) -> dict:
 MULTI = 4                     # producers = consumers = partitions (mp.Queue: 4 queues)
 MULTI_SIZES = [("100B", 100), ("64KiB", 64 * KIB)]
 MULTI_SIDES = ["mq", "mq-all", "mp.Queue"]
+# From this record size on, the 4->4 section also measures harness.persisting_floor: the
+# copies and CRC passes a persisting queue cannot avoid, against mq's CPU per MiB.
+FLOOR_MIN_SIZE = 4 * KIB
 
 
 def one_multi(ctx: Ctx, side: str, values: list[bytes], n: int) -> dict:
@@ -474,14 +478,34 @@ def run_multi(ctx: Ctx) -> dict:
 
         entry = res["sizes"][label] = {
             "size": size, "counts": counts, "warmup": warm, "runs": per,
+            "cpu_us_per_mib": _multi_cpu(per["mq"], size),
             "rate": {s: summary([x["rate"] for x in per[s]]) for s in per},
             "mb_s": {s: summary([x["mb_s"] for x in per[s]]) for s in per},
             "ratio": {"mq_vs_mpq": _paired(per, "mq", "mp.Queue"),
                       "mq_all_vs_mpq": _paired(per, "mq-all", "mp.Queue"),
                       "all_vs_1": _paired(per, "mq-all", "mq")}}
+        if size >= FLOOR_MIN_SIZE:
+            progress(f"4->4 {label}: the persisting floor (copies and CRCs, one process)")
+            floors = [harness.persisting_floor(ctx.base, size) for _ in range(3)]
+            entry["floor"] = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
+            entry["floor"]["runs"] = floors
         progress(f"4->4 {label}: " + ", ".join(f"{s} {entry['rate'][s]['median']:,.0f}/s"
                                                for s in MULTI_SIDES))
     return res
+
+
+def _multi_cpu(runs: list[dict], size: int) -> dict | None:
+    """mq's CPU per MiB moved in 4->4 runs, by role (medians over the runs; each role's
+    processes summed)."""
+    if not runs or any("broker_cpu_s" not in x for x in runs):
+        return None
+
+    def cpu(x: dict, role: str) -> float:
+        return x["broker_cpu_s"] if role == "broker" else sum(x[f"{role}_cpu_s"])
+    out = {role: statistics.median(cpu(x, role) / (x["n"] * size / MIB) * 1e6 for x in runs)
+           for role in ("producer", "broker", "consumer")}
+    out["sum"] = sum(out.values())
+    return out
 
 
 # --- 3. fan-out: 1 producer -> 1 or 4 consumers -------------------------------------------------
@@ -890,6 +914,17 @@ def build_table(res: dict) -> list[dict]:
                 row(f"4->4 {label} {name}",
                     mm(e["rate"][side], fmt_rate) + f" = {e['mb_s'][side]['median']:.0f} MB/s",
                     "rec/s", (fmt_ratio(e["ratio"][key], "mp.Queue") if key else "-") + extra)
+            fl, cpu = e.get("floor"), e.get("cpu_us_per_mib")
+            if fl:
+                used = "" if not cpu else (
+                    f"; mq used {cpu['sum']:.0f} (producers {cpu['producer']:.0f}, broker "
+                    f"{cpu['broker']:.0f}, consumers {cpu['consumer']:.0f})")
+                row(f"4->4 {label} persisting floor: copies + CRCs, one process (limit)",
+                    f"{fl['mb_s']:.0f} MB/s = {fl['sum']:.0f} us CPU/MiB (producer "
+                    f"{fl['producer']:.0f}, broker {fl['broker']:.0f}, consumer "
+                    f"{fl['consumer']:.0f})", "MB/s",
+                    f"{e['mb_s']['mq']['median'] / fl['mb_s']:.2f}x (mq/this); 4 x mp.Queue "
+                    f"{e['mb_s']['mp.Queue']['median'] / fl['mb_s']:.2f}x" + used)
     fo = res.get("fanout")
     if fo:
         for k in ("1", "4"):

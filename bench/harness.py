@@ -483,6 +483,60 @@ def raw_write(directory: str, total: int, chunk: int = MIB) -> float:
     return dt
 
 
+def persisting_floor(directory: str, size: int, total: int = 256 * MIB) -> dict:
+    """The CPU a queue that persists every record cannot avoid per MiB of ``size``-byte
+    records, each step timed alone in this one process (hot caches, no waits, nothing handed
+    between processes), over ``total`` bytes in 1 MiB batches:
+
+    - ``producer``: each value copied into its batch, and the batch's CRC-32C;
+    - ``broker``: the CRC checked, and the batch written into the page cache (a fresh file,
+      deleted at once, as ``raw_write``);
+    - ``consumer``: the CRC checked again from a read-only map of the file, and each value
+      copied out into ``bytes``.
+
+    Returns the µs of CPU per MiB of each step, their ``sum``, and ``mb_s``: this box's CPUs
+    divided by that sum, the rate no such queue passes here however it hands the bytes on."""
+    import crc32c
+    per = max(1, MIB // size)
+    batch_bytes = per * size
+    values = [os.urandom(size) for _ in range(per)]
+    batch = bytearray(batch_bytes)
+    batches = max(1, total // batch_bytes)
+    mib = batches * batch_bytes / MIB
+    prefault(directory, batches * batch_bytes)
+    t = time.process_time()
+    for _ in range(batches):
+        for i, v in enumerate(values):
+            batch[i * size:(i + 1) * size] = v
+        crc32c.crc32c(batch)
+    producer = time.process_time() - t
+    path = os.path.join(directory, f"floor-{secrets.token_hex(4)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+    try:
+        t = time.process_time()
+        for _ in range(batches):
+            crc32c.crc32c(batch)
+            os.write(fd, batch)
+        broker = time.process_time() - t
+        with mmap.mmap(fd, batches * batch_bytes, access=mmap.ACCESS_READ) as m, \
+                memoryview(m) as view:
+            t = time.process_time()
+            for b in range(batches):
+                with view[b * batch_bytes:(b + 1) * batch_bytes] as one:
+                    crc32c.crc32c(one)
+                    for i in range(per):
+                        bytes(one[i * size:(i + 1) * size])
+            consumer = time.process_time() - t
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    us = {"producer": producer / mib * 1e6, "broker": broker / mib * 1e6,
+          "consumer": consumer / mib * 1e6}
+    us["sum"] = sum(us.values())
+    us["mb_s"] = (os.cpu_count() or 1) / (us["sum"] / 1e6) * MIB / 1e6
+    return us
+
+
 def prefault(directory: str, total: int) -> None:
     """Write ``total`` bytes to a fresh file and delete it, untimed, right before a run.
 
