@@ -27,7 +27,19 @@ def encode_varint_uncached(value: int) -> bytes:
 
 
 CACHED: Final = 1 << 13
-VARINTS: Final = [encode_varint_uncached(i) for i in range(-CACHED, CACHED)]
+
+
+def _table() -> list[bytes]:
+    """``encode_varint_uncached(v)`` for ``v`` in ``[-CACHED, CACHED)``, in closed form (every
+    process that imports mq builds it; 16,384 calls of the encoder took 14 ms): the zig-zag
+    values ``z`` are ``[0, 2 * CACHED)``, one byte below 128 and two above; ``v >= 0`` is
+    ``z = 2v`` and ``v < 0`` is ``z = -2v - 1``."""
+    by_z = [bytes((z,)) for z in range(128)] + \
+        [bytes(((z & 0x7F) | 0x80, z >> 7)) for z in range(128, 2 * CACHED)]
+    return by_z[2 * CACHED - 1::-2] + by_z[0::2]
+
+
+VARINTS: Final = _table()
 NULL_VARINT: Final = VARINTS[-1 + CACHED]          # b"\x01": a null key, value or header value
 ZERO_VARINT: Final = VARINTS[CACHED]               # b"\x00"
 

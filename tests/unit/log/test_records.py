@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from mq.errors import CorruptRecordError, UnsupportedCodecError
-from mq.log import compression, layout
+from mq.log import compression, layout, varints
 from mq.log.batch import RecordBatch, iter_batches
 from mq.log.builder import BatchBuilder, control_batch
 from mq.log.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD, codec_from_name
@@ -165,6 +165,13 @@ def test_varint_vectors(value, hexbytes):
     assert decode_varint(expected, 0) == (value, len(expected))
     # decoding at an offset inside a larger buffer
     assert decode_varint(b"\xff\xff" + expected + b"\x00", 2) == (value, 2 + len(expected))
+
+
+def test_the_varint_table_is_the_encoder_over_its_whole_range():
+    """``VARINTS`` is built in closed form at import: each entry is what the encoder makes."""
+    assert len(varints.VARINTS) == 2 * varints.CACHED
+    assert all(varints.VARINTS[v + varints.CACHED] == varints.encode_varint_uncached(v)
+               for v in range(-varints.CACHED, varints.CACHED))
 
 
 @pytest.mark.parametrize("value", [v for v, _ in VARINT_VECTORS if -(1 << 31) <= v <= INT32_MAX])
