@@ -440,7 +440,9 @@ def one_multi(ctx: Ctx, side: str, values: list[bytes], n: int) -> dict:
     out = {"n": each * MULTI, "seconds": secs, "rate": each * MULTI / secs,
            "mb_s": each * MULTI * size / secs / 1e6, "ingest_rate": each * MULTI / ingest,
            "producer_cpu_s": [x.get("cpu_s") for x in prods],
-           "consumer_cpu_s": [x.get("cpu_s") for x in cons]}
+           "consumer_cpu_s": [x.get("cpu_s") for x in cons],
+           "producer_cpu_s_loop": [x.get("cpu_s_loop") for x in prods],
+           "consumer_cpu_s_loop": [x.get("cpu_s_loop") for x in cons]}
     if s0 and s1:
         out["broker_cpu_s"] = s1[1] - s0[1]
     return out
@@ -496,12 +498,12 @@ def run_multi(ctx: Ctx) -> dict:
 
 def _multi_cpu(runs: list[dict], size: int) -> dict | None:
     """mq's CPU per MiB moved in 4->4 runs, by role (medians over the runs; each role's
-    processes summed)."""
+    processes summed, from the barrier to the end of their loops)."""
     if not runs or any("broker_cpu_s" not in x for x in runs):
         return None
 
     def cpu(x: dict, role: str) -> float:
-        return x["broker_cpu_s"] if role == "broker" else sum(x[f"{role}_cpu_s"])
+        return x["broker_cpu_s"] if role == "broker" else sum(x[f"{role}_cpu_s_loop"])
     out = {role: statistics.median(cpu(x, role) / (x["n"] * size / MIB) * 1e6 for x in runs)
            for role in ("producer", "broker", "consumer")}
     out["sum"] = sum(out.values())

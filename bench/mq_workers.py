@@ -42,6 +42,7 @@ def mq_producer(start, socket: str, topic: str, values: list[bytes], n: int, ack
     send, k = p.send, len(values)
     quiet_gc()
     start()
+    cpu0 = harness.cpu_seconds()
     t0 = time.perf_counter_ns()
     for i in range(n):
         send(topic, values[i % k], partition=partition)
@@ -49,7 +50,7 @@ def mq_producer(start, socket: str, topic: str, values: list[bytes], n: int, ack
     t1 = time.perf_counter_ns()
     cpu = harness.cpu_seconds()
     p.close()
-    return {"t_first": t0, "t_end": t1, "n": n, "cpu_s": cpu}
+    return {"t_first": t0, "t_end": t1, "n": n, "cpu_s": cpu, "cpu_s_loop": cpu - cpu0}
 
 
 def mq_consumer(start, socket: str, topic: str, partitions: list[int], n: int,
@@ -61,6 +62,7 @@ def mq_consumer(start, socket: str, topic: str, partitions: list[int], n: int,
     got = nbytes = 0
     quiet_gc()
     start()
+    cpu0 = harness.cpu_seconds()
     t_start = time.perf_counter_ns()
     deadline = time.monotonic() + timeout_s
     while got < n and time.monotonic() < deadline:
@@ -72,7 +74,8 @@ def mq_consumer(start, socket: str, topic: str, partitions: list[int], n: int,
     t_last = time.perf_counter_ns()
     cpu = harness.cpu_seconds()
     c.close()
-    return {"t_start": t_start, "t_last": t_last, "n": got, "bytes": nbytes, "cpu_s": cpu}
+    return {"t_start": t_start, "t_last": t_last, "n": got, "bytes": nbytes, "cpu_s": cpu,
+            "cpu_s_loop": cpu - cpu0}
 
 
 def mq_lat_producer(start, socket: str, topic: str, size: int, rate: float, n: int,

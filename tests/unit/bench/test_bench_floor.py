@@ -25,10 +25,10 @@ def test_the_floor_times_each_step_and_leaves_no_file(tmp_path):
 
 
 def test_mq_cpu_per_mib_by_role_is_the_median_over_runs():
-    runs = [{"n": 64, "producer_cpu_s": [0.001, 0.002], "consumer_cpu_s": [0.001] * 2,
-             "broker_cpu_s": 0.004},
-            {"n": 64, "producer_cpu_s": [0.003, 0.003], "consumer_cpu_s": [0.002] * 2,
-             "broker_cpu_s": 0.002}]
+    runs = [{"n": 64, "producer_cpu_s_loop": [0.001, 0.002], "consumer_cpu_s_loop": [0.001] * 2,
+             "broker_cpu_s": 0.004, "producer_cpu_s": [9.0, 9.0]},
+            {"n": 64, "producer_cpu_s_loop": [0.003, 0.003], "consumer_cpu_s_loop": [0.002] * 2,
+             "broker_cpu_s": 0.002, "producer_cpu_s": [9.0, 9.0]}]
     cpu = e2e._multi_cpu(runs, 64 * 1024)                  # 64 records of 64 KiB: 4 MiB
     assert cpu == {"producer": 1125.0, "broker": 750.0, "consumer": 750.0, "sum": 2625.0}
     assert e2e._multi_cpu([], 64 * 1024) is None
