@@ -39,13 +39,12 @@ send_names(void)
     return empty_tuple == NULL ? -1 : 0;
 }
 
-/* obj.name as a C integer: 0, 1 when it is not an int, -1 with an error. Unlike _cappend.c's
- * get_int, anything else declines: big_record is a float (inf) while the broker's request
- * limit is unknown. */
+/* v (a new reference, or NULL with an error, which it takes) as a C integer: 0, 1 when it is
+ * not an int, -1 with an error. Unlike _cappend.c's get_int, anything else declines:
+ * big_record is a float (inf) while the broker's request limit is unknown. */
 static int
-long_attr(PyObject *obj, PyObject *name, long long *out)
+as_long(PyObject *v, long long *out)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL)
         return -1;
     int r = 1;
@@ -55,6 +54,13 @@ long_attr(PyObject *obj, PyObject *name, long long *out)
     }
     Py_DECREF(v);
     return r;
+}
+
+/* obj.name as a C integer (as_long). */
+static int
+long_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    return as_long(PyObject_GetAttr(obj, name), out);
 }
 
 /* A __slots__ attribute read at its offset in the object, as CPython's own LOAD_ATTR_SLOT
@@ -100,20 +106,11 @@ slot_get(PyObject *obj, SlotRef *s)
     return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(obj, *s->name);
 }
 
-/* long_attr of a slot: 0 with *out, 1 when it is not an int, -1 with an error. */
+/* A slot as a C integer (as_long). */
 static int
 long_slot(PyObject *obj, SlotRef *s, long long *out)
 {
-    PyObject *v = slot_get(obj, s);
-    if (v == NULL)
-        return -1;
-    int r = 1;
-    if (PyLong_CheckExact(v)) {
-        *out = PyLong_AsLongLong(v);
-        r = *out == -1 && PyErr_Occurred() ? -1 : 0;
-    }
-    Py_DECREF(v);
-    return r;
+    return as_long(slot_get(obj, s), out);
 }
 
 static SlotRef num_partitions_ref = {&s_num_partitions}, open_ref = {&s_open},
