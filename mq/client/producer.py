@@ -280,9 +280,9 @@ class Producer:
         if self._linger_s and self._key_serializer is None and self._value_serializer is None \
                 and self._transactional_id is None:
             self._open_state = (self._topics, self._sticky if self._keyed_default else None,
-                                self._key_hashes, self._io, self._lock, self._ready,
-                                self._max_in_flight, self._meta, self._lock.acquire,
-                                self._lock.release)
+                                self._key_hashes, self._io, self._lock.acquire,
+                                self._lock.release, self._ready, self._max_in_flight,
+                                self._meta)
         self._txn: Transactions | None = None
         if manager is not None:
             self._txn = self._io.transactions(manager, ids, self._max_block_s)

@@ -20,23 +20,20 @@
 #define RECORD_BOUND 64
 #define MAX_RECORD_OVERHEAD 21   /* mq.log.layout.MAX_RECORD_OVERHEAD: send()'s `fits` */
 
-static PyObject *s_num_partitions, *s_big_record, *s_closed, *s_open, *s_records, *s_size,
-    *s_batch_limit, *s_add, *empty_tuple;
+static PyObject *s_num_partitions, *s_big_record, *s_closed, *s_open, *s_records,
+    *s_batch_limit;
 
 static int
 send_names(void)
 {
-    if (empty_tuple != NULL)
+    if (s_batch_limit != NULL)             /* interned last: all are */
         return 0;
     static const MqName names[] = {
         {&s_num_partitions, "num_partitions"}, {&s_big_record, "big_record"},
-        {&s_closed, "closed"}, {&s_open, "open"}, {&s_records, "records"}, {&s_size, "size"},
-        {&s_batch_limit, "batch_limit"}, {&s_add, "add"},
+        {&s_closed, "closed"}, {&s_open, "open"}, {&s_records, "records"},
+        {&s_batch_limit, "batch_limit"},
     };
-    if (mq_intern(names, sizeof names / sizeof names[0]) < 0)
-        return -1;
-    empty_tuple = PyTuple_New(0);
-    return empty_tuple == NULL ? -1 : 0;
+    return mq_intern(names, sizeof names / sizeof names[0]);
 }
 
 /* v (a new reference, or NULL with an error, which it takes) as a C integer: 0, 1 when it is
@@ -175,52 +172,42 @@ add_locked(PyObject *io, PyObject *ready, long long max_in_flight, PyObject *inf
     PyObject *batch = PyList_CheckExact(open) && p < PyList_GET_SIZE(open) ?
         Py_NewRef(PyList_GET_ITEM(open, p)) : Py_NewRef(Py_None);
     Py_DECREF(open);
-    PyObject *records = NULL, *add = NULL, *res = NULL;
+    PyObject *records = NULL, *res = NULL;
     long long filled, limit;
-    int r;
     if (batch == Py_None) {                /* a new batch: Python opens it */
         res = Py_NewRef(Py_None);
         goto out;
     }
+    /* The batch's records: the C accumulator (a whole batch has None), read and added to
+     * directly. */
     if ((records = slot_get(batch, &records_ref)) == NULL)
         goto out;
-    int acc = (filled = mq_acc_size(records)) >= 0;  /* the C accumulator: read, add directly */
-    if (records == Py_None || (!acc && (r = long_attr(records, s_size, &filled)) > 0) ||
-            ((acc || r == 0) && (r = long_slot(info, &batch_limit_ref, &limit)) > 0)) {
-        res = Py_NewRef(Py_None);
+    int r = (filled = mq_acc_size(records)) < 0 ? 1 :
+        long_slot(info, &batch_limit_ref, &limit);
+    if (r != 0) {
+        res = r > 0 ? Py_NewRef(Py_None) : NULL;
         goto out;
     }
-    if (r < 0)
-        goto out;
     /* Room for this record and one more of its size: send()'s `fits` holds after the add, so
      * the batch stays open, as its Python path leaves it. */
-    if (filled + 2 * ((long long)size + RECORD_BOUND) + MAX_RECORD_OVERHEAD > limit) {
+    if (filled + 2 * ((long long)size + RECORD_BOUND) + MAX_RECORD_OVERHEAD > limit)
         res = Py_NewRef(Py_None);
-        goto out;
-    }
-    if (acc) {
+    else
         res = mq_acc_add(records, key, value);
-        goto out;
-    }
-    if ((add = PyObject_GetAttr(batch, s_add)) == NULL)
-        goto out;
-    PyObject *call[4] = {Py_None, key, value, empty_tuple};
-    res = PyObject_Vectorcall(add, call, 4, NULL);
 out:
     Py_DECREF(batch);
     Py_XDECREF(records);
-    Py_XDECREF(add);
     return res;
 }
 
 const char mq_send_open_doc[] =
 "send_open(state, topic, value, key, partition, headers, timestamp_ms) -> future | None\n\n"
 "Producer.send's common case in one call: the record added to its partition's open batch\n"
-"(BatchBuilder.add) under the producer's lock, its future returned. state is the producer's\n"
-"(topics, sticky, key_hashes, io, lock, ready, max_in_flight, meta, acquire, release): its\n"
-"fresh TopicStates by name, the default partitioner's sticky partitions and cached key hashes\n"
-"(None: a partitioner of the user's), its ProducerIO (closed), the lock, the queue of batches\n"
-"to send, its ProducerMetadata (big_record), and the lock's acquire and release. None, with\n"
+"(the C accumulator's add) under the producer's lock, its future returned. state is the\n"
+"producer's (topics, sticky, key_hashes, io, acquire, release, ready, max_in_flight, meta):\n"
+"its fresh TopicStates by name, the default partitioner's sticky partitions and cached key\n"
+"hashes (None: a partitioner of the user's), its ProducerIO (closed), its lock's acquire and\n"
+"release, the queue of batches to send, and its ProducerMetadata (big_record). None, with\n"
 "nothing done, for anything else: a value or key not bytes, headers, a timestamp, an unknown\n"
 "topic, a partition out of range or to be chosen by Python, a big record, the lock taken, the\n"
 "producer closed or its queue full, no open batch or one that this record could fill.";
@@ -229,8 +216,8 @@ PyObject *
 mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
-        PyErr_SetString(PyExc_TypeError, "send_open(state: 10-tuple, topic, value, key, "
+    if (nargs != 7 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 9) {
+        PyErr_SetString(PyExc_TypeError, "send_open(state: 9-tuple, topic, value, key, "
                         "partition, headers, timestamp_ms)");
         return NULL;
     }
@@ -247,9 +234,9 @@ mq_send_open(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *topics = PyTuple_GET_ITEM(state, 0), *sticky = PyTuple_GET_ITEM(state, 1),
         *key_hashes = PyTuple_GET_ITEM(state, 2), *io = PyTuple_GET_ITEM(state, 3),
-        *ready = PyTuple_GET_ITEM(state, 5), *meta = PyTuple_GET_ITEM(state, 7),
-        *acquire = PyTuple_GET_ITEM(state, 8), *release = PyTuple_GET_ITEM(state, 9);
-    long long max_in_flight = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 6));
+        *acquire = PyTuple_GET_ITEM(state, 4), *release = PyTuple_GET_ITEM(state, 5),
+        *ready = PyTuple_GET_ITEM(state, 6), *meta = PyTuple_GET_ITEM(state, 8);
+    long long max_in_flight = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 7));
     if (max_in_flight == -1 && PyErr_Occurred())
         return NULL;
     if (!PyDict_CheckExact(topics) || (sticky != Py_None && (!PyDict_CheckExact(sticky) ||
